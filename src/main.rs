@@ -1,11 +1,29 @@
 //! The `qlauncher` command.
 use clap::Parser;
 
+#[path = "cli/sync.rs"]
+mod cli_sync;
+
 /// qlauncher: a libvirt-free virt-launcher for KubeVirt.
 #[derive(Parser)]
 #[command(version, about)]
-enum Cli {}
+enum Cli {
+    /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
+    LauncherSock(cli_sync::LauncherSockArgs),
+}
 
-fn main() {
-    let _cli = Cli::parse();
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse() {
+        Cli::LauncherSock(args) => cli_sync::run(args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
+    }
 }

@@ -636,3 +636,29 @@ async fn shutdown_future_stops_the_server() {
         .await
         .is_err());
 }
+
+#[tokio::test]
+async fn launcher_sock_subcommand_queries_a_running_server() {
+    let launcher = Launcher::start().await;
+    launcher.server.as_ref().unwrap().mark_ready().unwrap();
+    let run = |query: &'static str| {
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_qlauncher"))
+            .arg("launcher-sock")
+            .arg(&launcher.paths.ready)
+            .arg(query)
+            .output()
+    };
+    let ping = run("ping").await.unwrap();
+    assert!(ping.status.success(), "{ping:?}");
+    assert_eq!(String::from_utf8_lossy(&ping.stdout), "ok\n");
+    let info = run("info").await.unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&info.stdout),
+        "supportedCmdVersions: [1]\n"
+    );
+    // No domain yet: GetDomain's empty string, printed as an empty line.
+    let domain = run("get-domain").await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&domain.stdout), "\n");
+    let version = run("qemu-version").await.unwrap();
+    assert_eq!(String::from_utf8_lossy(&version.stdout), "7.2.0\n");
+}

@@ -26,3 +26,80 @@ pub mod notify {
         include!(concat!(env!("OUT_DIR"), "/kubevirt.notify.info.rs"));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use prost::Message;
+    use tonic::server::NamedService;
+
+    /// The gRPC service paths virt-handler calls: `/<package>.<Service>/<Method>`.
+    #[test]
+    fn service_names_are_kubevirts() {
+        type Cmd = cmd::v1::cmd_server::CmdServer<()>;
+        type CmdInfo = cmd::info::cmd_info_server::CmdInfoServer<()>;
+        type Notify = notify::v1::notify_server::NotifyServer<()>;
+        type NotifyInfo = notify::info::notify_info_server::NotifyInfoServer<()>;
+        assert_eq!(<Cmd as NamedService>::NAME, "kubevirt.cmd.v1.Cmd");
+        assert_eq!(<CmdInfo as NamedService>::NAME, "kubevirt.cmd.info.CmdInfo");
+        assert_eq!(<Notify as NamedService>::NAME, "kubevirt.notify.v1.Notify");
+        assert_eq!(
+            <NotifyInfo as NamedService>::NAME,
+            "kubevirt.notify.info.NotifyInfo"
+        );
+    }
+
+    /// Golden protobuf bytes written from KubeVirt v1.9.0's field numbers and types.
+    #[test]
+    fn field_numbers_are_kubevirts() {
+        let request = cmd::v1::VmiRequest {
+            vmi: Some(cmd::v1::Vmi {
+                vmi_json: b"{}".to_vec(),
+            }),
+            options: Some(cmd::v1::VirtualMachineOptions {
+                mem_balloon_stats_period: 10,
+                plugins_json: b"[]".to_vec(),
+                ..Default::default()
+            }),
+        };
+        // vmi=1 {vmiJson=1 "{}"}, options=2 {MemBalloonStatsPeriod=2 varint 10, pluginsJson=10 "[]"}
+        let expected: &[u8] = &[
+            0x0a, 0x04, 0x0a, 0x02, b'{', b'}', 0x12, 0x06, 0x10, 0x0a, 0x52, 0x02, b'[', b']',
+        ];
+        assert_eq!(request.encode_to_vec(), expected);
+
+        let event = notify::v1::DomainEventRequest {
+            domain_json: b"{}".to_vec(),
+            status_json: b"s".to_vec(),
+            event_type: "ADDED".to_owned(),
+        };
+        let mut expected = vec![0x0a, 0x02, b'{', b'}', 0x12, 0x01, b's', 0x1a, 0x05];
+        expected.extend_from_slice(b"ADDED");
+        assert_eq!(event.encode_to_vec(), expected);
+
+        let exec = cmd::v1::ExecRequest {
+            domain_name: "d".to_owned(),
+            command: "c".to_owned(),
+            args: vec!["a".to_owned()],
+            timeout_seconds: 5,
+        };
+        let expected: &[u8] = &[0x0a, 1, b'd', 0x12, 1, b'c', 0x1a, 1, b'a', 0x20, 5];
+        assert_eq!(exec.encode_to_vec(), expected);
+
+        let response = cmd::v1::DomainResponse {
+            response: Some(cmd::v1::Response {
+                success: true,
+                message: "m".to_owned(),
+            }),
+            domain: "x".to_owned(),
+        };
+        let expected: &[u8] = &[0x0a, 0x05, 0x08, 0x01, 0x12, 0x01, b'm', 0x12, 0x01, b'x'];
+        assert_eq!(response.encode_to_vec(), expected);
+
+        let info = cmd::info::CmdInfoResponse {
+            supported_cmd_versions: vec![1],
+        };
+        // proto3 packs repeated scalars: field 1, length 1, value 1.
+        assert_eq!(info.encode_to_vec(), [0x0a, 0x01, 0x01]);
+    }
+}
