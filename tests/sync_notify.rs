@@ -19,6 +19,7 @@ type Received = Arc<Mutex<Vec<(String, Domain)>>>;
 #[derive(Clone)]
 struct HandlerNotify {
     received: Received,
+    k8s_events: Arc<Mutex<Vec<serde_json::Value>>>,
     reject_with: Option<String>,
 }
 
@@ -49,8 +50,11 @@ impl notify::notify_server::Notify for HandlerNotify {
 
     async fn handle_k8s_event(
         &self,
-        _request: Request<notify::K8sEventRequest>,
+        request: Request<notify::K8sEventRequest>,
     ) -> Result<Response<notify::Response>, Status> {
+        let event = serde_json::from_slice(&request.into_inner().event_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.k8s_events.lock().unwrap().push(event);
         Ok(Response::new(notify::Response {
             success: true,
             message: String::new(),
@@ -75,16 +79,19 @@ impl notify_info::notify_info_server::NotifyInfo for HandlerInfo {
 /// virt-handler's notify server on `path`; stops when dropped.
 struct NotifyServer {
     received: Received,
+    k8s_events: Arc<Mutex<Vec<serde_json::Value>>>,
     _stop: oneshot::Sender<()>,
 }
 
 impl NotifyServer {
     fn start(path: &Path, versions: Vec<u32>, reject_with: Option<String>) -> NotifyServer {
         let received = Received::default();
+        let k8s_events = Arc::default();
         let listener = tokio::net::UnixListener::bind(path).unwrap();
         let (stop, stopped) = oneshot::channel::<()>();
         let service = HandlerNotify {
             received: Arc::clone(&received),
+            k8s_events: Arc::clone(&k8s_events),
             reject_with,
         };
         tokio::spawn(
@@ -99,6 +106,7 @@ impl NotifyServer {
         );
         NotifyServer {
             received,
+            k8s_events,
             _stop: stop,
         }
     }
@@ -259,4 +267,26 @@ async fn unknown_notify_version_is_refused() {
         other => panic!("unexpected error {other:?}"),
     }
     assert!(server.events().is_empty());
+}
+
+#[tokio::test]
+async fn k8s_events_share_the_ordered_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = NotifyServer::start(&socket_in(&dir), vec![1], None);
+    let notifier = Notifier::start(socket_in(&dir), NotifyTiming::KUBEVIRT);
+    let paused = domain_in(LifeCycle::Paused, StateChangeReason::IoError);
+    let event = serde_json::json!({
+        "type": "Warning", "reason": "IOerror",
+        "message": "VM Paused due to IO error at the volume: rootdisk",
+        "involvedObject": {"kind": "VirtualMachineInstance", "name": "testvmi"}
+    });
+    notifier.send(DomainEventType::Modified, &paused).unwrap();
+    notifier
+        .send_k8s_event(serde_json::to_vec(&event).unwrap())
+        .unwrap()
+        .await
+        .unwrap();
+    // The K8s event was queued after the domain event, so the domain event is already there.
+    assert_eq!(server.events(), vec![("MODIFIED".to_owned(), paused)]);
+    assert_eq!(*server.k8s_events.lock().unwrap(), vec![event]);
 }

@@ -62,6 +62,9 @@ pub struct ExecOutput {
 /// `Vmi` is the type the request's `vmiJson` is decoded into (a request whose JSON does not decode
 /// is answered with [`INVALID_VMI_MESSAGE`] without calling the manager). An `Err` becomes
 /// `success=false` with the error and its sources joined by `": "` as the message.
+///
+/// Calls arrive concurrently (virt-handler may sync while it reads the domain); serialising
+/// domain changes (KubeVirt's `domainModifyLock`) is the manager's job.
 pub trait DomainManager: Send + Sync + 'static {
     /// The VirtualMachineInstance type decoded from `VMI.vmiJson`.
     type Vmi: DeserializeOwned + Send + 'static;
@@ -103,7 +106,9 @@ pub trait DomainManager: Send + Sync + 'static {
         vmi: Self::Vmi,
         options: Option<VirtualMachineOptions>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send;
-    /// `GetDomain`: the current domain, `None` when there is none (answered as an empty string).
+    /// `GetDomain`: the current domain with the guest agent's OS info and interfaces merged into
+    /// its status, as KubeVirt's `GetDomain` does; `None` when there is none (answered as an empty
+    /// string, which virt-handler reads as "no domain").
     fn get_domain(&self) -> impl Future<Output = Result<Option<Domain>, Self::Error>> + Send;
     /// `GetDomainStats`: KubeVirt's `stats.DomainStats` as a JSON value.
     fn get_domain_stats(
