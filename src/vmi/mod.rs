@@ -5,22 +5,26 @@
 //! webhook applies, and validation that names the field path of every error. Imports nothing else
 //! from this crate.
 
+pub mod defaults;
 pub mod devices;
 pub mod domain;
 pub mod meta;
 pub mod networks;
 pub mod quantity;
 pub mod status;
+pub mod validate;
 pub mod volumes;
 
 use serde::{Deserialize, Serialize};
 
+pub use defaults::{DefaultBinding, DefaultsConfig};
 pub use devices::*;
 pub use domain::*;
 pub use meta::*;
 pub use networks::*;
 pub use quantity::Quantity;
 pub use status::*;
+pub use validate::FieldError;
 pub use volumes::*;
 
 /// The API group and version of KubeVirt's core types.
@@ -226,23 +230,35 @@ impl Vmi {
             vmi.kind = Some("VirtualMachineInstance".to_string());
             vmi.status = None;
         }
-        if kind == "VirtualMachine" {
+        let owner_name = match (kind, &owner_meta.name) {
+            // virt-controller names pool VMs `<pool>-<index>`; the first one stands for all.
+            ("VirtualMachinePool", Some(pool)) => Some(format!("{pool}-0")),
+            ("VirtualMachine", name) => name.clone(),
+            _ => None,
+        };
+        if kind == "VirtualMachineInstanceReplicaSet" && vmi.metadata.name.is_none() {
+            // The replica set controller names its VMIs after itself with a random suffix.
+            vmi.metadata.generate_name = owner_meta.name.clone();
+        }
+        if let Some(owner) = owner_name {
             if vmi.metadata.name.is_none() {
-                vmi.metadata.name = owner_meta.name.clone();
+                vmi.metadata.name = Some(owner.clone());
             }
-            if vmi.metadata.namespace.is_none() {
-                vmi.metadata.namespace = owner_meta.namespace.clone();
-            }
-            if let Some(name) = owner_meta.name {
-                vmi.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: API_VERSION.to_string(),
-                    kind: "VirtualMachine".to_string(),
-                    name,
-                    uid: owner_meta.uid.unwrap_or_default(),
-                    controller: Some(true),
-                    block_owner_deletion: Some(true),
-                }]);
-            }
+            vmi.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: API_VERSION.to_string(),
+                kind: "VirtualMachine".to_string(),
+                name: owner,
+                uid: if kind == "VirtualMachine" {
+                    owner_meta.uid.unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]);
+        }
+        if vmi.metadata.namespace.is_none() {
+            vmi.metadata.namespace = owner_meta.namespace;
         }
         Ok(vmi)
     }
