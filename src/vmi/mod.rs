@@ -148,8 +148,8 @@ impl Vmi {
     /// Accepts a bare VirtualMachineInstance, or a VirtualMachine, VirtualMachineInstanceReplicaSet
     /// or VirtualMachinePool whose VMI template is taken. A VMI taken from a VirtualMachine gets the
     /// VM's name and namespace and an owner reference to it (kind `VirtualMachine`, as virt-controller
-    /// sets it), so [`DefaultsConfig::for_vmi`](crate::vmi::Vmi) can derive the firmware UUID from the
-    /// VM name. Documents of other kinds are skipped.
+    /// sets it), so [`DefaultsConfig::for_vmi`] can derive the firmware UUID from the
+    /// VM name. A document without `kind` is read as a VMI; documents of other kinds are skipped.
     ///
     /// Errors: [`VmiError::ParseJson`]/[`VmiError::ParseManifest`] for malformed text,
     /// [`VmiError::Decode`] with the field path for a field of the wrong type,
@@ -171,10 +171,12 @@ impl Vmi {
         let mut kinds = Vec::new();
         let mut found = Vec::new();
         for doc in docs {
+            // A document without `kind` is read as a bare VMI (the spec alone, as some tools
+            // emit it).
             let kind = doc
                 .get("kind")
                 .and_then(|k| k.as_str())
-                .unwrap_or("<none>")
+                .unwrap_or("VirtualMachineInstance")
                 .to_string();
             if VMI_HOLDERS.iter().any(|(k, _)| *k == kind) {
                 found.push((kind, doc));

@@ -757,6 +757,20 @@ fn check_boot_order(
 
 fn validate_volumes(spec: &VmiSpec, e: &mut Errors) {
     let volumes = spec.volumes.as_deref().unwrap_or(&[]);
+    let devices = &spec.domain.devices;
+    let users: Vec<&str> = devices
+        .disks
+        .iter()
+        .flatten()
+        .map(|d| d.name.as_str())
+        .chain(
+            devices
+                .filesystems
+                .iter()
+                .flatten()
+                .map(|f| f.name.as_str()),
+        )
+        .collect();
     for (i, v) in volumes.iter().enumerate() {
         let p = format!("spec.volumes[{i}]");
         if let Some(j) = volumes[..i].iter().position(|o| o.name == v.name) {
@@ -767,6 +781,11 @@ fn validate_volumes(spec: &VmiSpec, e: &mut Errors) {
         }
         if !is_dns_label(&v.name) {
             e.add(format!("{p}.name"), DNS_LABEL_REASON);
+        } else if v.memory_dump.is_none() && !users.contains(&v.name.as_str()) {
+            e.add(
+                format!("{p}.name"),
+                "no disk or filesystem uses this volume",
+            );
         }
         let kinds = v.source_kinds();
         if kinds.len() != 1 {
