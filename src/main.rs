@@ -1,23 +1,28 @@
 //! The `qlauncher` command.
 use clap::Parser;
 
-#[path = "cli/sync.rs"]
-mod cli_sync;
+mod cli {
+    pub mod sync;
+    pub mod validate;
+}
 
 /// qlauncher: a libvirt-free virt-launcher for KubeVirt.
 #[derive(Parser)]
 #[command(version, about)]
 enum Cli {
+    /// Read a VMI (or VirtualMachine) manifest, apply KubeVirt's defaults and validate it.
+    Validate(cli::validate::Args),
     /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
-    LauncherSock(cli_sync::LauncherSockArgs),
+    LauncherSock(cli::sync::LauncherSockArgs),
 }
 
 fn main() -> std::process::ExitCode {
     let result = match Cli::parse() {
-        Cli::LauncherSock(args) => cli_sync::run(args),
+        Cli::Validate(args) => cli::validate::run(args),
+        Cli::LauncherSock(args) => cli::sync::run(args).map(|()| std::process::ExitCode::SUCCESS),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             for cause in e.chain().skip(1) {
