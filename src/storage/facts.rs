@@ -7,8 +7,7 @@
 //! and the O_DIRECT probe is a plain `open(2)`. The results are plain data ([`ImageFacts`]) that
 //! the orchestrator copies into the converter context.
 
-use std::fs::File;
-use std::io::{self, Read, Seek, SeekFrom};
+use std::io::{self, Seek, SeekFrom};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
@@ -217,7 +216,8 @@ fn probe_one(
     };
     let mut file = std::fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY)
+        // O_NONBLOCK: opening a FIFO must not hang; regular files and block devices ignore it.
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK)
         .open(canonical)
         .map_err(open_err)?;
     let meta = file.metadata().map_err(open_err)?;
@@ -236,11 +236,7 @@ fn probe_one(
         StorageKind::File => meta.len(),
         StorageKind::Block => file.seek(SeekFrom::End(0)).map_err(open_err)?,
     };
-    let mut head = Vec::with_capacity(qcow2::HEADER_READ);
-    (&mut file)
-        .take(qcow2::HEADER_READ as u64)
-        .read_to_end(&mut head)
-        .map_err(open_err)?;
+    let head = read_head(&file, qcow2::HEADER_READ).map_err(open_err)?;
     let allocated_size = match kind {
         StorageKind::File => meta.blocks() * 512,
         StorageKind::Block => 0,
@@ -326,6 +322,22 @@ fn probe_one(
     })
 }
 
+/// Reads up to `len` bytes from offset 0 (positional, so a prior seek does not matter).
+fn read_head(file: &std::fs::File, len: usize) -> io::Result<Vec<u8>> {
+    let mut head = vec![0u8; len];
+    let mut filled = 0;
+    while filled < len {
+        match file.read_at(&mut head[filled..], filled as u64) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    head.truncate(filled);
+    Ok(head)
+}
+
 fn raw_facts(path: &Path, kind: StorageKind, length: u64, allocated_size: u64) -> ImageFacts {
     ImageFacts {
         path: path.to_path_buf(),
@@ -400,11 +412,15 @@ fn resolve_backing(
 /// qcow2 if the file starts with the qcow2 magic, raw otherwise.
 fn sniff_format(volume: &str, path: &Path) -> Result<ImageFormat, StorageError> {
     let mut magic = [0u8; 4];
-    let file = File::open(path).map_err(|source| StorageError::UnreadableBase {
-        volume: volume.to_string(),
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK)
+        .open(path)
+        .map_err(|source| StorageError::UnreadableBase {
+            volume: volume.to_string(),
+            path: path.to_path_buf(),
+            source,
+        })?;
     match file.read_exact_at(&mut magic, 0) {
         Ok(()) if magic == qcow2::MAGIC => Ok(ImageFormat::Qcow2),
         _ => Ok(ImageFormat::Raw),
@@ -470,8 +486,8 @@ pub(crate) fn check_root(
 /// Whether `path` can be opened with `O_DIRECT`, as KubeVirt's `DirectIOChecker` decides
 /// `cache=none` (true) versus `writethrough` (false). A block device or existing file is opened
 /// read-only; for a missing file, or when `path` is a directory, a uniquely named probe file is
-/// created in it and removed. `EINVAL` on the `O_DIRECT` open (tmpfs, some FUSE filesystems) means
-/// unsupported.
+/// created in it and removed. `EINVAL` on the `O_DIRECT` open (ramfs, tmpfs before Linux 6.6,
+/// some FUSE filesystems) means unsupported.
 ///
 /// # Errors
 /// The I/O error when even the plain open fails.
@@ -491,7 +507,7 @@ pub fn direct_io_supported(path: &Path) -> io::Result<bool> {
         Err(e) => return Err(io::Error::new(e.kind(), e.to_string())),
     };
     let open = |direct: bool| {
-        let mut flags = libc::O_CLOEXEC | libc::O_NOCTTY;
+        let mut flags = libc::O_CLOEXEC | libc::O_NOCTTY | libc::O_NONBLOCK;
         if direct {
             flags |= libc::O_DIRECT;
         }
