@@ -120,6 +120,18 @@ pub fn write_iso(
     entries: Vec<IsoEntry>,
     owner: Option<Owner>,
 ) -> Result<(), StorageError> {
+    write_iso_impl(volume, path, label, entries, owner, None)
+}
+
+/// [`write_iso`] with an optional write limit (fault injection for tests).
+fn write_iso_impl(
+    volume: &str,
+    path: &Path,
+    label: &str,
+    entries: Vec<IsoEntry>,
+    owner: Option<Owner>,
+    limit: Option<u64>,
+) -> Result<(), StorageError> {
     let fail = |source: io::Error| iso_error(volume, path, source);
     if label.len() > MAX_LABEL || label.is_empty() {
         return Err(fail(io::Error::new(
@@ -131,7 +143,7 @@ pub fn write_iso(
         create_dir_all(dir).map_err(fail)?;
     }
     let staged = Staged::create(path, ISO_MODE).map_err(fail)?;
-    write_iso_to(staged.file(), label, entries).map_err(fail)?;
+    write_iso_limited(staged.file(), label, entries, limit).map_err(fail)?;
     staged.commit(owner, ISO_MODE, Replace::Yes).map_err(fail)?;
     Ok(())
 }
@@ -365,6 +377,46 @@ fn patch_volume_space_size(file: &std::fs::File, sectors: u64) -> io::Result<()>
 mod tests {
     use super::*;
     use std::os::unix::fs::OpenOptionsExt;
+
+    #[test]
+    fn a_write_failing_mid_image_leaves_nothing_behind() {
+        let dir = std::env::temp_dir().join(format!("qlauncher-iso-fail-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let owner = Owner { uid: 0, gid: 0 };
+        let entries = vec![IsoEntry::file(
+            "user-data",
+            vec![7u8; 200_000],
+            0o600,
+            owner,
+        )];
+        for limit in [0u64, 2048, 40_000, 100_000, 300_000] {
+            let iso = dir.join("noCloud.iso");
+            let err = write_iso_impl(
+                "cloudinitdisk",
+                &iso,
+                "cidata",
+                entries.clone(),
+                None,
+                Some(limit),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, StorageError::NoSpace { .. }),
+                "limit {limit}: {err:?}"
+            );
+            assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "limit {limit}");
+        }
+        // An existing image survives a failed regeneration untouched.
+        let iso = dir.join("noCloud.iso");
+        write_iso_impl("cloudinitdisk", &iso, "cidata", entries.clone(), None, None).unwrap();
+        let before = std::fs::read(&iso).unwrap();
+        assert!(
+            write_iso_impl("cloudinitdisk", &iso, "cidata", entries, None, Some(50_000)).is_err()
+        );
+        assert!(std::fs::read(&iso).unwrap() == before);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     #[test]
     fn image_is_padded_to_a_cylinder_and_descriptors_say_so() {
