@@ -207,17 +207,9 @@ fn iso_error(volume: &str, path: &Path, source: io::Error) -> StorageError {
     }
 }
 
-/// Writes the image into `out`, pads and patches it.
-pub(crate) fn write_iso_to(
-    out: &std::fs::File,
-    label: &str,
-    entries: Vec<IsoEntry>,
-) -> io::Result<()> {
-    write_iso_limited(out, label, entries, None)
-}
-
-/// [`write_iso_to`], failing with `ENOSPC` once more than `limit` bytes would be written (the
-/// fault injection of the interrupted-write tests; `None` in production).
+/// Writes the image into `out`, pads and patches it. With `limit`, fails with `ENOSPC` once more
+/// than `limit` bytes would be written (the fault injection of the interrupted-write tests;
+/// `None` in production).
 pub(crate) fn write_iso_limited(
     out: &std::fs::File,
     label: &str,
@@ -431,7 +423,7 @@ mod tests {
             .open(&path)
             .unwrap();
         let owner = Owner { uid: 0, gid: 0 };
-        write_iso_to(
+        write_iso_limited(
             &file,
             "cidata",
             vec![IsoEntry::file(
@@ -440,6 +432,7 @@ mod tests {
                 0o600,
                 owner,
             )],
+            None,
         )
         .unwrap();
         let len = file.metadata().unwrap().len();
