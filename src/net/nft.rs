@@ -348,7 +348,7 @@ impl fmt::Display for RuleText<'_> {
 }
 
 impl fmt::Display for NatTable {
-    /// The table in `nft list ruleset` layout, with `counter packets 0 bytes 0`.
+    /// The table as `nft -s list ruleset` (stateless) prints it.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "table {} {} {{", self.family.keyword(), NAT_TABLE)?;
         for (i, c) in self.chains.iter().enumerate() {
@@ -368,12 +368,7 @@ impl fmt::Display for NatTable {
                 writeln!(f, "\t\ttype nat hook {h} priority {p}; policy accept;")?;
             }
             for r in &c.rules {
-                let text = RuleText(self.family, r).to_string();
-                writeln!(
-                    f,
-                    "\t\t{}",
-                    text.replacen("counter", "counter packets 0 bytes 0", 1)
-                )?;
+                writeln!(f, "\t\t{}", RuleText(self.family, r))?;
             }
             writeln!(f, "\t}}")?;
         }

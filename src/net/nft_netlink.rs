@@ -10,7 +10,7 @@ use crate::net::nft::{Action, Family, Hook, Match, NatTable, NAT_TABLE};
 use crate::net::NetError;
 use nftnl::expr::{
     Cmp, CmpOp, Counter, Expression, Immediate, Lookup, Masquerade, Meta, Nat, NatType,
-    NetworkHeaderField, Payload, Register, ToSlice, TransportHeaderField, Verdict,
+    NetworkHeaderField, Payload, Register, TcpHeaderField, ToSlice, TransportHeaderField, Verdict,
 };
 use nftnl::set::{Set, SetKey};
 use nftnl::{Batch, Chain, MsgType, NlMsg, ProtoFamily, Rule, Table};
@@ -354,10 +354,10 @@ fn add_table(batch: &mut Batch, t: &NatTable) {
                     Match::Dport(proto, ports) => {
                         rule.add_expr(&L4Proto);
                         rule.add_expr(&Cmp::new(CmpOp::Eq, Bytes(vec![proto.number()])));
-                        rule.add_expr(&Payload::Transport(TransportHeaderField::Raw {
-                            offset_bits: 16,
-                            length_bits: 16,
-                        }));
+                        // The destination port is bytes 2..4 of TCP, UDP and SCTP headers alike.
+                        rule.add_expr(&Payload::Transport(TransportHeaderField::Tcp(
+                            TcpHeaderField::Dport,
+                        )));
                         if let [one] = ports.as_slice() {
                             rule.add_expr(&Cmp::new(CmpOp::Eq, Bytes(one.to_be_bytes().to_vec())));
                         } else {
