@@ -231,3 +231,173 @@ pub fn teardown(pod: &Netns, plan: &NetPlan, applied: &Applied) -> Result<Vec<St
         net::teardown(&plan, &applied).await
     })?
 }
+
+use qlauncher::net::dhcp::{self, DhcpStats};
+use std::sync::Arc;
+
+/// DHCP servers (v4, and v6 when planned) running on a thread inside the pod netns; stopped
+/// and joined on drop.
+pub struct Servers {
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats_v4: Arc<DhcpStats>,
+    pub stats_v6: Arc<DhcpStats>,
+}
+
+impl Servers {
+    pub fn start(pod: &Netns, plan: &NetPlan) -> Servers {
+        let v4cfg = plan.dhcp_v4.clone().expect("plan has DHCPv4");
+        let v6cfg = plan.dhcp_v6.clone();
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let stats_v4 = Arc::new(DhcpStats::default());
+        let stats_v6 = Arc::new(DhcpStats::default());
+        let (s4, s6) = (stats_v4.clone(), stats_v6.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let path = pod.path();
+        let thread = std::thread::spawn(move || {
+            let res = net::netns::block_on_in(&path, move || async move {
+                let bound = (|| {
+                    let sock4 = dhcp::v4::bind(&v4cfg.iface)?;
+                    let server = Arc::new(dhcp::v4::DhcpV4Server::new(v4cfg)?);
+                    let sock6 = match &v6cfg {
+                        Some(c) => Some((dhcp::v6::bind(&c.iface)?, Arc::new(c.clone()))),
+                        None => None,
+                    };
+                    Ok::<_, NetError>((sock4, server, sock6))
+                })();
+                let (sock4, server, sock6) = match bound {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("{e:?}")));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.changed().await;
+                };
+                let v6 = sock6
+                    .map(|(s, c)| tokio::spawn(dhcp::v6::serve(s, c, s6, stopped(rx.clone()))));
+                dhcp::v4::serve(sock4, server, s4, stopped(rx))
+                    .await
+                    .expect("serve v4");
+                if let Some(t) = v6 {
+                    let _ = t.await;
+                }
+            });
+            res.expect("netns thread");
+        });
+        ready_rx
+            .recv()
+            .expect("server thread")
+            .expect("bind DHCP sockets");
+        Servers {
+            stop: Some(stop),
+            thread: Some(thread),
+            stats_v4,
+            stats_v6,
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A temporary directory holding client scripts and their output.
+pub struct ClientDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl ClientDir {
+    pub fn new() -> ClientDir {
+        ClientDir {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A udhcpc/dhclient hook script that dumps its environment to `env-<reason>` on a lease
+    /// and, when `configure`, applies the udhcpc lease (address, MTU, default route).
+    pub fn script(&self, configure: bool) -> PathBuf {
+        let p = self.path("hook.sh");
+        let out = self.dir.path().display().to_string();
+        let apply = if configure {
+            "if [ -n \"$ip\" ]; then ip addr add \"$ip/$subnet\" dev \"$interface\"; ip link set \"$interface\" mtu \"$mtu\"; \
+             for r in $router; do ip route add default via \"$r\" dev \"$interface\"; break; done; fi"
+        } else {
+            ""
+        };
+        let body = format!(
+            "#!/bin/sh\ncase \"$1$reason\" in\n  bound|renew|BOUND|BOUND6|REBOOT) env | sort > {out}/env.tmp; {apply}\n mv {out}/env.tmp {out}/env ;;\nesac\nexit 0\n"
+        );
+        std::fs::write(&p, body).expect("write script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
+    /// Waits up to `secs` for the hook's environment dump and parses it into `KEY=value` pairs.
+    pub fn wait_env(&self, secs: u64) -> std::collections::BTreeMap<String, String> {
+        let p = self.path("env");
+        for _ in 0..secs * 10 {
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                return text
+                    .lines()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("no lease within {secs}s");
+    }
+}
+
+/// TCP: a listener bound inside `ns`, one accepted connection's peer and message.
+pub fn listen(ns: &Netns, addr: &str) -> std::net::TcpListener {
+    let addr: std::net::SocketAddr = addr.parse().expect("addr");
+    let l = net::netns::run_in(&ns.path(), move || std::net::TcpListener::bind(addr))
+        .expect("netns")
+        .expect("bind");
+    l
+}
+
+/// Connects from inside `ns` to `addr` and sends `msg`.
+pub fn send_from(ns: &Netns, addr: &str, msg: &'static str) -> std::io::Result<()> {
+    let addr: std::net::SocketAddr = addr.parse().expect("addr");
+    net::netns::run_in(&ns.path(), move || {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
+        s.write_all(msg.as_bytes())
+    })
+    .expect("netns")
+}
+
+/// Accepts one connection (5 s timeout) and returns the peer address and what it sent.
+pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
+    use std::io::Read;
+    l.set_nonblocking(true).expect("nonblocking");
+    for _ in 0..50 {
+        match l.accept() {
+            Ok((mut s, peer)) => {
+                s.set_nonblocking(false).expect("blocking");
+                let mut buf = String::new();
+                s.read_to_string(&mut buf).expect("read");
+                return (peer, buf);
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    panic!("no connection within 5s");
+}
