@@ -14,6 +14,7 @@ use futures_util::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags};
 use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::route::RouteProtocol;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkIfb, LinkUnspec, RouteMessageBuilder};
 use std::net::IpAddr;
 
@@ -455,6 +456,7 @@ async fn teardown_with(
                         .destination_prefix(r.destination.addr(), r.destination.prefix_len())
                         .gateway(gw)
                         .output_interface(l.index)
+                        .protocol(RouteProtocol::from(r.protocol))
                         .build();
                     handle
                         .route()

@@ -9,7 +9,7 @@ use futures_util::TryStreamExt;
 use ipnet::{Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressScope};
 use netlink_packet_route::link::LinkAttribute;
-use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteScope, RouteType};
+use netlink_packet_route::route::{RouteAddress, RouteAttribute, RouteType};
 use rtnetlink::{Handle, RouteMessageBuilder};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
@@ -21,6 +21,8 @@ pub struct RouteV4 {
     pub destination: Ipv4Net,
     /// The next hop; `None` for an on-link route.
     pub gateway: Option<Ipv4Addr>,
+    /// The route's `rtm_protocol` (3 = boot, 4 = static, ...), kept so teardown restores it.
+    pub protocol: u8,
 }
 
 /// What the pod interface looks like before setup.
@@ -192,10 +194,10 @@ pub async fn discover_iface(handle: &Handle, name: &str) -> Result<PodIface, Net
         if destination.prefix_len() == 0 {
             iface.gateway_v4 = gw;
         }
-        let _ = r.header.scope == RouteScope::Link;
         iface.routes_v4.push(RouteV4 {
             destination,
             gateway: gw,
+            protocol: u8::from(r.header.protocol),
         });
     }
     let mut routes6 = handle
