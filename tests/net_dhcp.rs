@@ -27,8 +27,8 @@ fn config() -> NetConfig {
     }
 }
 
-fn pick<'a>(
-    env: &'a std::collections::BTreeMap<String, String>,
+fn pick(
+    env: &std::collections::BTreeMap<String, String>,
     keys: &[&str],
 ) -> Vec<(String, String)> {
     keys.iter()

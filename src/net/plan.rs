@@ -470,14 +470,17 @@ mod tests {
                     RouteV4 {
                         destination: "0.0.0.0/0".parse().unwrap(),
                         gateway: Some("10.244.0.1".parse().unwrap()),
+                        protocol: 3,
                     },
                     RouteV4 {
                         destination: "10.244.0.0/24".parse().unwrap(),
                         gateway: None,
+                        protocol: 2,
                     },
                     RouteV4 {
                         destination: "10.96.0.0/12".parse().unwrap(),
                         gateway: Some("10.244.0.1".parse().unwrap()),
+                        protocol: 3,
                     },
                 ],
                 gateway_v4: Some("10.244.0.1".parse().unwrap()),

@@ -367,10 +367,9 @@ impl ClientDir {
 /// TCP: a listener bound inside `ns`, one accepted connection's peer and message.
 pub fn listen(ns: &Netns, addr: &str) -> std::net::TcpListener {
     let addr: std::net::SocketAddr = addr.parse().expect("addr");
-    let l = net::netns::run_in(&ns.path(), move || std::net::TcpListener::bind(addr))
+    net::netns::run_in(&ns.path(), move || std::net::TcpListener::bind(addr))
         .expect("netns")
-        .expect("bind");
-    l
+        .expect("bind")
 }
 
 /// Connects from inside `ns` to `addr` and sends `msg`.
