@@ -27,10 +27,7 @@ fn config() -> NetConfig {
     }
 }
 
-fn pick(
-    env: &std::collections::BTreeMap<String, String>,
-    keys: &[&str],
-) -> Vec<(String, String)> {
+fn pick(env: &std::collections::BTreeMap<String, String>, keys: &[&str]) -> Vec<(String, String)> {
     keys.iter()
         .map(|k| (k.to_string(), env.get(*k).cloned().unwrap_or_default()))
         .collect()
@@ -292,4 +289,44 @@ fn malformed_datagrams_are_counted_and_the_server_keeps_serving() {
         dir.wait_env(5).get("ip").map(String::as_str),
         Some("10.0.2.2")
     );
+}
+
+#[test]
+fn optional_router_advertisement_gives_the_guest_an_ipv6_default_route() {
+    let net = PodNet::new(true);
+    let resolv = resolv_conf();
+    let cfg = NetConfig {
+        ipv6_router_advertisement: true,
+        ..config()
+    };
+    let (mut plan, _applied) = setup(&net.pod, &cfg, resolv.path()).unwrap();
+    plan.router_advertisement
+        .as_mut()
+        .expect("RA planned")
+        .interval_secs = 1;
+    let _servers = Servers::start(&net.pod, &plan);
+    let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
+    let mut route = String::new();
+    for _ in 0..100 {
+        route = vm.ip(&["-6", "route", "show", "default"]);
+        if !route.is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let words: Vec<&str> = route.split_whitespace().collect();
+    assert_eq!(
+        (words.first(), words.get(1), words.get(3), words.get(4)),
+        (Some(&"default"), Some(&"via"), Some(&"dev"), Some(&"vmnic")),
+        "{route}"
+    );
+    assert!(words[2].starts_with("fe80::"), "{route}");
+}
+
+#[test]
+fn router_advertisement_is_off_by_default() {
+    let net = PodNet::new(true);
+    let resolv = resolv_conf();
+    let (plan, _applied) = setup(&net.pod, &config(), resolv.path()).unwrap();
+    assert_eq!(plan.router_advertisement, None);
 }

@@ -162,10 +162,11 @@ impl PodNet {
         PodNet { node, pod }
     }
 
-    /// A "vm" netns with a veth `vmnic` (MAC `mac`) whose peer `vmport` is a port of `bridge` in
+    /// A "vm" netns with a veth `vmnic` (MAC `mac`) whose peer `vmport<n>` is a port of `bridge` in
     /// the pod netns.
     pub fn attach_vm(&self, bridge: &str, mac: &str) -> Netns {
         let vm = Netns::new("vm");
+        let port = format!("vmport{}", COUNTER.fetch_add(1, Ordering::Relaxed));
         vm.ip(&[
             "link",
             "add",
@@ -174,15 +175,14 @@ impl PodNet {
             "veth",
             "peer",
             "name",
-            "vmport",
+            &port,
             "netns",
             &self.pod.name,
         ]);
         vm.sh(&["sysctl", "-qw", "net.ipv6.conf.vmnic.accept_dad=0"]);
         vm.ip(&["link", "set", "vmnic", "address", mac, "mtu", "1450", "up"]);
-        self.pod.ip(&[
-            "link", "set", "vmport", "mtu", "1450", "master", bridge, "up",
-        ]);
+        self.pod
+            .ip(&["link", "set", &port, "mtu", "1450", "master", bridge, "up"]);
         vm
     }
 }
@@ -248,6 +248,7 @@ impl Servers {
     pub fn start(pod: &Netns, plan: &NetPlan) -> Servers {
         let v4cfg = plan.dhcp_v4.clone().expect("plan has DHCPv4");
         let v6cfg = plan.dhcp_v6.clone();
+        let racfg = plan.router_advertisement.clone();
         let (stop, rx) = tokio::sync::watch::channel(false);
         let stats_v4 = Arc::new(DhcpStats::default());
         let stats_v6 = Arc::new(DhcpStats::default());
@@ -263,9 +264,13 @@ impl Servers {
                         Some(c) => Some((dhcp::v6::bind(&c.iface)?, Arc::new(c.clone()))),
                         None => None,
                     };
-                    Ok::<_, NetError>((sock4, server, sock6))
+                    let ra = match racfg {
+                        Some(c) => Some((dhcp::ra::bind(&c.iface)?, c)),
+                        None => None,
+                    };
+                    Ok::<_, NetError>((sock4, server, sock6, ra))
                 })();
-                let (sock4, server, sock6) = match bound {
+                let (sock4, server, sock6, ra) = match bound {
                     Ok(b) => b,
                     Err(e) => {
                         let _ = ready_tx.send(Err(format!("{e:?}")));
@@ -278,10 +283,13 @@ impl Servers {
                 };
                 let v6 = sock6
                     .map(|(s, c)| tokio::spawn(dhcp::v6::serve(s, c, s6, stopped(rx.clone()))));
+                let ra = ra.map(|((s, idx), c)| {
+                    tokio::spawn(dhcp::ra::serve(s, idx, c, stopped(rx.clone())))
+                });
                 dhcp::v4::serve(sock4, server, s4, stopped(rx))
                     .await
                     .expect("serve v4");
-                if let Some(t) = v6 {
+                for t in [v6, ra].into_iter().flatten() {
                     let _ = t.await;
                 }
             });
