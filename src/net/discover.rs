@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 /// One IPv4 route of the pod interface (main table, unicast).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RouteV4 {
     /// The destination (0.0.0.0/0 for the default route).
     pub destination: Ipv4Net,
@@ -26,7 +26,7 @@ pub struct RouteV4 {
 }
 
 /// What the pod interface looks like before setup.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PodIface {
     /// The interface name (`eth0`).
     pub name: String,
@@ -49,7 +49,7 @@ pub struct PodIface {
 }
 
 /// The pod's resolv.conf, as far as the DHCP server uses it.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct ResolvConf {
     /// IPv4 `nameserver` lines, in order.
     pub nameservers_v4: Vec<Ipv4Addr>,
@@ -60,7 +60,11 @@ pub struct ResolvConf {
 }
 
 /// Everything discovered about the pod that planning needs.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+///
+/// Serializable so the orchestrator can cache it (as virt-handler caches the pod interface in
+/// `vif-cache-<iface>.json`): after the bridge binding has moved the pod link, discovering again
+/// would find the stand-in without routes, so re-plans must use the facts found before setup.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 pub struct PodFacts {
     /// The pod interface.
     pub iface: PodIface,
@@ -277,6 +281,29 @@ mod tests {
                 ],
             }
         );
+    }
+
+    #[test]
+    fn pod_facts_round_trip_through_json() {
+        let facts = PodFacts {
+            iface: PodIface {
+                name: "eth0".into(),
+                index: 2,
+                mac: [0x0a, 0x58, 0x0a, 0xf4, 0, 5],
+                mtu: 1450,
+                ipv4: vec!["10.244.0.5/24".parse().unwrap()],
+                routes_v4: vec![RouteV4 {
+                    destination: "0.0.0.0/0".parse().unwrap(),
+                    gateway: Some("10.244.0.1".parse().unwrap()),
+                    protocol: 3,
+                }],
+                gateway_v4: Some("10.244.0.1".parse().unwrap()),
+                ..Default::default()
+            },
+            resolv: parse_resolv_conf("nameserver 10.96.0.10\nsearch cluster.local\n"),
+        };
+        let json = serde_json::to_string(&facts).unwrap();
+        assert_eq!(serde_json::from_str::<PodFacts>(&json).unwrap(), facts);
     }
 
     #[test]

@@ -601,6 +601,27 @@ mod tests {
     }
 
     #[test]
+    fn reply_fits_the_client_maximum_message_size() {
+        let mut c = cfg();
+        c.extra.private_options = (224..=230).map(|code| (code, "x".repeat(200))).collect();
+        let s = DhcpV4Server::new(c).unwrap();
+        let Outcome::Reply { bytes, .. } = s.respond(&client_message(
+            MessageType::Discover,
+            MAC,
+            1,
+            None,
+            None,
+            &[],
+        )) else {
+            panic!()
+        };
+        assert!(bytes.len() + 28 <= 576, "{} bytes", bytes.len());
+        let m = decode(&bytes).unwrap();
+        assert_eq!(m.opts().msg_type(), Some(MessageType::Offer));
+        assert!(m.opts().get(OptionCode::SubnetMask).is_some());
+    }
+
+    #[test]
     fn invalid_search_domain_is_rejected() {
         let mut c = cfg();
         c.search = vec!["a..b".into()];
