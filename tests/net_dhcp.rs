@@ -262,6 +262,49 @@ fn malformed_datagrams_are_counted_and_the_server_keeps_serving() {
     std::thread::sleep(std::time::Duration::from_millis(300));
     let snap = servers.stats_v4.snapshot();
     assert_eq!((snap.received, snap.malformed), (4, 4));
+    // Then 400 random datagrams: pure noise and mutated DISCOVERs (xorshift, seed printed).
+    let seed = u64::from(std::process::id()) | 1;
+    eprintln!("fuzz seed {seed}");
+    let sent = qlauncher::net::netns::run_in(&vm.path(), move || {
+        let s = std::net::UdpSocket::bind("10.0.2.200:0").unwrap();
+        let mut x = seed;
+        let mut next = move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        let base = qlauncher::net::dhcp::v4::client_message(
+            dhcproto::v4::MessageType::Discover,
+            [2, 0, 0, 0, 0, 7],
+            1,
+            None,
+            None,
+            &[1, 3, 6, 119, 121],
+        );
+        for i in 0..400u32 {
+            let pkt: Vec<u8> = if i % 2 == 0 {
+                (0..next() % 700).map(|_| next() as u8).collect()
+            } else {
+                let mut p = base.clone();
+                for _ in 0..1 + next() % 8 {
+                    let at = (next() as usize) % p.len();
+                    p[at] = next() as u8;
+                }
+                p
+            };
+            s.send_to(&pkt, "10.0.2.1:67").unwrap();
+            if i % 50 == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+        400u64
+    })
+    .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let snap = servers.stats_v4.snapshot();
+    assert_eq!(snap.received, 4 + sent, "every datagram is accounted for");
+    assert!(snap.malformed >= 4 + 200, "{snap:?}");
     vm.ip(&["addr", "flush", "dev", "vmnic"]);
     let dir = ClientDir::new();
     let script = dir.script(false);
