@@ -687,3 +687,21 @@ fn qemu_opens_the_tap() {
         }
     }
 }
+
+#[test]
+fn changed_ports_replace_the_tables_in_one_transaction() {
+    let net = PodNet::new(true);
+    let resolv = resolv_conf();
+    setup(&net.pod, &NetConfig::default(), resolv.path()).unwrap();
+    assert_eq!(net.pod.nft_ruleset(), EXPECTED_ALL_PORTS);
+    let (_, variant, expected) = variants().into_iter().nth(1).unwrap();
+    let (_, applied) = setup(&net.pod, &variant, resolv.path()).unwrap();
+    assert_eq!(
+        applied.changed,
+        vec![
+            "commit table ip nat".to_string(),
+            "commit table ip6 nat".to_string()
+        ]
+    );
+    assert_eq!(net.pod.nft_ruleset(), expected);
+}
