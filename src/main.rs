@@ -2,6 +2,7 @@
 use clap::Parser;
 
 mod cli {
+    pub mod net;
     pub mod sync;
     pub mod validate;
 }
@@ -14,12 +15,20 @@ enum Cli {
     Validate(cli::validate::Args),
     /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
     LauncherSock(cli::sync::LauncherSockArgs),
+    /// Print the pod interface facts and the masquerade NAT tables (read-only).
+    NetProbe(cli::net::NetProbe),
+}
+
+/// Exit status for commands that only succeed or fail.
+fn ok(result: anyhow::Result<()>) -> anyhow::Result<std::process::ExitCode> {
+    result.map(|()| std::process::ExitCode::SUCCESS)
 }
 
 fn main() -> std::process::ExitCode {
     let result = match Cli::parse() {
         Cli::Validate(args) => cli::validate::run(args),
-        Cli::LauncherSock(args) => cli::sync::run(args).map(|()| std::process::ExitCode::SUCCESS),
+        Cli::LauncherSock(args) => ok(cli::sync::run(args)),
+        Cli::NetProbe(args) => ok(cli::net::run(args)),
     };
     match result {
         Ok(code) => code,
