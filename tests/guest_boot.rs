@@ -261,3 +261,56 @@ fn disk_boot_with_seabios_writes_land_in_the_overlay() {
         "base image changed"
     );
 }
+
+#[test]
+fn disk_boot_with_ovmf() {
+    let img = GuestImages::locate();
+    let code = std::path::Path::new("/usr/share/OVMF/OVMF_CODE_4M.fd");
+    let vars = std::path::Path::new("/usr/share/OVMF/OVMF_VARS_4M.fd");
+    assert!(
+        code.is_file(),
+        "OVMF missing: run scripts/install-deps (package ovmf)"
+    );
+    let mut vm = Vm::start(|dir| {
+        std::fs::copy(vars, dir.join("vars.fd")).unwrap();
+        let mut a = s(&["-drive"]);
+        a.push(format!(
+            "if=pflash,format=raw,readonly=on,file={}",
+            code.display()
+        ));
+        a.push("-drive".into());
+        a.push(format!(
+            "if=pflash,format=raw,file={}",
+            dir.join("vars.fd").display()
+        ));
+        a.push("-drive".into());
+        a.push(format!(
+            "file={},if=none,id=d0,format=qcow2,snapshot=on",
+            img.disk_qcow2.display()
+        ));
+        a.extend(s(&["-device", "virtio-blk-pci,drive=d0,bootindex=1"]));
+        a
+    });
+    vm.wait_booted();
+    let (rc, cmdline) = vm.console.run("cat /proc/cmdline", STEP).unwrap();
+    assert_eq!(rc, 0);
+    assert!(
+        cmdline.contains("console=ttyS0 qlg.boot=disk-uefi"),
+        "cmdline {cmdline:?}"
+    );
+    assert_eq!(
+        vm.console
+            .run("test -d /sys/firmware/efi && echo efi", STEP)
+            .unwrap(),
+        (0, "efi".to_string())
+    );
+    vm.qmp()
+        .unwrap()
+        .execute("system_powerdown", serde_json::json!({}))
+        .unwrap();
+    vm.console.wait_for_marker("poweroff", STEP).unwrap();
+    let status = vm
+        .wait_exit(STEP)
+        .expect("QEMU exits after the guest powers off");
+    assert!(status.success(), "QEMU exit status {status}");
+}
