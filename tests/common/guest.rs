@@ -472,10 +472,17 @@ impl Vm {
     /// -m 256 -nodefaults -display none`, the serial console socket (`server=on,wait=on`: QEMU waits
     /// for the console before starting the guest) and the QMP socket.
     pub fn start(args_for: impl FnOnce(&Path) -> Vec<String>) -> Vm {
+        Vm::start_in(None, args_for)
+    }
+
+    /// Like [`Vm::start`], but with `/usr/bin/qemu-system-x86_64` run by `chroot ROOT` when `root`
+    /// is given. The private directory is then made under `ROOT/tmp`; `args_for` still gets its
+    /// host path and must give QEMU paths as seen inside ROOT (see [`Vm::in_root`]).
+    pub fn start_in(root: Option<&Path>, args_for: impl FnOnce(&Path) -> Vec<String>) -> Vm {
         let n = VM_COUNTER.fetch_add(1, Ordering::SeqCst);
         let dir = tempfile::Builder::new()
             .prefix(&format!("qlg-vm-{}-{n}-", std::process::id()))
-            .tempdir()
+            .tempdir_in(root.map_or_else(std::env::temp_dir, |r| r.join("tmp")))
             .expect("temporary directory");
         let serial = dir.path().join("serial.sock");
         let qmp_path = dir.path().join("qmp.sock");
@@ -494,18 +501,27 @@ impl Vm {
         .iter()
         .map(|s| s.to_string())
         .collect();
+        let seen = |p: &Path| Vm::in_root(root, p).display().to_string();
         args.push("-chardev".into());
         args.push(format!(
             "socket,id=ser0,path={},server=on,wait=on",
-            serial.display()
+            seen(&serial)
         ));
         args.push("-serial".into());
         args.push("chardev:ser0".into());
         args.push("-qmp".into());
-        args.push(format!("unix:{},server=on,wait=off", qmp_path.display()));
+        args.push(format!("unix:{},server=on,wait=off", seen(&qmp_path)));
         args.extend(args_for(dir.path()));
         let log = std::fs::File::create(dir.path().join("qemu.log")).expect("qemu log file");
-        let child = Command::new("qemu-system-x86_64")
+        let mut cmd = match root {
+            Some(r) => {
+                let mut c = Command::new("chroot");
+                c.arg(r).arg("/usr/bin/qemu-system-x86_64");
+                c
+            }
+            None => Command::new("qemu-system-x86_64"),
+        };
+        let child = cmd
             .args(&args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("qemu log file"))
@@ -534,6 +550,14 @@ impl Vm {
             ),
         }
         vm
+    }
+
+    /// `path` (on the host, under `root`) as QEMU sees it when chrooted into `root`.
+    pub fn in_root(root: Option<&Path>, path: &Path) -> PathBuf {
+        match root.and_then(|r| path.strip_prefix(r).ok()) {
+            Some(rel) => Path::new("/").join(rel),
+            None => path.to_path_buf(),
+        }
     }
 
     /// QEMU's stdout and stderr so far.
