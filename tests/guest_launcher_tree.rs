@@ -119,14 +119,35 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
 
     // QEMU inside the tree boots the guest's disk with SeaBIOS (firmware, TCG module and the
     // virtio-net option ROM all come from the tree).
+    // It also carries a ConfigDrive ("config-2") disk, read by the guest.
+    let user_data = "#!/bin/sh\necho config-drive test\n";
     let mut vm = Vm::start_in(Some(&root), |dir| {
         std::fs::copy(&img.disk_qcow2, dir.join("disk.qcow2")).unwrap();
         let disk = Vm::in_root(Some(&root), &dir.join("disk.qcow2"));
+        let latest = dir.join("cd/openstack/latest");
+        std::fs::create_dir_all(&latest).unwrap();
+        std::fs::write(latest.join("user_data"), user_data).unwrap();
+        std::fs::write(latest.join("meta_data.json"), "{\"uuid\":\"qlg\"}\n").unwrap();
+        let st = Command::new("genisoimage")
+            .args(["-quiet", "-V", "config-2", "-J", "-r", "-o"])
+            .arg(dir.join("config-2.iso"))
+            .arg(dir.join("cd"))
+            .status()
+            .expect("run genisoimage");
+        assert!(st.success(), "genisoimage failed");
+        let iso = Vm::in_root(Some(&root), &dir.join("config-2.iso"));
         vec![
             "-drive".into(),
             format!("file={},if=none,id=d0,format=qcow2", disk.display()),
             "-device".into(),
             "virtio-blk-pci,drive=d0,bootindex=1".into(),
+            "-drive".into(),
+            format!(
+                "file={},if=none,id=cd,format=raw,readonly=on",
+                iso.display()
+            ),
+            "-device".into(),
+            "virtio-blk-pci,drive=cd".into(),
             "-netdev".into(),
             "user,id=n0".into(),
             "-device".into(),
@@ -134,6 +155,17 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
         ]
     });
     vm.wait_booted();
+    assert_eq!(
+        vm.console.wait_for_marker("cidata ", STEP).unwrap(),
+        "cidata vdb type=configdrive label=config-2"
+    );
+    let marker = vm.console.wait_for_marker("user-data ", STEP).unwrap();
+    let b64 = marker.strip_prefix("user-data ").unwrap();
+    let (rc, decoded) = vm
+        .console
+        .run(&format!("echo {b64} | base64 -d"), STEP)
+        .unwrap();
+    assert_eq!((rc, decoded + "\n"), (0, user_data.to_string()));
     let lease = vm.console.wait_for_marker("lease eth0 ", STEP).unwrap();
     assert!(
         lease.starts_with("lease eth0 ip=10.0.2.15/24 router=10.0.2.2 "),
