@@ -1,0 +1,3 @@
+//! Subcommand entry points: each parses its command line, sets up logging and calls the library.
+pub mod launcher;
+pub mod monitor;
