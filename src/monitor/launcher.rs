@@ -40,6 +40,8 @@ pub const LAUNCHER_FLAGS: &[(&str, FlagKind)] = &[
     ("disk-memory-limit", FlagKind::Value),
     ("hypervisor", FlagKind::Value),
     ("v", FlagKind::Value),
+    // qlauncher's own: moves `/var/run/kubevirt-private` (for `qlauncher run --root` and tests).
+    ("private-dir", FlagKind::Value),
     // Accepted, not used by qlauncher.
     ("allow-cross-arch-emulation", FlagKind::Bool),
     ("image-volume", FlagKind::Bool),
@@ -76,6 +78,7 @@ const USED_FLAGS: &[&str] = &[
     "disk-memory-limit",
     "hypervisor",
     "v",
+    "private-dir",
 ];
 
 /// virt-launcher's configuration, with KubeVirt's defaults.
@@ -97,7 +100,8 @@ pub struct LauncherConfig {
     pub container_disk_dir: PathBuf,
     /// `--hotplug-disk-dir` (default `/var/run/kubevirt/hotplug-disks`).
     pub hotplug_disk_dir: PathBuf,
-    /// The private directory, `/var/run/kubevirt-private` (not a flag; `qlauncher run` moves it).
+    /// The private directory, `/var/run/kubevirt-private`; qlauncher's own `--private-dir` moves
+    /// it (KubeVirt has no such flag).
     pub private_dir: PathBuf,
     /// `--grace-period-seconds` (default 30).
     pub grace_period: Duration,
@@ -165,7 +169,7 @@ impl LauncherConfig {
             ephemeral_disk_dir: path_flag(&f, "ephemeral-disk-dir", d.ephemeral_disk_dir),
             container_disk_dir: path_flag(&f, "container-disk-dir", d.container_disk_dir),
             hotplug_disk_dir: path_flag(&f, "hotplug-disk-dir", d.hotplug_disk_dir),
-            private_dir: d.private_dir,
+            private_dir: path_flag(&f, "private-dir", d.private_dir),
             grace_period: Duration::from_secs(f.int("grace-period-seconds", 30u64)?),
             allow_emulation: f.bool("allow-emulation")?,
             run_as_nonroot: f.bool("run-as-nonroot")?,
@@ -290,7 +294,18 @@ pub async fn run<D: Domain>(
             return Err(MonitorError::QemuTimeout { timeout: config.qemu_timeout });
         }
     };
-    let qemu = Qemu::from_pid(pid)?;
+    let qemu = match Qemu::from_pid(pid) {
+        Ok(q) => q,
+        // Gone before it could be watched: it ended on its own.
+        Err(MonitorError::WatchQemu { source, .. })
+            if source.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            info!(pid, "QEMU exited before it could be watched");
+            domain.check_exit(Ending::ExitedOnItsOwn)?;
+            return Ok(Some(Ending::ExitedOnItsOwn));
+        }
+        Err(e) => return Err(e),
+    };
     info!(pid, "domain started, watching QEMU");
     let ending = grace::supervise(&qemu, domain, stop, config.grace_period).await?;
     debug!(?ending, "QEMU is gone");

@@ -17,6 +17,7 @@
 //!
 //! Must be called before any thread is started: the signal mask is per thread.
 use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -59,6 +60,26 @@ fn monitored_signals() -> SigSet {
     set
 }
 
+extern "C" fn noop_handler(_: libc::c_int) {}
+
+/// Installs a do-nothing handler for the monitored signals. They stay blocked and are taken by
+/// `sigtimedwait`; the handler only matters for PID 1 of a PID namespace, to which the kernel does
+/// not deliver a signal whose disposition is the default one. Handlers reset to the default on exec,
+/// so the launcher is unaffected.
+fn install_noop_handlers(set: &SigSet) -> Result<(), MonitorError> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let action = SigAction::new(
+        SigHandler::Handler(noop_handler),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for sig in set.iter() {
+        // SAFETY: the handler is async-signal-safe (does nothing).
+        unsafe { sigaction(sig, &action) }.map_err(|e| MonitorError::Signals(e.into()))?;
+    }
+    Ok(())
+}
+
 /// Waits up to `timeout` for one of the signals in `set`; `None` on timeout.
 fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, MonitorError> {
     let ts = libc::timespec {
@@ -87,11 +108,23 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
     signals
         .thread_block()
         .map_err(|e| MonitorError::Signals(e.into()))?;
+    install_noop_handlers(&signals)?;
     let reaper = Reaper::new();
 
-    // std resets the signal mask and dispositions in the child before exec.
-    let launcher = Command::new(&config.launcher_program)
-        .args(&config.launcher_args)
+    let mut command = Command::new(&config.launcher_program);
+    command.args(&config.launcher_args);
+    // std does not reset the signal mask: unblock everything in the child before exec. Caught
+    // signals return to their default disposition on exec by themselves.
+    // SAFETY: sigprocmask with a local empty set is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            Ok(())
+        });
+    }
+    let launcher = command
         .spawn()
         .map_err(|source| MonitorError::SpawnLauncher {
             program: config.launcher_program.clone(),
