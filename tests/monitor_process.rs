@@ -38,6 +38,26 @@ fn monitor_exits_with_the_launcher_code() {
 }
 
 #[test]
+fn launcher_gets_ambient_net_bind_service() {
+    if !nix::unistd::geteuid().is_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("caps");
+    let script = format!("grep CapAmb /proc/$$/status > {}", out.display());
+    let mut m = monitor_with_script(tmp.path(), &script, &[]);
+    assert_eq!(
+        m.wait_timeout(Duration::from_secs(20)).unwrap().code(),
+        Some(0)
+    );
+    // Bit 10: CAP_NET_BIND_SERVICE.
+    assert_eq!(
+        std::fs::read_to_string(&out).unwrap(),
+        "CapAmb:\t0000000000000400\n"
+    );
+}
+
+#[test]
 fn launcher_killed_by_a_signal_gives_128_plus_signal() {
     let tmp = tempfile::tempdir().unwrap();
     let mut m = monitor_with_script(tmp.path(), "kill -KILL $$", &[]);

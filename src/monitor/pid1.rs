@@ -3,7 +3,7 @@
 //!
 //! [`run`] becomes child subreaper, blocks SIGCHLD, SIGINT, SIGTERM and SIGQUIT and takes them with
 //! `sigtimedwait` in this single thread (no runtime, no handler: the process stays a few hundred KiB),
-//! starts the launcher, reaps every zombie, forwards SIGINT/SIGTERM/SIGQUIT to the launcher as
+//! starts the launcher (with ambient `CAP_NET_BIND_SERVICE` when we hold it), reaps every zombie, forwards SIGINT/SIGTERM/SIGQUIT to the launcher as
 //! SIGTERM, and once the launcher is gone stops a QEMU still running among its children (SIGTERM,
 //! then after [`MonitorConfig::qemu_stop_timeout`] SIGKILL and exit code 1), deletes the `*.sock`
 //! files of the container-disk directory so that the container-disk sidecars end, and returns the
@@ -58,6 +58,58 @@ fn monitored_signals() -> SigSet {
         set.add(sig);
     }
     set
+}
+
+/// `CAP_NET_BIND_SERVICE` (linux/capability.h).
+const CAP_NET_BIND_SERVICE: u32 = 10;
+
+/// Gives the launcher `CAP_NET_BIND_SERVICE` as an ambient capability, as KubeVirt's monitor does
+/// (so that the DHCP server can bind port 67 as uid 107): when the capability is in our permitted
+/// set, add it to the inheritable set and raise it as ambient. Best effort, no error: without the
+/// capability there is nothing to pass on. Runs between fork and exec: raw syscalls only.
+fn raise_ambient_net_bind_service() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    let bit = 1u32 << CAP_NET_BIND_SERVICE;
+    // SAFETY: capget/capset/prctl with valid pointers to the kernel's v3 structures.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0
+            || data[0].permitted & bit == 0
+        {
+            return;
+        }
+        data[0].inheritable |= bit;
+        if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
+            return;
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+            CAP_NET_BIND_SERVICE as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        );
+    }
 }
 
 extern "C" fn noop_handler(_: libc::c_int) {}
@@ -121,6 +173,7 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            raise_ambient_net_bind_service();
             Ok(())
         });
     }

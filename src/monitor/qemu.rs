@@ -31,7 +31,7 @@ pub struct Detached {
 }
 
 /// Starts `command` detached: fork, fork again, `setsid` (so a terminal's Ctrl-C reaches the
-/// monitor, not QEMU), exec. The intermediate process exits at once and is waited for here; the
+/// monitor, not QEMU), clear the ambient capabilities, exec. The intermediate process exits at once and is waited for here; the
 /// grandchild is re-parented to the nearest child subreaper (the monitor) or to init.
 ///
 /// Returns after the exec succeeded (the exec error is reported otherwise).
@@ -63,6 +63,15 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
                 libc::_exit(0);
             }
             libc::setsid();
+            // QEMU gets no ambient capabilities (the monitor gives the launcher
+            // CAP_NET_BIND_SERVICE; libvirt also starts QEMU without extra capabilities).
+            libc::prctl(
+                libc::PR_CAP_AMBIENT,
+                libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+                0 as libc::c_ulong,
+            );
             let me = libc::getpid().to_ne_bytes();
             libc::write(write_fd, me.as_ptr().cast(), me.len());
             Ok(())
