@@ -11,14 +11,11 @@ use qlauncher::monitor::MonitorError;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 
-/// Kills a pid on drop (QEMU is not our child: it was detached).
-struct KillOnDrop(i32);
+/// Kills QEMU on drop through its pidfd (it is not our child, and its pid may be recycled).
+struct KillOnDrop(Qemu);
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.0),
-            nix::sys::signal::Signal::SIGKILL,
-        );
+        let _ = self.0.signal(nix::sys::signal::Signal::SIGKILL);
     }
 }
 
@@ -68,14 +65,13 @@ impl DomainControl for PowerButton {
     }
 }
 
-async fn start_idle_qemu(dir: &std::path::Path) -> (Qemu, KillOnDrop, PowerButton) {
+async fn start_idle_qemu(dir: &std::path::Path) -> (KillOnDrop, PowerButton) {
     let qmp = dir.join("qmp.sock");
     let argv = idle_qemu_argv(&qmp);
     let mut cmd = std::process::Command::new(&argv[0]);
     cmd.args(&argv[1..]);
     let detached = spawn_detached(cmd).unwrap();
-    let guard = KillOnDrop(detached.pid);
-    let qemu = Qemu::from_pid(detached.pid).unwrap();
+    let qemu = KillOnDrop(Qemu::from_pid(detached.pid).unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     while tokio::net::UnixStream::connect(&qmp).await.is_err() {
         assert!(Instant::now() < deadline, "no QMP socket");
@@ -85,17 +81,18 @@ async fn start_idle_qemu(dir: &std::path::Path) -> (Qemu, KillOnDrop, PowerButto
         qmp: Qmp(qmp),
         marked: false.into(),
     };
-    (qemu, guard, control)
+    (qemu, control)
 }
 
 #[tokio::test]
 async fn qemu_ignoring_the_power_button_is_killed_when_the_grace_period_ends() {
     let tmp = tempfile::tempdir().unwrap();
-    let (qemu, _guard, control) = start_idle_qemu(tmp.path()).await;
+    let (guard, control) = start_idle_qemu(tmp.path()).await;
+    let qemu = &guard.0;
     let (tx, rx) = watch::channel(false);
     tx.send(true).unwrap();
     let started = Instant::now();
-    let ending = supervise(&qemu, &control, rx, Duration::from_secs(2))
+    let ending = supervise(qemu, &control, rx, Duration::from_secs(2))
         .await
         .unwrap();
     assert_eq!(ending, Ending::KilledAfterGracePeriod);
@@ -107,9 +104,10 @@ async fn qemu_ignoring_the_power_button_is_killed_when_the_grace_period_ends() {
 #[tokio::test]
 async fn qemu_quitting_by_itself_ends_supervision() {
     let tmp = tempfile::tempdir().unwrap();
-    let (qemu, _guard, control) = start_idle_qemu(tmp.path()).await;
+    let (guard, control) = start_idle_qemu(tmp.path()).await;
+    let qemu = &guard.0;
     let (_tx, rx) = watch::channel(false);
-    let supervised = supervise(&qemu, &control, rx, Duration::from_secs(30));
+    let supervised = supervise(qemu, &control, rx, Duration::from_secs(30));
     let quit = async {
         control.qmp.execute("quit").await.unwrap();
     };

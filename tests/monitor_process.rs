@@ -167,8 +167,18 @@ fn leftover_qemu_is_terminated_and_container_disk_sockets_removed() {
         .collect();
     left.sort();
     assert_eq!(left, ["disk_0.img"]);
-    let stopped = m.record("QEMU still running after virt-launcher exited, sending SIGTERM");
-    assert_eq!(stopped.expect("logged")["pid"], qemu);
+    let stopped: Vec<_> = m
+        .log_records()
+        .into_iter()
+        .filter(|r| r["msg"] == "QEMU still running after virt-launcher exited, sending SIGTERM")
+        .map(|r| r["pid"].clone())
+        .collect();
+    assert_eq!(
+        stopped,
+        [serde_json::Value::from(qemu)],
+        "{}",
+        std::fs::read_to_string(&m.log).unwrap()
+    );
 }
 
 /// `qlauncher monitor` running the real launcher with an idle QEMU as its domain.
@@ -208,7 +218,9 @@ fn process_tree_and_grace_period_kill() {
     comms.sort();
     assert_eq!(comms, ["qemu-system-x86", "virt-launcher"]);
     let qemu = procfs::qemu_children(monitor)[0].pid;
-    assert!(thread_names(qemu).contains(&"CPU 0/TCG".to_string()));
+    // QEMU names its vCPU threads (`-name ...,debug-threads=on`), as virt-handler expects.
+    assert!(wait_until(Duration::from_secs(10), || thread_names(qemu)
+        .contains(&"CPU 0/TCG".to_string())));
     // Private directory created by the launcher.
     assert!(tmp.path().join("private/1234").is_dir());
 
@@ -309,4 +321,36 @@ fn argv0_dispatch() {
         line["error"],
         "flag --grace-period-seconds: \"soon\" is not an integer"
     );
+}
+
+#[test]
+fn guest_powers_off_on_sigterm_within_the_grace_period() {
+    let tmp = tempfile::tempdir().unwrap();
+    let serial = tmp.path().join("serial.log");
+    let mut cmd = Command::new(bin());
+    cmd.arg("monitor")
+        .args(launcher_flags(
+            tmp.path(),
+            &["--grace-period-seconds", "120"],
+        ))
+        .env("QLAUNCHER_TEST_QEMU", guest_qemu_spec(tmp.path(), &serial))
+        .env("QLAUNCHER_LOG", "debug")
+        .env_remove("QLAUNCHER_TEST_LAUNCHER");
+    let mut m = Running::start(cmd, &tmp.path().join("monitor.log"));
+    let serial_has = |marker: &str| {
+        std::fs::read_to_string(&serial).is_ok_and(|s| s.lines().any(|l| l.contains(marker)))
+    };
+    assert!(
+        wait_until(Duration::from_secs(180), || serial_has("QLG: http ready")),
+        "guest did not boot"
+    );
+    m.signal(Signal::SIGTERM);
+    let status = m
+        .wait_timeout(Duration::from_secs(120))
+        .expect("monitor exits");
+    assert_eq!(status.code(), Some(0));
+    assert!(serial_has("QLG: poweroff"));
+    let gone = m.record("QEMU is gone").expect("ending logged");
+    assert_eq!(gone["ending"], "ShutDownGracefully");
+    assert!(m.record("grace period expired, killing QEMU").is_none());
 }

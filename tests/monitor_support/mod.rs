@@ -45,7 +45,6 @@ pub struct Running {
     pub child: Child,
     /// Where its stderr (the JSON log of monitor and launcher) goes.
     pub log: PathBuf,
-    pid_of_descendants: Vec<i32>,
 }
 
 impl Running {
@@ -61,7 +60,6 @@ impl Running {
         Self {
             child,
             log: log.to_path_buf(),
-            pid_of_descendants: Vec::new(),
         }
     }
 
@@ -79,12 +77,6 @@ impl Running {
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
         let deadline = Instant::now() + timeout;
         loop {
-            // Remember the tree while it exists, for the drop guard.
-            for d in descendants(self.pid()) {
-                if !self.pid_of_descendants.contains(&d) {
-                    self.pid_of_descendants.push(d);
-                }
-            }
             if let Some(status) = self.child.try_wait().expect("try_wait") {
                 return Some(status);
             }
@@ -112,11 +104,10 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        let mut all = descendants(self.pid());
-        all.extend(self.pid_of_descendants.iter().copied());
-        for pid in all {
-            // Only processes that still look like ours: a recycled pid is not killed.
-            if procfs::stat(pid).is_some() {
+        // Only the current tree (pids are recycled quickly: never kill a remembered pid). The
+        // monitor is still alive while its descendants are killed, so none escapes to init.
+        if self.child.try_wait().ok().flatten().is_none() {
+            for pid in descendants(self.pid()) {
                 let _ = nix::sys::signal::kill(
                     nix::unistd::Pid::from_raw(pid),
                     nix::sys::signal::Signal::SIGKILL,
@@ -179,4 +170,55 @@ pub fn launcher_flags(dir: &Path, extra: &[&str]) -> Vec<String> {
     ];
     v.extend(extra.iter().map(|s| s.to_string()));
     v
+}
+
+/// The test guest's directory (`QLAUNCHER_GUEST_DIR`, default `/var/cache/qlauncher/guest`);
+/// panics with the command to run when it is not built.
+pub fn guest_dir() -> PathBuf {
+    let dir = PathBuf::from(
+        std::env::var("QLAUNCHER_GUEST_DIR")
+            .unwrap_or_else(|_| "/var/cache/qlauncher/guest".to_string()),
+    );
+    assert!(
+        dir.join("vmlinuz").exists() && dir.join("initrd.img").exists(),
+        "the test guest is missing in {}: run scripts/build-guest",
+        dir.display()
+    );
+    dir
+}
+
+/// The `QLAUNCHER_TEST_QEMU` value for the test guest booted from its kernel, serial to a file.
+pub fn guest_qemu_spec(dir: &Path, serial: &Path) -> String {
+    let guest = guest_dir();
+    let qmp = dir.join("qmp.sock");
+    let argv: Vec<String> = [
+        "qemu-system-x86_64",
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg",
+        "-nodefaults",
+        "-display",
+        "none",
+        "-m",
+        "256",
+        "-name",
+        "guest=default_testvmi,debug-threads=on",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .chain([
+        "-kernel".into(),
+        guest.join("vmlinuz").display().to_string(),
+        "-initrd".into(),
+        guest.join("initrd.img").display().to_string(),
+        "-append".into(),
+        "console=ttyS0".into(),
+        "-serial".into(),
+        format!("file:{}", serial.display()),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", qmp.display()),
+    ])
+    .collect();
+    serde_json::json!({ "argv": argv, "qmp": qmp }).to_string()
 }
