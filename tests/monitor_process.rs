@@ -354,3 +354,18 @@ fn guest_powers_off_on_sigterm_within_the_grace_period() {
     assert_eq!(gone["ending"], "ShutDownGracefully");
     assert!(m.record("grace period expired, killing QEMU").is_none());
 }
+
+#[test]
+fn keep_after_failure_waits_for_a_signal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut m = monitor_with_script(tmp.path(), "exit 3", &["--keep-after-failure"]);
+    assert!(wait_until(Duration::from_secs(20), || m
+        .record("keeping the monitor alive after the failure (--keep-after-failure)")
+        .is_some()));
+    assert!(m.wait_timeout(Duration::from_millis(500)).is_none());
+    m.signal(Signal::SIGTERM);
+    let status = m
+        .wait_timeout(Duration::from_secs(20))
+        .expect("monitor exits");
+    assert_eq!(status.code(), Some(3));
+}

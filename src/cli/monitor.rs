@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use qlauncher::log::{self, VmiRef};
 use qlauncher::monitor::flags::{scan, FlagKind};
+use qlauncher::monitor::istio::IstioProxy;
 use qlauncher::monitor::pid1::{self, MonitorConfig};
 
 /// Test-only: run this program (with the launcher's arguments) instead of `qlauncher launcher`.
@@ -71,6 +72,7 @@ pub fn main(args: Vec<String>) -> ExitCode {
             .into(),
         keep_after_failure,
         qemu_stop_timeout: Duration::from_secs(10),
+        istio: Some(IstioProxy::default()),
     };
     match pid1::run(&config) {
         Ok(code) => ExitCode::from(code.clamp(0, 255) as u8),

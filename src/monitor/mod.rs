@@ -15,13 +15,15 @@
 //! - [`grace`]: the graceful-shutdown logic (ACPI power button, kill when the grace period ends);
 //! - [`launcher`]: virt-launcher's flags, directories, `STANDALONE_VMI` and the `--qemu-timeout`
 //!   wait, generic over a [`launcher::Domain`] that the sync module implements;
-//! - [`flags`]: Go-style flag scanning shared by both command lines.
+//! - [`flags`]: Go-style flag scanning shared by both command lines;
+//! - [`istio`]: telling an Istio sidecar to quit once the VM is gone.
 //!
 //! This module imports nothing else from the crate.
 use std::path::PathBuf;
 
 pub mod flags;
 pub mod grace;
+pub mod istio;
 pub mod launcher;
 pub mod pid1;
 pub mod procfs;

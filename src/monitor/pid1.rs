@@ -1,11 +1,12 @@
 //! The monitor's main loop: KubeVirt's `virt-launcher-monitor` (`cmd/virt-launcher-monitor/`
 //! of v1.9.0).
 //!
-//! [`run`] becomes child subreaper, blocks SIGCHLD, SIGINT, SIGTERM and SIGQUIT and takes them with
-//! `sigtimedwait` in this single thread (no runtime, no handler: the process stays a few hundred KiB),
-//! starts the launcher (with ambient `CAP_NET_BIND_SERVICE` when we hold it), reaps every zombie, forwards SIGINT/SIGTERM/SIGQUIT to the launcher as
-//! SIGTERM, and once the launcher is gone stops a QEMU still running among its children (SIGTERM,
-//! then after [`MonitorConfig::qemu_stop_timeout`] SIGKILL and exit code 1), deletes the `*.sock`
+//! [`run`] becomes child subreaper, blocks SIGCHLD, SIGINT, SIGTERM and SIGQUIT and takes them
+//! with `sigtimedwait` in this single thread (no async runtime: the process stays small), starts
+//! the launcher (with ambient `CAP_NET_BIND_SERVICE` when we hold it), reaps every zombie, forwards
+//! SIGINT/SIGTERM/SIGQUIT to the launcher as SIGTERM, and once the launcher is gone stops a QEMU
+//! still running among its children (SIGTERM, then after [`MonitorConfig::qemu_stop_timeout`]
+//! SIGKILL and exit code 1), asks an Istio sidecar to quit ([`super::istio`]), deletes the `*.sock`
 //! files of the container-disk directory so that the container-disk sidecars end, and returns the
 //! launcher's exit code.
 //!
@@ -27,6 +28,7 @@ use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 use tracing::{debug, error, info, warn};
 
+use super::istio::{quit_istio_proxy, IstioProxy};
 use super::reaper::{exit_code, Reaper};
 use super::{procfs, MonitorError};
 
@@ -44,6 +46,8 @@ pub struct MonitorConfig {
     pub keep_after_failure: bool,
     /// How long a leftover QEMU has after SIGTERM (KubeVirt: 10 s).
     pub qemu_stop_timeout: Duration,
+    /// The Istio proxy to end after the VM (`None`: do not look for one).
+    pub istio: Option<IstioProxy>,
 }
 
 /// Signals the monitor takes synchronously.
@@ -209,6 +213,11 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
 
     if !stop_leftover_qemu(&reaper, &signals, config.qemu_stop_timeout)? {
         code = 1;
+    }
+    if let Some(proxy) = &config.istio {
+        if quit_istio_proxy(proxy, Duration::from_secs(1)) {
+            info!("asked the Istio proxy to quit");
+        }
     }
     remove_container_disk_sockets(&config.container_disk_dir);
 
