@@ -116,10 +116,16 @@ fn a_thousand_orphans_are_reaped() {
             .filter(|r| r["msg"] == "reaped")
             .count()
     };
-    assert!(wait_until(Duration::from_secs(10), || reaped_orphans(&m)
-        >= 1000
-        && zombies() == 0));
-    assert_eq!(zombies(), 0);
+    // Every orphan exited and was reaped: the launcher (and its `sleep`) are all that is left.
+    // Most of the thousand went through the monitor (a subshell sometimes reaps its own child).
+    let only_launcher = || {
+        procfs::children(monitor)
+            .iter()
+            .all(|c| c.comm == "sh" && !c.is_zombie())
+    };
+    assert!(wait_until(Duration::from_secs(10), || zombies() == 0
+        && only_launcher()));
+    assert!(reaped_orphans(&m) > 500, "{}", reaped_orphans(&m));
     m.signal(Signal::SIGTERM);
     assert_eq!(
         m.wait_timeout(Duration::from_secs(20)).unwrap().code(),
