@@ -159,8 +159,12 @@ fn leftover_qemu_is_terminated_and_container_disk_sockets_removed() {
         .trim()
         .parse()
         .unwrap();
-    // The daemonized QEMU is re-parented to the monitor, the subreaper.
-    assert_eq!(procfs::stat(qemu).unwrap().ppid, m.pid());
+    // The daemonized QEMU is re-parented to the monitor, the subreaper (once QEMU's intermediate
+    // daemonizing process, its parent for a moment, has exited).
+    let monitor = m.pid();
+    assert!(wait_until(Duration::from_secs(10), || {
+        procfs::stat(qemu).is_some_and(|s| s.ppid == monitor)
+    }));
     std::fs::write(&go, b"").unwrap();
     let status = m
         .wait_timeout(Duration::from_secs(30))
@@ -230,6 +234,11 @@ fn process_tree_and_grace_period_kill() {
     // Private directory created by the launcher.
     assert!(tmp.path().join("private/1234").is_dir());
 
+    // Stop only once the launcher watches QEMU (a stop while the domain starts ends the launcher
+    // at once, and the monitor then stops QEMU).
+    assert!(wait_until(Duration::from_secs(30), || m
+        .record("domain started, watching QEMU")
+        .is_some()));
     let asked = Instant::now();
     m.signal(Signal::SIGTERM);
     let status = m
@@ -272,6 +281,9 @@ fn crashing_qemu_makes_the_launcher_fail() {
         !procfs::qemu_children(monitor).is_empty()
     }));
     let qemu = procfs::qemu_children(monitor)[0].pid;
+    assert!(wait_until(Duration::from_secs(30), || m
+        .record("domain started, watching QEMU")
+        .is_some()));
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(qemu), Signal::SIGKILL).unwrap();
     let status = m
         .wait_timeout(Duration::from_secs(30))
