@@ -387,3 +387,26 @@ fn keep_after_failure_waits_for_a_signal() {
         .expect("monitor exits");
     assert_eq!(status.code(), Some(3));
 }
+
+#[test]
+fn unreadable_standalone_vmi_fails_the_launcher() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = Command::new(bin())
+        .arg("launcher")
+        .args(launcher_flags(tmp.path(), &[]))
+        .env("STANDALONE_VMI", "{unclosed")
+        .env_remove("QLAUNCHER_TEST_QEMU")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let failed: serde_json::Value = String::from_utf8_lossy(&out.stderr)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|r| r["msg"] == "virt-launcher failed")
+        .expect("failure logged");
+    let reason = failed["reason"].as_str().unwrap();
+    assert!(
+        reason.starts_with("reading the VMI from STANDALONE_VMI: "),
+        "{reason}"
+    );
+}
