@@ -34,7 +34,9 @@ pub struct Detached {
 /// monitor, not QEMU), clear the ambient capabilities, exec. The intermediate process exits at once and is waited for here; the
 /// grandchild is re-parented to the nearest child subreaper (the monitor) or to init.
 ///
-/// Returns after the exec succeeded (the exec error is reported otherwise).
+/// `pre_exec` closures the caller registered run before the second fork (in the intermediate
+/// process), so descriptors they `dup2` into place (tap fds, a pre-opened QMP socket) are inherited
+/// by QEMU. Returns after the exec succeeded (the exec error is reported otherwise).
 /// Errors: [`MonitorError::SpawnQemu`].
 pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
     let program = std::path::PathBuf::from(command.get_program());
