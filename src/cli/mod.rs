@@ -1,0 +1,6 @@
+//! The subcommands of the `qlauncher` binary, one file per area. Only the binary uses these.
+pub mod launcher;
+pub mod monitor;
+pub mod net;
+pub mod sync;
+pub mod validate;
