@@ -152,11 +152,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
     };
     let client = match connected {
         Ok(c) => c,
-        Err(e) => {
-            let _ = child.start_kill();
-            let _ = child.wait().await;
-            return Err(e);
-        }
+        Err(e) => return Err(fail_launch(&mut child, e, &log, log_offset).await),
     };
     let mut proc = QemuProcess {
         child,
@@ -178,12 +174,31 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
             }
         };
         if let Err(e) = r {
-            let _ = proc.child.start_kill();
-            let _ = proc.child.wait().await;
-            return Err(e);
+            return Err(fail_launch(&mut proc.child, e, &log, log_offset).await);
         }
     }
     Ok(proc)
+}
+
+/// After a failed launch step: if QEMU exits within a moment (a closed QMP connection usually
+/// means it is exiting), its exit and stderr are the better error; otherwise it is killed.
+async fn fail_launch(
+    child: &mut tokio::process::Child,
+    err: QmpError,
+    log: &Path,
+    offset: u64,
+) -> QmpError {
+    if matches!(err, QmpError::QemuExited { .. }) {
+        return err;
+    }
+    match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
+        Ok(st) => exited(st, log, offset).await,
+        Err(_) => {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            err
+        }
+    }
 }
 
 async fn connect_retry(path: &Path, timeout: Duration) -> Result<QmpClient, QmpError> {
