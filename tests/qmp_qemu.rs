@@ -127,12 +127,21 @@ async fn lifecycle_commands_provoke_events_that_map_to_domain_states() {
     let mut state = DomainStatus::new(DomainState::Running, StateReason::Unknown);
     let t = Duration::from_secs(10);
 
+    let mut tracked = lifecycle::track_status(client.events(), state);
     let mut step = |ev: qlauncher::qmp::Event| {
         state = next_status(state, &LifecycleInput::Event(ev));
         state
     };
 
     lifecycle::pause(&client).await.unwrap();
+    tokio::time::timeout(t, tracked.changed())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        *tracked.borrow(),
+        DomainStatus::new(DomainState::Paused, StateReason::User)
+    );
     let ev = events
         .wait_for("STOP", "vm", t, |e| e.name == "STOP")
         .await

@@ -11,7 +11,7 @@
 
 use serde_json::{json, Value};
 
-use super::client::{Event, QmpClient};
+use super::client::{Event, EventStream, QmpClient};
 use super::QmpError;
 
 /// KubeVirt's `LifeCycle` values (the strings virt-handler expects).
@@ -238,6 +238,29 @@ pub fn next_status(current: DomainStatus, input: &LifecycleInput) -> DomainStatu
         },
         _ => current,
     }
+}
+
+/// Follows the domain status: a task applies [`next_status`] to every event of `events`, starting
+/// from `initial` (usually [`query_status`]'s), and publishes each change. The task ends when the
+/// connection closes; the owner of the process then applies [`LifecycleInput::QemuExited`].
+pub fn track_status(
+    mut events: EventStream,
+    initial: DomainStatus,
+) -> tokio::sync::watch::Receiver<DomainStatus> {
+    let (tx, rx) = tokio::sync::watch::channel(initial);
+    tokio::spawn(async move {
+        let mut current = initial;
+        while let Some(ev) = events.recv().await {
+            let next = next_status(current, &LifecycleInput::Event(ev));
+            if next != current {
+                current = next;
+                if tx.send(next).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    rx
 }
 
 /// `query-status`: QEMU's run state string (`running`, `paused`, `prelaunch`, ...) and the
