@@ -262,9 +262,17 @@ fn disk(vm: &TestVm, n: u32, bus: &str, size: u64) -> DiskAttach {
 async fn virtio_disk_attach_resize_and_unplug_timeout_without_guest() {
     let vm = vm().await;
     let c = vm.client();
+    assert_eq!(
+        hotplug::free_root_ports(c).await.unwrap(),
+        vec!["pci.1", "pci.2", "pci.3"]
+    );
     hotplug::attach_disk(c, &disk(&vm, 1, "pci.1", 1 << 20))
         .await
         .unwrap();
+    assert_eq!(
+        hotplug::free_root_ports(c).await.unwrap(),
+        vec!["pci.2", "pci.3"]
+    );
     let drive = c
         .execute(
             "qom-get",

@@ -328,3 +328,52 @@ pub async fn set_link(client: &QmpClient, id: &str, up: bool) -> Result<(), QmpE
         .await
         .map(drop)
 }
+
+/// The ids of PCIe root ports with nothing plugged in, sorted: where a hotplugged
+/// (natural order) `virtio-blk-pci` / `virtio-net-pci` can go (`bus: <id>, addr: 0x0`). KubeVirt reserves such
+/// ports at start (`manager.go` root port placeholders). Found through QOM (`qom-list` of
+/// `/machine/peripheral` and `/machine/peripheral-anon`, `qom-get parent_bus`), which, unlike
+/// `query-pci`, does not depend on the guest having numbered the buses. A port whose device is
+/// still being unplugged counts as busy until `DEVICE_DELETED`.
+pub async fn free_root_ports(client: &QmpClient) -> Result<Vec<String>, QmpError> {
+    let mut ports = Vec::new();
+    let mut busy_buses = std::collections::BTreeSet::new();
+    for container in ["/machine/peripheral", "/machine/peripheral-anon"] {
+        let children = client
+            .execute("qom-list", Some(json!({ "path": container })))
+            .await?;
+        for child in children.as_array().map(Vec::as_slice).unwrap_or_default() {
+            let (Some(name), Some(ty)) = (child["name"].as_str(), child["type"].as_str()) else {
+                continue;
+            };
+            if !ty.starts_with("child<") {
+                continue;
+            }
+            let path = format!("{container}/{name}");
+            if ty == "child<pcie-root-port>" && container == "/machine/peripheral" {
+                ports.push(name.to_string());
+            }
+            let bus = client
+                .execute(
+                    "qom-get",
+                    Some(json!({ "path": path, "property": "parent_bus" })),
+                )
+                .await?;
+            if let Some(bus) = bus.as_str() {
+                busy_buses.insert(bus.to_string());
+            }
+        }
+    }
+    ports.retain(|id| !busy_buses.contains(&format!("/machine/peripheral/{id}/{id}")));
+    // Natural order: pci.2 before pci.10.
+    ports.sort_by_key(|id| {
+        let digits = id.len() - id.trim_end_matches(|c: char| c.is_ascii_digit()).len();
+        let (stem, num) = id.split_at(id.len() - digits);
+        (
+            stem.to_string(),
+            num.parse::<u64>().unwrap_or(0),
+            id.clone(),
+        )
+    });
+    Ok(ports)
+}

@@ -5,6 +5,11 @@
 //! (`-chardev socket,id=charmonitor,fd=N,server=on,wait=off`), stdout/stderr go to the domain log,
 //! the environment is reset, the process drops to the runtime user (qemu, uid 107) when asked, and
 //! it dies with its parent (`PR_SET_PDEATHSIG`). After the pre-start QMP settings, `cont` starts it.
+//!
+//! The parent-death signal fires when the *thread* that spawned QEMU exits: spawn from a
+//! long-lived thread (a tokio worker or the main thread, not a `spawn_blocking` thread). Exec
+//! failures of the binary are reported by std through an internal pipe; a target fd number that
+//! happens to equal that pipe's number only loses that report (QEMU then fails to greet).
 
 use std::fs::OpenOptions;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
@@ -344,10 +349,13 @@ impl QemuProcess {
         self.wait().await
     }
 
-    /// Sends `sig` to QEMU.
+    /// Sends `sig` to QEMU; a no-op once QEMU has been reaped (its pid may be reused).
     pub fn signal(&self, sig: libc::c_int) -> Result<(), QmpError> {
-        // SAFETY: kill(2) on our own child's pid, which is not reaped while `self.child` lives.
-        let r = unsafe { libc::kill(self.pid, sig) };
+        let Some(pid) = self.child.id() else {
+            return Ok(());
+        };
+        // SAFETY: kill(2) on our own child's pid, which is not reaped while `child.id()` is Some.
+        let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
         if r < 0 {
             return Err(QmpError::Process {
                 action: format!("send signal {sig} to"),
