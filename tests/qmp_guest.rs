@@ -1,8 +1,9 @@
 //! Hotplug and lifecycle with the test guest booted (kernelBoot of `scripts/build-guest`'s
 //! vmlinuz + initrd.img under TCG): a disk and a NIC hotplugged onto PCIe root ports and seen by the
 //! guest (its `QLG: disk-added` / `QLG: nic-added` markers on ttyS0), a disk read error pausing
-//! the VM with IOError, both devices unplugged (DEVICE_DELETED, `QLG: ...-removed`), and the ACPI
-//! power button ending in SHUTDOWN(guest-shutdown) and Shutoff/Shutdown.
+//! the VM with IOError, both devices unplugged (DEVICE_DELETED, `QLG: ...-removed`), a guest panic
+//! reported by pvpanic-pci (GUEST_PANICKED, Crashed/Panicked), and the ACPI power button ending in
+//! SHUTDOWN(guest-shutdown) and Shutoff/Shutdown.
 
 mod qmp_support;
 
@@ -69,6 +70,9 @@ async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
         .tempdir()
         .unwrap();
     let serial = dir_hint.path().join("serial.log");
+    // The serial port is a socket chardev: a task copies what the guest prints into serial.log;
+    // the test types shell commands into the other half.
+    let serial_sock = dir_hint.path().join("serial.sock");
     args.extend([
         "-kernel".into(),
         guest.join("vmlinuz").display().to_string(),
@@ -77,11 +81,34 @@ async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
         "-append".into(),
         "console=ttyS0".into(),
         "-chardev".into(),
-        format!("file,id=charserial0,path={}", serial.display()),
+        format!(
+            "socket,id=charserial0,path={},server=on,wait=off",
+            serial_sock.display()
+        ),
         "-device".into(),
         "isa-serial,chardev=charserial0,id=serial0".into(),
+        "-device".into(),
+        "pvpanic-pci,bus=pcie.0,addr=0x5,id=panic0".into(),
     ]);
-    let mut vm = TestVm::launch(args).await.map_err(|(e, _)| e).unwrap();
+    let mut vm = TestVm::launch_with(args, |spec| {
+        spec.pre_start = vec![("set-action".into(), Some(json!({"panic": "pause"})))];
+        spec.start = false;
+    })
+    .await
+    .map_err(|(e, _)| e)
+    .unwrap();
+    let (mut serial_rx, mut console) = tokio::net::UnixStream::connect(&serial_sock)
+        .await
+        .unwrap()
+        .into_split();
+    let _serial_copy = tokio::spawn({
+        let serial = serial.clone();
+        async move {
+            let mut out = tokio::fs::File::create(&serial).await.unwrap();
+            let _ = tokio::io::copy(&mut serial_rx, &mut out).await;
+        }
+    });
+    lifecycle::resume(vm.client()).await.unwrap();
     let c = vm.client().clone();
     let mut events = c.events();
     let boot = Duration::from_secs(240);
@@ -215,6 +242,49 @@ async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
     )
     .await;
     assert_eq!(lifecycle::query_status(&c).await.unwrap().0, "running");
+
+    // Guest panic, reported through pvpanic-pci: the guest shell writes PVPANIC_PANICKED into the
+    // device's BAR (busybox devmem). With panic=pause: GUEST_PANICKED, Crashed/Panicked.
+    use tokio::io::AsyncWriteExt;
+    let script = [
+        "",
+        "for d in /sys/bus/pci/devices/*; do grep -q 0x1b36 $d/vendor && grep -q 0x0011 $d/device && P=$d; done",
+        "echo \"QLG: pvpanic $P $(head -n1 $P/resource)\"",
+        "echo 1 >$P/enable; devmem $(cut -d' ' -f1 $P/resource | head -n1) 8 1",
+    ];
+    for line in script {
+        console
+            .write_all(format!("{line}\n").as_bytes())
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let ev = events
+        .wait_for("GUEST_PANICKED", "vm", Duration::from_secs(60), |e| {
+            e.name == "GUEST_PANICKED"
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e}; serial:\n{}", serial_tail(&serial)));
+    assert_eq!(ev.data["action"], json!("pause"));
+    state = next_status(state, &LifecycleInput::Event(ev));
+    assert_eq!(state.state, DomainState::Crashed);
+    assert_eq!(state.reason, StateReason::Panicked);
+    assert_eq!(
+        lifecycle::query_status(&c).await.unwrap().0,
+        "guest-panicked"
+    );
+    lifecycle::resume(&c).await.unwrap();
+    let ev = events
+        .wait_for("RESUME", "vm", Duration::from_secs(10), |e| {
+            e.name == "RESUME"
+        })
+        .await
+        .unwrap();
+    state = next_status(state, &LifecycleInput::Event(ev));
+    assert_eq!(
+        state,
+        DomainStatus::new(DomainState::Running, StateReason::Unknown)
+    );
 
     // ACPI power button: the guest powers off.
     lifecycle::powerdown(&c).await.unwrap();

@@ -164,7 +164,7 @@ pub fn status_from_run_state(status: &str) -> DomainStatus {
 ///
 /// | input | result |
 /// |---|---|
-/// | RESUME | Running/Unknown |
+/// | RESUME | Running/Unknown, shutdown origin cleared |
 /// | STOP | Paused/User, or unchanged when already Paused/IOError (the STOP after BLOCK_IO_ERROR) |
 /// | BLOCK_IO_ERROR action=stop | Paused/IOError (other actions: unchanged) |
 /// | SHUTDOWN guest=true (guest-shutdown, guest-reset, ...) | ShuttingDown/User, origin Guest |
@@ -197,7 +197,8 @@ pub fn next_status(current: DomainStatus, input: &LifecycleInput) -> DomainStatu
         shutdown: current.shutdown,
     };
     match ev.name.as_str() {
-        "RESUME" => with(S::Running, R::Unknown),
+        // A resumed guest (also after a paused panic) is no longer on its way out.
+        "RESUME" => DomainStatus::new(S::Running, R::Unknown),
         "STOP" => {
             if current.state == S::Paused && current.reason == R::IoError {
                 current
@@ -437,6 +438,12 @@ mod tests {
                 st(S::ShuttingDown, R::User, Some(ShutdownOrigin::Guest)),
                 ev("STOP", Value::Null),
                 st(S::ShuttingDown, R::User, Some(ShutdownOrigin::Guest)),
+            ),
+            (
+                "resume after a paused panic",
+                st(S::Crashed, R::Panicked, Some(ShutdownOrigin::Panic)),
+                ev("RESUME", Value::Null),
+                running,
             ),
             (
                 "powerdown changes nothing",
