@@ -26,6 +26,10 @@ enum Cli {
     },
     /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
     LauncherSock(cli::sync::LauncherSockArgs),
+    /// Run one QMP command on a QEMU's monitor socket and print the reply.
+    Qmp(cli::qmp::QmpArgs),
+    /// Hotplug or unplug a disk or NIC through a QEMU's monitor socket.
+    Hotplug(cli::qmp::HotplugArgs),
     /// Print the pod interface facts and the masquerade NAT tables (read-only).
     NetProbe(cli::net::NetProbe),
 }
@@ -50,6 +54,8 @@ fn main() -> ExitCode {
         Cli::Launcher { args } => return cli::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),
         Cli::NetProbe(args) => ok(cli::net::run(args)),
+        Cli::Qmp(args) => ok(cli::qmp::run_qmp(args)),
+        Cli::Hotplug(args) => ok(cli::qmp::run_hotplug(args)),
     };
     match result {
         Ok(code) => code,

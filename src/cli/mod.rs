@@ -2,5 +2,6 @@
 pub mod launcher;
 pub mod monitor;
 pub mod net;
+pub mod qmp;
 pub mod sync;
 pub mod validate;
