@@ -79,7 +79,7 @@ pub enum VmiError {
 }
 
 /// A `kubevirt.io/v1` VirtualMachineInstance.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Vmi {
     /// `kubevirt.io/v1`.
@@ -100,7 +100,7 @@ pub struct Vmi {
 /// `spec` of a VMI (KubeVirt `VirtualMachineInstanceSpec`, the fields the launcher reads).
 ///
 /// Scheduling fields (affinity, tolerations, probes, ...) are accepted and dropped.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VmiSpec {
     /// The virtual hardware.
