@@ -250,3 +250,26 @@ fn malformed_text_is_an_error_not_a_panic() {
         Err(VmiError::ParseManifest(_))
     ));
 }
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_text_never_panics(s in "(?s).{0,200}") {
+        let _ = Vmi::from_json_or_yaml(&s);
+    }
+
+    #[test]
+    fn arbitrary_yaml_vmi_fields_never_panic(
+        cores in proptest::prelude::any::<i64>(),
+        port in proptest::prelude::any::<i64>(),
+        q in "[-+0-9.eEkKMGTPimun]{0,12}",
+    ) {
+        let text = format!(
+            "kind: VirtualMachineInstance\nmetadata: {{name: p}}\nspec:\n  domain:\n    cpu: {{cores: {cores}}}\n    resources: {{requests: {{memory: '{q}', cpu: '{q}'}}}}\n    devices:\n      interfaces: [{{name: default, masquerade: {{}}, ports: [{{port: {port}}}]}}]\n  networks: [{{name: default, pod: {{}}}}]\n"
+        );
+        if let Ok(mut vmi) = Vmi::from_json_or_yaml(&text) {
+            let _ = vmi.validate();
+            vmi.apply_defaults(&qlauncher::vmi::DefaultsConfig::default());
+            let _ = vmi.validate();
+        }
+    }
+}

@@ -579,9 +579,10 @@ fn cpu_hotplug(spec: &mut VmiSpec, cfg: &DefaultsConfig) {
     }
     if max == 0 {
         let (cores, threads) = (u64::from(n(cpu.cores)), u64::from(n(cpu.threads)));
-        let mut m = u64::from(sockets) * u64::from(cfg.max_hotplug_ratio);
-        if m * cores * threads > MAX_HOTPLUG_VCPUS {
-            m = (MAX_HOTPLUG_VCPUS / (cores * threads)).max(u64::from(sockets));
+        let mut m = u64::from(sockets).saturating_mul(u64::from(cfg.max_hotplug_ratio));
+        let per_socket = cores.saturating_mul(threads);
+        if m.saturating_mul(per_socket) > MAX_HOTPLUG_VCPUS {
+            m = (MAX_HOTPLUG_VCPUS / per_socket).max(u64::from(sockets));
         }
         max = u32::try_from(m).unwrap_or(u32::MAX);
     }

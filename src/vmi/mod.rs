@@ -143,9 +143,11 @@ pub struct VcpuTopology {
 }
 
 impl VcpuTopology {
-    /// sockets × cores × threads.
+    /// sockets × cores × threads (saturating at `u64::MAX`).
     pub fn vcpus(&self) -> u64 {
-        u64::from(self.sockets) * u64::from(self.cores) * u64::from(self.threads)
+        u64::from(self.sockets)
+            .saturating_mul(u64::from(self.cores))
+            .saturating_mul(u64::from(self.threads))
     }
 }
 

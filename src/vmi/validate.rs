@@ -290,8 +290,8 @@ fn validate_cpu(spec: &VmiSpec, e: &mut Errors) {
         }
     }
     let vcpus = u64::from(cpu.sockets.unwrap_or(1).max(1))
-        * u64::from(cpu.cores.unwrap_or(1).max(1))
-        * u64::from(cpu.threads.unwrap_or(1).max(1));
+        .saturating_mul(u64::from(cpu.cores.unwrap_or(1).max(1)))
+        .saturating_mul(u64::from(cpu.threads.unwrap_or(1).max(1)));
     if vcpus > 1024 {
         e.add(
             "spec.domain.cpu",
