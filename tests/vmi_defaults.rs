@@ -341,6 +341,11 @@ fn quantity(choices: &'static [&'static str]) -> BoxedStrategy<Quantity> {
         .boxed()
 }
 
+/// Small CPU counts, plus a few huge ones that must not overflow anything.
+fn count() -> BoxedStrategy<u32> {
+    prop_oneof![8 => 0u32..5, 1 => Just(u32::MAX), 1 => Just(1 << 20), 1 => 5u32..200].boxed()
+}
+
 fn state() -> BoxedStrategy<Option<FeatureState>> {
     opt(opt(any::<bool>()).prop_map(|enabled| FeatureState { enabled }))
 }
@@ -367,7 +372,7 @@ prop_compose! {
 prop_compose! {
     fn arb_vmi()(
         arch in opt(prop::sample::select(&["amd64", "arm64", "s390x", ""][..])),
-        topo in opt((opt(0u32..4), opt(0u32..4), opt(0u32..4), opt(0u32..40))),
+        topo in opt((opt(count()), opt(count()), opt(count()), opt(count()))),
         cpu_limit in opt(quantity(&["500m", "2", "0", "2500m", "garbage", "1.5"])),
         cpu_request in opt(quantity(&["100m", "1", "3"])),
         mem_request in opt(quantity(&["64Mi", "1Gi", "2Gi", "1.5Gi", "1000M", "bad"])),

@@ -246,3 +246,46 @@ fn all_errors_are_reported_at_once() {
         ]
     );
 }
+
+#[test]
+fn cpu_limit_of_zero_gives_a_zero_topology() {
+    let text = r#"
+kind: VirtualMachineInstance
+metadata: {name: zero}
+spec:
+  domain:
+    resources: {limits: {cpu: "0"}, requests: {memory: 64Mi}}
+    devices: {autoattachPodInterface: false}
+"#;
+    let mut vmi = Vmi::from_json_or_yaml(text).unwrap();
+    assert_eq!(vmi.validate(), Ok(()));
+    vmi.apply_defaults(&DefaultsConfig::default());
+    assert_eq!(
+        vmi.validate(),
+        Err(vec![FieldError {
+            path: "spec.domain.cpu.sockets".into(),
+            reason: "must be greater than 0".into(),
+        }])
+    );
+}
+
+#[test]
+fn volumes_without_disks_are_valid_once_defaulted() {
+    let text = r#"
+kind: VirtualMachineInstance
+metadata: {name: implicit}
+spec:
+  domain: {memory: {guest: 64Mi}}
+  volumes: [{name: root, containerDisk: {image: img}}]
+"#;
+    let mut vmi = Vmi::from_json_or_yaml(text).unwrap();
+    assert_eq!(
+        vmi.validate(),
+        Err(vec![FieldError {
+            path: "spec.volumes[0].name".into(),
+            reason: "no disk or filesystem uses this volume".into(),
+        }])
+    );
+    vmi.apply_defaults(&DefaultsConfig::default());
+    assert_eq!(vmi.validate(), Ok(()));
+}

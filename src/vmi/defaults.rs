@@ -191,13 +191,19 @@ impl Vmi {
                     .unwrap_or_else(|| "host-model".to_string()),
             );
         }
-        // Status.
+        // Status. KubeVirt fills these on creation; a VMI handed over by virt-handler already
+        // carries them (possibly changed by hotplug), so only absent ones are filled here.
         let status = self.status.get_or_insert_with(Default::default);
-        if let Some(guest) = spec.domain.memory.as_ref().and_then(|m| m.guest.clone()) {
-            let mem = status.memory.get_or_insert_with(Default::default);
-            mem.guest_at_boot = Some(guest.clone());
-            mem.guest_current = Some(guest.clone());
-            mem.guest_requested = Some(guest);
+        if let (Some(guest), None) = (
+            spec.domain.memory.as_ref().and_then(|m| m.guest.clone()),
+            &status.memory,
+        ) {
+            status.memory = Some(MemoryStatus {
+                guest_at_boot: Some(guest.clone()),
+                guest_current: Some(guest.clone()),
+                guest_requested: Some(guest),
+                memory_overhead: None,
+            });
         }
         if let (Some(cpu), None) = (&spec.domain.cpu, &status.current_cpu_topology) {
             status.current_cpu_topology = Some(CpuTopology {
@@ -215,7 +221,7 @@ impl Vmi {
             ann.entry(PCI_TOPOLOGY_VERSION_ANNOTATION.to_string())
                 .or_insert_with(|| "v3".to_string());
         }
-        if !cfg.root {
+        if !cfg.root && status.runtime_user.is_none() {
             status.runtime_user = Some(NON_ROOT_UID);
         }
     }
@@ -233,8 +239,10 @@ fn default_machine_type(spec: &mut VmiSpec, cfg: &DefaultsConfig, arch: &str) {
     }
 }
 
+/// `Quantity.IsZero()` on a possibly absent quantity; text that does not parse counts as zero
+/// (validation reports it).
 fn is_zero(q: Option<&Quantity>) -> bool {
-    q.is_none_or(|q| q.to_millis().map(|v| v == 0).unwrap_or(false))
+    q.is_none_or(|q| q.to_millis().map(|v| v == 0).unwrap_or(true))
 }
 
 fn default_resource_requests(spec: &mut VmiSpec, cfg: &DefaultsConfig) {
@@ -571,9 +579,10 @@ fn cpu_hotplug(spec: &mut VmiSpec, cfg: &DefaultsConfig) {
     }
     if max == 0 {
         let (cores, threads) = (u64::from(n(cpu.cores)), u64::from(n(cpu.threads)));
-        let mut m = u64::from(sockets) * u64::from(cfg.max_hotplug_ratio);
-        if m * cores * threads > MAX_HOTPLUG_VCPUS {
-            m = (MAX_HOTPLUG_VCPUS / (cores * threads)).max(u64::from(sockets));
+        let mut m = u64::from(sockets).saturating_mul(u64::from(cfg.max_hotplug_ratio));
+        let per_socket = cores.saturating_mul(threads);
+        if m.saturating_mul(per_socket) > MAX_HOTPLUG_VCPUS {
+            m = (MAX_HOTPLUG_VCPUS / per_socket).max(u64::from(sockets));
         }
         max = u32::try_from(m).unwrap_or(u32::MAX);
     }

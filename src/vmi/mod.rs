@@ -79,7 +79,7 @@ pub enum VmiError {
 }
 
 /// A `kubevirt.io/v1` VirtualMachineInstance.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Vmi {
     /// `kubevirt.io/v1`.
@@ -100,7 +100,7 @@ pub struct Vmi {
 /// `spec` of a VMI (KubeVirt `VirtualMachineInstanceSpec`, the fields the launcher reads).
 ///
 /// Scheduling fields (affinity, tolerations, probes, ...) are accepted and dropped.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VmiSpec {
     /// The virtual hardware.
@@ -129,6 +129,26 @@ pub struct VmiSpec {
     /// Eviction strategy: `None`, `LiveMigrate`, `LiveMigrateIfPossible`, `External`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub eviction_strategy: Option<String>,
+}
+
+/// The effective guest CPU topology (see [`Vmi::vcpu_topology`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VcpuTopology {
+    /// Sockets.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+impl VcpuTopology {
+    /// sockets × cores × threads (saturating at `u64::MAX`).
+    pub fn vcpus(&self) -> u64 {
+        u64::from(self.sockets)
+            .saturating_mul(u64::from(self.cores))
+            .saturating_mul(u64::from(self.threads))
+    }
 }
 
 /// Object kinds whose manifests hold a VMI, and the JSON path of the VMI template in each.
@@ -263,6 +283,44 @@ impl Vmi {
             vmi.metadata.namespace = owner_meta.namespace;
         }
         Ok(vmi)
+    }
+
+    /// The volume named `name`, if any.
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.spec.volumes.iter().flatten().find(|v| v.name == name)
+    }
+
+    /// The network named `name`, if any.
+    pub fn network(&self, name: &str) -> Option<&Network> {
+        self.spec.networks.iter().flatten().find(|n| n.name == name)
+    }
+
+    /// The guest CPU topology the converter uses (KubeVirt `vcpu.GetCPUTopology`): each of
+    /// sockets, cores, threads that is 0 or unset counts as 1, except that when all three are,
+    /// sockets come from `resources.limits.cpu`, else `requests.cpu`, rounded up.
+    pub fn vcpu_topology(&self) -> VcpuTopology {
+        let d = &self.spec.domain;
+        let get = |v: Option<u32>| v.unwrap_or(0);
+        let (s, c, t) = d
+            .cpu
+            .as_ref()
+            .map(|c| (get(c.sockets), get(c.cores), get(c.threads)))
+            .unwrap_or((0, 0, 0));
+        let mut topo = VcpuTopology {
+            sockets: if s == 0 { 1 } else { s },
+            cores: if c == 0 { 1 } else { c },
+            threads: if t == 0 { 1 } else { t },
+        };
+        if s == 0 && c == 0 && t == 0 {
+            let res = &d.resources;
+            if let Some(q) = res.limit("cpu").or_else(|| res.request("cpu")) {
+                topo.sockets = q
+                    .to_bytes()
+                    .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+                    .unwrap_or(1);
+            }
+        }
+        topo
     }
 
     /// The name of the VirtualMachine owning this VMI (from `metadata.ownerReferences`), if any.

@@ -290,8 +290,8 @@ fn validate_cpu(spec: &VmiSpec, e: &mut Errors) {
         }
     }
     let vcpus = u64::from(cpu.sockets.unwrap_or(1).max(1))
-        * u64::from(cpu.cores.unwrap_or(1).max(1))
-        * u64::from(cpu.threads.unwrap_or(1).max(1));
+        .saturating_mul(u64::from(cpu.cores.unwrap_or(1).max(1)))
+        .saturating_mul(u64::from(cpu.threads.unwrap_or(1).max(1)));
     if vcpus > 1024 {
         e.add(
             "spec.domain.cpu",
@@ -467,10 +467,8 @@ fn validate_firmware(spec: &VmiSpec, e: &mut Errors) {
             }
         }
     }
-    if let Some(serial) = &fw.serial {
-        if serial.contains(',') || serial.contains('\0') {
-            e.add("spec.domain.firmware.serial", "must not contain ',' or NUL");
-        }
+    if fw.serial.as_deref().is_some_and(|s| s.contains('\0')) {
+        e.add("spec.domain.firmware.serial", "must not contain NUL");
     }
 }
 
@@ -968,17 +966,7 @@ fn validate_interfaces(spec: &VmiSpec, e: &mut Errors, boot: &mut BTreeMap<u32, 
                 format!("no network named '{}'", iface.name),
             );
         }
-        let bindings = [
-            ("bridge", iface.bridge.is_some()),
-            ("slirp", iface.slirp.is_some()),
-            ("masquerade", iface.masquerade.is_some()),
-            ("sriov", iface.sriov.is_some()),
-            ("macvtap", iface.macvtap.is_some()),
-            ("passt", iface.passt.is_some()),
-            ("passtBinding", iface.passt_binding.is_some()),
-            ("binding", iface.binding.is_some()),
-        ];
-        let set: Vec<&str> = bindings.iter().filter(|b| b.1).map(|b| b.0).collect();
+        let set = iface.bindings();
         if set.len() > 1 {
             e.add(
                 p.clone(),
