@@ -2,19 +2,29 @@
 use clap::Parser;
 
 mod cli {
-    pub mod validate;
+    pub mod convert;
 }
 
 /// qlauncher: a libvirt-free virt-launcher for KubeVirt.
 #[derive(Parser)]
 #[command(version, about)]
 enum Cli {
-    /// Read a VMI (or VirtualMachine) manifest, apply KubeVirt's defaults and validate it.
-    Validate(cli::validate::Args),
+    /// Print the QEMU command line or QMP device plan for a VMI.
+    Convert(cli::convert::ConvertArgs),
 }
 
-fn main() -> anyhow::Result<std::process::ExitCode> {
-    match Cli::parse() {
-        Cli::Validate(args) => cli::validate::run(args),
+fn main() -> std::process::ExitCode {
+    let result = match Cli::parse() {
+        Cli::Convert(args) => cli::convert::run(&args),
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            for cause in e.chain().skip(1) {
+                eprintln!("  caused by: {cause}");
+            }
+            std::process::ExitCode::FAILURE
+        }
     }
 }

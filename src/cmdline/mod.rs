@@ -22,3 +22,8 @@ pub mod render;
 pub use context::ConverterContext;
 pub use error::{ConvertError, FieldPath};
 pub use plan::DomainPlan;
+pub mod convert;
+pub mod devices;
+pub mod names;
+
+pub use convert::{convert, Configurator};

@@ -106,6 +106,10 @@ pub enum FirmwarePlan {
         blockdevs: Vec<Blockdev>,
         /// Secure boot (`-global driver=cfi.pflash01,property=secure,value=on`).
         secure: bool,
+        /// The vars template the per-VM NVRAM file is copied from (by `storage`, before launch).
+        vars_template: String,
+        /// The per-VM NVRAM file (`<nvram dir>/<vmi name>_VARS.fd`).
+        vars: String,
     },
 }
 
@@ -327,6 +331,11 @@ pub struct DomainPlan {
     pub large_memory: bool,
     /// Placeholder ports reserved for NICs (KubeVirt: max(0, 4 - #interfaces)).
     pub nic_placeholders: u32,
+    /// Balloon statistics period in seconds, set over QMP after start (`qom-set
+    /// guest-stats-polling-interval`), as libvirt does.
+    pub balloon_stats_period: Option<u32>,
+    /// NIC ids whose link starts down (`set_link` after start; interface `state: down`).
+    pub links_down: Vec<String>,
 }
 
 impl DomainPlan {

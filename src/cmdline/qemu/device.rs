@@ -209,9 +209,6 @@ pub struct DeviceVirtioBalloon {
     /// Free page reporting.
     #[serde(rename = "free-page-reporting")]
     pub free_page_reporting: Option<bool>,
-    /// Guest statistics polling interval in seconds (KubeVirt's stats period).
-    #[serde(rename = "guest-stats-polling-interval")]
-    pub guest_stats_polling_interval: Option<u32>,
 }
 
 /// `virtio-rng-pci[-non-transitional]` with its `rng-random` backend object id.

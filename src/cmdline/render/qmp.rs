@@ -6,7 +6,7 @@
 //! removal: `device_del`, `DEVICE_DELETED`, `netdev_del`.
 
 use super::device_json;
-use crate::cmdline::plan::{Backend, DomainPlan};
+use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
 use crate::cmdline::qemu::to_json;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -47,9 +47,21 @@ pub struct NicHotplug {
     pub netdev_del: Value,
 }
 
+/// One QMP command: `{"execute": .., "arguments": ..}`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QmpCommand {
+    /// Command name.
+    pub execute: &'static str,
+    /// Arguments object.
+    pub arguments: Value,
+}
+
 /// The QMP device plan of a domain.
 #[derive(Debug, Clone, PartialEq, Default, Serialize)]
 pub struct QmpPlan {
+    /// Commands to run after QMP negotiation and before `cont` (libvirt's start sequence):
+    /// `set_link` for links that start down, `qom-set` of the balloon stats period.
+    pub startup: Vec<QmpCommand>,
     /// Hot-pluggable disks in plan order.
     pub disks: Vec<DiskHotplug>,
     /// Hot-pluggable NICs in plan order.
@@ -59,6 +71,24 @@ pub struct QmpPlan {
 /// The QMP device plan for every hot-pluggable disk and NIC of `plan`.
 pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
     let mut out = QmpPlan::default();
+    for id in &plan.links_down {
+        out.startup.push(QmpCommand {
+            execute: "set_link",
+            arguments: json!({ "name": id, "up": false }),
+        });
+    }
+    if let Some(period) = plan.balloon_stats_period {
+        if let Some(b) = plan.devices_of(DeviceClass::Balloon).next() {
+            out.startup.push(QmpCommand {
+                execute: "qom-set",
+                arguments: json!({
+                    "path": format!("/machine/peripheral/{}", b.device.id()),
+                    "property": "guest-stats-polling-interval",
+                    "value": period,
+                }),
+            });
+        }
+    }
     for d in plan.devices.iter().filter(|d| d.hotpluggable) {
         let id = d.device.id().to_string();
         let name = d.name.clone().unwrap_or_default();
