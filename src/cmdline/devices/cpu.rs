@@ -85,6 +85,12 @@ impl super::super::convert::Configurator for CpuConfigurator {
             }
             if let Some(h) = feat.hyperv.as_ref() {
                 let hp = fpath.key("hyperv");
+                if acc == Accel::Tcg {
+                    return Err(ConvertError::unsupported(
+                        hp,
+                        "Hyper-V enlightenments without KVM",
+                    ));
+                }
                 let simple: [(&Option<FeatureState>, &str); 9] = [
                     (&h.relaxed, "hv-relaxed"),
                     (&h.vapic, "hv-vapic"),

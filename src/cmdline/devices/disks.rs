@@ -635,6 +635,12 @@ impl super::super::convert::Configurator for DisksConfigurator {
                     )
                 }
                 Bus::Sata => {
+                    if it.kind == Kind::Disk && it.ro {
+                        return Err(ConvertError::unsupported(
+                            p.key("disk").key("readonly"),
+                            "a read-only sata disk (ide-hd cannot be read-only; use a cdrom or virtio)",
+                        ));
+                    }
                     if sata >= 6 {
                         return Err(ConvertError::unsupported(
                             p.key("name"),

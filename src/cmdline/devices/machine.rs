@@ -24,6 +24,15 @@ impl super::super::convert::Configurator for MachineConfigurator {
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
         require_amd64(ctx)?;
+        match vmi.spec.architecture.as_deref() {
+            None | Some("") | Some("amd64") => {}
+            Some(other) => {
+                return Err(ConvertError::unsupported(
+                    FieldPath::new("spec.architecture"),
+                    format!("architecture {other:?} (only amd64)"),
+                ))
+            }
+        }
         let path = FieldPath::new("spec.domain.machine.type");
         let machine_type = match vmi.spec.domain.machine.as_ref() {
             Some(m) if !m.r#type.is_empty() => {
