@@ -43,10 +43,11 @@ pub fn check_name(path: &FieldPath, name: &str) -> Result<(), ConvertError> {
 }
 
 /// Accepts a token for QEMU's `-cpu` parser (model and feature names, Hyper-V vendor id), which
-/// has no escape for commas: `[A-Za-z0-9._-]`, 1..=64 bytes.
+/// has no escape for commas: `[A-Za-z0-9._-]`, starting with a letter or digit, 1..=64 bytes.
 pub fn check_token(path: &FieldPath, s: &str) -> Result<(), ConvertError> {
     if s.is_empty()
         || s.len() > 64
+        || !s.as_bytes()[0].is_ascii_alphanumeric()
         || !s
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')

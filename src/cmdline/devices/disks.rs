@@ -20,6 +20,10 @@
 //!   readonly; serial; bootOrder -> `bootindex`; dedicated/pooled IOThreads; `blockMultiQueue`
 //!   -> `num-queues`; custom block sizes. Target names `vdX`/`sdX`, reusing
 //!   `status.volumeStatus[].target`.
+//! * Hotplug volumes (PVC/DataVolume `hotpluggable: true`, or a `hotplugVolume` status) are
+//!   included once their phase is `MountedToPod` or `Ready`, and only they are marked
+//!   hot-pluggable (virtio and scsi buses), so the QMP plan holds exactly what KubeVirt may
+//!   attach or detach at runtime.
 //!
 //! Reads: `ctx.volumes`, `ctx.paths`.
 
@@ -631,7 +635,7 @@ impl super::super::convert::Configurator for DisksConfigurator {
                             discard_granularity: dg,
                         }),
                         Placement::RootPort,
-                        true,
+                        it.hotplug,
                     )
                 }
                 Bus::Sata => {
@@ -730,7 +734,6 @@ impl super::super::convert::Configurator for DisksConfigurator {
                     false,
                 ),
             };
-            let _ = it.hotplug;
             plan.devices.push(PlannedDevice {
                 class: DeviceClass::Disk,
                 name: Some(d.name.clone()),

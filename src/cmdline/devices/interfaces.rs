@@ -281,7 +281,8 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
                     Placement::RootPort
                 },
                 address: None,
-                hotpluggable: !on_root_complex,
+                // KubeVirt hot-plugs virtio NICs only, and only on root ports.
+                hotpluggable: virtio && !on_root_complex,
                 target: None,
             });
         }

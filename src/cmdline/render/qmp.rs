@@ -18,6 +18,8 @@ pub struct DiskHotplug {
     pub name: String,
     /// Device id (`ua-<name>`), the `device_del` argument and the `DEVICE_DELETED` id.
     pub id: String,
+    /// Guest target name (`vdb`, `sdc`), for `status.volumeStatus[].target`.
+    pub target: Option<String>,
     /// `blockdev-add` arguments, bottom node first.
     pub blockdevs: Vec<Value>,
     /// `device_add` arguments.
@@ -95,6 +97,7 @@ pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
         match &d.backend {
             Backend::Blockdevs(bs) => out.disks.push(DiskHotplug {
                 name,
+                target: d.target.clone(),
                 device: device_json(d),
                 device_del: json!({ "id": id }),
                 blockdevs: bs.iter().map(to_json).collect(),
