@@ -11,6 +11,8 @@ mod cli;
 enum Cli {
     /// Read a VMI (or VirtualMachine) manifest, apply KubeVirt's defaults and validate it.
     Validate(cli::validate::Args),
+    /// Print the QEMU command line or QMP device plan for a VMI.
+    Convert(cli::convert::ConvertArgs),
     /// PID 1 of the compute container (virt-launcher-monitor): starts the launcher, reaps
     /// zombies, forwards signals. Takes virt-launcher-monitor's and virt-launcher's flags.
     Monitor {
@@ -50,6 +52,7 @@ fn main() -> ExitCode {
     }
     let result = match Cli::parse() {
         Cli::Validate(args) => cli::validate::run(args),
+        Cli::Convert(args) => ok(cli::convert::run(&args)),
         Cli::Monitor { args } => return cli::monitor::main(args),
         Cli::Launcher { args } => return cli::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),

@@ -5,3 +5,25 @@
 //! beforehand (image formats and sizes, file or block, MACs, MTU, QEMU version). Renderers turn the
 //! plan into a QEMU command line (QEMU 7.2 and 10.x) and a QMP device plan for hotplug. Nothing here
 //! touches the file system, spawns a process or uses tokio.
+//!
+//! Layout: `context.rs` (facts in), `plan.rs` (the typed plan), `qemu/` (one struct per QEMU
+//! device/blockdev/netdev/object, QEMU's property names, and the one key=value writer),
+//! `devices/` (configurators, one file per family), `convert.rs` (the ordered configurator list),
+//! `passes/` (cross-cutting work after the configurators), `render/` (argv, shell, QMP plan),
+//! `error.rs` (`ConvertError` with a `FieldPath`).
+
+pub mod context;
+pub mod error;
+pub mod passes;
+pub mod plan;
+pub mod qemu;
+pub mod render;
+
+pub use context::ConverterContext;
+pub use error::{ConvertError, FieldPath};
+pub use plan::DomainPlan;
+pub mod convert;
+pub mod devices;
+pub mod names;
+
+pub use convert::{convert, Configurator};

@@ -1,0 +1,97 @@
+//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json]`: prints the QEMU
+//! command line or the QMP device plan for a VMI manifest, with placeholder pod facts (tap fds
+//! 3, 4, ... per interface and queue, QMP on a socket path), for review and debugging.
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use qlauncher::cmdline::context::{IfaceFacts, QemuVersion, TapSource};
+use qlauncher::cmdline::{convert, devices, render, ConverterContext};
+use qlauncher::vmi::Vmi;
+
+/// Output formats.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// One argv word per line.
+    Argv,
+    /// A shell command line (quoted, for reading; qlauncher never runs a shell).
+    Shell,
+    /// The QMP device plan as JSON.
+    PlanJson,
+}
+
+/// Arguments of `convert`.
+#[derive(Debug, clap::Args)]
+pub struct ConvertArgs {
+    /// VMI manifest (YAML or JSON; a VirtualMachine's template works too).
+    pub file: PathBuf,
+    /// QEMU version to render for (default 10.1).
+    #[arg(long, value_name = "X.Y")]
+    pub qemu_version: Option<String>,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "argv")]
+    pub format: Format,
+    /// Plan for TCG (as `--allow-emulation` on a host without KVM).
+    #[arg(long)]
+    pub tcg: bool,
+}
+
+/// Runs `convert`.
+pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let mut ctx = ConverterContext::default();
+    if let Some(v) = &args.qemu_version {
+        ctx.qemu = QemuVersion::parse(v).with_context(|| format!("bad QEMU version {v:?}"))?;
+    }
+    if args.tcg {
+        ctx.kvm = false;
+        ctx.allow_emulation = true;
+    }
+    let mut next_fd = 3;
+    let multiqueue = vmi.spec.domain.devices.network_interface_multi_queue == Some(true);
+    let queues = if multiqueue {
+        devices::vcpus(&vmi).map(|n| n.min(256)).unwrap_or(1) as usize
+    } else {
+        1
+    };
+    for iface in vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .as_deref()
+        .unwrap_or_default()
+    {
+        let virtio = matches!(iface.model.as_deref(), None | Some("") | Some("virtio"));
+        let n = if virtio { queues } else { 1 };
+        let fds: Vec<i32> = (next_fd..next_fd + n as i32).collect();
+        next_fd += n as i32;
+        ctx.interfaces.insert(
+            iface.name.clone(),
+            IfaceFacts {
+                mac: None,
+                mtu: Some(1500),
+                tap: TapSource::Fds {
+                    fds,
+                    vhostfds: vec![],
+                },
+            },
+        );
+    }
+    let plan = convert(&vmi, &ctx).context("cannot convert the VMI")?;
+    match args.format {
+        Format::Argv => {
+            for w in render::argv(&plan) {
+                println!("{w}");
+            }
+        }
+        Format::Shell => print!("{}", render::shell_line("qemu-system-x86_64", &plan)),
+        Format::PlanJson => println!(
+            "{}",
+            serde_json::to_string_pretty(&render::qmp_plan(&plan))?
+        ),
+    }
+    Ok(())
+}

@@ -1,0 +1,292 @@
+//! `ConverterContext`: every fact about the pod the converter needs, gathered beforehand by the
+//! effect modules (`storage`, `net`, `sync`), as plain data. Mirrors KubeVirt's
+//! `converter/types/converter-context.go`, minus its effectful members (no O_DIRECT checker, no
+//! disk creator): probes run first, then the pure conversion.
+
+use std::collections::BTreeMap;
+
+/// Guest architecture (`spec.architecture`). Only amd64 is converted today; the others are
+/// rejected with a field path, never silently treated as amd64.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Arch {
+    /// x86_64 (`amd64`).
+    #[default]
+    Amd64,
+    /// aarch64 (`arm64`).
+    Arm64,
+    /// s390x.
+    S390x,
+}
+
+/// The QEMU binary's version (from `qemu-system-x86_64 --version` or QMP `query-version`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct QemuVersion {
+    /// Major version.
+    pub major: u32,
+    /// Minor version.
+    pub minor: u32,
+}
+
+impl Default for QemuVersion {
+    /// QEMU 10.1, the version KubeVirt v1.9.0 ships.
+    fn default() -> Self {
+        QemuVersion {
+            major: 10,
+            minor: 1,
+        }
+    }
+}
+
+impl QemuVersion {
+    /// Parses `X.Y` or `X.Y.Z`.
+    pub fn parse(s: &str) -> Option<Self> {
+        let mut it = s.trim().split('.');
+        let major = it.next()?.parse().ok()?;
+        let minor = it.next()?.parse().ok()?;
+        Some(QemuVersion { major, minor })
+    }
+
+    /// True when this version is at least `major.minor`.
+    pub fn at_least(&self, major: u32, minor: u32) -> bool {
+        (self.major, self.minor) >= (major, minor)
+    }
+}
+
+/// Whether an image is a regular file or a block device (decides `file` vs `host_device`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Backing {
+    /// Regular file.
+    #[default]
+    File,
+    /// Block device.
+    Block,
+}
+
+/// Image format as probed (`qemu-img info` equivalent done natively by `storage`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ImageFormat {
+    /// Raw.
+    #[default]
+    Raw,
+    /// qcow2.
+    Qcow2,
+}
+
+/// Facts about one volume, keyed by volume name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct VolumeFacts {
+    /// File or block device (PVCs: block mode or filesystem mode).
+    pub backing: Backing,
+    /// Format of the base image (containerDisk image, ephemeral PVC).
+    pub format: ImageFormat,
+    /// Virtual size in bytes, when known.
+    pub virtual_size: Option<u64>,
+    /// O_DIRECT works on the backend (KubeVirt's cache default: `none` if so, else `writethrough`).
+    pub direct_io: bool,
+    /// The image is preallocated (with cache `none`, io defaults to `native`).
+    pub preallocated: bool,
+}
+
+/// How QEMU gets a tap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TapSource {
+    /// Inherited fds (one per queue) and optional vhost fds; the launch path.
+    Fds {
+        /// Tap fd numbers in the QEMU process.
+        fds: Vec<i32>,
+        /// vhost-net fd numbers (empty: no vhost).
+        vhostfds: Vec<i32>,
+    },
+    /// QEMU opens the existing tap by name (`ifname=`, `script=no`).
+    Ifname(String),
+}
+
+impl Default for TapSource {
+    fn default() -> Self {
+        TapSource::Fds {
+            fds: vec![],
+            vhostfds: vec![],
+        }
+    }
+}
+
+/// Facts about one interface, keyed by interface name.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct IfaceFacts {
+    /// MAC chosen by the network setup when the VMI gives none.
+    pub mac: Option<String>,
+    /// Pod link MTU (becomes virtio-net `host_mtu`).
+    pub mtu: Option<u32>,
+    /// How QEMU reaches the tap.
+    pub tap: TapSource,
+}
+
+/// Where the QMP monitor listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MonitorSocket {
+    /// An inherited listening unix socket (the launch path).
+    Fd(i32),
+    /// A socket path QEMU binds itself.
+    Path(String),
+}
+
+impl Default for MonitorSocket {
+    fn default() -> Self {
+        MonitorSocket::Path("/var/run/kubevirt-private/qlauncher/monitor.sock".into())
+    }
+}
+
+/// Path roots; every KubeVirt path is built under one of these, so tests can move them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathRoots {
+    /// `/var/run/kubevirt-private` (serial, VNC, vmi-disks, config-map-disks, ...).
+    pub private_dir: String,
+    /// `/var/run/kubevirt-ephemeral-disks` (containerDisk overlays, cloud-init data).
+    pub ephemeral_disks: String,
+    /// `/var/run/kubevirt/container-disks` (containerDisk images, kernel-boot).
+    pub container_disks: String,
+    /// `/var/run/kubevirt/hotplug-disks`.
+    pub hotplug_disks: String,
+    /// `/var/run/libvirt/empty-disks` (KubeVirt keeps libvirt's path for emptyDisk).
+    pub empty_disks: String,
+    /// `/var/run/kubevirt-ephemeral-disks/cloud-init-data`.
+    pub cloud_init: String,
+    /// `/dev` (block PVCs appear as `/dev/<vol>`).
+    pub dev: String,
+    /// Directory of the per-VM NVRAM copies (non-root: `/var/run/kubevirt-private/libvirt/qemu/nvram`).
+    pub nvram: String,
+}
+
+impl Default for PathRoots {
+    fn default() -> Self {
+        PathRoots {
+            private_dir: "/var/run/kubevirt-private".into(),
+            ephemeral_disks: "/var/run/kubevirt-ephemeral-disks".into(),
+            container_disks: "/var/run/kubevirt/container-disks".into(),
+            hotplug_disks: "/var/run/kubevirt/hotplug-disks".into(),
+            empty_disks: "/var/run/libvirt/empty-disks".into(),
+            cloud_init: "/var/run/kubevirt-ephemeral-disks/cloud-init-data".into(),
+            dev: "/dev".into(),
+            nvram: "/var/run/kubevirt-private/libvirt/qemu/nvram".into(),
+        }
+    }
+}
+
+/// OVMF firmware files found on the host (`efi.go DetectEFIEnvironment`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EfiFiles {
+    /// Code image without secure boot.
+    pub code: String,
+    /// Vars template without secure boot.
+    pub vars: String,
+    /// Secure-boot code image.
+    pub secure_code: String,
+    /// Secure-boot vars template.
+    pub secure_vars: String,
+}
+
+impl Default for EfiFiles {
+    /// KubeVirt's default `--ovmf-path` (`/usr/share/OVMF`) file names.
+    fn default() -> Self {
+        EfiFiles {
+            code: "/usr/share/OVMF/OVMF_CODE.fd".into(),
+            vars: "/usr/share/OVMF/OVMF_VARS.fd".into(),
+            secure_code: "/usr/share/OVMF/OVMF_CODE.secboot.fd".into(),
+            secure_vars: "/usr/share/OVMF/OVMF_VARS.secboot.fd".into(),
+        }
+    }
+}
+
+/// Cluster-wide settings virt-handler passes down (KubeVirt CR).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClusterFlags {
+    /// `bochs-display` for EFI guests (default true since the feature went GA).
+    pub bochs_for_efi: bool,
+    /// Balloon statistics period in seconds (default 10; 0 = off).
+    pub balloon_stats_period: u32,
+    /// Free page reporting allowed (default true).
+    pub free_page_reporting: bool,
+    /// Serial console log enabled by default (default true).
+    pub serial_console_log: bool,
+    /// SMBIOS system manufacturer (default `KubeVirt`).
+    pub smbios_manufacturer: String,
+    /// SMBIOS system family (default `KubeVirt`).
+    pub smbios_family: String,
+    /// SMBIOS system product (default `None`).
+    pub smbios_product: String,
+    /// SMBIOS SKU (default empty).
+    pub smbios_sku: String,
+    /// SMBIOS version (default empty).
+    pub smbios_version: String,
+}
+
+impl Default for ClusterFlags {
+    fn default() -> Self {
+        ClusterFlags {
+            bochs_for_efi: true,
+            balloon_stats_period: 10,
+            free_page_reporting: true,
+            serial_console_log: true,
+            smbios_manufacturer: "KubeVirt".into(),
+            smbios_family: "KubeVirt".into(),
+            smbios_product: "None".into(),
+            smbios_sku: String::new(),
+            smbios_version: String::new(),
+        }
+    }
+}
+
+/// Every fact the converter reads. Plain data: `Default` + `Clone`, so tests write
+/// `ConverterContext { kvm: false, ..Default::default() }`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConverterContext {
+    /// Guest architecture.
+    pub arch: Arch,
+    /// QEMU version (chooses renderer details).
+    pub qemu: QemuVersion,
+    /// `/dev/kvm` is usable.
+    pub kvm: bool,
+    /// `--allow-emulation`: fall back to TCG when KVM is not usable.
+    pub allow_emulation: bool,
+    /// Facts per volume name.
+    pub volumes: BTreeMap<String, VolumeFacts>,
+    /// Facts per interface name.
+    pub interfaces: BTreeMap<String, IfaceFacts>,
+    /// QMP monitor socket.
+    pub monitor: MonitorSocket,
+    /// Path roots.
+    pub paths: PathRoots,
+    /// OVMF files.
+    pub efi: EfiFiles,
+    /// The runtime uid (107 = qemu, 0 = root); root keeps NVRAM under `/var/lib/libvirt/qemu/nvram`.
+    pub runtime_uid: u32,
+    /// Cluster settings.
+    pub cluster: ClusterFlags,
+    /// Unix time at start (seconds), for `clock.utc.offsetSeconds` (QEMU's `-rtc base=<date>`).
+    pub now_unix: i64,
+    /// vhost-vsock fd, when `status.VSOCKCID` is set.
+    pub vsock_fd: Option<i32>,
+    /// swtpm control socket path, when a TPM is requested.
+    pub swtpm_socket: Option<String>,
+}
+
+impl Default for ConverterContext {
+    fn default() -> Self {
+        ConverterContext {
+            arch: Arch::Amd64,
+            qemu: QemuVersion::default(),
+            kvm: true,
+            allow_emulation: false,
+            volumes: BTreeMap::new(),
+            interfaces: BTreeMap::new(),
+            monitor: MonitorSocket::default(),
+            paths: PathRoots::default(),
+            efi: EfiFiles::default(),
+            runtime_uid: 107,
+            cluster: ClusterFlags::default(),
+            now_unix: 0,
+            vsock_fd: None,
+            swtpm_socket: None,
+        }
+    }
+}

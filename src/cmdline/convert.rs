@@ -1,0 +1,64 @@
+//! The ordered configurator list and `convert()`.
+//!
+//! Order (KubeVirt's `converter.go:993-1060`, regrouped): metadata, machine, CPU, memory, firmware,
+//! SMBIOS, clock, IOThreads, controllers, disks, interfaces, console, channels, inputs, graphics,
+//! sound, watchdog, balloon, rng, TPM, vsock, monitor. Configurators read the VMI and the context
+//! only; where two need the same derived value (vCPU count, IOThread assignment, accelerator)
+//! they call the same pure helper in `devices/`, so the order matters only for the device order
+//! inside a class. Then the PCI pass (`passes/pci.rs`) orders and addresses devices.
+
+use super::devices;
+use super::passes;
+use super::{ConvertError, ConverterContext, DomainPlan};
+use crate::vmi::Vmi;
+
+/// A device family's converter: adds what the VMI asks for to the plan.
+pub trait Configurator: Sync {
+    /// Adds this family's parts to `plan`. Errors name the VMI field.
+    fn configure(
+        &self,
+        vmi: &Vmi,
+        ctx: &ConverterContext,
+        plan: &mut DomainPlan,
+    ) -> Result<(), ConvertError>;
+}
+
+/// Every configurator, in order.
+pub static CONFIGURATORS: &[&dyn Configurator] = &[
+    &devices::metadata::MetadataConfigurator,
+    &devices::machine::MachineConfigurator,
+    &devices::cpu::CpuConfigurator,
+    &devices::memory::MemoryConfigurator,
+    &devices::firmware::FirmwareConfigurator,
+    &devices::sysinfo::SysInfoConfigurator,
+    &devices::clock::ClockConfigurator,
+    &devices::iothreads::IoThreadsConfigurator,
+    &devices::controllers::ControllersConfigurator,
+    &devices::disks::DisksConfigurator,
+    &devices::interfaces::InterfacesConfigurator,
+    &devices::console::ConsoleConfigurator,
+    &devices::channels::ChannelsConfigurator,
+    &devices::inputs::InputsConfigurator,
+    &devices::graphics::GraphicsConfigurator,
+    &devices::sound::SoundConfigurator,
+    &devices::watchdog::WatchdogConfigurator,
+    &devices::balloon::BalloonConfigurator,
+    &devices::rng::RngConfigurator,
+    &devices::tpm::TpmConfigurator,
+    &devices::vsock::VsockConfigurator,
+    &devices::unsupported::UnsupportedConfigurator,
+];
+
+/// Converts a (defaulted) VMI into a `DomainPlan`: runs every configurator (first error wins),
+/// then the PCI pass. Pure: the same input gives the same plan.
+pub fn convert(vmi: &Vmi, ctx: &ConverterContext) -> Result<DomainPlan, ConvertError> {
+    let mut plan = DomainPlan {
+        qemu: ctx.qemu,
+        ..Default::default()
+    };
+    for c in CONFIGURATORS {
+        c.configure(vmi, ctx, &mut plan)?;
+    }
+    passes::pci::assign(&mut plan)?;
+    Ok(plan)
+}

@@ -1,0 +1,291 @@
+//! Interfaces (`converter/network/`, `nichotplug.go`), for tap-attached bindings (masquerade,
+//! bridge): a `tap` netdev `hostua-<name>` on the inherited tap fd(s) (or the tap's name), and
+//! a NIC `ua-<name>`: `virtio-net-pci-non-transitional` by default, or the user's model
+//! (`e1000`, `e1000e`, `igb`, `ne2k_pci`, `pcnet`, `rtl8139`, `virtio`); MAC from the spec or
+//! the pod facts; `host_mtu` from the pod link (virtio); option ROM off (`romfile: ""`) when the
+//! interface has no boot order; multiqueue (`networkInterfaceMultiqueue`: queues = vCPUs, max
+//! 256); `acpi-index`; `state: down` -> `set_link` after start; `state: absent` -> no NIC. The QMP
+//! plan uses `getfd` names `tapfd-<id>-<i>`/`vhostfd-<id>-<i>`.
+//!
+//! SR-IOV, passt, slirp, macvtap and network binding plugins are rejected with the field path.
+//!
+//! Reads: `ctx.interfaces`. Also sets `nic_placeholders` (KubeVirt: max(0, 4 - #interfaces)).
+
+use std::collections::BTreeSet;
+
+use super::super::context::{ConverterContext, TapSource};
+use super::super::error::{ConvertError, FieldPath};
+use super::super::names::{alias, check_name};
+use super::super::plan::{Backend, DeviceClass, DomainPlan, Placement, PlannedDevice};
+use super::super::qemu::{Device, DeviceNic, NetdevTap};
+use super::{annotation, devices_path, vcpus, virtio_driver};
+use crate::vmi::{Interface, Vmi};
+
+/// Adds one NIC per tap-attached interface.
+pub struct InterfacesConfigurator;
+
+fn check_mac(p: &FieldPath, mac: &str) -> Result<String, ConvertError> {
+    let parts: Vec<&str> = mac.split([':', '-']).collect();
+    if parts.len() != 6
+        || !parts
+            .iter()
+            .all(|x| x.len() == 2 && x.bytes().all(|b| b.is_ascii_hexdigit()))
+    {
+        return Err(ConvertError::invalid(
+            p.clone(),
+            format!("{mac:?} is not a MAC address"),
+        ));
+    }
+    Ok(parts.join(":").to_ascii_lowercase())
+}
+
+fn binding(iface: &Interface, p: &FieldPath) -> Result<(), ConvertError> {
+    if iface.masquerade.is_some() || iface.bridge.is_some() {
+        return Ok(());
+    }
+    let what = if iface.sriov.is_some() {
+        "sriov binding (needs a VF)"
+    } else if iface.passt.is_some() || iface.passt_binding.is_some() {
+        "passt binding"
+    } else if iface.slirp.is_some() {
+        "slirp binding"
+    } else if iface.macvtap.is_some() {
+        "macvtap binding"
+    } else if iface.binding.is_some() {
+        "network binding plugins"
+    } else {
+        return Err(ConvertError::missing(
+            p.clone(),
+            "a binding (masquerade or bridge)",
+        ));
+    };
+    Err(ConvertError::unsupported(p.clone(), what))
+}
+
+impl super::super::convert::Configurator for InterfacesConfigurator {
+    fn configure(
+        &self,
+        vmi: &Vmi,
+        ctx: &ConverterContext,
+        plan: &mut DomainPlan,
+    ) -> Result<(), ConvertError> {
+        let ifaces = vmi
+            .spec
+            .domain
+            .devices
+            .interfaces
+            .clone()
+            .unwrap_or_default();
+        let on_root_complex =
+            annotation(vmi, "kubevirt.io/placePCIDevicesOnRootComplex") == Some("true");
+        plan.nic_placeholders = match annotation(vmi, "kubevirt.io/pci-interface-slot-count") {
+            _ if ifaces.is_empty() || on_root_complex => 0,
+            Some(n) => n
+                .parse::<u32>()
+                .map_err(|_| {
+                    ConvertError::invalid(
+                        FieldPath::new("metadata.annotations"),
+                        "kubevirt.io/pci-interface-slot-count is not a number",
+                    )
+                })?
+                .saturating_sub(ifaces.len() as u32)
+                .min(31),
+            None => 4u32.saturating_sub(ifaces.len() as u32),
+        };
+        let mut seen = BTreeSet::new();
+        let mut acpi_seen = BTreeSet::new();
+        for (i, iface) in ifaces.iter().enumerate() {
+            let p = devices_path().key("interfaces").index(i);
+            check_name(&p.key("name"), &iface.name)?;
+            if !seen.insert(iface.name.clone()) {
+                return Err(ConvertError::invalid(
+                    p.key("name"),
+                    "duplicate interface name",
+                ));
+            }
+            match iface.state.as_deref() {
+                Some("absent") => continue,
+                None | Some("") | Some("up") | Some("down") => {}
+                Some(o) => {
+                    return Err(ConvertError::unsupported(
+                        p.key("state"),
+                        format!("state {o:?}"),
+                    ))
+                }
+            }
+            binding(iface, &p)?;
+            if iface.pci_address.is_some() {
+                return Err(ConvertError::unsupported(
+                    p.key("pciAddress"),
+                    "a fixed PCI address",
+                ));
+            }
+            let facts = ctx.interfaces.get(&iface.name).ok_or_else(|| {
+                ConvertError::missing(
+                    p.clone(),
+                    "the pod's tap for this interface (network facts)",
+                )
+            })?;
+            let virtio = matches!(iface.model.as_deref(), None | Some("") | Some("virtio"));
+            let driver = match iface.model.as_deref() {
+                None | Some("") | Some("virtio") => virtio_driver(
+                    vmi,
+                    "virtio-net-pci-non-transitional",
+                    "virtio-net-pci-transitional",
+                ),
+                Some("e1000") => "e1000",
+                Some("e1000e") => "e1000e",
+                Some("igb") => "igb",
+                Some("ne2k_pci") => "ne2k_pci",
+                Some("pcnet") => "pcnet",
+                Some("rtl8139") => "rtl8139",
+                Some(o) => {
+                    return Err(ConvertError::unsupported(
+                        p.key("model"),
+                        format!("model {o:?}"),
+                    ))
+                }
+            };
+            let mac = match (iface.mac_address.as_deref(), facts.mac.as_deref()) {
+                (Some(m), _) if !m.is_empty() => Some(check_mac(&p.key("macAddress"), m)?),
+                (_, Some(m)) => Some(check_mac(&p.key("macAddress"), m)?),
+                _ => None,
+            };
+            let queues =
+                if virtio && vmi.spec.domain.devices.network_interface_multi_queue == Some(true) {
+                    vcpus(vmi)?.min(256)
+                } else {
+                    1
+                };
+            let id = alias(&iface.name);
+            let netdev_id = format!("host{id}");
+            let join = |v: &[i32]| {
+                v.iter()
+                    .map(|f| f.to_string())
+                    .collect::<Vec<_>>()
+                    .join(":")
+            };
+            let mut fd_names = Vec::new();
+            let (argv, hotplug) = match &facts.tap {
+                TapSource::Fds { fds, vhostfds } => {
+                    if fds.is_empty() || (fds.len() as u32 != queues) {
+                        return Err(ConvertError::invalid(
+                            p.clone(),
+                            format!("{} tap fds given for {queues} queues", fds.len()),
+                        ));
+                    }
+                    if !vhostfds.is_empty() && vhostfds.len() != fds.len() {
+                        return Err(ConvertError::invalid(
+                            p.clone(),
+                            "vhost fds do not match the tap fds",
+                        ));
+                    }
+                    let tap_names: Vec<String> =
+                        (0..fds.len()).map(|q| format!("tapfd-{id}-{q}")).collect();
+                    let vhost_names: Vec<String> = (0..vhostfds.len())
+                        .map(|q| format!("vhostfd-{id}-{q}"))
+                        .collect();
+                    fd_names.extend(tap_names.iter().cloned());
+                    fd_names.extend(vhost_names.iter().cloned());
+                    let multi = fds.len() > 1;
+                    let vhost = !vhostfds.is_empty();
+                    let mk = |tap: String, vh: String| NetdevTap {
+                        type_: "tap",
+                        id: netdev_id.clone(),
+                        fd: (!multi).then(|| tap.clone()),
+                        fds: multi.then_some(tap),
+                        ifname: None,
+                        script: None,
+                        downscript: None,
+                        vhost: vhost.then_some(true),
+                        vhostfd: (vhost && !multi).then(|| vh.clone()),
+                        vhostfds: (vhost && multi).then_some(vh),
+                        queues: None,
+                    };
+                    (
+                        mk(join(fds), join(vhostfds)),
+                        mk(tap_names.join(":"), vhost_names.join(":")),
+                    )
+                }
+                TapSource::Ifname(name) => {
+                    if name.is_empty() || name.len() > 15 || name.contains(['/', ',', ' ']) {
+                        return Err(ConvertError::invalid(p.clone(), "bad tap name in facts"));
+                    }
+                    let t = NetdevTap {
+                        type_: "tap",
+                        id: netdev_id.clone(),
+                        fd: None,
+                        fds: None,
+                        ifname: Some(name.clone()),
+                        script: Some("no"),
+                        downscript: Some("no"),
+                        vhost: None,
+                        vhostfd: None,
+                        vhostfds: None,
+                        queues: (queues > 1).then_some(queues),
+                    };
+                    (t.clone(), t)
+                }
+            };
+            let acpi_index = match iface.acpi_index {
+                None => None,
+                Some(n) if (1..=16383).contains(&n) => {
+                    if !acpi_seen.insert(n) {
+                        return Err(ConvertError::invalid(
+                            p.key("acpiIndex"),
+                            "duplicate acpi index",
+                        ));
+                    }
+                    Some(n as u32)
+                }
+                Some(_) => {
+                    return Err(ConvertError::invalid(
+                        p.key("acpiIndex"),
+                        "acpi index must be between 1 and 16383",
+                    ))
+                }
+            };
+            if iface.boot_order == Some(0) {
+                return Err(ConvertError::invalid(
+                    p.key("bootOrder"),
+                    "boot order starts at 1",
+                ));
+            }
+            let device = Device::Nic(DeviceNic {
+                driver,
+                netdev: netdev_id,
+                id: id.clone(),
+                mac,
+                host_mtu: if virtio { facts.mtu } else { None },
+                romfile: iface.boot_order.is_none().then(String::new),
+                bootindex: iface.boot_order,
+                mq: (queues > 1).then_some(true),
+                vectors: (queues > 1).then_some(2 * queues + 2),
+                acpi_index,
+            });
+            if iface.state.as_deref() == Some("down") {
+                plan.links_down.push(id.clone());
+            }
+            plan.devices.push(PlannedDevice {
+                class: DeviceClass::Nic,
+                name: Some(iface.name.clone()),
+                backend: Backend::Netdev {
+                    argv: Box::new(argv),
+                    hotplug: Box::new(hotplug),
+                    fd_names,
+                },
+                device,
+                placement: if on_root_complex {
+                    Placement::RootComplexAny
+                } else {
+                    Placement::RootPort
+                },
+                address: None,
+                // KubeVirt hot-plugs virtio NICs only, and only on root ports.
+                hotpluggable: virtio && !on_root_complex,
+                target: None,
+            });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,97 @@
+//! IOThreads (`iothreads/iothreads.go`, `converter.go:948-965`).
+//!
+//! IOThreads exist when `ioThreadsPolicy` is set or a disk has `dedicatedIOThread: true`.
+//! `shared`: pool of 1; `auto`: pool of 2 x vCPUs; `supplementalPool`: N threads all given to every
+//! virtio disk (QEMU takes one `iothread` per virtio-blk device here, so the disk gets the
+//! first; `iothread-vq-mapping` needs QEMU 9.0). Dedicated disks get ids after the pool; others
+//! round-robin. Only virtio disks get an IOThread.
+//!
+//! Reads: nothing from the context.
+
+use super::super::context::ConverterContext;
+use super::super::error::{ConvertError, FieldPath};
+use super::super::plan::DomainPlan;
+use super::super::qemu::{Object, ObjectIothread};
+use super::{devices_path, vcpus};
+use crate::vmi::Vmi;
+
+/// Adds `iothread<N>` objects.
+pub struct IoThreadsConfigurator;
+
+/// Per-disk IOThread ids (index = disk index, `None` = no IOThread) and the thread count.
+pub fn assignment(vmi: &Vmi) -> Result<(u32, Vec<Option<u32>>), ConvertError> {
+    let disks = vmi.spec.domain.devices.disks.clone().unwrap_or_default();
+    let is_virtio =
+        |d: &crate::vmi::Disk| d.disk.as_ref().and_then(|t| t.bus.as_deref()) == Some("virtio");
+    let policy = vmi.spec.domain.io_threads_policy.as_deref();
+    let any_dedicated = disks.iter().any(|d| d.dedicated_io_thread == Some(true));
+    if policy.is_none() && !any_dedicated {
+        return Ok((0, vec![None; disks.len()]));
+    }
+    let pp = FieldPath::new("spec.domain.ioThreadsPolicy");
+    let limit = match policy {
+        None | Some("shared") => 1,
+        Some("auto") => 2 * vcpus(vmi)?,
+        Some("supplementalPool") => vmi
+            .spec
+            .domain
+            .io_threads
+            .as_ref()
+            .and_then(|t| t.supplemental_pool_thread_count)
+            .filter(|n| *n > 0 && *n <= 256)
+            .ok_or_else(|| {
+                ConvertError::invalid(
+                    FieldPath::new("spec.domain.ioThreads.supplementalPoolThreadCount"),
+                    "supplementalPool needs a thread count between 1 and 256",
+                )
+            })?,
+        Some(o) => return Err(ConvertError::unsupported(pp, format!("policy {o:?}"))),
+    };
+    let _ = devices_path();
+    let dedicated = disks
+        .iter()
+        .filter(|d| d.dedicated_io_thread == Some(true))
+        .count() as u32;
+    let shared_disks = disks.len() as u32 - dedicated;
+    let mut auto = if policy == Some("supplementalPool") {
+        limit
+    } else {
+        shared_disks.min(limit).max(1)
+    };
+    if policy != Some("supplementalPool") && auto + dedicated > limit {
+        auto = limit.saturating_sub(dedicated).max(1);
+    }
+    let mut next_dedicated = auto + 1;
+    let mut rr = 0;
+    let mut out = Vec::with_capacity(disks.len());
+    for d in &disks {
+        if d.dedicated_io_thread == Some(true) {
+            out.push(is_virtio(d).then_some(next_dedicated));
+            next_dedicated += 1;
+        } else if is_virtio(d) {
+            out.push(Some(rr % auto + 1));
+            rr += 1;
+        } else {
+            out.push(None);
+        }
+    }
+    Ok((auto + dedicated, out))
+}
+
+impl super::super::convert::Configurator for IoThreadsConfigurator {
+    fn configure(
+        &self,
+        vmi: &Vmi,
+        _ctx: &ConverterContext,
+        plan: &mut DomainPlan,
+    ) -> Result<(), ConvertError> {
+        let (count, _) = assignment(vmi)?;
+        for i in 1..=count {
+            plan.objects.push(Object::Iothread(ObjectIothread {
+                qom_type: "iothread",
+                id: format!("iothread{i}"),
+            }));
+        }
+        Ok(())
+    }
+}

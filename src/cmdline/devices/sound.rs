@@ -1,0 +1,82 @@
+//! Sound (`converter/compute/sound.go`): `ich9` (default) -> `ich9-intel-hda` plus an
+//! `hda-duplex` codec, `ac97` -> `AC97`; id `ua-<name>`; both on the `audio1` none backend.
+//!
+//! Reads: nothing from the context.
+
+use super::super::context::ConverterContext;
+use super::super::error::{ConvertError, FieldPath};
+use super::super::names::{alias, check_name};
+use super::super::plan::{Backend, DeviceClass, DomainPlan, Placement};
+use super::super::qemu::{Device, DeviceSound};
+use super::planned;
+use crate::vmi::Vmi;
+
+/// Adds the sound card.
+pub struct SoundConfigurator;
+
+impl super::super::convert::Configurator for SoundConfigurator {
+    fn configure(
+        &self,
+        vmi: &Vmi,
+        _ctx: &ConverterContext,
+        plan: &mut DomainPlan,
+    ) -> Result<(), ConvertError> {
+        let Some(s) = vmi.spec.domain.devices.sound.as_ref() else {
+            return Ok(());
+        };
+        let p = FieldPath::new("spec.domain.devices.sound");
+        check_name(&p.key("name"), &s.name)?;
+        let id = alias(&s.name);
+        plan.audiodev = true;
+        match s.model.as_deref().unwrap_or("ich9") {
+            "" | "ich9" => {
+                plan.devices.push(planned(
+                    DeviceClass::Sound,
+                    Some(&s.name),
+                    Backend::None,
+                    Device::Sound(DeviceSound {
+                        driver: "ich9-intel-hda",
+                        id: id.clone(),
+                        audiodev: None,
+                        bus: None,
+                        cad: None,
+                    }),
+                    Placement::RootComplexAny,
+                ));
+                plan.devices.push(planned(
+                    DeviceClass::Sound,
+                    Some(&s.name),
+                    Backend::None,
+                    Device::Sound(DeviceSound {
+                        driver: "hda-duplex",
+                        id: format!("{id}-codec0"),
+                        audiodev: Some("audio1".into()),
+                        bus: Some(format!("{id}.0")),
+                        cad: Some(0),
+                    }),
+                    Placement::NonPci,
+                ));
+            }
+            "ac97" => plan.devices.push(planned(
+                DeviceClass::Sound,
+                Some(&s.name),
+                Backend::None,
+                Device::Sound(DeviceSound {
+                    driver: "AC97",
+                    id,
+                    audiodev: Some("audio1".into()),
+                    bus: None,
+                    cad: None,
+                }),
+                Placement::RootComplexAny,
+            )),
+            o => {
+                return Err(ConvertError::unsupported(
+                    p.key("model"),
+                    format!("sound model {o:?}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}

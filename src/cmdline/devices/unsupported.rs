@@ -1,0 +1,85 @@
+//! Fields qlauncher knows but does not convert yet, or that need hardware this converter cannot
+//! plan as pure text: each is rejected with its field path instead of being ignored (GPUs, host
+//! devices, SR-IOV, SEV/SNP/TDX, virtiofs filesystems, USB redirection, panic devices, dedicated
+//! CPUs, NUMA passthrough, realtime, ACPI SLIC/MSDM tables).
+//!
+//! Reads: nothing from the context.
+
+use super::super::context::ConverterContext;
+use super::super::error::{ConvertError, FieldPath};
+use super::super::plan::DomainPlan;
+use crate::vmi::Vmi;
+
+fn nonempty<T>(v: &Option<Vec<T>>) -> bool {
+    v.as_ref().is_some_and(|v| !v.is_empty())
+}
+
+/// Rejects unsupported fields.
+pub struct UnsupportedConfigurator;
+
+impl super::super::convert::Configurator for UnsupportedConfigurator {
+    fn configure(
+        &self,
+        vmi: &Vmi,
+        _ctx: &ConverterContext,
+        _plan: &mut DomainPlan,
+    ) -> Result<(), ConvertError> {
+        let d = &vmi.spec.domain;
+        let dev = &d.devices;
+        let p = FieldPath::new("spec.domain");
+        let checks: [(bool, FieldPath, &str); 10] = [
+            (nonempty(&dev.gpus), p.key("devices").key("gpus"), "GPUs"),
+            (
+                nonempty(&dev.host_devices),
+                p.key("devices").key("hostDevices"),
+                "host devices",
+            ),
+            (
+                nonempty(&dev.filesystems),
+                p.key("devices").key("filesystems"),
+                "virtiofs filesystems",
+            ),
+            (
+                nonempty(&dev.panic_devices),
+                p.key("devices").key("panicDevices"),
+                "panic devices",
+            ),
+            (
+                dev.client_passthrough.is_some(),
+                p.key("devices").key("clientPassthrough"),
+                "USB redirection",
+            ),
+            (
+                d.launch_security.is_some(),
+                p.key("launchSecurity"),
+                "SEV/SNP/TDX launch security",
+            ),
+            (
+                d.cpu.as_ref().and_then(|c| c.dedicated_cpu_placement) == Some(true),
+                p.key("cpu").key("dedicatedCpuPlacement"),
+                "dedicated CPU placement",
+            ),
+            (
+                d.cpu.as_ref().is_some_and(|c| c.numa.is_some()),
+                p.key("cpu").key("numa"),
+                "NUMA passthrough",
+            ),
+            (
+                d.cpu.as_ref().is_some_and(|c| c.realtime.is_some()),
+                p.key("cpu").key("realtime"),
+                "realtime vCPUs",
+            ),
+            (
+                d.firmware.as_ref().is_some_and(|f| f.acpi.is_some()),
+                p.key("firmware").key("acpi"),
+                "ACPI SLIC/MSDM tables",
+            ),
+        ];
+        for (set, path, what) in checks {
+            if set {
+                return Err(ConvertError::unsupported(path, what));
+            }
+        }
+        Ok(())
+    }
+}

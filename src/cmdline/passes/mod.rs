@@ -1,0 +1,4 @@
+//! Passes that run after every configurator, each documenting the plan fields it reads and writes
+//! (instead of hidden order coupling between configurators).
+
+pub mod pci;

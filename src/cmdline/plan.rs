@@ -1,0 +1,346 @@
+//! `DomainPlan`: what the VM has, typed, before any renderer runs. Configurators fill it in, the
+//! passes (`passes/`) order devices and assign PCI addresses, and the renderers only print it.
+
+use super::context::QemuVersion;
+use super::qemu::{Blockdev, ChardevSocket, Device, NetdevTap, Object, ObjectMemoryBackend};
+
+/// Accelerator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Accel {
+    /// `-accel kvm`.
+    #[default]
+    Kvm,
+    /// `-accel tcg` (KubeVirt's `--allow-emulation` without `/dev/kvm`).
+    Tcg,
+}
+
+/// `-machine` options (libvirt's rendering of KubeVirt's q35 domain).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MachinePlan {
+    /// Machine type (`q35`, `pc-q35-7.2`, ...).
+    pub machine_type: String,
+    /// `vmport=off` on amd64 (KubeVirt `<vmport state="off"/>`).
+    pub vmport_off: bool,
+    /// `smm=on` (`features.smm` or secure boot).
+    pub smm: Option<bool>,
+    /// `memory-backend=<id>` when the RAM has no NUMA cell.
+    pub memory_backend: Option<String>,
+    /// EFI code node name (`pflash0=`).
+    pub pflash0: Option<String>,
+    /// EFI vars node name (`pflash1=`).
+    pub pflash1: Option<String>,
+    /// ACPI on (KubeVirt: on unless `features.acpi.enabled: false`).
+    pub acpi: bool,
+    /// HPET: `Some(false)` when the `hpet` timer is `present: false`.
+    pub hpet: Option<bool>,
+    /// `graphics=off` (SeaBIOS `useSerial`).
+    pub graphics_off: bool,
+}
+
+/// One `-cpu` feature flag, `name=on|off`, or `name=value` (Hyper-V spinlocks, vendor id).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CpuFlag {
+    /// QEMU property name (`vmx`, `hv-relaxed`, `hv-spinlocks`).
+    pub name: String,
+    /// Value (`on`, `off`, `0x1000`).
+    pub value: String,
+}
+
+/// `-cpu`.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct CpuPlan {
+    /// QEMU model name: `host` (host-model and host-passthrough under KVM), `max` (TCG), or a named
+    /// model (`Skylake-Server`).
+    pub model: String,
+    /// Feature flags in order.
+    pub flags: Vec<CpuFlag>,
+}
+
+/// `-smp`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct SmpPlan {
+    /// vCPUs at boot.
+    pub cpus: u32,
+    /// vCPUs including hot-pluggable ones (`maxSockets * cores * threads`).
+    pub maxcpus: u32,
+    /// Sockets (maxSockets with CPU hotplug).
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+/// A NUMA cell (`-numa node,nodeid=0,cpus=0-N,memdev=ram-node0`), added for memfd/hugepages and
+/// for memory hotplug.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NumaCell {
+    /// `0-<maxcpus-1>`.
+    pub cpus: String,
+    /// Memory backend id.
+    pub memdev: String,
+}
+
+/// `-m` and the RAM backend.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MemoryPlan {
+    /// Guest memory in bytes.
+    pub size: u64,
+    /// Hotplug ceiling in bytes (`maxGuest`), with `slots=0` (virtio-mem).
+    pub maxmem: Option<u64>,
+    /// The RAM backend object.
+    pub backend: Option<ObjectMemoryBackend>,
+    /// The NUMA cell, when one is needed.
+    pub numa: Option<NumaCell>,
+}
+
+/// Firmware.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub enum FirmwarePlan {
+    /// SeaBIOS (no pflash).
+    #[default]
+    Bios,
+    /// OVMF: the pflash nodes (code read-only, per-VM vars) in argv order.
+    Efi {
+        /// `libvirt-pflash0-*` and `libvirt-pflash1-*` nodes, bottom first.
+        blockdevs: Vec<Blockdev>,
+        /// Secure boot (`-global driver=cfi.pflash01,property=secure,value=on`).
+        secure: bool,
+        /// The vars template the per-VM NVRAM file is copied from (by `storage`, before launch).
+        vars_template: String,
+        /// The per-VM NVRAM file (`<nvram dir>/<vmi name>_VARS.fd`).
+        vars: String,
+    },
+}
+
+/// Direct kernel boot.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct KernelBootPlan {
+    /// `-kernel` path.
+    pub kernel: Option<String>,
+    /// `-initrd` path.
+    pub initrd: Option<String>,
+    /// `-append` command line.
+    pub append: Option<String>,
+}
+
+/// One `-smbios type=N,...` table; fields in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SmbiosTable {
+    /// SMBIOS type (1 system, 3 chassis).
+    pub table: u8,
+    /// `key=value` pairs (values escaped by the renderer).
+    pub fields: Vec<(&'static str, String)>,
+}
+
+/// `-rtc` options.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RtcPlan {
+    /// `utc`, `localtime`, or a start date `YYYY-MM-DDTHH:MM:SS`.
+    pub base: String,
+    /// `vm` when the RTC tracks the guest.
+    pub clock: Option<&'static str>,
+    /// `slew` for tickpolicy catchup.
+    pub driftfix: Option<&'static str>,
+}
+
+/// A `-global driver.property=value`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GlobalProp {
+    /// Driver (`kvm-pit`, `cfi.pflash01`, `ICH9-LPC`).
+    pub driver: &'static str,
+    /// Property.
+    pub property: &'static str,
+    /// Value.
+    pub value: String,
+}
+
+/// Device classes, in the order the argv lists them (libvirt's order: controllers, disks, NICs,
+/// serial, channels, inputs, graphics, video, sound, watchdog, balloon, rng, tpm, vsock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum DeviceClass {
+    /// `pcie-root-port` (added by the PCI pass).
+    RootPort,
+    /// USB, SCSI, virtio-serial controllers.
+    Controller,
+    /// Disks (KubeVirt `disks`).
+    Disk,
+    /// NICs (KubeVirt `interfaces`).
+    Nic,
+    /// Serial ports.
+    Serial,
+    /// virtio-serial ports.
+    Channel,
+    /// Tablets.
+    Input,
+    /// Video adapter.
+    Video,
+    /// Sound card and codec.
+    Sound,
+    /// Watchdog.
+    Watchdog,
+    /// Memory balloon.
+    Balloon,
+    /// RNG.
+    Rng,
+    /// TPM.
+    Tpm,
+    /// vsock.
+    Vsock,
+}
+
+/// Where the PCI pass puts a device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Placement {
+    /// On its own `pcie-root-port` (hot-pluggable; KubeVirt's placement for PCIe devices).
+    RootPort,
+    /// Directly on `pcie.0` at this slot (integrated devices: VGA at 0x1).
+    RootComplex(u8),
+    /// Directly on `pcie.0`, next free slot from 0x4 (conventional PCI: i6300esb, AC97, ich9-hda).
+    RootComplexAny,
+    /// Not a PCI device, or its bus is fixed by the configurator.
+    NonPci,
+}
+
+/// A PCI bus and address, as QEMU's `bus` and `addr` properties.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PciAddress {
+    /// `pcie.0` or `pci.<n>`.
+    pub bus: String,
+    /// `0x0`, `0x1`, `0x2.0x3`.
+    pub addr: String,
+}
+
+/// The backend a device frontend needs, rendered just before it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Backend {
+    /// None.
+    None,
+    /// Blockdev chain, bottom node first (backing file's nodes, then the overlay's).
+    Blockdevs(Vec<Blockdev>),
+    /// A tap netdev: the argv form (inherited fds) and the hotplug form (`getfd` names).
+    Netdev {
+        /// As on the command line.
+        argv: Box<NetdevTap>,
+        /// As for `netdev_add` after `getfd` (fd names instead of numbers).
+        hotplug: Box<NetdevTap>,
+        /// The `getfd` names, in order: taps, then vhost fds.
+        fd_names: Vec<String>,
+    },
+    /// A chardev.
+    Chardev(ChardevSocket),
+    /// An object (`rng-random`).
+    Object(Object),
+    /// `-chardev` + `-tpmdev emulator` for swtpm.
+    Tpm {
+        /// The swtpm socket chardev.
+        chardev: ChardevSocket,
+        /// tpmdev id.
+        tpmdev_id: String,
+    },
+}
+
+/// One device of the plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlannedDevice {
+    /// Class (orders the argv).
+    pub class: DeviceClass,
+    /// The VMI name it came from (disk, interface, input, ...), for messages and the QMP plan.
+    pub name: Option<String>,
+    /// Backend.
+    pub backend: Backend,
+    /// Frontend.
+    pub device: Device,
+    /// Where the PCI pass puts it.
+    pub placement: Placement,
+    /// Filled by the PCI pass.
+    pub address: Option<PciAddress>,
+    /// The device can be unplugged and plugged again over QMP (disks and NICs on root ports).
+    pub hotpluggable: bool,
+    /// For disks: the guest target name (`vda`, `sdb`).
+    pub target: Option<String>,
+}
+
+/// Watchdog action (`-watchdog-action` / QMP `set-action watchdog=`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WatchdogAction {
+    /// Reset the guest.
+    Reset,
+    /// Power off.
+    Poweroff,
+    /// Pause.
+    Pause,
+    /// Do nothing.
+    None,
+    /// Inject an NMI.
+    InjectNmi,
+    /// Shut the guest down (ACPI).
+    Shutdown,
+}
+
+/// The whole planned VM.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct DomainPlan {
+    /// QEMU version the renderers target.
+    pub qemu: QemuVersion,
+    /// Domain name `<namespace>_<name>` (`-name guest=...`).
+    pub name: String,
+    /// Firmware UUID (`-uuid`).
+    pub uuid: String,
+    /// Machine.
+    pub machine: MachinePlan,
+    /// Accelerator.
+    pub accel: Accel,
+    /// CPU model and flags.
+    pub cpu: CpuPlan,
+    /// Topology.
+    pub smp: SmpPlan,
+    /// Memory.
+    pub memory: MemoryPlan,
+    /// Firmware.
+    pub firmware: FirmwarePlan,
+    /// Direct kernel boot.
+    pub kernel_boot: Option<KernelBootPlan>,
+    /// SMBIOS tables.
+    pub smbios: Vec<SmbiosTable>,
+    /// RTC.
+    pub rtc: RtcPlan,
+    /// Environment for QEMU (`TZ` for a timezone clock).
+    pub env: Vec<(String, String)>,
+    /// `-global` properties.
+    pub globals: Vec<GlobalProp>,
+    /// Objects rendered before devices (iothreads).
+    pub objects: Vec<Object>,
+    /// QMP monitor chardev (`charmonitor`).
+    pub monitor: Option<ChardevSocket>,
+    /// Devices (ordered and addressed by the passes).
+    pub devices: Vec<PlannedDevice>,
+    /// VNC unix socket path.
+    pub vnc: Option<String>,
+    /// An `-audiodev none` is needed (VNC or sound).
+    pub audiodev: bool,
+    /// Watchdog action.
+    pub watchdog_action: Option<WatchdogAction>,
+    /// `-no-reboot` (`spec.domain.rebootPolicy: Terminate`).
+    pub no_reboot: bool,
+    /// Boot menu with a 10 s timeout (`startStrategy: Paused`).
+    pub boot_menu: bool,
+    /// Spare PCIe root ports added for hotplug (count).
+    pub spare_root_ports: u32,
+    /// Free-ports rule input: guest memory above 2 GiB.
+    pub large_memory: bool,
+    /// Placeholder ports reserved for NICs (KubeVirt: max(0, 4 - #interfaces)).
+    pub nic_placeholders: u32,
+    /// Balloon statistics period in seconds, set over QMP after start (`qom-set
+    /// guest-stats-polling-interval`), as libvirt does.
+    pub balloon_stats_period: Option<u32>,
+    /// NIC ids whose link starts down (`set_link` after start; interface `state: down`).
+    pub links_down: Vec<String>,
+}
+
+impl DomainPlan {
+    /// The planned devices with a given class.
+    pub fn devices_of(&self, class: DeviceClass) -> impl Iterator<Item = &PlannedDevice> {
+        self.devices.iter().filter(move |d| d.class == class)
+    }
+}

@@ -1,0 +1,59 @@
+//! `-object` / `object-add` argument structs (QEMU `ObjectOptions`).
+
+use serde::Serialize;
+use serde_with::skip_serializing_none;
+
+/// A memory backend (`memory-backend-ram`, `memory-backend-memfd`) of the given size.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectMemoryBackend {
+    /// `memory-backend-ram` or `memory-backend-memfd`.
+    #[serde(rename = "qom-type")]
+    pub qom_type: &'static str,
+    /// Object id (`pc.ram` or `ram-node0`).
+    pub id: String,
+    /// Size in bytes.
+    pub size: u64,
+    /// memfd: back with hugetlbfs pages.
+    pub hugetlb: Option<bool>,
+    /// memfd: hugepage size in bytes.
+    pub hugetlbsize: Option<u64>,
+    /// Shared mapping (memfd, vhost-user, virtiofs).
+    pub share: Option<bool>,
+    /// Preallocate (hugepages).
+    pub prealloc: Option<bool>,
+}
+
+/// `iothread` object.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectIothread {
+    /// Always `iothread`.
+    #[serde(rename = "qom-type")]
+    pub qom_type: &'static str,
+    /// Object id (`iothread<N>`).
+    pub id: String,
+}
+
+/// `rng-random` backend reading a host file (`/dev/urandom`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectRngRandom {
+    /// Always `rng-random`.
+    #[serde(rename = "qom-type")]
+    pub qom_type: &'static str,
+    /// Object id (`objrng0`).
+    pub id: String,
+    /// Entropy source.
+    pub filename: String,
+}
+
+/// One `-object`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(untagged)]
+pub enum Object {
+    /// Memory backend.
+    MemoryBackend(ObjectMemoryBackend),
+    /// IOThread.
+    Iothread(ObjectIothread),
+    /// RNG backend.
+    RngRandom(ObjectRngRandom),
+}
