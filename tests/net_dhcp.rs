@@ -373,3 +373,91 @@ fn router_advertisement_is_off_by_default() {
     let (plan, _applied) = setup(&net.pod, &config(), resolv.path()).unwrap();
     assert_eq!(plan.router_advertisement, None);
 }
+
+#[test]
+fn nak_inform_and_release_over_the_wire() {
+    use dhcproto::v4::{DhcpOption, Flags, HType, Message, MessageType, Opcode};
+    use dhcproto::Encodable;
+    use qlauncher::net::dhcp::v4::{client_message, decode};
+    let net = PodNet::new(false);
+    let resolv = resolv_conf();
+    let (plan, _applied) = setup(&net.pod, &config(), resolv.path()).unwrap();
+    let servers = Servers::start(&net.pod, &plan);
+    let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
+    vm.ip(&["addr", "add", "10.0.2.2/24", "dev", "vmnic"]);
+    let mac = [0x02, 0, 0, 0xaa, 0xbb, 0x01];
+    let replies = qlauncher::net::netns::run_in(&vm.path(), move || {
+        use socket2::{Domain, Protocol, Socket, Type};
+        let s = Socket::new(Domain::IPV4, Type::DGRAM, Some(Protocol::UDP)).unwrap();
+        s.set_reuse_address(true).unwrap();
+        s.set_broadcast(true).unwrap();
+        s.bind_device(Some(b"vmnic")).unwrap();
+        s.bind(&std::net::SocketAddr::from(([0, 0, 0, 0], 68)).into())
+            .unwrap();
+        let s: std::net::UdpSocket = s.into();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(2)))
+            .unwrap();
+        let server = "10.0.2.1:67";
+        let mut buf = [0u8; 1500];
+        let mut recv = |s: &std::net::UdpSocket| {
+            let n = s.recv(&mut buf).expect("reply");
+            decode(&buf[..n]).expect("decodes")
+        };
+        // REQUEST for an address that is not the guest's: NAK.
+        s.send_to(
+            &client_message(
+                MessageType::Request,
+                mac,
+                11,
+                Some("10.0.2.9".parse().unwrap()),
+                None,
+                &[],
+            ),
+            server,
+        )
+        .unwrap();
+        let nak = recv(&s);
+        // INFORM from a configured client: ACK without lease, to ciaddr.
+        let mut inform = Message::default();
+        inform
+            .set_opcode(Opcode::BootRequest)
+            .set_htype(HType::Eth)
+            .set_xid(12)
+            .set_flags(Flags::default())
+            .set_chaddr(&mac)
+            .set_ciaddr("10.0.2.2".parse::<std::net::Ipv4Addr>().unwrap());
+        inform
+            .opts_mut()
+            .insert(DhcpOption::MessageType(MessageType::Inform));
+        s.send_to(&inform.to_vec().unwrap(), server).unwrap();
+        let ack = recv(&s);
+        // RELEASE: recorded, no reply.
+        s.send_to(
+            &client_message(MessageType::Release, mac, 13, None, None, &[]),
+            server,
+        )
+        .unwrap();
+        (nak, ack)
+    })
+    .unwrap();
+    let (nak, ack) = replies;
+    assert_eq!(
+        (nak.xid(), nak.opts().msg_type()),
+        (11, Some(MessageType::Nak))
+    );
+    assert_eq!(
+        (ack.xid(), ack.opts().msg_type(), ack.yiaddr()),
+        (12, Some(MessageType::Ack), std::net::Ipv4Addr::UNSPECIFIED)
+    );
+    assert!(ack
+        .opts()
+        .get(dhcproto::v4::OptionCode::AddressLeaseTime)
+        .is_none());
+    assert!(ack
+        .opts()
+        .get(dhcproto::v4::OptionCode::DomainNameServer)
+        .is_some());
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    let snap = servers.stats_v4.snapshot();
+    assert_eq!((snap.naks, snap.releases, snap.received), (1, 1, 3));
+}

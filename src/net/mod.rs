@@ -13,6 +13,10 @@
 //! - [`dhcp`] serves the guest (DHCPv4, DHCPv6, optional router advertisements) on a socket the
 //!   caller binds and with a shutdown future the caller owns.
 //!
+//! The bridge binding's stand-in link, which keeps the pod's MAC and IPs for Kubernetes after the
+//! pod link became a bridge port, is an `ifb` link: KubeVirt uses a `dummy` link, which this
+//! kernel (and some node kernels) lacks; `ifb` is likewise a single link that carries no traffic.
+//!
 //! Namespaces are per thread: [`netns::run_in`] runs a closure on a dedicated thread that entered
 //! a network namespace, so a caller (or a test) never moves its own thread.
 
