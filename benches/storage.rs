@@ -68,7 +68,10 @@ fn report(what: &str, native: Duration, tool: &str, other: Duration) {
 }
 
 fn run(dir: &Path, iterations: u32) {
-    println!("storage bench: {iterations} iterations each, mean per creation, in {}", dir.display());
+    println!(
+        "storage bench: {iterations} iterations each, mean per creation, in {}",
+        dir.display()
+    );
     let bases = dir.join("container-disks");
     std::fs::create_dir_all(&bases).unwrap();
 
@@ -193,7 +196,11 @@ fn run(dir: &Path, iterations: u32) {
     let source = dir.join("config-map/app");
     std::fs::create_dir_all(&source).unwrap();
     for k in 0..20 {
-        std::fs::write(source.join(format!("key{k}")), format!("value {k}\n").repeat(50)).unwrap();
+        std::fs::write(
+            source.join(format!("key{k}")),
+            format!("value {k}\n").repeat(50),
+        )
+        .unwrap();
     }
     let mut cm =
         ConfigVolumeSpec::at_kubevirt_paths("app", ConfigVolumeKind::ConfigMap, None, dir).unwrap();

@@ -212,6 +212,10 @@ fn missing_and_unusable_bases_are_named_errors_and_leave_nothing() {
             vmdk.display()
         )
     );
+    let mut relative = spec(&l, "vol-f", Path::new("container-disks/disk_0.img"));
+    relative.policy.allowed_roots.clear();
+    let err = create_overlay(&relative).unwrap_err();
+    assert!(matches!(err, StorageError::CreateOverlay { .. }), "{err:?}");
     // No overlay directory got a file.
     let data = l.ephemeral.join("disk-data");
     let leftovers: Vec<_> = walk(&data);

@@ -87,6 +87,13 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e)),
     }
+    if spec.base.is_relative() {
+        // QEMU would resolve a relative name against the overlay's directory, not ours.
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the base path must be absolute",
+        )));
+    }
     if spec.policy.max_depth == 0 {
         return Err(StorageError::ChainTooDeep {
             volume: spec.volume.clone(),
