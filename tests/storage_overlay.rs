@@ -300,7 +300,7 @@ fn backing_files_outside_the_allowed_roots_are_rejected() {
     assert_eq!(
         err.to_string(),
         format!(
-            "volume vol: backing file {} (of {}) is outside the allowed roots {:?}",
+            "volume vol: backing file {} (of {}) is not a local file under the allowed roots {:?}",
             secret.display(),
             base.display(),
             vec![l.bases.clone()]

@@ -70,7 +70,8 @@ pub enum StorageError {
     },
     /// An image or a backing file resolves outside every allowed root, or is not a local file.
     #[error(
-        "volume {volume}: {what} {backing} (of {image}) is outside the allowed roots {roots:?}"
+        "volume {volume}: {what} {backing} (of {image}) is not a local file under the allowed \
+         roots {roots:?}"
     )]
     OutsideAllowedRoots {
         /// Volume name.

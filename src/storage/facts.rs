@@ -140,7 +140,7 @@ pub fn probe_image(
         &roots,
         &policy.allowed_roots,
     )?;
-    let mut facts = probe_one(volume, path, &top, None)?;
+    let mut facts = probe_one(volume, path, &top, None, &policy.allowed_roots)?;
     // Walk the chain: every backing file must resolve under the roots, and at most max_depth of
     // them are followed (this also ends a chain that loops back on itself).
     let mut depth = 0u32;
@@ -184,6 +184,7 @@ pub fn probe_image(
             &backing.path,
             &canonical,
             Some((backing.format, &image)),
+            &policy.allowed_roots,
         )?;
         image = backing.path.clone();
         next = below.backing;
@@ -198,6 +199,7 @@ fn probe_one(
     given: &Path,
     canonical: &Path,
     expected: Option<(ImageFormat, &Path)>,
+    roots: &[PathBuf],
 ) -> Result<ImageFacts, StorageError> {
     let open_err = |source: io::Error| {
         if source.kind() == io::ErrorKind::NotFound {
@@ -309,7 +311,9 @@ fn probe_one(
     };
     let backing = match backing {
         None => None,
-        Some((name, format)) => Some(resolve_backing(volume, given, canonical, &name, format)?),
+        Some((name, format)) => Some(resolve_backing(
+            volume, given, canonical, &name, format, roots,
+        )?),
     };
     Ok(ImageFacts {
         path: given.to_path_buf(),
@@ -359,13 +363,14 @@ fn resolve_backing(
     canonical: &Path,
     name: &str,
     format: Option<String>,
+    roots: &[PathBuf],
 ) -> Result<BackingFacts, StorageError> {
     let outside = |backing: String| StorageError::OutsideAllowedRoots {
         volume: volume.to_string(),
         what: "backing file",
         image: given.to_path_buf(),
         backing,
-        roots: Vec::new(),
+        roots: roots.to_vec(),
     };
     if is_protocol_name(name) || name.is_empty() {
         return Err(outside(name.to_string()));

@@ -112,13 +112,12 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         },
         other => other,
     })?;
-    let backing_name = spec
-        .base
-        .to_str()
-        .ok_or_else(|| StorageError::InvalidVolumeName {
-            volume: spec.volume.clone(),
-            reason: "the base path is not UTF-8",
-        })?;
+    let backing_name = spec.base.to_str().ok_or_else(|| {
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the base path is not UTF-8",
+        ))
+    })?;
     if backing_name.len() > MAX_BACKING_NAME {
         return Err(fail(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
