@@ -6,9 +6,9 @@ mod storage_support;
 use std::path::{Path, PathBuf};
 
 use qlauncher::storage::{
-    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_image,
-    ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome, OverlaySpec,
-    Owner, StorageError, StorageKind,
+    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_disk,
+    probe_image, ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome,
+    OverlaySpec, Owner, StorageError, StorageKind,
 };
 use storage_support::*;
 
@@ -508,6 +508,17 @@ fn direct_io_is_supported_on_ext4_but_not_on_ramfs() {
     let fs = Tmpfs::ramfs();
     assert!(!direct_io_supported(&fs.path).unwrap());
     assert!(!direct_io_supported(&fs.path.join("not-yet.img")).unwrap());
+    // A disk on ext4 over a base on ramfs: the backing file decides (KubeVirt checks both).
+    let base = fs.path.join("base.raw");
+    raw_base(&base, MIB);
+    let overlay = scratch.join("overlay.qcow2");
+    qemu_img_create(&overlay, "", Some((&base, "raw")));
+    let disk = probe_disk("vol", &overlay, &ChainPolicy::default()).unwrap();
+    assert_eq!((disk.image.chain_depth, disk.direct_io), (1, false));
+    let alone = probe_disk("vol", &file, &ChainPolicy::default()).unwrap();
+    assert!(alone.direct_io);
+    std::fs::remove_file(&overlay).unwrap();
+    std::fs::remove_file(&base).unwrap();
     // The probes left nothing behind.
     assert!(fs.listing().is_empty());
     assert_eq!(std::fs::read_dir(&scratch.path).unwrap().count(), 1);

@@ -488,6 +488,43 @@ pub(crate) fn check_root(
     }
 }
 
+/// An image's facts plus the O_DIRECT verdict the converter turns into `cache=none` (true) or
+/// `writethrough` (false).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFacts {
+    /// Format, size, kind and chain of the image.
+    pub image: ImageFacts,
+    /// O_DIRECT works on the image and, when it has one, on its backing file (KubeVirt
+    /// `SetDriverCacheMode` checks both). A failed probe counts as unsupported, as in KubeVirt.
+    pub direct_io: bool,
+}
+
+/// [`probe_image`] plus [`direct_io_supported`] on the image and its backing file: everything the
+/// converter needs about one disk.
+///
+/// # Errors
+/// As [`probe_image`]; O_DIRECT probe failures are not errors (they mean `writethrough`).
+pub fn probe_disk(
+    volume: &str,
+    path: &Path,
+    policy: &ChainPolicy,
+) -> Result<DiskFacts, StorageError> {
+    let image = probe_image(volume, path, policy)?;
+    let direct = |p: &Path| match direct_io_supported(p) {
+        Ok(supported) => supported,
+        Err(e) => {
+            tracing::warn!(volume, path = %p.display(), error = %e, "direct I/O check failed");
+            false
+        }
+    };
+    let direct_io = direct(path)
+        && image
+            .backing
+            .as_ref()
+            .is_none_or(|backing| direct(&backing.path));
+    Ok(DiskFacts { image, direct_io })
+}
+
 /// Whether `path` can be opened with `O_DIRECT`, as KubeVirt's `DirectIOChecker` decides
 /// `cache=none` (true) versus `writethrough` (false). A block device or existing file is opened
 /// read-only; for a missing file, or when `path` is a directory, a uniquely named probe file is
