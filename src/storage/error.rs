@@ -126,6 +126,14 @@ pub enum StorageError {
         /// Requested size in bytes.
         requested: u64,
     },
+    /// A capacity is not a Kubernetes quantity (or overflows 64 bits).
+    #[error("volume {volume}: capacity {value:?} is not a valid quantity")]
+    InvalidCapacity {
+        /// Volume name.
+        volume: String,
+        /// The quantity as written.
+        value: String,
+    },
     /// A `Disk`-type hostDisk does not exist (KubeVirt creates nothing for it).
     #[error("volume {volume}: hostDisk {path} does not exist")]
     HostDiskMissing {

@@ -18,6 +18,7 @@
 //! - [`config_volume`]: [`ConfigVolumeSpec`] → config ISOs (`pkg/config`).
 //! - [`iso`]: the ISO9660 + Joliet + Rock Ridge writer shared by the last two (crate `hadris-iso`).
 //! - [`paths`]: KubeVirt's fixed directories and file names.
+//! - [`from_vmi`]: the specs above filled from `crate::vmi` types (the only `vmi` import).
 //!
 //! Every function is blocking (plain `std::fs` and `imago` in its `sync` mode); async callers run
 //! them on a blocking thread.
@@ -27,6 +28,7 @@ pub mod config_volume;
 pub mod empty_disk;
 mod error;
 pub mod facts;
+pub mod from_vmi;
 pub mod host_disk;
 pub mod iso;
 pub mod overlay;
