@@ -269,6 +269,17 @@ fn chains_deeper_than_the_policy_are_rejected() {
     );
     assert!(!tight.overlay.exists());
 
+    // containerDisk policy (KubeVirt VerifyQCOW2): a qcow2 base with any backing file is refused.
+    let mut container = spec(&l, "cd", &l.bases.join("b1.qcow2"));
+    container.policy.max_depth = ChainPolicy::container_disk().max_depth;
+    assert!(matches!(
+        create_overlay(&container).unwrap_err(),
+        StorageError::ChainTooDeep { limit: 1, .. }
+    ));
+    let mut flat = spec(&l, "cd", &l.bases.join("b0.raw"));
+    flat.policy.max_depth = ChainPolicy::container_disk().max_depth;
+    assert_eq!(create_overlay(&flat).unwrap().0, Outcome::Created);
+
     let mut enough = spec(&l, "deep", &below);
     enough.policy.max_depth = 4;
     assert_eq!(create_overlay(&enough).unwrap().0, Outcome::Created);

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::qcow2::{self, HeaderError};
-use super::StorageError;
+use super::{paths, StorageError};
 
 /// Image format, as QEMU's `format` driver names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -99,6 +99,32 @@ impl Default for ChainPolicy {
         ChainPolicy {
             allowed_roots: Vec::new(),
             max_depth: DEFAULT_MAX_CHAIN_DEPTH,
+        }
+    }
+}
+
+impl ChainPolicy {
+    /// containerDisk bases: under [`paths::CONTAINER_DISK_DIR`] or [`paths::IMAGE_VOLUME_DIR`],
+    /// and a qcow2 base must have no backing file (KubeVirt `VerifyQCOW2`), so the overlay chain
+    /// is at most 1 deep.
+    pub fn container_disk() -> ChainPolicy {
+        ChainPolicy {
+            allowed_roots: vec![
+                PathBuf::from(paths::CONTAINER_DISK_DIR),
+                PathBuf::from(paths::IMAGE_VOLUME_DIR),
+            ],
+            max_depth: 1,
+        }
+    }
+
+    /// `ephemeral` PVC bases: raw, under [`paths::VMI_DISKS_DIR`] or `/dev`.
+    pub fn ephemeral() -> ChainPolicy {
+        ChainPolicy {
+            allowed_roots: vec![
+                PathBuf::from(paths::VMI_DISKS_DIR),
+                PathBuf::from(paths::BLOCK_DEVICE_DIR),
+            ],
+            max_depth: 1,
         }
     }
 }
