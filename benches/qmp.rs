@@ -246,6 +246,7 @@ async fn main() {
         let nic = NicAttach {
             tap_fd: fd,
             fd_name: format!("tapfd{i}"),
+            extra_fds: vec![],
             netdev: json!({"type": "tap", "fd": format!("tapfd{i}"), "id": format!("hostua-n{i}")}),
             device: json!({"driver": "virtio-net-pci", "netdev": format!("hostua-n{i}"), "id": format!("ua-n{i}"),
                            "mac": format!("02:00:00:00:01:{i:02x}"), "bus": format!("pci.{i}"), "addr": "0x0"}),
@@ -333,6 +334,7 @@ async fn guest_unplug(dir: &Path) {
         let nic = NicAttach {
             tap_fd: tap::open_tap(&name, true).expect("tap"),
             fd_name: "tapg".into(),
+            extra_fds: vec![],
             netdev: json!({"type": "tap", "fd": "tapg", "id": "hostua-g"}),
             device: json!({"driver": "virtio-net-pci", "netdev": "hostua-g", "id": "ua-gn",
                            "mac": "02:00:00:00:02:01", "bus": "pci.2", "addr": "0x0"}),
