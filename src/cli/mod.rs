@@ -1,0 +1,7 @@
+//! The subcommands of the `qlauncher` binary, one file per area. Only the binary uses these.
+pub mod launcher;
+pub mod monitor;
+pub mod net;
+pub mod qmp;
+pub mod sync;
+pub mod validate;
