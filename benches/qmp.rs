@@ -80,6 +80,7 @@ async fn start_with(dir: &Path, extra: Vec<String>) -> QemuProcess {
         pre_start: vec![],
         start: true,
         timeout: Duration::from_secs(30),
+        pid_file: None,
     })
     .await
     .expect("launch")

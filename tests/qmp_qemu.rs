@@ -47,6 +47,7 @@ async fn launch_hands_over_the_monitor_fd_runs_pre_start_and_cont() {
             Some(json!({"shutdown": "pause", "panic": "pause"})),
         )];
         spec.env = vec![("QLTEST".into(), "1".into())];
+        spec.pid_file = Some(spec.log.with_file_name("qemu.pid"));
     })
     .await
     .map_err(|(e, _)| e)
@@ -61,7 +62,11 @@ async fn launch_hands_over_the_monitor_fd_runs_pre_start_and_cont() {
     );
     let g = vm.client().greeting();
     assert_eq!((g.version.0, g.version.1), (7, 2));
-    // The pid is QEMU's.
+    // The pid is QEMU's, and recorded.
+    assert_eq!(
+        std::fs::read_to_string(vm.path("qemu.pid")).unwrap(),
+        format!("{}\n", vm.pid)
+    );
     let exe = std::fs::read_link(format!("/proc/{}/exe", vm.pid)).unwrap();
     assert_eq!(exe, std::path::PathBuf::from("/usr/bin/qemu-system-x86_64"));
     // A clean environment: exactly what the spec gave.
