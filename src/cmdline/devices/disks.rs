@@ -332,8 +332,9 @@ impl super::super::convert::Configurator for DisksConfigurator {
         ctx: &ConverterContext,
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
-        let disks = vmi.spec.domain.devices.disks.clone().unwrap_or_default();
-        let volumes = vmi.spec.volumes.clone().unwrap_or_default();
+        let disks: &[crate::vmi::Disk] =
+            vmi.spec.domain.devices.disks.as_deref().unwrap_or_default();
+        let volumes: &[Volume] = vmi.spec.volumes.as_deref().unwrap_or_default();
         let vpath = FieldPath::new("spec.volumes");
         for (i, v) in volumes.iter().enumerate() {
             check_name(&vpath.index(i).key("name"), &v.name)?;
