@@ -158,3 +158,118 @@ fn wrong_field_type_names_the_path() {
         other => panic!("unexpected {other}"),
     }
 }
+
+#[test]
+fn helper_accessors() {
+    let vmi = Vmi::from_json_or_yaml(VMI_YAML).unwrap();
+    let disks = vmi.spec.domain.devices.disks.as_ref().unwrap();
+    assert_eq!(disks[0].target_kind(), Some("disk"));
+    assert_eq!(disks[0].bus(), Some("virtio"));
+    assert!(disks[0].read_only());
+    assert_eq!(disks[1].target_kind(), Some("cdrom"));
+    assert_eq!(disks[1].bus(), Some("sata"));
+    assert!(!disks[1].read_only());
+    let iface = &vmi.spec.domain.devices.interfaces.as_ref().unwrap()[0];
+    assert_eq!(iface.bindings(), vec!["masquerade"]);
+    assert!(vmi.volume("root").unwrap().container_disk.is_some());
+    assert!(vmi.volume("nope").is_none());
+    assert!(vmi.network("default").unwrap().pod.is_some());
+    // cores: 2, sockets/threads unset → 1 each.
+    let topo = vmi.vcpu_topology();
+    assert_eq!(
+        (topo.sockets, topo.cores, topo.threads, topo.vcpus()),
+        (1, 2, 1, 2)
+    );
+}
+
+#[test]
+fn vcpu_topology_from_cpu_limit_or_request() {
+    let with = |res: &str| {
+        Vmi::from_json_or_yaml(&format!(
+            "kind: VirtualMachineInstance\nspec: {{domain: {{resources: {res}}}}}\n"
+        ))
+        .unwrap()
+        .vcpu_topology()
+    };
+    assert_eq!(
+        with("{limits: {cpu: 2500m}, requests: {cpu: 1}}").vcpus(),
+        3
+    );
+    assert_eq!(with("{requests: {cpu: 1200m}}").vcpus(), 2);
+    assert_eq!(with("{}").vcpus(), 1);
+}
+
+#[test]
+fn multi_document_yaml_picks_the_vmi() {
+    let text = "---\napiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n---\nkind: VirtualMachineInstance\nmetadata: {name: x}\n---\n";
+    let vmi = Vmi::from_json_or_yaml(text).unwrap();
+    assert_eq!(vmi.metadata.name.as_deref(), Some("x"));
+    let two = format!(
+        "{text}kind: VirtualMachine\nmetadata: {{name: y}}\nspec: {{template: {{spec: {{}}}}}}\n"
+    );
+    assert_eq!(
+        Vmi::from_json_or_yaml(&two).unwrap_err().to_string(),
+        "manifest holds 2 VMIs; give one"
+    );
+    let no_template = "kind: VirtualMachine\nmetadata: {name: y}\nspec: {}\n";
+    assert_eq!(
+        Vmi::from_json_or_yaml(no_template).unwrap_err().to_string(),
+        "VirtualMachine has no spec.template"
+    );
+}
+
+#[test]
+fn pool_and_replica_set_templates() {
+    let pool = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/vmi/vm-pool.yaml"
+    ))
+    .unwrap();
+    let vmi = Vmi::from_json_or_yaml(&pool).unwrap();
+    assert_eq!(vmi.metadata.name.as_deref(), Some("pool-0"));
+    assert_eq!(vmi.owner_vm_name(), Some("pool-0"));
+    let rs = std::fs::read_to_string(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/tests/fixtures/vmi/replicaset.yaml"
+    ))
+    .unwrap();
+    let vmi = Vmi::from_json_or_yaml(&rs).unwrap();
+    assert_eq!(vmi.metadata.name, None);
+    assert_eq!(vmi.metadata.generate_name.as_deref(), Some("replicaset"));
+    assert_eq!(vmi.owner_vm_name(), None);
+}
+
+#[test]
+fn malformed_text_is_an_error_not_a_panic() {
+    assert!(matches!(
+        Vmi::from_json_or_yaml("{\"kind\": "),
+        Err(VmiError::ParseJson(_))
+    ));
+    assert!(matches!(
+        Vmi::from_json_or_yaml("kind: [unclosed"),
+        Err(VmiError::ParseManifest(_))
+    ));
+}
+
+proptest::proptest! {
+    #[test]
+    fn arbitrary_text_never_panics(s in "(?s).{0,200}") {
+        let _ = Vmi::from_json_or_yaml(&s);
+    }
+
+    #[test]
+    fn arbitrary_yaml_vmi_fields_never_panic(
+        cores in proptest::prelude::any::<i64>(),
+        port in proptest::prelude::any::<i64>(),
+        q in "[-+0-9.eEkKMGTPimun]{0,12}",
+    ) {
+        let text = format!(
+            "kind: VirtualMachineInstance\nmetadata: {{name: p}}\nspec:\n  domain:\n    cpu: {{cores: {cores}}}\n    resources: {{requests: {{memory: '{q}', cpu: '{q}'}}}}\n    devices:\n      interfaces: [{{name: default, masquerade: {{}}, ports: [{{port: {port}}}]}}]\n  networks: [{{name: default, pod: {{}}}}]\n"
+        );
+        if let Ok(mut vmi) = Vmi::from_json_or_yaml(&text) {
+            let _ = vmi.validate();
+            vmi.apply_defaults(&qlauncher::vmi::DefaultsConfig::default());
+            let _ = vmi.validate();
+        }
+    }
+}

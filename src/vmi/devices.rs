@@ -540,3 +540,60 @@ pub struct VideoDevice {
     #[serde(rename = "type")]
     pub r#type: Option<String>,
 }
+
+impl Disk {
+    /// The JSON name of the target that is set: `"disk"`, `"lun"` or `"cdrom"`; `None` when none
+    /// is (the defaults then make it `disk`). With several set, the first in that order.
+    pub fn target_kind(&self) -> Option<&'static str> {
+        if self.disk.is_some() {
+            Some("disk")
+        } else if self.lun.is_some() {
+            Some("lun")
+        } else if self.cdrom.is_some() {
+            Some("cdrom")
+        } else {
+            None
+        }
+    }
+
+    /// The bus of the target that is set (see [`Disk::target_kind`]), if any.
+    pub fn bus(&self) -> Option<&str> {
+        match self.target_kind()? {
+            "disk" => self.disk.as_ref()?.bus.as_deref(),
+            "lun" => self.lun.as_ref()?.bus.as_deref(),
+            _ => self.cdrom.as_ref()?.bus.as_deref(),
+        }
+    }
+
+    /// Whether the guest sees the device read-only (`readonly` of the target; a defaulted cdrom is).
+    pub fn read_only(&self) -> bool {
+        match self.target_kind() {
+            Some("disk") => self.disk.as_ref().and_then(|t| t.read_only),
+            Some("lun") => self.lun.as_ref().and_then(|t| t.read_only),
+            Some(_) => self.cdrom.as_ref().and_then(|t| t.read_only),
+            None => None,
+        }
+        .unwrap_or(false)
+    }
+}
+
+impl Interface {
+    /// The JSON names of the binding methods that are set, e.g. `["masquerade"]`
+    /// (`binding` for a network binding plugin).
+    pub fn bindings(&self) -> Vec<&'static str> {
+        [
+            ("bridge", self.bridge.is_some()),
+            ("slirp", self.slirp.is_some()),
+            ("masquerade", self.masquerade.is_some()),
+            ("sriov", self.sriov.is_some()),
+            ("macvtap", self.macvtap.is_some()),
+            ("passt", self.passt.is_some()),
+            ("passtBinding", self.passt_binding.is_some()),
+            ("binding", self.binding.is_some()),
+        ]
+        .into_iter()
+        .filter(|(_, set)| *set)
+        .map(|(name, _)| name)
+        .collect()
+    }
+}

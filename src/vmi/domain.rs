@@ -20,7 +20,7 @@ macro_rules! api_marker {
 pub(crate) use api_marker;
 
 /// `spec.domain` (KubeVirt `DomainSpec`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct DomainSpec {
     /// Compute resources of the pod; CPU and memory sizing derive from them.
@@ -64,7 +64,7 @@ pub struct DomainSpec {
 }
 
 /// `domain.resources` (KubeVirt `ResourceRequirements`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ResourceRequirements {
     /// Requested resources by name (`cpu`, `memory`, ...).
@@ -166,7 +166,7 @@ pub struct CpuFeature {
 }
 
 /// `domain.memory` (KubeVirt `Memory`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Memory {
     /// Back guest memory with hugepages.
@@ -193,7 +193,7 @@ pub struct Hugepages {
 }
 
 /// `memory.reservedOverhead`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct ReservedOverhead {
     /// Extra memory overhead.

@@ -5,22 +5,26 @@
 //! webhook applies, and validation that names the field path of every error. Imports nothing else
 //! from this crate.
 
+pub mod defaults;
 pub mod devices;
 pub mod domain;
 pub mod meta;
 pub mod networks;
 pub mod quantity;
 pub mod status;
+pub mod validate;
 pub mod volumes;
 
 use serde::{Deserialize, Serialize};
 
+pub use defaults::{DefaultBinding, DefaultsConfig};
 pub use devices::*;
 pub use domain::*;
 pub use meta::*;
 pub use networks::*;
 pub use quantity::Quantity;
 pub use status::*;
+pub use validate::FieldError;
 pub use volumes::*;
 
 /// The API group and version of KubeVirt's core types.
@@ -75,7 +79,7 @@ pub enum VmiError {
 }
 
 /// A `kubevirt.io/v1` VirtualMachineInstance.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Vmi {
     /// `kubevirt.io/v1`.
@@ -96,7 +100,7 @@ pub struct Vmi {
 /// `spec` of a VMI (KubeVirt `VirtualMachineInstanceSpec`, the fields the launcher reads).
 ///
 /// Scheduling fields (affinity, tolerations, probes, ...) are accepted and dropped.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VmiSpec {
     /// The virtual hardware.
@@ -127,6 +131,26 @@ pub struct VmiSpec {
     pub eviction_strategy: Option<String>,
 }
 
+/// The effective guest CPU topology (see [`Vmi::vcpu_topology`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VcpuTopology {
+    /// Sockets.
+    pub sockets: u32,
+    /// Cores per socket.
+    pub cores: u32,
+    /// Threads per core.
+    pub threads: u32,
+}
+
+impl VcpuTopology {
+    /// sockets × cores × threads (saturating at `u64::MAX`).
+    pub fn vcpus(&self) -> u64 {
+        u64::from(self.sockets)
+            .saturating_mul(u64::from(self.cores))
+            .saturating_mul(u64::from(self.threads))
+    }
+}
+
 /// Object kinds whose manifests hold a VMI, and the JSON path of the VMI template in each.
 const VMI_HOLDERS: &[(&str, &[&str])] = &[
     ("VirtualMachineInstance", &[]),
@@ -144,8 +168,8 @@ impl Vmi {
     /// Accepts a bare VirtualMachineInstance, or a VirtualMachine, VirtualMachineInstanceReplicaSet
     /// or VirtualMachinePool whose VMI template is taken. A VMI taken from a VirtualMachine gets the
     /// VM's name and namespace and an owner reference to it (kind `VirtualMachine`, as virt-controller
-    /// sets it), so [`DefaultsConfig::for_vmi`](crate::vmi::Vmi) can derive the firmware UUID from the
-    /// VM name. Documents of other kinds are skipped.
+    /// sets it), so [`DefaultsConfig::for_vmi`] can derive the firmware UUID from the
+    /// VM name. A document without `kind` is read as a VMI; documents of other kinds are skipped.
     ///
     /// Errors: [`VmiError::ParseJson`]/[`VmiError::ParseManifest`] for malformed text,
     /// [`VmiError::Decode`] with the field path for a field of the wrong type,
@@ -167,10 +191,12 @@ impl Vmi {
         let mut kinds = Vec::new();
         let mut found = Vec::new();
         for doc in docs {
+            // A document without `kind` is read as a bare VMI (the spec alone, as some tools
+            // emit it).
             let kind = doc
                 .get("kind")
                 .and_then(|k| k.as_str())
-                .unwrap_or("<none>")
+                .unwrap_or("VirtualMachineInstance")
                 .to_string();
             if VMI_HOLDERS.iter().any(|(k, _)| *k == kind) {
                 found.push((kind, doc));
@@ -226,25 +252,75 @@ impl Vmi {
             vmi.kind = Some("VirtualMachineInstance".to_string());
             vmi.status = None;
         }
-        if kind == "VirtualMachine" {
+        let owner_name = match (kind, &owner_meta.name) {
+            // virt-controller names pool VMs `<pool>-<index>`; the first one stands for all.
+            ("VirtualMachinePool", Some(pool)) => Some(format!("{pool}-0")),
+            ("VirtualMachine", name) => name.clone(),
+            _ => None,
+        };
+        if kind == "VirtualMachineInstanceReplicaSet" && vmi.metadata.name.is_none() {
+            // The replica set controller names its VMIs after itself with a random suffix.
+            vmi.metadata.generate_name = owner_meta.name.clone();
+        }
+        if let Some(owner) = owner_name {
             if vmi.metadata.name.is_none() {
-                vmi.metadata.name = owner_meta.name.clone();
+                vmi.metadata.name = Some(owner.clone());
             }
-            if vmi.metadata.namespace.is_none() {
-                vmi.metadata.namespace = owner_meta.namespace.clone();
-            }
-            if let Some(name) = owner_meta.name {
-                vmi.metadata.owner_references = Some(vec![OwnerReference {
-                    api_version: API_VERSION.to_string(),
-                    kind: "VirtualMachine".to_string(),
-                    name,
-                    uid: owner_meta.uid.unwrap_or_default(),
-                    controller: Some(true),
-                    block_owner_deletion: Some(true),
-                }]);
-            }
+            vmi.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: API_VERSION.to_string(),
+                kind: "VirtualMachine".to_string(),
+                name: owner,
+                uid: if kind == "VirtualMachine" {
+                    owner_meta.uid.unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]);
+        }
+        if vmi.metadata.namespace.is_none() {
+            vmi.metadata.namespace = owner_meta.namespace;
         }
         Ok(vmi)
+    }
+
+    /// The volume named `name`, if any.
+    pub fn volume(&self, name: &str) -> Option<&Volume> {
+        self.spec.volumes.iter().flatten().find(|v| v.name == name)
+    }
+
+    /// The network named `name`, if any.
+    pub fn network(&self, name: &str) -> Option<&Network> {
+        self.spec.networks.iter().flatten().find(|n| n.name == name)
+    }
+
+    /// The guest CPU topology the converter uses (KubeVirt `vcpu.GetCPUTopology`): each of
+    /// sockets, cores, threads that is 0 or unset counts as 1, except that when all three are,
+    /// sockets come from `resources.limits.cpu`, else `requests.cpu`, rounded up.
+    pub fn vcpu_topology(&self) -> VcpuTopology {
+        let d = &self.spec.domain;
+        let get = |v: Option<u32>| v.unwrap_or(0);
+        let (s, c, t) = d
+            .cpu
+            .as_ref()
+            .map(|c| (get(c.sockets), get(c.cores), get(c.threads)))
+            .unwrap_or((0, 0, 0));
+        let mut topo = VcpuTopology {
+            sockets: if s == 0 { 1 } else { s },
+            cores: if c == 0 { 1 } else { c },
+            threads: if t == 0 { 1 } else { t },
+        };
+        if s == 0 && c == 0 && t == 0 {
+            let res = &d.resources;
+            if let Some(q) = res.limit("cpu").or_else(|| res.request("cpu")) {
+                topo.sockets = q
+                    .to_bytes()
+                    .map(|v| u32::try_from(v).unwrap_or(u32::MAX))
+                    .unwrap_or(1);
+            }
+        }
+        topo
     }
 
     /// The name of the VirtualMachine owning this VMI (from `metadata.ownerReferences`), if any.

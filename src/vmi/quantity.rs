@@ -146,7 +146,7 @@ impl Parsed<'_> {
             return Ok((1, false));
         };
         let q = num / den;
-        let exact = num % den == 0;
+        let exact = num.is_multiple_of(den);
         Ok((if exact { q } else { q + 1 }, exact))
     }
 }

@@ -10,7 +10,7 @@ use super::domain::Machine;
 use super::Quantity;
 
 /// `status` (KubeVirt `VirtualMachineInstanceStatus`, the subset the launcher reads).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VmiStatus {
     /// Node running the VMI.
@@ -92,7 +92,7 @@ pub struct InterfaceStatus {
 }
 
 /// One `status.volumeStatus[]` entry (KubeVirt `VolumeStatus`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct VolumeStatus {
     /// Volume name.
@@ -126,7 +126,7 @@ pub struct VolumeStatus {
 }
 
 /// `volumeStatus.persistentVolumeClaimInfo`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct PersistentVolumeClaimInfo {
     /// PVC name.
@@ -208,7 +208,7 @@ pub struct CpuTopology {
 }
 
 /// `status.memory` (KubeVirt `MemoryStatus`).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct MemoryStatus {
     /// Guest memory at boot.

@@ -11,7 +11,7 @@ use super::Quantity;
 /// One `spec.volumes[]` entry (KubeVirt `Volume` with the inlined `VolumeSource`).
 ///
 /// Exactly one source must be set.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct Volume {
     /// Volume name, a DNS label; the disk or filesystem of the same name uses it.
@@ -103,7 +103,7 @@ impl Volume {
 }
 
 /// `volume.hostDisk`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct HostDisk {
     /// Path of the image file.
@@ -197,7 +197,7 @@ pub struct EphemeralVolumeSource {
 }
 
 /// `volume.emptyDisk`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", default)]
 pub struct EmptyDiskSource {
     /// Size of the disk (required).
