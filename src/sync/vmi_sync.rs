@@ -137,9 +137,17 @@ impl Shared {
     /// Applies a lifecycle input, updates the `api.Domain` and notifies MODIFIED on change.
     fn apply(&self, input: &LifecycleInput) -> DomainStatus {
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        // The `quit` that ends QEMU after a guest shutdown emits a second SHUTDOWN (host origin);
+        // the first origin names the final reason.
+        if let LifecycleInput::Event(ev) = input {
+            if ev.name == "SHUTDOWN" && status.shutdown.is_some() {
+                return *status;
+            }
+        }
         let next = lifecycle::next_status(*status, input);
-        if next != *status {
-            *status = next;
+        let changed = (next.state, next.reason) != (status.state, status.reason);
+        *status = next;
+        if changed {
             self.publish(next, DomainEventType::Modified);
         }
         next
@@ -224,6 +232,19 @@ impl SyncVmi {
         let Some(n) = &self.shared.notifier else {
             return;
         };
+        // The event task records QEMU's exit as Shutoff first (it watches the same exit).
+        for _ in 0..40 {
+            let state = self
+                .shared
+                .status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .state;
+            if state == lifecycle::DomainState::Shutoff {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         let Some(d) = self.domain() else { return };
         match n.send_final_delete(&d, std::time::SystemTime::now()) {
             Ok(delivery) => {
