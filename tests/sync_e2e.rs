@@ -3,8 +3,8 @@
 //! playing virt-handler on the launcher's `domain-notify-pipe.sock` and a command client on
 //! `launcher-sock`. One guest boot serves every assertion: DHCP lease with the pod's DNS and search
 //! list, the cloud-init user-data, the guest's HTTP reply fetched from the node through the pod IP
-//! (masquerade DNAT of the listed port 80), a second identical sync that changes nothing, QEMU a
-//! child of the monitor, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
+//! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
+//! a child of the monitor, a hotplug disk attached and detached by diff, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
 //! the domain notifications in order ending with KubeVirt's final delete notification.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
@@ -131,9 +131,15 @@ impl Drop for RunGuard {
     fn drop(&mut self) {
         if let Some(mut c) = self.0.take() {
             if let Ok(None) = c.try_wait() {
-                let _ = Command::new("kill")
-                    .args(["-KILL", &c.id().to_string()])
-                    .output();
+                // QEMU is the monitor's child: kill it first, or it would outlive the test.
+                let mut pids: Vec<String> = children_of(c.id())
+                    .into_iter()
+                    .map(|(p, _)| p.to_string())
+                    .collect();
+                pids.push(c.id().to_string());
+                for pid in pids {
+                    let _ = Command::new("kill").args(["-KILL", &pid]).output();
+                }
             }
             let _ = c.wait();
         }
@@ -284,6 +290,14 @@ fn children_of(pid: u32) -> Vec<(u32, String)> {
     out
 }
 
+async fn futures_join_all<T>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
 fn state_of(d: &Domain) -> (LifeCycle, StateChangeReason, bool) {
     (
         d.status.status,
@@ -393,7 +407,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let channel = uds::connect(&launcher_sock, Duration::from_secs(5))
         .await
         .unwrap();
-    let mut client = CmdClient::new(channel);
+    let client = CmdClient::new(channel);
     let get_domain = |mut c: CmdClient<tonic::transport::Channel>| async move {
         let answer = c
             .get_domain(cmd::EmptyRequest {})
@@ -410,20 +424,62 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let mut vmi = demo_vmi();
     vmi["metadata"]["uid"] = before.object_meta.uid.clone().into();
     let events_before = received.lock().unwrap().len();
-    let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi).unwrap(),
-            }),
-            options: Some(cmd::VirtualMachineOptions::default()),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!((answer.success, answer.message.as_str()), (true, ""));
+    let sync = |mut c: CmdClient<tonic::transport::Channel>, vmi: serde_json::Value| async move {
+        let answer = c
+            .sync_virtual_machine(cmd::VmiRequest {
+                vmi: Some(cmd::Vmi {
+                    vmi_json: serde_json::to_vec(&vmi).unwrap(),
+                }),
+                options: Some(cmd::VirtualMachineOptions::default()),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (answer.success, answer.message)
+    };
+    // 20 identical syncs at once: one QEMU, nothing restarted.
+    let answers =
+        futures_join_all((0..20).map(|_| tokio::spawn(sync(client.clone(), vmi.clone())))).await;
+    assert_eq!(answers, vec![(true, String::new()); 20]);
     assert_eq!(get_domain(client.clone()).await, before);
     assert_eq!(qemu_pids(), qemu_before);
     assert_eq!(received.lock().unwrap().len(), events_before);
+
+    // Hotplug by diff: a hotpluggable volume appears (virt-handler mounted it), then goes away.
+    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
+    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    std::fs::File::create(hotplug_dir.join("hp1.img"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mut with_disk = vmi.clone();
+    with_disk["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}}));
+    with_disk["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
+        ));
+    with_disk["status"] = serde_json::json!({"volumeStatus": [
+        {"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}
+    ]});
+    assert_eq!(sync(client.clone(), with_disk).await, (true, String::new()));
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: disk-added", Duration::from_secs(60)).await,
+        "QLG: disk-added vdc size=16777216"
+    );
+    assert_eq!(
+        sync(client.clone(), vmi.clone()).await,
+        (true, String::new())
+    );
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: disk-removed", Duration::from_secs(60)).await,
+        "QLG: disk-removed vdc"
+    );
+    assert_eq!(qemu_pids(), qemu_before);
 
     // SIGTERM to PID 1: ACPI power button, the guest powers off, everything exits cleanly.
     run(&["kill", "-TERM", &monitor_pid.to_string()]);

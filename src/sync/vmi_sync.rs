@@ -6,7 +6,9 @@
 //! emptyDisk images, the cloud-init NoCloud or ConfigDrive ISO), sets up the pod network binding in
 //! the launcher's own network namespace (bridge, tap, nftables; [`crate::net::apply`]) and starts the
 //! DHCP server once, converts the VMI ([`crate::cmdline::convert`]), and starts QEMU with `-S`.
-//! Later syncs of the same VMI change nothing.
+//! Later syncs of the same VMI change nothing; a changed VMI has its hot-pluggable disks attached
+//! and detached by diff against the running domain (QMP `blockdev-add`/`device_add`,
+//! `device_del`/`blockdev-del`); other changes (NICs, CPUs, memory) are not applied yet.
 //!
 //! QEMU start path: QEMU is started with [`crate::monitor::qemu::spawn_detached`] (double fork plus
 //! `setsid`), so that it becomes a child of PID 1 of the compute container (the monitor, a child
@@ -52,6 +54,9 @@ use crate::sync::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::server::{DomainManager, ExecOutput};
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
+
+/// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
+pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How long QEMU may take to answer on QMP after it was started.
 pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -119,6 +124,13 @@ impl SyncConfig {
 struct Running {
     /// The VMI as last synced (`spec` compared on the next sync).
     spec: serde_json::Value,
+    /// The converter context of the running domain (hotplug conversions reuse it).
+    ctx: ConverterContext,
+    /// The hot-pluggable disks present, by device id.
+    disks: BTreeMap<String, render::DiskHotplug>,
+    /// The next free `libvirt-<N>-` block node index (libvirt numbers nodes per domain, never
+    /// reusing one; the converter numbers them per plan, so hotplugged disks are renumbered).
+    next_node: u32,
     /// Stops the DHCP servers.
     _dhcp_stop: watch::Sender<bool>,
 }
@@ -275,15 +287,16 @@ impl SyncVmi {
             let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
             return Err(SyncError::InvalidVmi(text.join("; ")));
         }
-        let spec = serde_json::to_value(&vmi.spec).map_err(SyncError::EncodeDomain)?;
+        let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
+        let spec =
+            serde_json::to_value((&vmi.spec, volume_status)).map_err(SyncError::EncodeDomain)?;
         let mut running = self.running.lock().await;
-        if let Some(r) = running.as_ref() {
+        if let Some(r) = running.as_mut() {
             if r.spec == spec {
                 info!("domain is up to date");
             } else {
-                warn!(
-                    "the VMI changed; device hotplug by diff is not implemented, nothing applied"
-                );
+                self.hotplug(r, &vmi).await?;
+                r.spec = spec;
             }
             return Ok(());
         }
@@ -350,10 +363,22 @@ impl SyncVmi {
             );
         }
 
+        add_hotplug_facts(vmi, &mut ctx)?;
         let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        let qmp_plan = render::qmp_plan(&plan);
+        let disks = qmp_plan
+            .disks
+            .iter()
+            .map(|d| (d.id.clone(), d.clone()))
+            .collect();
         domain.spec.uuid = plan.uuid.clone();
         domain.spec.domain_type = "kvm".into();
         let argv = render::argv(&plan);
+        let next_node = argv
+            .iter()
+            .flat_map(|w| node_indices(w))
+            .max()
+            .map_or(1, |n| n + 1);
 
         // QEMU, detached so that it is a child of PID 1.
         let qmp = self.config.qmp_socket.clone();
@@ -423,6 +448,12 @@ impl SyncVmi {
             client.clone(),
             watcher,
         ));
+        for step in &qmp_plan.startup {
+            client
+                .execute(step.execute, Some(step.arguments.clone()))
+                .await
+                .map_err(SyncError::Qmp)?;
+        }
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
         if !paused {
             client.execute("cont", None).await.map_err(SyncError::Qmp)?;
@@ -430,8 +461,81 @@ impl SyncVmi {
         self.shared.pid.send_replace(Some(pid));
         Ok(Running {
             spec,
+            ctx,
+            disks,
+            next_node,
             _dhcp_stop: dhcp_stop,
         })
+    }
+
+    /// Applies the difference between the running domain and `vmi`: hot-pluggable disks that
+    /// appeared are attached, those that disappeared detached (KubeVirt's `hotPlugHostDevices` /
+    /// `syncDisks` in `manager.go`). Other changes are logged and left for a restart.
+    async fn hotplug(&self, running: &mut Running, vmi: &Vmi) -> Result<(), SyncError> {
+        let client = self.client()?;
+        let mut ctx = running.ctx.clone();
+        add_hotplug_facts(vmi, &mut ctx)?;
+        let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        let wanted: BTreeMap<String, render::DiskHotplug> = render::qmp_plan(&plan)
+            .disks
+            .into_iter()
+            .map(|d| (d.id.clone(), d))
+            .collect();
+        let gone: Vec<String> = running
+            .disks
+            .keys()
+            .filter(|id| !wanted.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let Some(d) = running.disks.get(&id) else {
+                continue;
+            };
+            let detach = crate::qmp::hotplug::DiskDetach {
+                device_id: id.clone(),
+                node_names: d
+                    .blockdev_del
+                    .iter()
+                    .filter_map(|v| v["node-name"].as_str().map(String::from))
+                    .collect(),
+            };
+            crate::qmp::hotplug::detach_disk(&client, &detach, HOTPLUG_TIMEOUT)
+                .await
+                .map_err(SyncError::Qmp)?;
+            info!(device = %id, "disk detached");
+            running.disks.remove(&id);
+        }
+        for (id, d) in wanted {
+            if running.disks.contains_key(&id) {
+                continue;
+            }
+            let mut d = renumber_nodes(&d, &mut running.next_node)?;
+            // The re-plan may place the disk on a port in use; take a free root port instead.
+            if d.device["bus"]
+                .as_str()
+                .is_some_and(|b| b.starts_with("pci."))
+            {
+                let ports = crate::qmp::hotplug::free_root_ports(&client)
+                    .await
+                    .map_err(SyncError::Qmp)?;
+                let port = ports.first().ok_or_else(|| {
+                    SyncError::Unsupported(format!("hotplug of {id}: no free PCIe root port"))
+                })?;
+                d.device["bus"] = port.clone().into();
+                d.device["addr"] = "0x0".into();
+            }
+            let attach = crate::qmp::hotplug::DiskAttach {
+                blockdevs: d.blockdevs.clone(),
+                device: d.device.clone(),
+            };
+            crate::qmp::hotplug::attach_disk(&client, &attach)
+                .await
+                .map_err(SyncError::Qmp)?;
+            info!(device = %id, "disk attached");
+            running.disks.insert(id, d);
+        }
+        running.ctx = ctx;
+        Ok(())
     }
 
     async fn setup_network(
@@ -641,6 +745,79 @@ fn prepare_storage(
         }
     }
     Ok(facts)
+}
+
+/// The `N` of every `libvirt-N-` node name in `text`.
+fn node_indices(text: &str) -> Vec<u32> {
+    text.split("libvirt-")
+        .skip(1)
+        .filter_map(|rest| {
+            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+            let after = rest[digits.len()..].starts_with('-');
+            (after && !digits.is_empty())
+                .then(|| digits.parse().ok())
+                .flatten()
+        })
+        .collect()
+}
+
+/// `disk` with each of its `libvirt-N-` node indices replaced by a fresh one from `next`.
+fn renumber_nodes(
+    disk: &render::DiskHotplug,
+    next: &mut u32,
+) -> Result<render::DiskHotplug, SyncError> {
+    let mut json = serde_json::to_string(&(&disk.blockdevs, &disk.device, &disk.blockdev_del))
+        .map_err(SyncError::EncodeDomain)?;
+    let mut old: Vec<u32> = node_indices(&json);
+    old.sort_unstable();
+    old.dedup();
+    for k in old {
+        json = json.replace(&format!("\"libvirt-{k}-"), &format!("\"qlnode-{next}-"));
+        *next += 1;
+    }
+    let json = json.replace("\"qlnode-", "\"libvirt-");
+    let (blockdevs, device, blockdev_del) =
+        serde_json::from_str(&json).map_err(SyncError::EncodeDomain)?;
+    Ok(render::DiskHotplug {
+        blockdevs,
+        device,
+        blockdev_del,
+        ..disk.clone()
+    })
+}
+
+/// Facts of the hotplug volumes (`<hotplug-disks>/<volume>.img`, probed) not yet in `ctx`.
+fn add_hotplug_facts(vmi: &Vmi, ctx: &mut ConverterContext) -> Result<(), SyncError> {
+    for vol in vmi.spec.volumes.iter().flatten() {
+        let hotpluggable = vol
+            .persistent_volume_claim
+            .as_ref()
+            .and_then(|p| p.hotpluggable)
+            .or(vol.data_volume.as_ref().and_then(|d| d.hotpluggable))
+            .unwrap_or(false);
+        if !hotpluggable || ctx.volumes.contains_key(&vol.name) {
+            continue;
+        }
+        storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
+        let path = PathBuf::from(&ctx.paths.hotplug_disks).join(format!("{}.img", vol.name));
+        if !path.exists() {
+            continue;
+        }
+        let facts = storage::probe_image(&vol.name, &path, &storage::ChainPolicy::default())
+            .map_err(SyncError::Storage)?;
+        ctx.volumes.insert(
+            vol.name.clone(),
+            VolumeFacts {
+                format: match facts.format {
+                    storage::ImageFormat::Raw => CtxFormat::Raw,
+                    storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
+                },
+                virtual_size: Some(facts.virtual_size),
+                ..VolumeFacts::default()
+            },
+        );
+    }
+    Ok(())
 }
 
 /// The network setup of each VMI interface bound to the pod network (masquerade or bridge).
@@ -894,6 +1071,38 @@ mod tests {
         assert_eq!(parse_mac("02:00:00:ab:cd"), None);
         assert_eq!(parse_mac("zz:00:00:ab:cd:01"), None);
         assert_eq!(format_mac([2, 0, 0, 0xab, 0xcd, 1]), "02:00:00:ab:cd:01");
+    }
+
+    #[test]
+    fn hotplugged_disk_nodes_get_fresh_indices() {
+        let disk = render::DiskHotplug {
+            name: "hp1".into(),
+            id: "ua-hp1".into(),
+            target: None,
+            blockdevs: vec![
+                serde_json::json!({"node-name": "libvirt-1-storage", "filename": "/x"}),
+                serde_json::json!({"node-name": "libvirt-1-format", "file": "libvirt-1-storage"}),
+            ],
+            device: serde_json::json!({"id": "ua-hp1", "drive": "libvirt-1-format"}),
+            device_del: serde_json::json!({"id": "ua-hp1"}),
+            blockdev_del: vec![
+                serde_json::json!({"node-name": "libvirt-1-format"}),
+                serde_json::json!({"node-name": "libvirt-1-storage"}),
+            ],
+        };
+        let mut next = 4;
+        let d = renumber_nodes(&disk, &mut next).unwrap();
+        assert_eq!(next, 5);
+        assert_eq!(
+            d.blockdevs[1],
+            serde_json::json!({"node-name": "libvirt-4-format", "file": "libvirt-4-storage"})
+        );
+        assert_eq!(d.device["drive"], "libvirt-4-format");
+        assert_eq!(d.blockdev_del[1]["node-name"], "libvirt-4-storage");
+        assert_eq!(
+            node_indices("a libvirt-3-x libvirt-12-y libvirt-z"),
+            vec![3, 12]
+        );
     }
 
     #[test]
