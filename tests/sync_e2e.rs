@@ -1,0 +1,535 @@
+//! End to end through `qlauncher run` (monitor, launcher, SyncVmi, QEMU under TCG) in a throwaway
+//! "pod" network namespace whose `eth0` is a veth to a "node" namespace, with a notify server
+//! playing virt-handler on the launcher's `domain-notify-pipe.sock` and a command client on
+//! `launcher-sock`. One guest boot serves every assertion: DHCP lease with the pod's DNS and search
+//! list, the cloud-init user-data, the guest's HTTP reply fetched from the node through the pod IP
+//! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
+//! a child of the monitor, a hotplug disk attached and detached by diff, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
+//! the domain notifications in order ending with KubeVirt's final delete notification.
+//!
+//! Needs root and the test guest (`scripts/build-guest`).
+
+#[path = "common/guest.rs"]
+mod guest;
+
+use base64::Engine as _;
+use guest::GuestImages;
+use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
+use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::proto::notify::info as notify_info;
+use qlauncher::sync::proto::notify::v1 as notify;
+use qlauncher::sync::uds;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::{Request, Response, Status};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn unique() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+fn run(args: &[&str]) -> String {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run command");
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A named network namespace, deleted on drop (with its `/etc/netns/<name>` directory).
+struct Netns {
+    name: String,
+}
+
+impl Netns {
+    fn new(role: &str) -> Netns {
+        let name = format!("qls-{role}-{}", unique());
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    fn ip(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "-n", &self.name];
+        v.extend_from_slice(args);
+        run(&v)
+    }
+
+    fn etc(&self) -> PathBuf {
+        PathBuf::from("/etc/netns").join(&self.name)
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(self.etc());
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// The pod: `eth0` 10.244.0.5/24 (MTU 1450) on a veth to the node's `vpod` 10.244.0.1, and a
+/// resolv.conf as Kubernetes writes it (bind-mounted by `ip netns exec`).
+struct PodNet {
+    node: Netns,
+    pod: Netns,
+}
+
+impl PodNet {
+    fn new() -> PodNet {
+        let node = Netns::new("node");
+        let pod = Netns::new("pod");
+        node.ip(&[
+            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
+        ]);
+        node.ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
+        node.ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
+        pod.ip(&[
+            "link",
+            "set",
+            "eth0",
+            "address",
+            "0a:58:0a:f4:00:05",
+            "mtu",
+            "1450",
+            "up",
+        ]);
+        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
+        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
+        std::fs::create_dir_all(pod.etc()).unwrap();
+        std::fs::write(
+            pod.etc().join("resolv.conf"),
+            "search default.svc.cluster.local svc.cluster.local cluster.local\n\
+             nameserver 10.96.0.10\noptions ndots:5\n",
+        )
+        .unwrap();
+        PodNet { node, pod }
+    }
+}
+
+/// The `qlauncher run` process tree; killed (the whole session) on drop.
+struct RunGuard(Option<Child>);
+
+impl Drop for RunGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            if let Ok(None) = c.try_wait() {
+                // QEMU is the monitor's child: kill it first, or it would outlive the test.
+                let mut pids: Vec<String> = children_of(c.id())
+                    .into_iter()
+                    .map(|(p, _)| p.to_string())
+                    .collect();
+                pids.push(c.id().to_string());
+                for pid in pids {
+                    let _ = Command::new("kill").args(["-KILL", &pid]).output();
+                }
+            }
+            let _ = c.wait();
+        }
+    }
+}
+
+/// What virt-handler's notify server received: (event type, domain).
+type Received = Arc<Mutex<Vec<(String, Domain)>>>;
+
+#[derive(Clone)]
+struct Handler(Received);
+
+#[tonic::async_trait]
+impl notify::notify_server::Notify for Handler {
+    async fn handle_domain_event(
+        &self,
+        request: Request<notify::DomainEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        let request = request.into_inner();
+        let domain: Domain = serde_json::from_slice(&request.domain_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.0.lock().unwrap().push((request.event_type, domain));
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn handle_k8s_event(
+        &self,
+        _request: Request<notify::K8sEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+}
+
+struct Info;
+
+#[tonic::async_trait]
+impl notify_info::notify_info_server::NotifyInfo for Info {
+    async fn info(
+        &self,
+        _request: Request<notify_info::NotifyInfoRequest>,
+    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
+        Ok(Response::new(notify_info::NotifyInfoResponse {
+            supported_notify_versions: vec![1],
+        }))
+    }
+}
+
+fn start_notify_server(path: &Path) -> (Received, tokio::sync::oneshot::Sender<()>) {
+    let received = Received::default();
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
+            .add_service(notify::notify_server::NotifyServer::new(Handler(
+                received.clone(),
+            )))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                let _ = stopped.await;
+            }),
+    );
+    (received, stop)
+}
+
+const USER_DATA: &str = "#cloud-config\nhostname: demo\n";
+
+fn demo_vmi() -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "demo", "namespace": "default"},
+        "spec": {
+            "terminationGracePeriodSeconds": 60,
+            "domain": {
+                "resources": {"requests": {"memory": "256Mi"}},
+                "devices": {
+                    "rng": {},
+                    "disks": [
+                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
+                    ],
+                    "interfaces": [{
+                        "name": "default",
+                        "masquerade": {},
+                        "ports": [{"name": "http", "port": 80}]
+                    }]
+                }
+            },
+            "networks": [{"name": "default", "pod": {}}],
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "cloudinit", "cloudInitNoCloud": {"userData": USER_DATA}}
+            ]
+        }
+    })
+}
+
+/// Waits until the serial log holds a `QLG: ` line starting with `prefix`; returns it.
+async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // A marker may follow the shell prompt on the same line.
+        if let Some(line) = text.lines().find_map(|l| {
+            let at = l.find("QLG: ")?;
+            let m = l[at..].trim_end();
+            m.starts_with(prefix).then(|| m.to_string())
+        }) {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {prefix:?} within {timeout:?}; serial log:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+fn children_of(pid: u32) -> Vec<(u32, String)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        let Some(close) = stat.rfind(')') else {
+            continue;
+        };
+        let comm = stat[stat.find('(').unwrap() + 1..close].to_string();
+        let ppid: u32 = stat[close + 2..]
+            .split_whitespace()
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        if ppid == pid {
+            out.push((p, comm));
+        }
+    }
+    out.sort();
+    out
+}
+
+async fn futures_join_all<T>(handles: impl Iterator<Item = tokio::task::JoinHandle<T>>) -> Vec<T> {
+    let mut out = Vec::new();
+    for h in handles.collect::<Vec<_>>() {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+fn state_of(d: &Domain) -> (LifeCycle, StateChangeReason, bool) {
+    (
+        d.status.status,
+        d.status.reason,
+        d.object_meta.deletion_timestamp.is_some(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigterm() {
+    let images = GuestImages::locate();
+    let net = PodNet::new();
+    let root = tempfile::tempdir().unwrap();
+    let share = root.path().join("var/run/kubevirt");
+    std::fs::create_dir_all(&share).unwrap();
+    let (received, _stop_notify) = start_notify_server(&share.join("domain-notify-pipe.sock"));
+    let vmi_file = root.path().join("demo.json");
+    std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
+
+    let child = Command::new("ip")
+        .args(["netns", "exec", &net.pod.name])
+        .arg(env!("CARGO_BIN_EXE_qlauncher"))
+        .arg("run")
+        .arg(&vmi_file)
+        .arg("--root")
+        .arg(root.path())
+        .args(["--emulation", "on", "--container-disk"])
+        .arg(format!("rootdisk={}", images.disk_qcow2.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(root.path().join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let mut guard = RunGuard(Some(child));
+    let monitor_pid = guard.0.as_ref().unwrap().id();
+
+    // The VMI's uid is derived from namespace/name by `run`; find its private directory.
+    let private = root.path().join("var/run/kubevirt-private");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let serial_log = loop {
+        let found = std::fs::read_dir(&private).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("virt-serial0-log"))
+                .find(|p| p.exists())
+        });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serial log; run.log:\n{}",
+            std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    let boot = Duration::from_secs(240);
+    let lease = wait_marker(&serial_log, "QLG: lease eth0", boot).await;
+    assert_eq!(
+        lease,
+        "QLG: lease eth0 ip=10.0.2.2/24 router=10.0.2.1 dns=10.96.0.10 \
+         search=default.svc.cluster.local,svc.cluster.local,cluster.local mtu=1450 \
+         hostname=demo domain=default.svc.cluster.local"
+    );
+    let user_data = wait_marker(&serial_log, "QLG: user-data ", boot).await;
+    let user_data = base64::engine::general_purpose::STANDARD
+        .decode(user_data.trim_start_matches("QLG: user-data "))
+        .unwrap();
+    assert_eq!(String::from_utf8(user_data).unwrap(), USER_DATA);
+    wait_marker(&serial_log, "QLG: http ready", boot).await;
+
+    // Node -> pod IP:80 -> DNAT to the guest (retried: the guest's httpd may still be starting).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let http = Command::new("ip")
+            .args(["netns", "exec", &net.node.name])
+            .args(["timeout", "10", "busybox", "wget", "-q", "-O", "-"])
+            .arg("http://10.244.0.5/")
+            .output()
+            .unwrap();
+        if http.status.success() {
+            assert_eq!(String::from_utf8_lossy(&http.stdout), "qlg-http-ok\n");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no HTTP reply through the pod IP: {:?} {}",
+            http.status,
+            String::from_utf8_lossy(&http.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    // QEMU is a child of the monitor (PID 1 of the pod), next to the launcher.
+    let qemu_pids = || -> Vec<u32> {
+        children_of(monitor_pid)
+            .into_iter()
+            .filter(|(_, comm)| comm.starts_with("qemu"))
+            .map(|(p, _)| p)
+            .collect()
+    };
+    let qemu_before = qemu_pids();
+    assert_eq!(qemu_before.len(), 1, "{:?}", children_of(monitor_pid));
+
+    // virt-handler syncs the same VMI again: success, nothing restarted, the domain unchanged.
+    let launcher_sock = share.join("sockets/launcher-sock");
+    let channel = uds::connect(&launcher_sock, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let client = CmdClient::new(channel);
+    let get_domain = |mut c: CmdClient<tonic::transport::Channel>| async move {
+        let answer = c
+            .get_domain(cmd::EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        serde_json::from_str::<Domain>(&answer.domain).unwrap()
+    };
+    let before = get_domain(client.clone()).await;
+    assert_eq!(
+        (before.status.status, before.status.reason),
+        (LifeCycle::Running, StateChangeReason::Unknown)
+    );
+    let mut vmi = demo_vmi();
+    vmi["metadata"]["uid"] = before.object_meta.uid.clone().into();
+    let events_before = received.lock().unwrap().len();
+    let sync = |mut c: CmdClient<tonic::transport::Channel>, vmi: serde_json::Value| async move {
+        let answer = c
+            .sync_virtual_machine(cmd::VmiRequest {
+                vmi: Some(cmd::Vmi {
+                    vmi_json: serde_json::to_vec(&vmi).unwrap(),
+                }),
+                options: Some(cmd::VirtualMachineOptions::default()),
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        (answer.success, answer.message)
+    };
+    // 20 identical syncs at once: one QEMU, nothing restarted.
+    let answers =
+        futures_join_all((0..20).map(|_| tokio::spawn(sync(client.clone(), vmi.clone())))).await;
+    assert_eq!(answers, vec![(true, String::new()); 20]);
+    assert_eq!(get_domain(client.clone()).await, before);
+    assert_eq!(qemu_pids(), qemu_before);
+    assert_eq!(received.lock().unwrap().len(), events_before);
+
+    // Hotplug by diff: a hotpluggable volume appears (virt-handler mounted it), then goes away.
+    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
+    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    std::fs::File::create(hotplug_dir.join("hp1.img"))
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mut with_disk = vmi.clone();
+    with_disk["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}}));
+    with_disk["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
+        ));
+    with_disk["status"] = serde_json::json!({"volumeStatus": [
+        {"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}
+    ]});
+    assert_eq!(sync(client.clone(), with_disk).await, (true, String::new()));
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: disk-added", Duration::from_secs(60)).await,
+        "QLG: disk-added vdc size=16777216"
+    );
+    assert_eq!(
+        sync(client.clone(), vmi.clone()).await,
+        (true, String::new())
+    );
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: disk-removed", Duration::from_secs(60)).await,
+        "QLG: disk-removed vdc"
+    );
+    assert_eq!(qemu_pids(), qemu_before);
+
+    // SIGTERM to PID 1: ACPI power button, the guest powers off, everything exits cleanly.
+    run(&["kill", "-TERM", &monitor_pid.to_string()]);
+    wait_marker(&serial_log, "QLG: poweroff", Duration::from_secs(60)).await;
+    let child = guard.0.as_mut().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "qlauncher run did not exit");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(
+        status.success(),
+        "exit {status:?}; run.log:\n{}",
+        std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
+    );
+    for pid in qemu_before {
+        assert!(!Path::new(&format!("/proc/{pid}")).exists(), "QEMU alive");
+    }
+
+    let events: Vec<(String, (LifeCycle, StateChangeReason, bool))> = received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(t, d)| (t.clone(), state_of(d)))
+        .collect();
+    use LifeCycle as L;
+    use StateChangeReason as R;
+    let m = |s, r, deleted| ("MODIFIED".to_string(), (s, r, deleted));
+    assert_eq!(
+        events,
+        vec![
+            ("ADDED".to_string(), (L::Paused, R::StartingUp, false)),
+            m(L::Running, R::Unknown, false),
+            m(L::ShuttingDown, R::User, false),
+            m(L::Shutoff, R::Shutdown, false),
+            m(L::NoState, R::NonExistent, true),
+        ]
+    );
+    let last = &received.lock().unwrap()[4].1;
+    assert_eq!(last.spec.name, "default_demo");
+    assert_eq!(
+        last.spec
+            .metadata
+            .kubevirt
+            .grace_period
+            .as_ref()
+            .and_then(|g| g.marked_for_graceful_shutdown),
+        Some(true)
+    );
+}
