@@ -15,6 +15,7 @@
 #![warn(missing_docs)]
 
 pub mod cmdline;
+pub mod log;
 pub mod monitor;
 pub mod net;
 pub mod qmp;

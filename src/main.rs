@@ -1,30 +1,73 @@
 //! The `qlauncher` command.
+use std::process::ExitCode;
+
 use clap::Parser;
 
-mod cli {
-    pub mod convert;
-}
+mod cli;
 
 /// qlauncher: a libvirt-free virt-launcher for KubeVirt.
 #[derive(Parser)]
 #[command(version, about)]
 enum Cli {
+    /// Read a VMI (or VirtualMachine) manifest, apply KubeVirt's defaults and validate it.
+    Validate(cli::validate::Args),
     /// Print the QEMU command line or QMP device plan for a VMI.
     Convert(cli::convert::ConvertArgs),
+    /// PID 1 of the compute container (virt-launcher-monitor): starts the launcher, reaps
+    /// zombies, forwards signals. Takes virt-launcher-monitor's and virt-launcher's flags.
+    Monitor {
+        /// virt-launcher-monitor flags, passed on to the launcher.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// The launcher (virt-launcher): runs one VMI's QEMU. Takes virt-launcher's flags.
+    Launcher {
+        /// virt-launcher flags.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
+    /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
+    LauncherSock(cli::sync::LauncherSockArgs),
+    /// Run one QMP command on a QEMU's monitor socket and print the reply.
+    Qmp(cli::qmp::QmpArgs),
+    /// Hotplug or unplug a disk or NIC through a QEMU's monitor socket.
+    Hotplug(cli::qmp::HotplugArgs),
+    /// Print the pod interface facts and the masquerade NAT tables (read-only).
+    NetProbe(cli::net::NetProbe),
 }
 
-fn main() -> std::process::ExitCode {
+/// Exit status for commands that only succeed or fail.
+fn ok(result: anyhow::Result<()>) -> anyhow::Result<ExitCode> {
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+fn main() -> ExitCode {
+    // Installed under KubeVirt's names, the binary behaves as that program.
+    let mut argv = std::env::args();
+    let argv0 = argv.next().unwrap_or_default();
+    match argv0.rsplit('/').next().unwrap_or_default() {
+        "virt-launcher-monitor" => return cli::monitor::main(argv.collect()),
+        "virt-launcher" => return cli::launcher::main(argv.collect()),
+        _ => {}
+    }
     let result = match Cli::parse() {
-        Cli::Convert(args) => cli::convert::run(&args),
+        Cli::Validate(args) => cli::validate::run(args),
+        Cli::Convert(args) => ok(cli::convert::run(&args)),
+        Cli::Monitor { args } => return cli::monitor::main(args),
+        Cli::Launcher { args } => return cli::launcher::main(args),
+        Cli::LauncherSock(args) => ok(cli::sync::run(args)),
+        Cli::NetProbe(args) => ok(cli::net::run(args)),
+        Cli::Qmp(args) => ok(cli::qmp::run_qmp(args)),
+        Cli::Hotplug(args) => ok(cli::qmp::run_hotplug(args)),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(code) => code,
         Err(e) => {
             eprintln!("error: {e}");
             for cause in e.chain().skip(1) {
                 eprintln!("  caused by: {cause}");
             }
-            std::process::ExitCode::FAILURE
+            ExitCode::FAILURE
         }
     }
 }

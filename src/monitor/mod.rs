@@ -1,5 +1,105 @@
-//! PID 1 of the compute container, as KubeVirt's virt-launcher-monitor.
+//! PID 1 of the compute container, as KubeVirt's virt-launcher-monitor, and the process plumbing of
+//! virt-launcher.
 //!
 //! Becomes child subreaper, starts the launcher, reaps every zombie without stealing the exit status
 //! of children that others wait on, forwards termination signals, enforces the grace period on
 //! QEMU, removes the container-disk sockets and exits with the launcher's code.
+//!
+//! What lives here:
+//! - [`pid1`]: the monitor's signal and reap loop (`virt-launcher-monitor`), synchronous and without
+//!   threads so that it stays small;
+//! - [`reaper`]: the zombie reaper that leaves alone the children someone else waits on;
+//! - [`procfs`]: `/proc` reading (children, zombies, QEMU recognition, RSS);
+//! - [`qemu`]: starting QEMU detached so that it becomes a child of PID 1, and watching a QEMU pid
+//!   through a pidfd;
+//! - [`grace`]: the graceful-shutdown logic (ACPI power button, kill when the grace period ends);
+//! - [`launcher`]: virt-launcher's flags, directories, `STANDALONE_VMI` and the `--qemu-timeout`
+//!   wait, generic over a [`launcher::Domain`] that the sync module implements;
+//! - [`flags`]: Go-style flag scanning shared by both command lines;
+//! - [`istio`]: telling an Istio sidecar to quit once the VM is gone.
+//!
+//! This module imports nothing else from the crate.
+use std::path::PathBuf;
+
+pub mod flags;
+pub mod grace;
+pub mod istio;
+pub mod launcher;
+pub mod pid1;
+pub mod procfs;
+pub mod qemu;
+pub mod reaper;
+
+/// Errors of the monitor and launcher plumbing. Each variant names the step that failed.
+#[derive(Debug, thiserror::Error)]
+pub enum MonitorError {
+    /// A flag value does not parse.
+    #[error("flag --{flag}: {reason}")]
+    ParseFlag {
+        /// Flag name without dashes.
+        flag: String,
+        /// What is wrong with the value.
+        reason: String,
+    },
+    /// `prctl(PR_SET_CHILD_SUBREAPER)` failed.
+    #[error("becoming child subreaper")]
+    Subreaper(#[source] nix::Error),
+    /// Blocking or waiting for signals failed.
+    #[error("handling signals")]
+    Signals(#[source] std::io::Error),
+    /// The launcher process could not be started.
+    #[error("starting the launcher {program}")]
+    SpawnLauncher {
+        /// The program executed.
+        program: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A launcher directory could not be created or given its mode and owner.
+    #[error("creating directory {path}")]
+    CreateDirectory {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// `STANDALONE_VMI` holds neither YAML nor JSON.
+    #[error("reading the VMI from STANDALONE_VMI")]
+    ReadStandaloneVmi(#[source] serde_yaml_ng::Error),
+    /// No domain was started within `--qemu-timeout` (KubeVirt panics with
+    /// "timed out waiting for domain to be defined").
+    #[error("timed out waiting for domain to be defined: no QEMU started within --qemu-timeout {}s", .timeout.as_secs_f64())]
+    QemuTimeout {
+        /// The `--qemu-timeout` value.
+        timeout: std::time::Duration,
+    },
+    /// QEMU could not be started.
+    #[error("starting QEMU {program}")]
+    SpawnQemu {
+        /// The QEMU binary.
+        program: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A pidfd for the QEMU process could not be opened or watched.
+    #[error("watching QEMU pid {pid}")]
+    WatchQemu {
+        /// The QEMU pid.
+        pid: i32,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The ACPI power button request failed.
+    #[error("pressing the ACPI power button")]
+    PowerButton(#[source] std::io::Error),
+    /// QEMU ended without a shutdown request (crash or unexpected exit).
+    #[error("QEMU exited unexpectedly: {reason}")]
+    QemuExited {
+        /// What is known about the exit (QEMU's last error line or exit status).
+        reason: String,
+    },
+}

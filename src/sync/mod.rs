@@ -3,3 +3,125 @@
 //! Serialised, idempotent syncs that prepare storage and network, convert, launch QEMU or hotplug by
 //! diff; the gRPC server on `launcher-sock` wire-compatible with KubeVirt's `kubevirt.cmd.v1` API; and
 //! the notify client that reports domain events to virt-handler.
+//!
+//! The wire layer lives in [`proto`] (generated from `proto/`), [`server`] (the command server
+//! dispatching to a [`server::DomainManager`]), [`notify`] (the notify client) and [`domain`] (the
+//! `api.Domain` JSON both carry).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub mod domain;
+pub mod notify;
+pub mod proto;
+pub mod server;
+pub mod uds;
+
+/// Errors of the sync module. Each variant names the step that failed; the cause is its source.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Creating the directory that holds the command socket failed.
+    #[error("cannot create socket directory {path}")]
+    CreateSocketDir {
+        /// The directory.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Removing a stale socket file before listening failed.
+    #[error("cannot remove stale socket {path}")]
+    RemoveStaleSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Listening on the command socket failed.
+    #[error("cannot listen on {path}")]
+    BindSocket {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The command server did not answer its own Ping in time.
+    #[error("command server on {path} did not answer Ping within {waited:?}")]
+    SelfPingTimeout {
+        /// The socket path.
+        path: PathBuf,
+        /// How long it was tried.
+        waited: Duration,
+    },
+    /// Renaming `launcher-init-sock` to `launcher-sock` (the readiness signal) failed.
+    #[error("cannot mark the command server ready: rename {from} to {to}")]
+    MarkReady {
+        /// The init socket.
+        from: PathBuf,
+        /// The ready socket.
+        to: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The gRPC server stopped with an error.
+    #[error("command server failed")]
+    Serve(#[source] tonic::transport::Error),
+    /// Encoding a domain as JSON for a notification failed.
+    #[error("cannot encode the domain as JSON")]
+    EncodeDomain(#[source] serde_json::Error),
+    /// Connecting to virt-handler's notify socket failed.
+    #[error("cannot connect to the notify socket {path}")]
+    NotifyConnect {
+        /// The socket path.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// A gRPC call to virt-handler's notify server failed.
+    #[error("notify call {call} failed")]
+    NotifyCall {
+        /// `Info`, `HandleDomainEvent` or `HandleK8sEvent`.
+        call: &'static str,
+        /// The gRPC status.
+        #[source]
+        source: tonic::Status,
+    },
+    /// A gRPC call to virt-handler's notify server took longer than its timeout.
+    #[error("notify call {call} timed out after {waited:?}")]
+    NotifyCallTimeout {
+        /// `Info`, `HandleDomainEvent` or `HandleK8sEvent`.
+        call: &'static str,
+        /// The per-call timeout.
+        waited: Duration,
+    },
+    /// virt-handler offers no notify API version qlauncher speaks.
+    #[error("virt-handler offers notify versions {offered:?}, qlauncher speaks only 1")]
+    NotifyVersion {
+        /// The versions virt-handler listed.
+        offered: Vec<u32>,
+    },
+    /// Sending a notification kept failing until the total timeout ran out.
+    #[error("{event_type} notification not delivered within {waited:?}")]
+    NotifyGaveUp {
+        /// `ADDED`, `MODIFIED`, `DELETED`, or `K8S` for a Kubernetes event.
+        event_type: &'static str,
+        /// The total timeout.
+        waited: Duration,
+        /// The last failure.
+        #[source]
+        last: Box<SyncError>,
+    },
+    /// virt-handler received the notification but answered `success=false`.
+    #[error("failed to notify domain event: {message}")]
+    NotifyRejected {
+        /// virt-handler's message.
+        message: String,
+    },
+    /// The notifier's worker task is gone (runtime shutting down).
+    #[error("the notifier has stopped")]
+    NotifierStopped,
+}

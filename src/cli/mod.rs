@@ -1,0 +1,8 @@
+//! The subcommands of the `qlauncher` binary, one file per area. Only the binary uses these.
+pub mod convert;
+pub mod launcher;
+pub mod monitor;
+pub mod net;
+pub mod qmp;
+pub mod sync;
+pub mod validate;

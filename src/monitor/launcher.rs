@@ -1,0 +1,448 @@
+//! virt-launcher's process plumbing: its flags, its directories, `STANDALONE_VMI`, the
+//! `--qemu-timeout` wait and the grace period, generic over a [`Domain`].
+//!
+//! Mirrors `cmd/virt-launcher/virt-launcher.go` of KubeVirt v1.9.0. The launcher's core (command
+//! server, SyncVMI, QMP) belongs to the sync module, which implements [`Domain`]; [`run`] then
+//! drives the lifecycle: wait for a domain (failing after `--qemu-timeout`), watch its QEMU, and
+//! on a stop request shut it down gracefully within `--grace-period-seconds`.
+use std::future::Future;
+use std::os::unix::fs::{chown, PermissionsExt};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tracing::{debug, info};
+
+use super::flags::{scan, FlagKind, ScannedFlags};
+use super::grace::{self, stop_requested, DomainControl, Ending};
+use super::qemu::Qemu;
+use super::MonitorError;
+
+/// The uid and gid KubeVirt's non-root launcher runs as (`qemu`, 107); its directories belong to it.
+pub const QEMU_UID: u32 = 107;
+
+/// Every flag virt-launcher v1.9.0 knows, with whether it takes a value. The ones
+/// [`LauncherConfig`] does not use are accepted and logged at debug level.
+pub const LAUNCHER_FLAGS: &[(&str, FlagKind)] = &[
+    ("qemu-timeout", FlagKind::Value),
+    ("name", FlagKind::Value),
+    ("uid", FlagKind::Value),
+    ("namespace", FlagKind::Value),
+    ("kubevirt-share-dir", FlagKind::Value),
+    ("ephemeral-disk-dir", FlagKind::Value),
+    ("container-disk-dir", FlagKind::Value),
+    ("hotplug-disk-dir", FlagKind::Value),
+    ("grace-period-seconds", FlagKind::Value),
+    ("allow-emulation", FlagKind::Bool),
+    ("run-as-nonroot", FlagKind::Bool),
+    ("hook-sidecars", FlagKind::Value),
+    ("ovmf-path", FlagKind::Value),
+    ("disk-memory-limit", FlagKind::Value),
+    ("hypervisor", FlagKind::Value),
+    ("v", FlagKind::Value),
+    // qlauncher's own: moves `/var/run/kubevirt-private` (for `qlauncher run --root` and tests).
+    ("private-dir", FlagKind::Value),
+    // Accepted, not used by qlauncher.
+    ("allow-cross-arch-emulation", FlagKind::Bool),
+    ("image-volume", FlagKind::Bool),
+    ("libvirt-hook-server-and-client", FlagKind::Bool),
+    ("upgrade-ordinal-ifaces", FlagKind::Bool),
+    ("vgpu-dedicated-hook", FlagKind::Bool),
+    ("vm-stats-collector", FlagKind::Bool),
+    ("firmware-auto-selection", FlagKind::Bool),
+    ("simulate-crash", FlagKind::Bool),
+    ("keep-after-failure", FlagKind::Bool),
+    ("qemu-agent-sys-interval", FlagKind::Value),
+    ("qemu-agent-file-interval", FlagKind::Value),
+    ("qemu-agent-user-interval", FlagKind::Value),
+    ("qemu-agent-version-interval", FlagKind::Value),
+    ("qemu-fsfreeze-status-interval", FlagKind::Value),
+    ("libvirt-log-filters", FlagKind::Value),
+];
+
+/// The flags [`LauncherConfig`] reads; the rest of [`LAUNCHER_FLAGS`] is accepted and ignored.
+const USED_FLAGS: &[&str] = &[
+    "qemu-timeout",
+    "name",
+    "uid",
+    "namespace",
+    "kubevirt-share-dir",
+    "ephemeral-disk-dir",
+    "container-disk-dir",
+    "hotplug-disk-dir",
+    "grace-period-seconds",
+    "allow-emulation",
+    "run-as-nonroot",
+    "hook-sidecars",
+    "ovmf-path",
+    "disk-memory-limit",
+    "hypervisor",
+    "v",
+    "private-dir",
+];
+
+/// virt-launcher's configuration, with KubeVirt's defaults.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherConfig {
+    /// `--qemu-timeout` (default 3 m; virt-controller passes 240 s plus up to 120 s of jitter).
+    pub qemu_timeout: Duration,
+    /// `--name`: the VMI's name.
+    pub name: String,
+    /// `--uid`: the VMI's uid.
+    pub uid: String,
+    /// `--namespace`: the VMI's namespace.
+    pub namespace: String,
+    /// `--kubevirt-share-dir` (default `/var/run/kubevirt`).
+    pub kubevirt_share_dir: PathBuf,
+    /// `--ephemeral-disk-dir` (default `/var/run/kubevirt-ephemeral-disks`).
+    pub ephemeral_disk_dir: PathBuf,
+    /// `--container-disk-dir` (default `/var/run/kubevirt/container-disks`).
+    pub container_disk_dir: PathBuf,
+    /// `--hotplug-disk-dir` (default `/var/run/kubevirt/hotplug-disks`).
+    pub hotplug_disk_dir: PathBuf,
+    /// The private directory, `/var/run/kubevirt-private`; qlauncher's own `--private-dir` moves
+    /// it (KubeVirt has no such flag).
+    pub private_dir: PathBuf,
+    /// `--grace-period-seconds` (default 30).
+    pub grace_period: Duration,
+    /// `--allow-emulation`: run with TCG when `/dev/kvm` is missing.
+    pub allow_emulation: bool,
+    /// `--run-as-nonroot`.
+    pub run_as_nonroot: bool,
+    /// `--hook-sidecars`: number of hook sidecars to wait for (default 0).
+    pub hook_sidecars: u32,
+    /// `--ovmf-path` (default `/usr/share/edk2/ovmf`).
+    pub ovmf_path: PathBuf,
+    /// `--disk-memory-limit` in bytes for disk image inspection (default 2000 MiB).
+    pub disk_memory_limit: u64,
+    /// `--hypervisor` (default `kvm`).
+    pub hypervisor: String,
+    /// `-v` verbosity (default `VIRT_LAUNCHER_LOG_VERBOSITY`, else 2).
+    pub verbosity: u32,
+}
+
+impl Default for LauncherConfig {
+    fn default() -> Self {
+        Self {
+            qemu_timeout: Duration::from_secs(180),
+            name: String::new(),
+            uid: String::new(),
+            namespace: String::new(),
+            kubevirt_share_dir: "/var/run/kubevirt".into(),
+            ephemeral_disk_dir: "/var/run/kubevirt-ephemeral-disks".into(),
+            container_disk_dir: "/var/run/kubevirt/container-disks".into(),
+            hotplug_disk_dir: "/var/run/kubevirt/hotplug-disks".into(),
+            private_dir: "/var/run/kubevirt-private".into(),
+            grace_period: Duration::from_secs(30),
+            allow_emulation: false,
+            run_as_nonroot: false,
+            hook_sidecars: 0,
+            ovmf_path: "/usr/share/edk2/ovmf".into(),
+            disk_memory_limit: 2000 * 1024 * 1024,
+            hypervisor: "kvm".into(),
+            verbosity: 2,
+        }
+    }
+}
+
+impl LauncherConfig {
+    /// Parses virt-launcher's command line (without the program name). `env_verbosity` is
+    /// `VIRT_LAUNCHER_LOG_VERBOSITY`, used when `-v` is absent. Returns the configuration and the
+    /// accepted-but-ignored arguments (unused known flags, unknown flags, stray words), for a
+    /// debug log. Errors name the flag.
+    pub fn from_args(
+        args: &[String],
+        env_verbosity: Option<&str>,
+    ) -> Result<(Self, Vec<String>), MonitorError> {
+        let f: ScannedFlags = scan(args, LAUNCHER_FLAGS);
+        let d = Self::default();
+        let verbosity = match (f.get("v"), env_verbosity.and_then(|v| v.parse().ok())) {
+            (None, Some(v)) => v,
+            _ => f.int("v", d.verbosity)?,
+        };
+        let config = Self {
+            qemu_timeout: f.duration("qemu-timeout", d.qemu_timeout)?,
+            name: f.string("name", ""),
+            uid: f.string("uid", ""),
+            namespace: f.string("namespace", ""),
+            kubevirt_share_dir: path_flag(&f, "kubevirt-share-dir", d.kubevirt_share_dir),
+            ephemeral_disk_dir: path_flag(&f, "ephemeral-disk-dir", d.ephemeral_disk_dir),
+            container_disk_dir: path_flag(&f, "container-disk-dir", d.container_disk_dir),
+            hotplug_disk_dir: path_flag(&f, "hotplug-disk-dir", d.hotplug_disk_dir),
+            private_dir: path_flag(&f, "private-dir", d.private_dir),
+            grace_period: Duration::from_secs(f.int("grace-period-seconds", 30u64)?),
+            allow_emulation: f.bool("allow-emulation")?,
+            run_as_nonroot: f.bool("run-as-nonroot")?,
+            hook_sidecars: f.int("hook-sidecars", 0u32)?,
+            ovmf_path: path_flag(&f, "ovmf-path", d.ovmf_path),
+            disk_memory_limit: f.int("disk-memory-limit", d.disk_memory_limit)?,
+            hypervisor: f.string("hypervisor", &d.hypervisor),
+            verbosity,
+        };
+        let mut ignored: Vec<String> = f
+            .values
+            .iter()
+            .filter(|(k, _)| !USED_FLAGS.contains(&k.as_str()))
+            .map(|(k, v)| format!("--{k}={v}"))
+            .collect();
+        ignored.extend(f.ignored);
+        Ok((config, ignored))
+    }
+
+    /// The VMI's private directory, `<private>/<uid>` (serial console, VNC sockets).
+    pub fn vmi_private_dir(&self) -> PathBuf {
+        self.private_dir.join(&self.uid)
+    }
+
+    /// Every directory the launcher creates at start, with its mode and whether it belongs to
+    /// the qemu user (107), in KubeVirt's order (`virt-launcher.go` `initializeDirs`).
+    pub fn directories(&self) -> Vec<(PathBuf, u32, bool)> {
+        let mut dirs = vec![
+            (self.vmi_private_dir(), 0o755, true),
+            (
+                self.ephemeral_disk_dir.join("cloud-init-data"),
+                0o755,
+                false,
+            ),
+            (self.ephemeral_disk_dir.join("ignition-data"), 0o755, false),
+            (self.container_disk_dir.clone(), 0o755, false),
+            (self.hotplug_disk_dir.clone(), 0o755, false),
+        ];
+        for sub in [
+            "vm-disks",
+            "config-map-disks",
+            "sysprep-disks",
+            "secret-disks",
+            "downwardapi-disks",
+            "service-account-disk",
+            "downwardmetrics-channel",
+        ] {
+            dirs.push((self.private_dir.join(sub), 0o750, true));
+        }
+        dirs.push((self.ephemeral_disk_dir.join("disk-data"), 0o755, false));
+        dirs
+    }
+}
+
+fn path_flag(f: &ScannedFlags, name: &str, default: PathBuf) -> PathBuf {
+    f.get(name).map(PathBuf::from).unwrap_or(default)
+}
+
+/// Creates the launcher's directories ([`LauncherConfig::directories`]) with their modes
+/// (regardless of the umask) and, when running as root, gives the qemu user's ones to 107:107.
+/// Errors: [`MonitorError::CreateDirectory`] naming the directory.
+pub fn create_directories(config: &LauncherConfig) -> Result<(), MonitorError> {
+    let root = nix::unistd::geteuid().is_root();
+    for (path, mode, qemu_owned) in config.directories() {
+        let err = |source| MonitorError::CreateDirectory {
+            path: path.clone(),
+            source,
+        };
+        std::fs::create_dir_all(&path).map_err(err)?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
+        if qemu_owned && root {
+            chown(&path, Some(QEMU_UID), Some(QEMU_UID)).map_err(err)?;
+        }
+    }
+    Ok(())
+}
+
+/// Reads the VMI of a standalone run from `STANDALONE_VMI` (YAML or JSON; KubeVirt's
+/// `pkg/virt-launcher/standalone`). `None` when unset or empty.
+/// Errors: [`MonitorError::ReadStandaloneVmi`].
+pub fn standalone_vmi(env_value: Option<&str>) -> Result<Option<serde_json::Value>, MonitorError> {
+    match env_value {
+        None => Ok(None),
+        Some(s) if s.trim().is_empty() => Ok(None),
+        Some(s) => serde_yaml_ng::from_str(s)
+            .map(Some)
+            .map_err(MonitorError::ReadStandaloneVmi),
+    }
+}
+
+/// What the launcher's lifecycle needs from the domain: the sync module implements it.
+pub trait Domain: DomainControl {
+    /// Resolves with the QEMU pid once a domain has been started (by a SyncVMI call or the
+    /// standalone VMI). Stays pending while none is.
+    fn started(&self) -> impl Future<Output = Result<i32, MonitorError>> + Send;
+
+    /// Called once QEMU is gone; returns an error when the exit was abnormal (crash), which makes
+    /// the launcher exit non-zero. The default accepts every ending.
+    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
+        let _ = ending;
+        Ok(())
+    }
+}
+
+/// Runs the launcher's lifecycle after its servers are up: waits for a domain (at most
+/// `--qemu-timeout`), then supervises its QEMU ([`grace::supervise`]) until it is gone.
+/// Returns `None` when a stop request came before any domain started.
+/// Errors: [`MonitorError::QemuTimeout`], the domain's own errors, and [`Domain::check_exit`]'s.
+pub async fn run<D: Domain>(
+    config: &LauncherConfig,
+    domain: &D,
+    stop: watch::Receiver<bool>,
+) -> Result<Option<Ending>, MonitorError> {
+    let mut early_stop = stop.clone();
+    let pid = tokio::select! {
+        pid = domain.started() => pid?,
+        _ = stop_requested(&mut early_stop) => {
+            info!("stop requested before a domain started");
+            return Ok(None);
+        }
+        _ = tokio::time::sleep(config.qemu_timeout) => {
+            return Err(MonitorError::QemuTimeout { timeout: config.qemu_timeout });
+        }
+    };
+    let qemu = match Qemu::from_pid(pid) {
+        Ok(q) => q,
+        // Gone before it could be watched: it ended on its own.
+        Err(MonitorError::WatchQemu { source, .. })
+            if source.raw_os_error() == Some(libc::ESRCH) =>
+        {
+            info!(pid, "QEMU exited before it could be watched");
+            domain.check_exit(Ending::ExitedOnItsOwn)?;
+            return Ok(Some(Ending::ExitedOnItsOwn));
+        }
+        Err(e) => return Err(e),
+    };
+    info!(pid, "domain started, watching QEMU");
+    let ending = grace::supervise(&qemu, domain, stop, config.grace_period).await?;
+    debug!(?ending, "QEMU is gone");
+    domain.check_exit(ending)?;
+    Ok(Some(ending))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(list: &[&str]) -> Vec<String> {
+        list.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn defaults_match_kubevirt() {
+        let (config, ignored) = LauncherConfig::from_args(&[], None).unwrap();
+        assert_eq!(config, LauncherConfig::default());
+        assert!(ignored.is_empty());
+    }
+
+    #[test]
+    fn controller_command_line() {
+        let (config, ignored) = LauncherConfig::from_args(
+            &args(&[
+                "--qemu-timeout",
+                "271s",
+                "--name",
+                "testvmi",
+                "--uid",
+                "1234-5678",
+                "--namespace",
+                "default",
+                "--kubevirt-share-dir",
+                "/var/run/kubevirt",
+                "--ephemeral-disk-dir",
+                "/var/run/kubevirt-ephemeral-disks",
+                "--container-disk-dir",
+                "/var/run/kubevirt/container-disks",
+                "--grace-period-seconds",
+                "45",
+                "--hook-sidecars",
+                "1",
+                "--ovmf-path",
+                "/usr/share/OVMF",
+                "--disk-memory-limit",
+                "2097152000",
+                "--hypervisor",
+                "kvm",
+                "--run-as-nonroot",
+                "--allow-emulation",
+                "--upgrade-ordinal-ifaces",
+                "--brand-new-flag",
+                "x",
+            ]),
+            None,
+        )
+        .unwrap();
+        let expected = LauncherConfig {
+            qemu_timeout: Duration::from_secs(271),
+            name: "testvmi".into(),
+            uid: "1234-5678".into(),
+            namespace: "default".into(),
+            grace_period: Duration::from_secs(45),
+            hook_sidecars: 1,
+            ovmf_path: "/usr/share/OVMF".into(),
+            run_as_nonroot: true,
+            allow_emulation: true,
+            ..LauncherConfig::default()
+        };
+        assert_eq!(config, expected);
+        assert_eq!(
+            ignored,
+            args(&["--upgrade-ordinal-ifaces=true", "--brand-new-flag=x"])
+        );
+    }
+
+    #[test]
+    fn verbosity_from_env_unless_flag() {
+        let (c, _) = LauncherConfig::from_args(&[], Some("5")).unwrap();
+        assert_eq!(c.verbosity, 5);
+        let (c, _) = LauncherConfig::from_args(&args(&["-v", "3"]), Some("5")).unwrap();
+        assert_eq!(c.verbosity, 3);
+    }
+
+    #[test]
+    fn bad_grace_period_names_the_flag() {
+        let err = LauncherConfig::from_args(&args(&["--grace-period-seconds", "soon"]), None)
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "flag --grace-period-seconds: \"soon\" is not an integer"
+        );
+    }
+
+    #[test]
+    fn standalone_vmi_yaml_or_json() {
+        let yaml =
+            "apiVersion: kubevirt.io/v1\nkind: VirtualMachineInstance\nmetadata:\n  name: a\n";
+        let json = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance","metadata":{"name":"a"}}"#;
+        let a = standalone_vmi(Some(yaml)).unwrap();
+        let b = standalone_vmi(Some(json)).unwrap();
+        assert_eq!(a, b);
+        assert_eq!(standalone_vmi(None).unwrap(), None);
+        assert_eq!(standalone_vmi(Some("  ")).unwrap(), None);
+        assert!(standalone_vmi(Some("{unclosed")).is_err());
+    }
+
+    #[test]
+    fn directories_are_created_with_modes_and_owners() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        let config = LauncherConfig {
+            uid: "u1".into(),
+            private_dir: r.join("private"),
+            ephemeral_disk_dir: r.join("ephemeral"),
+            container_disk_dir: r.join("share/container-disks"),
+            hotplug_disk_dir: r.join("share/hotplug-disks"),
+            kubevirt_share_dir: r.join("share"),
+            ..LauncherConfig::default()
+        };
+        create_directories(&config).unwrap();
+        let root = nix::unistd::geteuid().is_root();
+        for (path, mode, qemu_owned) in config.directories() {
+            let meta = std::fs::metadata(&path).unwrap();
+            assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+            if root {
+                let owner = if qemu_owned { QEMU_UID } else { 0 };
+                assert_eq!(
+                    (meta.uid(), meta.gid()),
+                    (owner, owner),
+                    "{}",
+                    path.display()
+                );
+            }
+        }
+    }
+}

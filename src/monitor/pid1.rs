@@ -1,0 +1,328 @@
+//! The monitor's main loop: KubeVirt's `virt-launcher-monitor` (`cmd/virt-launcher-monitor/`
+//! of v1.9.0).
+//!
+//! [`run`] becomes child subreaper, blocks SIGCHLD, SIGINT, SIGTERM and SIGQUIT and takes them
+//! with `sigtimedwait` in this single thread (no async runtime: the process stays small), starts
+//! the launcher (with ambient `CAP_NET_BIND_SERVICE` when we hold it), reaps every zombie, forwards
+//! SIGINT/SIGTERM/SIGQUIT to the launcher as SIGTERM, and once the launcher is gone stops a QEMU
+//! still running among its children (SIGTERM, then after [`MonitorConfig::qemu_stop_timeout`]
+//! SIGKILL and exit code 1), asks an Istio sidecar to quit ([`super::istio`]), deletes the `*.sock`
+//! files of the container-disk directory so that the container-disk sidecars end, and returns the
+//! launcher's exit code.
+//!
+//! Process tree: QEMU must be a direct child of PID 1 (virt-handler looks for it only among the
+//! children of the launcher's parent). In KubeVirt, virtqemud daemonizes QEMU (double fork), so the
+//! kernel re-parents it to PID 1. qlauncher's launcher starts QEMU the same way
+//! ([`super::qemu::spawn_detached`]), and the monitor is child subreaper so that the same tree
+//! forms outside a PID namespace too (`qlauncher run`).
+//!
+//! Must be called before any thread is started: the signal mask is per thread.
+use std::ffi::OsString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::{kill, SigSet, Signal};
+use nix::sys::wait::WaitStatus;
+use nix::unistd::Pid;
+use tracing::{debug, error, info, warn};
+
+use super::istio::{quit_istio_proxy, IstioProxy};
+use super::reaper::{exit_code, Reaper};
+use super::{procfs, MonitorError};
+
+/// How the monitor runs. Built by the `monitor` subcommand from the command line.
+#[derive(Debug, Clone)]
+pub struct MonitorConfig {
+    /// The launcher's program (normally this binary, `/proc/self/exe` resolved).
+    pub launcher_program: PathBuf,
+    /// The launcher's arguments.
+    pub launcher_args: Vec<OsString>,
+    /// `--container-disk-dir`: where the `*.sock` files of the container-disk sidecars are deleted.
+    pub container_disk_dir: PathBuf,
+    /// `--keep-after-failure`: after a non-zero launcher exit, stay alive (still reaping) until the
+    /// next termination signal instead of exiting.
+    pub keep_after_failure: bool,
+    /// How long a leftover QEMU has after SIGTERM (KubeVirt: 10 s).
+    pub qemu_stop_timeout: Duration,
+    /// The Istio proxy to end after the VM (`None`: do not look for one).
+    pub istio: Option<IstioProxy>,
+}
+
+/// Signals the monitor takes synchronously.
+fn monitored_signals() -> SigSet {
+    let mut set = SigSet::empty();
+    for sig in [
+        Signal::SIGCHLD,
+        Signal::SIGINT,
+        Signal::SIGTERM,
+        Signal::SIGQUIT,
+    ] {
+        set.add(sig);
+    }
+    set
+}
+
+/// `CAP_NET_BIND_SERVICE` (linux/capability.h).
+const CAP_NET_BIND_SERVICE: u32 = 10;
+
+/// Gives the launcher `CAP_NET_BIND_SERVICE` as an ambient capability, as KubeVirt's monitor does
+/// (so that the DHCP server can bind port 67 as uid 107): when the capability is in our permitted
+/// set, add it to the inheritable set and raise it as ambient. Best effort, no error: without the
+/// capability there is nothing to pass on. Runs between fork and exec: raw syscalls only.
+fn raise_ambient_net_bind_service() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: i32,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    let bit = 1u32 << CAP_NET_BIND_SERVICE;
+    // SAFETY: capget/capset/prctl with valid pointers to the kernel's v3 structures.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0
+            || data[0].permitted & bit == 0
+        {
+            return;
+        }
+        data[0].inheritable |= bit;
+        if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
+            return;
+        }
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
+            CAP_NET_BIND_SERVICE as libc::c_ulong,
+            0 as libc::c_ulong,
+            0 as libc::c_ulong,
+        );
+    }
+}
+
+extern "C" fn noop_handler(_: libc::c_int) {}
+
+/// Installs a do-nothing handler for the monitored signals. They stay blocked and are taken by
+/// `sigtimedwait`; the handler only matters for PID 1 of a PID namespace, to which the kernel does
+/// not deliver a signal whose disposition is the default one. Handlers reset to the default on exec,
+/// so the launcher is unaffected.
+fn install_noop_handlers(set: &SigSet) -> Result<(), MonitorError> {
+    use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
+    let action = SigAction::new(
+        SigHandler::Handler(noop_handler),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for sig in set.iter() {
+        // SAFETY: the handler is async-signal-safe (does nothing).
+        unsafe { sigaction(sig, &action) }.map_err(|e| MonitorError::Signals(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Waits up to `timeout` for one of the signals in `set`; `None` on timeout.
+fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, MonitorError> {
+    let ts = libc::timespec {
+        tv_sec: timeout.as_secs() as libc::time_t,
+        tv_nsec: timeout.subsec_nanos() as libc::c_long,
+    };
+    // SAFETY: `set` is a valid sigset and `ts` a valid timespec; siginfo may be null.
+    let r = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &ts) };
+    if r < 0 {
+        let err = std::io::Error::last_os_error();
+        return match err.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+            _ => Err(MonitorError::Signals(err)),
+        };
+    }
+    Ok(Signal::try_from(r).ok())
+}
+
+/// Runs the monitor until the launcher has exited and the aftermath is done; returns the process
+/// exit code (the launcher's; 1 when a leftover QEMU survived its SIGTERM).
+///
+/// Errors: becoming subreaper, blocking signals or starting the launcher failed.
+pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(MonitorError::Subreaper)?;
+    let signals = monitored_signals();
+    signals
+        .thread_block()
+        .map_err(|e| MonitorError::Signals(e.into()))?;
+    install_noop_handlers(&signals)?;
+    let reaper = Reaper::new();
+
+    let mut command = Command::new(&config.launcher_program);
+    command.args(&config.launcher_args);
+    // std does not reset the signal mask: unblock everything in the child before exec. Caught
+    // signals return to their default disposition on exec by themselves.
+    // SAFETY: sigprocmask with a local empty set is async-signal-safe.
+    unsafe {
+        command.pre_exec(|| {
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+            raise_ambient_net_bind_service();
+            Ok(())
+        });
+    }
+    let launcher = command
+        .spawn()
+        .map_err(|source| MonitorError::SpawnLauncher {
+            program: config.launcher_program.clone(),
+            source,
+        })?;
+    let launcher_pid = launcher.id() as i32;
+    // The reaper owns every child, the launcher included.
+    drop(launcher);
+    info!(pid = launcher_pid, "virt-launcher started");
+
+    let mut launcher_status: Option<WaitStatus> = None;
+    while launcher_status.is_none() {
+        let sig = wait_signal(&signals, Duration::from_secs(1))?;
+        if let Some(sig @ (Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)) = sig {
+            info!(signal = %sig, "forwarding SIGTERM to virt-launcher");
+            let _ = kill(Pid::from_raw(launcher_pid), Signal::SIGTERM);
+        }
+        for reaped in reaper.reap() {
+            log_reaped(&reaped, launcher_pid);
+            if reaped.pid == launcher_pid {
+                launcher_status = Some(reaped.status);
+            }
+        }
+    }
+    let mut code = launcher_status.as_ref().map(exit_code).unwrap_or(0);
+    if code != 0 {
+        warn!(code, "dirty virt-launcher shutdown");
+    }
+
+    if !stop_leftover_qemu(&reaper, &signals, config.qemu_stop_timeout)? {
+        code = 1;
+    }
+    if let Some(proxy) = &config.istio {
+        if quit_istio_proxy(proxy, Duration::from_secs(1)) {
+            info!("asked the Istio proxy to quit");
+        }
+    }
+    remove_container_disk_sockets(&config.container_disk_dir);
+
+    if config.keep_after_failure && code != 0 {
+        info!(
+            code,
+            "keeping the monitor alive after the failure (--keep-after-failure)"
+        );
+        loop {
+            let sig = wait_signal(&signals, Duration::from_secs(1))?;
+            for reaped in reaper.reap() {
+                log_reaped(&reaped, launcher_pid);
+            }
+            if matches!(
+                sig,
+                Some(Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)
+            ) {
+                break;
+            }
+        }
+    }
+    info!(code, "virt-launcher-monitor exiting");
+    Ok(code)
+}
+
+fn log_reaped(reaped: &super::reaper::Reaped, launcher_pid: i32) {
+    let code = exit_code(&reaped.status);
+    if reaped.pid == launcher_pid {
+        info!(pid = reaped.pid, code, "virt-launcher exited");
+    } else if procfs::is_qemu_name(&reaped.comm) {
+        let how = format!("{:?}", reaped.status);
+        info!(pid = reaped.pid, code, status = %how, "QEMU exited");
+    } else {
+        debug!(pid = reaped.pid, comm = %reaped.comm, code, "reaped");
+    }
+}
+
+/// SIGTERMs every QEMU still alive among our children and waits up to `timeout` for them, reaping
+/// meanwhile. Returns false when one survived (it is then SIGKILLed, so that nothing outlives the
+/// monitor when it is not PID 1 of its own namespace).
+fn stop_leftover_qemu(
+    reaper: &Reaper,
+    signals: &SigSet,
+    timeout: Duration,
+) -> Result<bool, MonitorError> {
+    let me = std::process::id() as i32;
+    let leftovers = procfs::qemu_children(me);
+    if leftovers.is_empty() {
+        return Ok(true);
+    }
+    for q in &leftovers {
+        info!(
+            pid = q.pid,
+            "QEMU still running after virt-launcher exited, sending SIGTERM"
+        );
+        let _ = kill(Pid::from_raw(q.pid), Signal::SIGTERM);
+    }
+    let deadline = Instant::now() + timeout;
+    loop {
+        for reaped in reaper.reap() {
+            log_reaped(&reaped, -1);
+        }
+        let alive: Vec<_> = leftovers
+            .iter()
+            .filter(|q| procfs::stat(q.pid).is_some_and(|s| !s.is_zombie() && s.ppid == me))
+            .collect();
+        if alive.is_empty() {
+            return Ok(true);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            for q in alive {
+                error!(
+                    pid = q.pid,
+                    "QEMU did not stop within the timeout, killing it"
+                );
+                let _ = kill(Pid::from_raw(q.pid), Signal::SIGKILL);
+            }
+            // Reap what the SIGKILL leaves.
+            let _ = wait_signal(signals, Duration::from_millis(200))?;
+            for reaped in reaper.reap() {
+                log_reaped(&reaped, -1);
+            }
+            return Ok(false);
+        }
+        let _ = wait_signal(signals, (deadline - now).min(Duration::from_secs(1)))?;
+    }
+}
+
+/// Deletes the `*.sock` files directly in `dir`, so the container-disk sidecars see their socket
+/// go and exit. Failures are logged, never fatal.
+pub fn remove_container_disk_sockets(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        debug!(dir = %dir.display(), "no container-disk directory");
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.extension().is_some_and(|e| e == "sock") {
+            match std::fs::remove_file(&path) {
+                Ok(()) => info!(path = %path.display(), "removed container-disk socket"),
+                Err(e) => {
+                    warn!(path = %path.display(), error = %e, "removing container-disk socket")
+                }
+            }
+        }
+    }
+}

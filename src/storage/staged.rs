@@ -1,0 +1,191 @@
+//! Staged files: written under a temporary name beside the final path, fsynced, then renamed.
+//!
+//! KubeVirt writes `<iso>.staging` and renames it; the temporary name here also carries the pid
+//! and a counter so two writers never share one. Until [`Staged::commit`] succeeds, dropping the
+//! value removes the temporary file, so a failure at any step leaves nothing behind.
+
+use std::ffi::OsString;
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::Owner;
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// How [`Staged::commit`] treats an existing file at the final path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Replace {
+    /// Atomically replace it (ISOs are regenerated on every sync).
+    Yes,
+    /// Keep it and discard the staged file (`renameat2(RENAME_NOREPLACE)`): images holding guest
+    /// writes are never overwritten, even by a concurrent creator.
+    No,
+}
+
+/// A file being written under a temporary name in the final path's directory.
+#[derive(Debug)]
+pub(crate) struct Staged {
+    file: Option<File>,
+    tmp: PathBuf,
+    target: PathBuf,
+}
+
+impl Staged {
+    /// Creates `.<name>.staging.<pid>.<n>` beside `target`, exclusively, with `mode`.
+    pub(crate) fn create(target: &Path, mode: u32) -> io::Result<Staged> {
+        let dir = target.parent().unwrap_or(Path::new("."));
+        let name = target.file_name().ok_or_else(|| {
+            io::Error::new(io::ErrorKind::InvalidInput, "target has no file name")
+        })?;
+        let mut tmp_name = OsString::from(".");
+        tmp_name.push(name);
+        tmp_name.push(format!(
+            ".staging.{}.{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let tmp = dir.join(tmp_name);
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .custom_flags(libc::O_CLOEXEC)
+            .open(&tmp)?;
+        Ok(Staged {
+            file: Some(file),
+            tmp,
+            target: target.to_path_buf(),
+        })
+    }
+
+    /// The open temporary file.
+    pub(crate) fn file(&self) -> &File {
+        // `file` is only taken by `commit`, which consumes `self`.
+        self.file.as_ref().unwrap_or_else(|| unreachable!())
+    }
+
+    /// Sets owner and mode (explicitly, not through the umask), fsyncs the data, renames the file
+    /// to its final name and fsyncs the directory. Returns false when `replace` is
+    /// [`Replace::No`] and the final path already existed (the staged file is then removed).
+    pub(crate) fn commit(
+        mut self,
+        owner: Option<Owner>,
+        mode: u32,
+        replace: Replace,
+    ) -> io::Result<bool> {
+        let file = self.file.take().unwrap_or_else(|| unreachable!());
+        if let Some(owner) = owner {
+            std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
+        }
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.sync_all()?;
+        drop(file);
+        let created = match replace {
+            Replace::Yes => {
+                std::fs::rename(&self.tmp, &self.target)?;
+                true
+            }
+            Replace::No => {
+                match nix::fcntl::renameat2(
+                    nix::fcntl::AT_FDCWD,
+                    &self.tmp,
+                    nix::fcntl::AT_FDCWD,
+                    &self.target,
+                    nix::fcntl::RenameFlags::RENAME_NOREPLACE,
+                ) {
+                    Ok(()) => true,
+                    Err(nix::errno::Errno::EEXIST) => false,
+                    Err(e) => return Err(io::Error::from(e)),
+                }
+            }
+        };
+        if created {
+            // The temporary name is gone; nothing for Drop to remove.
+            self.tmp = PathBuf::new();
+            sync_dir(self.target.parent().unwrap_or(Path::new(".")))?;
+        }
+        Ok(created)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        self.file.take();
+        if !self.tmp.as_os_str().is_empty() {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// fsyncs a directory so a rename in it is durable.
+pub(crate) fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// Creates `dir` and its parents with mode 0755 (KubeVirt's `MkdirAllWithNosec` uses 0750 for
+/// some and 0755 for others; the qemu user only needs search permission).
+pub(crate) fn create_dir_all(dir: &Path) -> io::Result<()> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+}
+
+use std::os::unix::fs::DirBuilderExt;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::FileExt;
+
+    fn scratch(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "qlauncher-staged-{name}-{}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn dropped_staged_file_leaves_nothing() {
+        let dir = scratch("drop");
+        {
+            let staged = Staged::create(&dir.join("x.iso"), 0o644).unwrap();
+            staged.file().write_all_at(b"partial", 0).unwrap();
+        }
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn no_replace_commit_keeps_the_existing_file() {
+        let dir = scratch("keep");
+        let target = dir.join("disk.qcow2");
+        std::fs::write(&target, b"guest writes").unwrap();
+        let staged = Staged::create(&target, 0o640).unwrap();
+        staged.file().write_all_at(b"new", 0).unwrap();
+        assert!(!staged.commit(None, 0o640, Replace::No).unwrap());
+        assert_eq!(std::fs::read(&target).unwrap(), b"guest writes");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn commit_sets_mode_and_renames() {
+        let dir = scratch("commit");
+        let target = dir.join("a.iso");
+        let staged = Staged::create(&target, 0o600).unwrap();
+        staged.file().write_all_at(b"data", 0).unwrap();
+        assert!(staged.commit(None, 0o640, Replace::Yes).unwrap());
+        let meta = std::fs::metadata(&target).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

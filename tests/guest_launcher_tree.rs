@@ -1,0 +1,183 @@
+//! The launcher image's file tree (scripts/assemble-launcher-tree, Containerfile): it holds
+//! qlauncher, qemu-system-x86_64, their libraries and firmware and nothing else (no shell, ip, nft,
+//! qemu-img, xorriso, libvirt), and QEMU chrooted into it boots the test guest with SeaBIOS.
+
+#[path = "common/guest.rs"]
+mod guest;
+
+use guest::{GuestImages, Vm};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+const STEP: Duration = Duration::from_secs(120);
+
+/// Every path in `dir` (files, symlinks, directories), recursively.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let meta = std::fs::symlink_metadata(&p).unwrap();
+        out.push(p.clone());
+        if meta.is_dir() {
+            walk(&p, out);
+        }
+    }
+}
+
+#[test]
+fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
+    let img = GuestImages::locate();
+    let tree = tempfile::Builder::new()
+        .prefix(&format!("qlg-tree-{}-", std::process::id()))
+        .tempdir()
+        .unwrap();
+    let root = tree.path().join("root");
+    let st = Command::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/scripts/assemble-launcher-tree"
+    ))
+    .arg(&root)
+    .arg(env!("CARGO_BIN_EXE_qlauncher"))
+    .status()
+    .expect("run scripts/assemble-launcher-tree");
+    assert!(st.success(), "assemble-launcher-tree failed");
+
+    let mut paths = Vec::new();
+    walk(&root, &mut paths);
+    let forbidden = [
+        "sh",
+        "bash",
+        "dash",
+        "busybox",
+        "ash",
+        "ip",
+        "nft",
+        "qemu-img",
+        "xorriso",
+        "xorrisofs",
+        "genisoimage",
+        "mkisofs",
+        "virtqemud",
+        "libvirtd",
+        "virtlogd",
+        "virsh",
+        "iptables",
+        "dhclient",
+    ];
+    for p in &paths {
+        let name = p.file_name().unwrap().to_string_lossy();
+        assert!(
+            !forbidden.contains(&name.as_ref()),
+            "forbidden program in the tree: {}",
+            p.display()
+        );
+        assert!(
+            !name.starts_with("libvirt"),
+            "libvirt file in the tree: {}",
+            p.display()
+        );
+    }
+    let mut programs: Vec<String> = paths
+        .iter()
+        .filter(|p| {
+            use std::os::unix::fs::PermissionsExt;
+            let m = std::fs::symlink_metadata(p).unwrap();
+            m.is_file()
+                && m.permissions().mode() & 0o111 != 0
+                && p.parent()
+                    .is_some_and(|d| d.ends_with("usr/bin") || d.ends_with("usr/sbin"))
+        })
+        .map(|p| p.strip_prefix(&root).unwrap().display().to_string())
+        .collect();
+    programs.sort();
+    assert_eq!(
+        programs,
+        ["usr/bin/qemu-system-x86_64", "usr/bin/qlauncher"]
+    );
+
+    let out = Command::new("chroot")
+        .arg(&root)
+        .args(["/usr/bin/qemu-system-x86_64", "--version"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).starts_with("QEMU emulator version "));
+    let out = Command::new("chroot")
+        .arg(&root)
+        .args(["/usr/bin/qlauncher", "--help"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // QEMU inside the tree boots the guest's disk with SeaBIOS (firmware, TCG module and the
+    // virtio-net option ROM all come from the tree).
+    // It also carries a ConfigDrive ("config-2") disk, read by the guest.
+    let user_data = "#!/bin/sh\necho config-drive test\n";
+    let mut vm = Vm::start_in(Some(&root), |dir| {
+        std::fs::copy(&img.disk_qcow2, dir.join("disk.qcow2")).unwrap();
+        let disk = Vm::in_root(Some(&root), &dir.join("disk.qcow2"));
+        let latest = dir.join("cd/openstack/latest");
+        std::fs::create_dir_all(&latest).unwrap();
+        std::fs::write(latest.join("user_data"), user_data).unwrap();
+        std::fs::write(latest.join("meta_data.json"), "{\"uuid\":\"qlg\"}\n").unwrap();
+        let st = Command::new("genisoimage")
+            .args(["-quiet", "-V", "config-2", "-J", "-r", "-o"])
+            .arg(dir.join("config-2.iso"))
+            .arg(dir.join("cd"))
+            .status()
+            .expect("run genisoimage");
+        assert!(st.success(), "genisoimage failed");
+        let iso = Vm::in_root(Some(&root), &dir.join("config-2.iso"));
+        vec![
+            "-drive".into(),
+            format!("file={},if=none,id=d0,format=qcow2", disk.display()),
+            "-device".into(),
+            "virtio-blk-pci,drive=d0,bootindex=1".into(),
+            "-drive".into(),
+            format!(
+                "file={},if=none,id=cd,format=raw,readonly=on",
+                iso.display()
+            ),
+            "-device".into(),
+            "virtio-blk-pci,drive=cd".into(),
+            "-netdev".into(),
+            "user,id=n0".into(),
+            "-device".into(),
+            "virtio-net-pci,netdev=n0".into(),
+        ]
+    });
+    vm.wait_booted();
+    assert_eq!(
+        vm.console.wait_for_marker("cidata ", STEP).unwrap(),
+        "cidata vdb type=configdrive label=config-2"
+    );
+    let marker = vm.console.wait_for_marker("user-data ", STEP).unwrap();
+    let b64 = marker.strip_prefix("user-data ").unwrap();
+    let (rc, decoded) = vm
+        .console
+        .run(&format!("echo {b64} | base64 -d"), STEP)
+        .unwrap();
+    assert_eq!((rc, decoded + "\n"), (0, user_data.to_string()));
+    let lease = vm.console.wait_for_marker("lease eth0 ", STEP).unwrap();
+    assert!(
+        lease.starts_with("lease eth0 ip=10.0.2.15/24 router=10.0.2.2 "),
+        "{lease}"
+    );
+    vm.qmp()
+        .unwrap()
+        .execute("system_powerdown", serde_json::json!({}))
+        .unwrap();
+    vm.console.wait_for_marker("poweroff", STEP).unwrap();
+    let status = vm
+        .wait_exit(STEP)
+        .expect("QEMU exits after the guest powers off");
+    assert!(status.success(), "QEMU exit status {status}");
+}

@@ -1,0 +1,410 @@
+//! Throwaway network namespaces for the net tests: a "node" netns and a "pod" netns joined by a
+//! veth that is `eth0` in the pod, plus a "vm" netns whose veth plays the guest NIC. Names carry
+//! the pid and a counter; every namespace and child process is removed in Drop.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A unique suffix: `<pid>-<counter>`.
+pub fn unique() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// A named network namespace, deleted on drop.
+pub struct Netns {
+    pub name: String,
+}
+
+impl Netns {
+    pub fn new(role: &str) -> Netns {
+        let name = format!("qln-{role}-{}", unique());
+        run(&["ip", "netns", "add", &name]);
+        let ns = Netns { name };
+        ns.ip(&["link", "set", "lo", "up"]);
+        ns
+    }
+
+    pub fn path(&self) -> PathBuf {
+        PathBuf::from(format!("/run/netns/{}", self.name))
+    }
+
+    /// `ip -n <ns> <args>`, panicking with stderr on failure.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "-n", &self.name];
+        v.extend_from_slice(args);
+        run(&v)
+    }
+
+    /// Runs a command inside the namespace and returns its output (no status check).
+    pub fn exec(&self, args: &[&str]) -> Output {
+        Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .output()
+            .expect("run ip netns exec")
+    }
+
+    /// Runs a command inside the namespace, panicking on failure, returning stdout.
+    pub fn sh(&self, args: &[&str]) -> String {
+        let o = self.exec(args);
+        assert!(
+            o.status.success(),
+            "{args:?} in {}: {}",
+            self.name,
+            String::from_utf8_lossy(&o.stderr)
+        );
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    }
+
+    /// Spawns a command inside the namespace; it is killed on drop of the guard.
+    pub fn spawn(&self, args: &[&str]) -> ChildGuard {
+        let child = Command::new("ip")
+            .args(["netns", "exec", &self.name])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn in netns");
+        ChildGuard(Some(child))
+    }
+
+    pub fn nft_ruleset(&self) -> String {
+        self.sh(&["nft", "-s", "list", "ruleset"])
+    }
+
+    pub fn sysctl(&self, key: &str) -> String {
+        self.sh(&["sysctl", "-n", key]).trim().to_string()
+    }
+}
+
+impl Drop for Netns {
+    fn drop(&mut self) {
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .output();
+    }
+}
+
+/// A child process killed and reaped on drop.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Waits for the child to exit and returns its output.
+    pub fn wait(mut self) -> Output {
+        self.0
+            .take()
+            .expect("child")
+            .wait_with_output()
+            .expect("wait")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub fn run(args: &[&str]) -> String {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .expect("run command");
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+pub const POD_MAC: &str = "0a:58:0a:f4:00:05";
+pub const POD_MAC_BYTES: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x05];
+
+/// A node netns and a pod netns joined by a veth (`eth0` in the pod, MAC [`POD_MAC`], MTU 1450,
+/// 10.244.0.5/24 and fd00:10:244::5/64 when `ipv6`, default routes via the node's .1 / ::1).
+pub struct PodNet {
+    pub node: Netns,
+    pub pod: Netns,
+}
+
+impl PodNet {
+    pub fn new(ipv6: bool) -> PodNet {
+        let node = Netns::new("node");
+        let pod = Netns::new("pod");
+        node.ip(&[
+            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
+        ]);
+        node.ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
+        node.ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
+        pod.ip(&[
+            "link", "set", "eth0", "address", POD_MAC, "mtu", "1450", "up",
+        ]);
+        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
+        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
+        pod.ip(&["route", "add", "10.96.0.0/12", "via", "10.244.0.1"]);
+        if ipv6 {
+            node.ip(&["addr", "add", "fd00:10:244::1/64", "dev", "vpod", "nodad"]);
+            pod.ip(&["addr", "add", "fd00:10:244::5/64", "dev", "eth0", "nodad"]);
+            pod.ip(&["-6", "route", "add", "default", "via", "fd00:10:244::1"]);
+        }
+        PodNet { node, pod }
+    }
+
+    /// A "vm" netns with a veth `vmnic` (MAC `mac`) whose peer `vmport<n>` is a port of `bridge` in
+    /// the pod netns.
+    pub fn attach_vm(&self, bridge: &str, mac: &str) -> Netns {
+        let vm = Netns::new("vm");
+        let port = format!("vmport{}", COUNTER.fetch_add(1, Ordering::Relaxed));
+        vm.ip(&[
+            "link",
+            "add",
+            "vmnic",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &port,
+            "netns",
+            &self.pod.name,
+        ]);
+        vm.sh(&["sysctl", "-qw", "net.ipv6.conf.vmnic.accept_dad=0"]);
+        vm.ip(&["link", "set", "vmnic", "address", mac, "mtu", "1450", "up"]);
+        self.pod
+            .ip(&["link", "set", &port, "mtu", "1450", "master", bridge, "up"]);
+        vm
+    }
+}
+
+/// A resolv.conf fixture as a Kubernetes pod has it.
+pub const RESOLV_CONF: &str = "search default.svc.cluster.local svc.cluster.local cluster.local\n\
+nameserver 10.96.0.10\nnameserver fd00:10:96::a\noptions ndots:5\n";
+
+/// Writes [`RESOLV_CONF`] to a temporary file.
+pub fn resolv_conf() -> tempfile::NamedTempFile {
+    let f = tempfile::NamedTempFile::new().expect("temp file");
+    std::fs::write(f.path(), RESOLV_CONF).expect("write resolv.conf");
+    f
+}
+
+use qlauncher::net::{self, Applied, NetConfig, NetError, NetPlan};
+
+/// Discovers the pod, plans and applies `cfg` inside `pod` (on a thread in that netns).
+pub fn setup(
+    pod: &Netns,
+    cfg: &NetConfig,
+    resolv: &std::path::Path,
+) -> Result<(NetPlan, Applied), NetError> {
+    let cfg = cfg.clone();
+    let resolv = resolv.to_path_buf();
+    net::netns::block_on_in(&pod.path(), move || async move {
+        let (handle, conn) = net::apply::connect().await?;
+        let facts = net::discover(&handle, &cfg.pod_iface, &resolv).await;
+        conn.abort();
+        let plan = net::plan(&cfg, &facts?)?;
+        let applied = net::apply(&plan).await?;
+        Ok((plan, applied))
+    })?
+}
+
+/// Applies an existing plan again inside `pod`.
+pub fn reapply(pod: &Netns, plan: &NetPlan) -> Result<Applied, NetError> {
+    let plan = plan.clone();
+    net::netns::block_on_in(&pod.path(), move || async move { net::apply(&plan).await })?
+}
+
+/// Tears `plan` down inside `pod`.
+pub fn teardown(pod: &Netns, plan: &NetPlan, applied: &Applied) -> Result<Vec<String>, NetError> {
+    let (plan, applied) = (plan.clone(), applied.clone());
+    net::netns::block_on_in(&pod.path(), move || async move {
+        net::teardown(&plan, &applied).await
+    })?
+}
+
+use qlauncher::net::dhcp::{self, DhcpStats};
+use std::sync::Arc;
+
+/// DHCP servers (v4, and v6 when planned) running on a thread inside the pod netns; stopped
+/// and joined on drop.
+pub struct Servers {
+    stop: Option<tokio::sync::watch::Sender<bool>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+    pub stats_v4: Arc<DhcpStats>,
+    pub stats_v6: Arc<DhcpStats>,
+}
+
+impl Servers {
+    pub fn start(pod: &Netns, plan: &NetPlan) -> Servers {
+        let v4cfg = plan.dhcp_v4.clone().expect("plan has DHCPv4");
+        let v6cfg = plan.dhcp_v6.clone();
+        let racfg = plan.router_advertisement.clone();
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        let stats_v4 = Arc::new(DhcpStats::default());
+        let stats_v6 = Arc::new(DhcpStats::default());
+        let (s4, s6) = (stats_v4.clone(), stats_v6.clone());
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<(), String>>();
+        let path = pod.path();
+        let thread = std::thread::spawn(move || {
+            let res = net::netns::block_on_in(&path, move || async move {
+                let bound = (|| {
+                    let sock4 = dhcp::v4::bind(&v4cfg.iface)?;
+                    let server = Arc::new(dhcp::v4::DhcpV4Server::new(v4cfg)?);
+                    let sock6 = match &v6cfg {
+                        Some(c) => Some((dhcp::v6::bind(&c.iface)?, Arc::new(c.clone()))),
+                        None => None,
+                    };
+                    let ra = match racfg {
+                        Some(c) => Some((dhcp::ra::bind(&c.iface)?, c)),
+                        None => None,
+                    };
+                    Ok::<_, NetError>((sock4, server, sock6, ra))
+                })();
+                let (sock4, server, sock6, ra) = match bound {
+                    Ok(b) => b,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(format!("{e:?}")));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+                    let _ = rx.changed().await;
+                };
+                let v6 = sock6
+                    .map(|(s, c)| tokio::spawn(dhcp::v6::serve(s, c, s6, stopped(rx.clone()))));
+                let ra = ra.map(|((s, idx), c)| {
+                    tokio::spawn(dhcp::ra::serve(s, idx, c, stopped(rx.clone())))
+                });
+                dhcp::v4::serve(sock4, server, s4, stopped(rx))
+                    .await
+                    .expect("serve v4");
+                for t in [v6, ra].into_iter().flatten() {
+                    let _ = t.await;
+                }
+            });
+            res.expect("netns thread");
+        });
+        ready_rx
+            .recv()
+            .expect("server thread")
+            .expect("bind DHCP sockets");
+        Servers {
+            stop: Some(stop),
+            thread: Some(thread),
+            stats_v4,
+            stats_v6,
+        }
+    }
+}
+
+impl Drop for Servers {
+    fn drop(&mut self) {
+        if let Some(s) = self.stop.take() {
+            let _ = s.send(true);
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// A temporary directory holding client scripts and their output.
+pub struct ClientDir {
+    pub dir: tempfile::TempDir,
+}
+
+impl ClientDir {
+    pub fn new() -> ClientDir {
+        ClientDir {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    /// A udhcpc/dhclient hook script that dumps its environment to `env-<reason>` on a lease
+    /// and, when `configure`, applies the udhcpc lease (address, MTU, default route).
+    pub fn script(&self, configure: bool) -> PathBuf {
+        let p = self.path("hook.sh");
+        let out = self.dir.path().display().to_string();
+        let apply = if configure {
+            "if [ -n \"$ip\" ]; then ip addr add \"$ip/$subnet\" dev \"$interface\"; ip link set \"$interface\" mtu \"$mtu\"; \
+             for r in $router; do ip route add default via \"$r\" dev \"$interface\"; break; done; fi"
+        } else {
+            ""
+        };
+        let body = format!(
+            "#!/bin/sh\ncase \"$1$reason\" in\n  bound|renew|BOUND|BOUND6|REBOOT) env | sort > {out}/env.tmp; {apply}\n mv {out}/env.tmp {out}/env ;;\nesac\nexit 0\n"
+        );
+        std::fs::write(&p, body).expect("write script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        p
+    }
+
+    /// Waits up to `secs` for the hook's environment dump and parses it into `KEY=value` pairs.
+    pub fn wait_env(&self, secs: u64) -> std::collections::BTreeMap<String, String> {
+        let p = self.path("env");
+        for _ in 0..secs * 10 {
+            if let Ok(text) = std::fs::read_to_string(&p) {
+                return text
+                    .lines()
+                    .filter_map(|l| l.split_once('='))
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect();
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        panic!("no lease within {secs}s");
+    }
+}
+
+/// TCP: a listener bound inside `ns`, one accepted connection's peer and message.
+pub fn listen(ns: &Netns, addr: &str) -> std::net::TcpListener {
+    let addr: std::net::SocketAddr = addr.parse().expect("addr");
+    net::netns::run_in(&ns.path(), move || std::net::TcpListener::bind(addr))
+        .expect("netns")
+        .expect("bind")
+}
+
+/// Connects from inside `ns` to `addr` and sends `msg`.
+pub fn send_from(ns: &Netns, addr: &str, msg: &'static str) -> std::io::Result<()> {
+    let addr: std::net::SocketAddr = addr.parse().expect("addr");
+    net::netns::run_in(&ns.path(), move || {
+        use std::io::Write;
+        let mut s = std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(5))?;
+        s.write_all(msg.as_bytes())
+    })
+    .expect("netns")
+}
+
+/// Accepts one connection (5 s timeout) and returns the peer address and what it sent.
+pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
+    use std::io::Read;
+    l.set_nonblocking(true).expect("nonblocking");
+    for _ in 0..50 {
+        match l.accept() {
+            Ok((mut s, peer)) => {
+                s.set_nonblocking(false).expect("blocking");
+                let mut buf = String::new();
+                s.read_to_string(&mut buf).expect("read");
+                return (peer, buf);
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    }
+    panic!("no connection within 5s");
+}

@@ -1,0 +1,187 @@
+//! Shared helpers of the qmp tests: a QEMU launched through `qmp::launch` with a QMP listener
+//! handed over as an fd, in a private temp dir, killed and reaped on drop.
+#![allow(dead_code)]
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use qlauncher::qmp::{bind_qmp_listener, launch, InheritFd, LaunchSpec, QemuProcess, QmpClient};
+use serde_json::Value;
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// A name unique to this process and call (`<prefix><pid><n>`), at most 15 bytes when the prefix
+/// is at most 4 bytes (fits a tap name).
+pub fn unique(prefix: &str) -> String {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    format!("{prefix}{}x{n}", std::process::id() % 100_000)
+}
+
+/// The QMP monitor fd number QEMU gets.
+pub const MONITOR_FD: i32 = 3;
+
+/// Machine arguments for a hotplug-capable q35 without a guest: four root ports, virtio-scsi
+/// with an empty cdrom.
+pub fn q35_args() -> Vec<String> {
+    let mut a: Vec<String> = [
+        "-machine",
+        "q35",
+        "-accel",
+        "tcg",
+        "-m",
+        "128",
+        "-nodefaults",
+        "-no-user-config",
+        "-display",
+        "none",
+        "-S",
+        "-no-shutdown",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    for (i, func) in (1..=4).zip(0..) {
+        let mf = if func == 0 { ",multifunction=on" } else { "" };
+        a.push("-device".into());
+        a.push(format!(
+            "pcie-root-port,port={},chassis={i},id=pci.{i},bus=pcie.0,addr=0x2.{func:#x}{mf}",
+            0x10 + func
+        ));
+    }
+    for s in [
+        "-device",
+        "virtio-scsi-pci,id=scsi0,bus=pci.4",
+        "-device",
+        "scsi-cd,bus=scsi0.0,scsi-id=0,lun=0,id=ua-cdrom",
+    ] {
+        a.push(s.into());
+    }
+    a
+}
+
+/// A QEMU under test. Dropping it kills QEMU and removes its directory.
+pub struct TestVm {
+    pub proc: Option<QemuProcess>,
+    pub dir: tempfile::TempDir,
+    pub pid: i32,
+}
+
+impl TestVm {
+    /// Launches QEMU with `args` plus the QMP monitor on an inherited listener.
+    pub async fn launch(
+        args: Vec<String>,
+    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+        Self::launch_with(args, |_| {}).await
+    }
+
+    /// Like [`TestVm::launch`], letting the test adjust the spec.
+    pub async fn launch_with(
+        mut args: Vec<String>,
+        adjust: impl FnOnce(&mut LaunchSpec),
+    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("qmp-test-{}-", std::process::id()))
+            .tempdir()
+            .expect("temp dir");
+        let sock = dir.path().join("monitor.sock");
+        let listener = bind_qmp_listener(&sock).expect("bind QMP listener");
+        args.extend([
+            "-chardev".to_string(),
+            format!("socket,id=charmonitor,fd={MONITOR_FD},server=on,wait=off"),
+            "-mon".to_string(),
+            "chardev=charmonitor,id=monitor,mode=control".to_string(),
+        ]);
+        let mut spec = LaunchSpec {
+            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
+            argv: args,
+            fds: vec![InheritFd {
+                fd: OwnedFd::from(listener),
+                target: MONITOR_FD,
+            }],
+            qmp_socket: sock,
+            user: None,
+            log: dir.path().join("qemu.log"),
+            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+            pre_start: vec![],
+            start: true,
+            timeout: Duration::from_secs(20),
+        };
+        adjust(&mut spec);
+        match launch(spec).await {
+            Ok(p) => Ok(TestVm {
+                pid: p.pid(),
+                proc: Some(p),
+                dir,
+            }),
+            Err(e) => Err((e, dir)),
+        }
+    }
+
+    pub fn client(&self) -> &QmpClient {
+        self.proc.as_ref().expect("running").client()
+    }
+
+    pub fn proc(&mut self) -> &mut QemuProcess {
+        self.proc.as_mut().expect("running")
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+impl Drop for TestVm {
+    fn drop(&mut self) {
+        if let Some(p) = self.proc.take() {
+            let _ = p.signal(libc::SIGKILL);
+            drop(p);
+            // SAFETY: waitpid on our own child; ECHILD if tokio reaped it first.
+            unsafe {
+                libc::waitpid(self.pid, std::ptr::null_mut(), 0);
+            }
+        }
+    }
+}
+
+/// Creates a sparse raw image of `size` bytes.
+pub fn raw_image(path: &Path, size: u64) {
+    let f = std::fs::File::create(path).expect("create image");
+    f.set_len(size).expect("size image");
+}
+
+/// The `query-named-block-nodes` node names.
+pub async fn node_names(client: &QmpClient) -> Vec<String> {
+    let r = client
+        .execute("query-named-block-nodes", None)
+        .await
+        .expect("query-named-block-nodes");
+    let mut names: Vec<String> = r
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|n| n["node-name"].as_str().map(str::to_string))
+        .collect();
+    names.sort();
+    names
+}
+
+/// The `query-block` entry of a device id.
+pub async fn block_of(client: &QmpClient, id: &str) -> Value {
+    let r = client
+        .execute("query-block", None)
+        .await
+        .expect("query-block");
+    r.as_array()
+        .expect("array")
+        .iter()
+        .find(|b| {
+            b["qdev"] == id
+                || b["qdev"]
+                    .as_str()
+                    .is_some_and(|q| q.contains(&format!("/{id}/")))
+        })
+        .cloned()
+        .unwrap_or(Value::Null)
+}

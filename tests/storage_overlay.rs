@@ -1,0 +1,510 @@
+//! Overlays, empty disks, host disks and image facts, checked with the real qemu-img and qemu-io.
+//! Needs root (chown, chattr, losetup, mount).
+
+mod storage_support;
+
+use std::path::{Path, PathBuf};
+
+use qlauncher::storage::{
+    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_image,
+    ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome, OverlaySpec,
+    Owner, StorageError, StorageKind,
+};
+use storage_support::*;
+
+const MIB: u64 = 1 << 20;
+
+/// containerDisk-like layout: `<scratch>/container-disks/` holds bases, overlays go under
+/// `<scratch>/ephemeral/disk-data/<volume>/disk.qcow2`.
+struct Layout {
+    scratch: Scratch,
+    bases: PathBuf,
+    ephemeral: PathBuf,
+}
+
+fn layout(prefix: &str) -> Layout {
+    let scratch = Scratch::new(prefix);
+    let bases = scratch.dir("container-disks");
+    let ephemeral = scratch.dir("ephemeral");
+    Layout {
+        scratch,
+        bases,
+        ephemeral,
+    }
+}
+
+fn spec(l: &Layout, volume: &str, base: &Path) -> OverlaySpec {
+    let mut spec = OverlaySpec::at_kubevirt_path(volume, base, &l.ephemeral);
+    spec.policy = ChainPolicy {
+        allowed_roots: vec![l.bases.clone()],
+        max_depth: 8,
+    };
+    spec
+}
+
+fn raw_base(path: &Path, len: u64) {
+    let data: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+    std::fs::write(path, data).unwrap();
+}
+
+/// What qemu-img reports about an overlay: (format, virtual size, backing file, backing format).
+fn overlay_info(path: &Path) -> (String, u64, String, String) {
+    let info = qemu_img_info(path);
+    (
+        info["format"].as_str().unwrap_or_default().to_string(),
+        info["virtual-size"].as_u64().unwrap_or_default(),
+        info["backing-filename"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        info["backing-filename-format"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    )
+}
+
+#[test]
+fn overlay_over_qcow2_base_reads_through_and_never_writes_the_base() {
+    let l = layout("ov-qcow2");
+    let base = l.bases.join("disk_0.img");
+    qemu_img_create(&base, "64M", None);
+    qemu_io(&base, "qcow2", "write -P 0xab 0 1M");
+    // The base may not even be opened for writing: make it immutable (root included).
+    run("chattr", &["+i", base.to_str().unwrap()]);
+    let before = std::fs::read(&base).unwrap();
+
+    let spec = spec(&l, "containerdisk", &base);
+    let (outcome, facts) = create_overlay(&spec).unwrap();
+    assert_eq!(outcome, Outcome::Created);
+    let facts = facts.unwrap();
+    assert_eq!(
+        (
+            facts.format,
+            facts.virtual_size,
+            facts.kind,
+            facts.chain_depth
+        ),
+        (ImageFormat::Qcow2, 64 * MIB, StorageKind::File, 0)
+    );
+    let overlay = l.ephemeral.join("disk-data/containerdisk/disk.qcow2");
+    assert_eq!(spec.overlay, overlay);
+    assert_eq!(
+        overlay_info(&overlay),
+        (
+            "qcow2".to_string(),
+            64 * MIB,
+            base.display().to_string(),
+            "qcow2".to_string()
+        )
+    );
+    assert_eq!(
+        qemu_img_info(&overlay)["format-specific"]["data"]["compat"],
+        "1.1"
+    );
+    assert_qemu_img_check_clean(&overlay);
+    assert_eq!(mode_owner(&overlay), (0o640, 107, 107));
+
+    qemu_io(&overlay, "qcow2", "read -P 0xab 0 1M");
+    qemu_io(&overlay, "qcow2", "write -P 0xcd 4096 128k");
+    qemu_io(&overlay, "qcow2", "read -P 0xcd 4096 128k");
+    qemu_io(&overlay, "qcow2", "read -P 0xab 0 4096");
+    assert_qemu_img_check_clean(&overlay);
+    assert!(std::fs::read(&base).unwrap() == before, "base changed");
+}
+
+#[test]
+fn overlay_over_raw_base_records_raw_and_the_rounded_size() {
+    let l = layout("ov-raw");
+    let base = l.bases.join("disk_1.img");
+    raw_base(&base, 3 * MIB + 1000);
+    let before = std::fs::read(&base).unwrap();
+    let spec = spec(&l, "ephemeral-vol", &base);
+    let (outcome, facts) = create_overlay(&spec).unwrap();
+    assert_eq!(outcome, Outcome::Created);
+    // QEMU rounds a raw image's length up to 512 bytes; qemu-img agrees on the base.
+    let rounded = (3 * MIB + 1000).div_ceil(512) * 512;
+    assert_eq!(facts.unwrap().virtual_size, rounded);
+    assert_eq!(qemu_img_info(&base)["virtual-size"].as_u64(), Some(rounded));
+    assert_eq!(
+        overlay_info(&spec.overlay),
+        (
+            "qcow2".to_string(),
+            rounded,
+            base.display().to_string(),
+            "raw".to_string()
+        )
+    );
+    assert_qemu_img_check_clean(&spec.overlay);
+    qemu_io(&spec.overlay, "qcow2", "write -P 0x11 0 2M");
+    qemu_io(&spec.overlay, "qcow2", "read -P 0x11 0 2M");
+    assert!(std::fs::read(&base).unwrap() == before, "base changed");
+}
+
+#[test]
+fn existing_overlay_is_kept_with_the_guest_writes() {
+    let l = layout("ov-keep");
+    let base = l.bases.join("disk_0.img");
+    raw_base(&base, MIB);
+    let spec = spec(&l, "vol", &base);
+    assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Created);
+    qemu_io(&spec.overlay, "qcow2", "write -P 0x5a 0 64k");
+    let before = std::fs::read(&spec.overlay).unwrap();
+    assert_eq!(create_overlay(&spec).unwrap(), (Outcome::Kept, None));
+    assert!(std::fs::read(&spec.overlay).unwrap() == before);
+    qemu_io(&spec.overlay, "qcow2", "read -P 0x5a 0 64k");
+    // Even a missing base does not matter once the overlay exists.
+    std::fs::remove_file(&base).unwrap();
+    assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Kept);
+}
+
+#[test]
+fn missing_and_unusable_bases_are_named_errors_and_leave_nothing() {
+    let l = layout("ov-errors");
+    let missing = l.bases.join("nope.img");
+    let err = create_overlay(&spec(&l, "vol-a", &missing)).unwrap_err();
+    assert!(matches!(err, StorageError::MissingBase { .. }), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "volume vol-a: base image {} does not exist",
+            missing.display()
+        )
+    );
+
+    let file = l.bases.join("file");
+    std::fs::write(&file, b"x").unwrap();
+    let not_dir = file.join("child");
+    let err = create_overlay(&spec(&l, "vol-b", &not_dir)).unwrap_err();
+    assert!(
+        matches!(err, StorageError::UnreadableBase { .. }),
+        "{err:?}"
+    );
+
+    let fifo = l.bases.join("fifo");
+    run("mkfifo", &[fifo.to_str().unwrap()]);
+    let err = create_overlay(&spec(&l, "vol-c", &fifo)).unwrap_err();
+    assert!(
+        matches!(err, StorageError::UnsupportedFormat { .. }),
+        "{err:?}"
+    );
+
+    let garbage = l.bases.join("garbage.qcow2");
+    let mut bytes = b"QFI\xfb".to_vec();
+    bytes.extend([0u8; 100]);
+    std::fs::write(&garbage, bytes).unwrap();
+    let err = create_overlay(&spec(&l, "vol-d", &garbage)).unwrap_err();
+    assert!(
+        matches!(err, StorageError::UnsupportedFormat { .. }),
+        "{err:?}"
+    );
+
+    let vmdk = l.bases.join("disk.vmdk");
+    run(
+        "qemu-img",
+        &["create", "-q", "-f", "vmdk", vmdk.to_str().unwrap(), "1M"],
+    );
+    let err = create_overlay(&spec(&l, "vol-e", &vmdk)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "volume vol-e: image {} has an unsupported format: vmdk",
+            vmdk.display()
+        )
+    );
+    // No overlay directory got a file.
+    let data = l.ephemeral.join("disk-data");
+    let leftovers: Vec<_> = walk(&data);
+    assert!(leftovers.is_empty(), "left behind: {leftovers:?}");
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    if let Ok(entries) = std::fs::read_dir(dir) {
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                out.extend(walk(&path));
+            } else {
+                out.push(path);
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn chains_deeper_than_the_policy_are_rejected() {
+    let l = layout("ov-chain");
+    let mut below = l.bases.join("b0.raw");
+    raw_base(&below, MIB);
+    let mut format = "raw";
+    for i in 1..=3 {
+        let next = l.bases.join(format!("b{i}.qcow2"));
+        qemu_img_create(&next, "", Some((&below, format)));
+        below = next;
+        format = "qcow2";
+    }
+    // b3 -> b2 -> b1 -> b0: depth 3, so the overlay is the 4th level.
+    let facts = probe_image("vol", &below, &ChainPolicy::default()).unwrap();
+    assert_eq!((facts.format, facts.chain_depth), (ImageFormat::Qcow2, 3));
+    assert_eq!(
+        facts
+            .backing
+            .as_ref()
+            .map(|b| (b.format, b.format_recorded)),
+        Some((ImageFormat::Qcow2, true))
+    );
+
+    let mut tight = spec(&l, "deep", &below);
+    tight.policy.max_depth = 3;
+    let err = create_overlay(&tight).unwrap_err();
+    assert!(
+        matches!(err, StorageError::ChainTooDeep { limit: 3, .. }),
+        "{err:?}"
+    );
+    assert!(!tight.overlay.exists());
+
+    let mut enough = spec(&l, "deep", &below);
+    enough.policy.max_depth = 4;
+    assert_eq!(create_overlay(&enough).unwrap().0, Outcome::Created);
+    let chain = run(
+        "qemu-img",
+        &[
+            "info",
+            "--backing-chain",
+            "--output=json",
+            enough.overlay.to_str().unwrap(),
+        ],
+    );
+    let chain: serde_json::Value = serde_json::from_str(&chain).unwrap();
+    assert_eq!(chain.as_array().map(Vec::len), Some(5));
+    assert_qemu_img_check_clean(&enough.overlay);
+}
+
+#[test]
+fn backing_files_outside_the_allowed_roots_are_rejected() {
+    let l = layout("ov-roots");
+    let outside = l.scratch.dir("elsewhere");
+    let secret = outside.join("host-secret.raw");
+    raw_base(&secret, MIB);
+
+    // A base whose backing file lies outside the roots.
+    let base = l.bases.join("sneaky.qcow2");
+    qemu_img_create(&base, "", Some((&secret, "raw")));
+    let err = create_overlay(&spec(&l, "vol", &base)).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "volume vol: backing file {} (of {}) is outside the allowed roots {:?}",
+            secret.display(),
+            base.display(),
+            vec![l.bases.clone()]
+        )
+    );
+
+    // A relative name climbing out of the root.
+    let relative = l.bases.join("relative.qcow2");
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            "../elsewhere/host-secret.raw",
+            "-F",
+            "raw",
+            relative.to_str().unwrap(),
+            "1M",
+        ],
+    );
+    assert!(matches!(
+        create_overlay(&spec(&l, "vol2", &relative)).unwrap_err(),
+        StorageError::OutsideAllowedRoots { .. }
+    ));
+
+    // A symlink in the root pointing outside.
+    let link = l.bases.join("link.img");
+    std::os::unix::fs::symlink(&secret, &link).unwrap();
+    assert!(matches!(
+        create_overlay(&spec(&l, "vol3", &link)).unwrap_err(),
+        StorageError::OutsideAllowedRoots {
+            what: "base image",
+            ..
+        }
+    ));
+
+    // A protocol backing name.
+    let nbd = l.bases.join("nbd.qcow2");
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            "nbd://127.0.0.1:10809/x",
+            "-F",
+            "raw",
+            nbd.to_str().unwrap(),
+            "1M",
+        ],
+    );
+    assert!(matches!(
+        create_overlay(&spec(&l, "vol4", &nbd)).unwrap_err(),
+        StorageError::OutsideAllowedRoots { .. }
+    ));
+    assert!(walk(&l.ephemeral).is_empty());
+}
+
+#[test]
+fn empty_disk_is_a_sparse_aligned_qcow2_and_is_kept() {
+    let scratch = Scratch::new("empty");
+    let dir = scratch.join("empty-disks");
+    let spec = EmptyDiskSpec::at_kubevirt_path("scratch-disk", 100 * MIB + 12345, &dir);
+    assert_eq!(spec.path, dir.join("scratch-disk.qcow2"));
+    assert_eq!(
+        create_empty_disk(&spec).unwrap(),
+        (Outcome::Created, 100 * MIB)
+    );
+    let info = qemu_img_info(&spec.path);
+    assert_eq!(info["format"], "qcow2");
+    assert_eq!(info["virtual-size"].as_u64(), Some(100 * MIB));
+    assert_eq!(info.get("backing-filename"), None);
+    assert!(info["actual-size"].as_u64().unwrap() < MIB, "{info}");
+    assert_qemu_img_check_clean(&spec.path);
+    assert_eq!(mode_owner(&spec.path), (0o644, 107, 107));
+    qemu_io(&spec.path, "qcow2", "write -P 0x77 99M 1M");
+    let before = std::fs::read(&spec.path).unwrap();
+    assert_eq!(create_empty_disk(&spec).unwrap().0, Outcome::Kept);
+    assert!(std::fs::read(&spec.path).unwrap() == before);
+
+    let tiny = EmptyDiskSpec::at_kubevirt_path("tiny", MIB - 1, &dir);
+    assert_eq!(
+        create_empty_disk(&tiny).unwrap_err().to_string(),
+        "volume tiny: capacity of 1048575 bytes is too low, must be at least 1 MiB"
+    );
+}
+
+#[test]
+fn host_disks_are_created_sparse_or_must_exist() {
+    let scratch = Scratch::new("hostdisk");
+    let path = scratch.join("vmi-disks/pvc-vol/disk.img");
+    let spec = HostDiskSpec {
+        volume: "pvc-vol".into(),
+        path: path.clone(),
+        kind: HostDiskType::DiskOrCreate {
+            capacity: 10 * MIB + 5,
+        },
+        tolerance_percent: 10,
+        reserve_bytes: MIB,
+        owner: Some(Owner::QEMU),
+    };
+    assert_eq!(
+        prepare_host_disk(&spec).unwrap(),
+        (Outcome::Created, 10 * MIB)
+    );
+    let info = qemu_img_info(&path);
+    assert_eq!(info["format"], "raw");
+    assert_eq!(info["virtual-size"].as_u64(), Some(10 * MIB));
+    assert!(info["actual-size"].as_u64().unwrap() <= 64 * 1024, "{info}");
+    assert_eq!(mode_owner(&path), (0o644, 107, 107));
+    assert_eq!(prepare_host_disk(&spec).unwrap(), (Outcome::Kept, 10 * MIB));
+
+    let missing = HostDiskSpec {
+        volume: "hd".into(),
+        path: scratch.join("absent.img"),
+        kind: HostDiskType::Disk,
+        ..spec.clone()
+    };
+    assert!(matches!(
+        prepare_host_disk(&missing).unwrap_err(),
+        StorageError::HostDiskMissing { .. }
+    ));
+
+    let huge = HostDiskSpec {
+        volume: "huge".into(),
+        path: scratch.join("huge.img"),
+        kind: HostDiskType::DiskOrCreate { capacity: 1 << 60 },
+        ..spec.clone()
+    };
+    assert!(matches!(
+        prepare_host_disk(&huge).unwrap_err(),
+        StorageError::HostDiskTooLarge { .. }
+    ));
+    assert!(!scratch.join("huge.img").exists());
+}
+
+#[test]
+fn host_disk_within_the_tolerance_shrinks_to_the_free_space() {
+    let fs = Tmpfs::new("8m");
+    let spec = HostDiskSpec {
+        volume: "small-pv".into(),
+        path: fs.path.join("disk.img"),
+        kind: HostDiskType::DiskOrCreate { capacity: 8 * MIB },
+        tolerance_percent: 10,
+        reserve_bytes: 512 * 1024,
+        owner: None,
+    };
+    let (outcome, size) = prepare_host_disk(&spec).unwrap();
+    assert_eq!(outcome, Outcome::Created);
+    assert_eq!(size, 8 * MIB - 512 * 1024);
+    assert_eq!(std::fs::metadata(&spec.path).unwrap().len(), size);
+}
+
+#[test]
+fn facts_of_files_and_block_devices() {
+    let scratch = Scratch::new("facts");
+    let raw = scratch.join("disk.raw");
+    raw_base(&raw, 4 * MIB);
+    let facts = probe_image("vol", &raw, &ChainPolicy::default()).unwrap();
+    assert_eq!(
+        (facts.format, facts.kind, facts.virtual_size, facts.backing),
+        (ImageFormat::Raw, StorageKind::File, 4 * MIB, None)
+    );
+    let qcow = scratch.join("disk.qcow2");
+    qemu_img_create(&qcow, "1G", None);
+    let facts = probe_image("vol", &qcow, &ChainPolicy::default()).unwrap();
+    assert_eq!(
+        (
+            facts.format,
+            facts.kind,
+            facts.virtual_size,
+            facts.chain_depth
+        ),
+        (ImageFormat::Qcow2, StorageKind::File, 1 << 30, 0)
+    );
+
+    let dev = LoopDevice::new(&raw);
+    let facts = probe_image("blockvol", &dev.path, &ChainPolicy::default()).unwrap();
+    assert_eq!(
+        (facts.format, facts.kind, facts.virtual_size),
+        (ImageFormat::Raw, StorageKind::Block, 4 * MIB)
+    );
+    let dev_q = LoopDevice::new(&qcow);
+    let facts = probe_image("blockvol", &dev_q.path, &ChainPolicy::default()).unwrap();
+    assert_eq!(
+        (facts.format, facts.kind),
+        (ImageFormat::Qcow2, StorageKind::Block)
+    );
+}
+
+#[test]
+fn direct_io_is_supported_on_ext4_but_not_on_ramfs() {
+    let scratch = Scratch::new("dio");
+    let file = scratch.join("disk.img");
+    raw_base(&file, MIB);
+    assert!(direct_io_supported(&scratch.path).unwrap());
+    assert!(direct_io_supported(&file).unwrap());
+    let fs = Tmpfs::ramfs();
+    assert!(!direct_io_supported(&fs.path).unwrap());
+    assert!(!direct_io_supported(&fs.path.join("not-yet.img")).unwrap());
+    // The probes left nothing behind.
+    assert!(fs.listing().is_empty());
+    assert_eq!(std::fs::read_dir(&scratch.path).unwrap().count(), 1);
+}
