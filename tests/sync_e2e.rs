@@ -4,7 +4,7 @@
 //! `launcher-sock`. One guest boot serves every assertion: DHCP lease with the pod's DNS and search
 //! list, the cloud-init user-data, the guest's HTTP reply fetched from the node through the pod IP
 //! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
-//! a child of the monitor, a hotplug disk attached and detached by diff, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
+//! a child of the monitor, a hotplug disk attached and detached by diff, pause and unpause, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
 //! the domain notifications in order ending with KubeVirt's final delete notification.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
@@ -481,6 +481,37 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     );
     assert_eq!(qemu_pids(), qemu_before);
 
+    // Pause and unpause on user request.
+    let vmi_request = || cmd::VmiRequest {
+        vmi: Some(cmd::Vmi {
+            vmi_json: serde_json::to_vec(&vmi).unwrap(),
+        }),
+        options: None,
+    };
+    let answer = client
+        .clone()
+        .pause_virtual_machine(vmi_request())
+        .await
+        .unwrap();
+    assert!(answer.into_inner().success);
+    // The state follows QMP's STOP event, which may arrive just after the reply.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let paused = get_domain(client.clone()).await;
+        let state = (paused.status.status, paused.status.reason);
+        if state == (LifeCycle::Paused, StateChangeReason::User) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "domain not paused: {state:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let answer = client
+        .clone()
+        .unpause_virtual_machine(vmi_request())
+        .await
+        .unwrap();
+    assert!(answer.into_inner().success);
+
     // SIGTERM to PID 1: ACPI power button, the guest powers off, everything exits cleanly.
     run(&["kill", "-TERM", &monitor_pid.to_string()]);
     wait_marker(&serial_log, "QLG: poweroff", Duration::from_secs(60)).await;
@@ -516,12 +547,14 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         vec![
             ("ADDED".to_string(), (L::Paused, R::StartingUp, false)),
             m(L::Running, R::Unknown, false),
+            m(L::Paused, R::User, false),
+            m(L::Running, R::Unknown, false),
             m(L::ShuttingDown, R::User, false),
             m(L::Shutoff, R::Shutdown, false),
             m(L::NoState, R::NonExistent, true),
         ]
     );
-    let last = &received.lock().unwrap()[4].1;
+    let last = &received.lock().unwrap()[6].1;
     assert_eq!(last.spec.name, "default_demo");
     assert_eq!(
         last.spec

@@ -315,6 +315,7 @@ impl SyncVmi {
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
         let mut domain = Domain::for_vmi(&namespace, &name, &uid);
 
+        let t0 = std::time::Instant::now();
         let mut ctx = ConverterContext {
             qemu: self.config.qemu_version,
             kvm: self.config.kvm,
@@ -339,6 +340,7 @@ impl SyncVmi {
         .await
         .map_err(|e| SyncError::Task(e.to_string()))??;
 
+        let t_storage = t0.elapsed();
         // Network, in this (the pod's) network namespace.
         let (dhcp_stop, dhcp_rx) = watch::channel(false);
         for (index, (iface, cfg)) in net_configs(vmi, self.config.runtime_uid)?
@@ -363,6 +365,7 @@ impl SyncVmi {
             );
         }
 
+        let t_network = t0.elapsed();
         add_hotplug_facts(vmi, &mut ctx)?;
         let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
         let qmp_plan = render::qmp_plan(&plan);
@@ -380,6 +383,7 @@ impl SyncVmi {
             .max()
             .map_or(1, |n| n + 1);
 
+        let t_convert = t0.elapsed();
         // QEMU, detached so that it is a child of PID 1.
         let qmp = self.config.qmp_socket.clone();
         for dir in [qmp.parent(), self.config.qemu_log.parent()]
@@ -458,6 +462,16 @@ impl SyncVmi {
         if !paused {
             client.execute("cont", None).await.map_err(SyncError::Qmp)?;
         }
+        let t_running = t0.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        info!(
+            storage_ms = ms(t_storage),
+            network_ms = ms(t_network - t_storage),
+            convert_ms = ms(t_convert - t_network),
+            qemu_ms = ms(t_running - t_convert),
+            total_ms = ms(t_running),
+            "domain started (sync received to cont acknowledged)"
+        );
         self.shared.pid.send_replace(Some(pid));
         Ok(Running {
             spec,
