@@ -3,7 +3,8 @@
 //! images made with `qemu-img`, which only tests use); then over QMP: `query-status` is
 //! `prelaunch`, `qom-list /machine/peripheral` holds every planned device id, `query-pci` every
 //! PCI device id, `query-named-block-nodes` every planned node, `query-block` every disk with
-//! its top node, and `query-chardev` every planned chardev.
+//! its top node, and `query-chardev` every planned chardev. A second test adds every
+//! hot-pluggable disk and NIC with the QMP plan's own argument objects.
 
 mod cmdline_support;
 
@@ -306,4 +307,78 @@ fn qemu_starts_every_fixture_paused_with_every_planned_device() {
     }
     assert!(failed.is_empty(), "failed: {failed:?}");
     assert!(started >= 30, "only {started} fixtures started");
+}
+
+/// Starts QEMU without the plan's hot-pluggable disks and NICs, then adds each one with the QMP
+/// plan's own argument objects (`blockdev-add` bottom first + `device_add`; `netdev_add` +
+/// `device_add`; QEMU opens the tap by name here, so no `getfd`), and checks QEMU shows them.
+fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &cmdline_support::Facts) -> usize {
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let tmp = tempfile::Builder::new().prefix("qlh").tempdir().unwrap();
+    let root = tmp.path();
+    let tap_prefix = format!("qh{}x{n}n", std::process::id() % 100000);
+    let ctx = cmdline_support::acceptance_context(vmi, facts, root, &tap_prefix);
+    let plan = convert(vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let qmp_plan = render::qmp_plan(&plan);
+    if qmp_plan.disks.is_empty() && qmp_plan.nics.is_empty() {
+        return 0;
+    }
+    prepare_files(&plan, root);
+    let mut cold = plan.clone();
+    cold.devices.retain(|d| !d.hotpluggable);
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(render::argv(&cold))
+        .envs(plan.env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let guard = QemuGuard(cmd.spawn().expect("spawn qemu"));
+    let mut qmp = Qmp::connect(&root.join("qmp.sock"), guard);
+    for d in &qmp_plan.disks {
+        for b in &d.blockdevs {
+            qmp.cmd("blockdev-add", b.clone());
+        }
+        qmp.cmd("device_add", d.device.clone());
+    }
+    for nic in &qmp_plan.nics {
+        assert!(nic.getfd.is_empty(), "{name}: taps by name need no getfd");
+        qmp.cmd("netdev_add", nic.netdev.clone());
+        qmp.cmd("device_add", nic.device.clone());
+    }
+    let mut qom = BTreeSet::new();
+    ids(
+        &qmp.cmd("qom-list", json!({ "path": "/machine/peripheral" })),
+        "name",
+        &mut qom,
+    );
+    let block = qmp.cmd("query-block", json!({}));
+    for d in &qmp_plan.disks {
+        assert!(qom.contains(&d.id), "{name}: {} not plugged", d.id);
+        let top = d.blockdevs.last().unwrap()["node-name"].clone();
+        assert!(
+            block
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|b| b["inserted"]["node-name"] == top),
+            "{name}: {top} not in query-block"
+        );
+    }
+    for nic in &qmp_plan.nics {
+        assert!(qom.contains(&nic.id), "{name}: {} not plugged", nic.id);
+    }
+    drop(qmp);
+    qmp_plan.disks.len() + qmp_plan.nics.len()
+}
+
+#[test]
+fn qmp_plan_adds_every_hotpluggable_disk_and_nic() {
+    let mut plugged = 0;
+    for (name, vmi, facts) in cmdline_support::fixtures() {
+        if facts.rejected || facts.no_acceptance.is_some() {
+            continue;
+        }
+        plugged += hotplug(&name, &vmi, &facts);
+    }
+    assert!(plugged >= 10, "only {plugged} devices hot-plugged");
 }

@@ -1,13 +1,14 @@
-//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json]`: prints the QEMU
-//! command line or the QMP device plan for a VMI manifest, with placeholder pod facts (tap fds
-//! 3, 4, ... per interface and queue, QMP on a socket path), for review and debugging.
+//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json]`: applies
+//! KubeVirt's defaults to a VMI manifest, validates it, and prints the QEMU command line or the
+//! QMP device plan, with placeholder pod facts (tap fds 3, 4, ... per interface and queue, QMP on
+//! a socket path), for review and debugging.
 
 use std::path::PathBuf;
 
 use anyhow::Context;
 use qlauncher::cmdline::context::{IfaceFacts, QemuVersion, TapSource};
 use qlauncher::cmdline::{convert, devices, render, ConverterContext};
-use qlauncher::vmi::Vmi;
+use qlauncher::vmi::{DefaultsConfig, Vmi};
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -40,7 +41,25 @@ pub struct ConvertArgs {
 pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
-    let vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let mut vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    if vmi.metadata.uid.is_none() {
+        // The API server assigns UIDs; a manifest from disk has none. Use a stable stand-in.
+        let key = format!(
+            "{}/{}",
+            vmi.metadata.namespace.as_deref().unwrap_or("default"),
+            vmi.metadata.name.as_deref().unwrap_or_default()
+        );
+        let uid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).to_string();
+        eprintln!("note: the manifest has no metadata.uid; using {uid}");
+        vmi.metadata.uid = Some(uid);
+    }
+    // What virt-api's webhook would hand on: KubeVirt's defaults, then validation.
+    let cfg = DefaultsConfig::for_vmi(&vmi);
+    vmi.apply_defaults(&cfg);
+    if let Err(errors) = vmi.validate() {
+        let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+        anyhow::bail!("invalid VMI:\n  {}", list.join("\n  "));
+    }
     let mut ctx = ConverterContext::default();
     if let Some(v) = &args.qemu_version {
         ctx.qemu = QemuVersion::parse(v).with_context(|| format!("bad QEMU version {v:?}"))?;

@@ -25,5 +25,7 @@ pub use plan::DomainPlan;
 pub mod convert;
 pub mod devices;
 pub mod names;
+#[cfg(test)]
+mod testutil;
 
 pub use convert::{convert, Configurator};

@@ -9,7 +9,7 @@ use qlauncher::cmdline::context::{
     Backing, ConverterContext, IfaceFacts, ImageFormat, MonitorSocket, QemuVersion, TapSource,
     VolumeFacts,
 };
-use qlauncher::vmi::Vmi;
+use qlauncher::vmi::{DefaultsConfig, Vmi};
 use serde::Deserialize;
 
 /// Per-volume facts as written in a facts file.
@@ -56,7 +56,7 @@ pub fn fixture_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cmdline")
 }
 
-/// Every fixture: (name, VMI, facts), sorted by name.
+/// Every fixture: (name, defaulted VMI, facts), sorted by name.
 pub fn fixtures() -> Vec<(String, Vmi, Facts)> {
     let mut out = Vec::new();
     let mut entries: Vec<_> = std::fs::read_dir(fixture_dir())
@@ -69,7 +69,14 @@ pub fn fixtures() -> Vec<(String, Vmi, Facts)> {
     for p in entries {
         let name = p.file_stem().unwrap().to_string_lossy().to_string();
         let text = std::fs::read_to_string(&p).unwrap();
-        let vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        // The converter sees what virt-api's webhook made of the manifest. A VMI without a
+        // firmware UUID gets the name-derived one (as a VM's would) to keep snapshots stable.
+        let mut cfg = DefaultsConfig::for_vmi(&vmi);
+        if cfg.vm_name.is_none() {
+            cfg.vm_name = Some(name.clone());
+        }
+        vmi.apply_defaults(&cfg);
         let fp = p.with_extension("facts.json");
         let facts = if fp.exists() {
             serde_json::from_str(&std::fs::read_to_string(&fp).unwrap())

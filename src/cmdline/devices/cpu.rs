@@ -57,7 +57,7 @@ impl super::super::convert::Configurator for CpuConfigurator {
             }
         };
         let named = model != "host" && model != "max";
-        let features = cpu.features.clone().unwrap_or_default();
+        let features: &[crate::vmi::CpuFeature] = cpu.features.as_deref().unwrap_or_default();
         for (i, f) in features.iter().enumerate() {
             let p = base.key("features").index(i);
             check_token(&p.key("name"), &f.name)?;
@@ -214,5 +214,87 @@ impl super::super::convert::Configurator for CpuConfigurator {
             threads,
         };
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::convert::Configurator;
+    use crate::cmdline::testutil::vmi_with;
+    use serde_json::json;
+
+    fn run(domain: serde_json::Value, ctx: &ConverterContext) -> Result<DomainPlan, ConvertError> {
+        let mut plan = DomainPlan::default();
+        CpuConfigurator.configure(&vmi_with(domain), ctx, &mut plan)?;
+        Ok(plan)
+    }
+
+    #[test]
+    fn host_model_is_host_under_kvm_and_max_under_tcg() {
+        let kvm = run(json!({}), &ConverterContext::default()).unwrap();
+        assert_eq!(
+            kvm.cpu,
+            CpuPlan {
+                model: "host".into(),
+                flags: vec![flag("migratable", true)]
+            }
+        );
+        let tcg_ctx = ConverterContext {
+            kvm: false,
+            allow_emulation: true,
+            ..Default::default()
+        };
+        let tcg = run(json!({}), &tcg_ctx).unwrap();
+        assert_eq!(tcg.cpu.model, "max");
+    }
+
+    #[test]
+    fn named_model_gets_mpx_off_and_feature_policies() {
+        let plan = run(
+            json!({"cpu": {"model": "Skylake-Server", "features": [
+                {"name": "vmx"}, {"name": "svm", "policy": "forbid"}]}}),
+            &ConverterContext::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.cpu.flags,
+            vec![flag("vmx", true), flag("svm", false), flag("mpx", false)]
+        );
+    }
+
+    #[test]
+    fn topology_and_hotplug_maxcpus() {
+        let plan = run(
+            json!({"cpu": {"sockets": 2, "cores": 2, "threads": 1, "maxSockets": 6}}),
+            &ConverterContext::default(),
+        )
+        .unwrap();
+        assert_eq!(
+            plan.smp,
+            SmpPlan {
+                cpus: 4,
+                maxcpus: 12,
+                sockets: 6,
+                cores: 2,
+                threads: 1
+            }
+        );
+        let plan = run(
+            json!({"resources": {"limits": {"cpu": "2500m"}}}),
+            &ConverterContext::default(),
+        )
+        .unwrap();
+        assert_eq!(plan.smp.cpus, 3, "CPU limit rounded up to sockets");
+    }
+
+    #[test]
+    fn bad_feature_names_are_rejected_with_path() {
+        let e = run(
+            json!({"cpu": {"model": "qemu64", "features": [{"name": "vmx,kvm=off"}]}}),
+            &ConverterContext::default(),
+        )
+        .unwrap_err();
+        assert_eq!(e.path().as_str(), "spec.domain.cpu.features[0].name");
     }
 }

@@ -11,7 +11,7 @@
 //!   `<cloud-init>/<ns>/<name>/{noCloud,configdrive}.iso`; configMap/secret/downwardAPI/sysprep
 //!   ISOs; serviceAccount; downwardMetrics `vhostmd0`.
 //! * Buses: virtio (`virtio-blk-pci-non-transitional`, own root port, hot-pluggable), sata
-//!   (`ide-hd`/`ide-cd` on q35's AHCI `ide.0`-`ide.5`), scsi (`scsi-hd`/`scsi-cd`/`scsi-block` on
+//!   (`ide-hd`/`ide-cd` on q35's AHCI `ide.0`-`ide.5`, then extra `ahci` controllers `sata<N>`), scsi (`scsi-hd`/`scsi-cd`/`scsi-block` on
 //!   `scsi0.0`, LUN = unit, hot-pluggable), usb (`usb-storage`).
 //! * Cache: the spec's, else `none` when O_DIRECT works (`VolumeFacts::direct_io`), else
 //!   `writethrough`; `none` without O_DIRECT is an error; `shareable` forces `none`. IO: the
@@ -322,7 +322,12 @@ fn status_target<'a>(vmi: &'a Vmi, vol: &str) -> Option<&'a str> {
         .iter()
         .find(|s| s.name == vol)
         .map(|s| s.target.as_str())
-        .filter(|t| !t.is_empty())
+        .filter(|t| {
+            t.len() > 2
+                && t.len() <= 8
+                && (t.starts_with("vd") || t.starts_with("sd"))
+                && t[2..].bytes().all(|b| b.is_ascii_lowercase())
+        })
 }
 
 impl super::super::convert::Configurator for DisksConfigurator {
@@ -332,8 +337,9 @@ impl super::super::convert::Configurator for DisksConfigurator {
         ctx: &ConverterContext,
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
-        let disks = vmi.spec.domain.devices.disks.clone().unwrap_or_default();
-        let volumes = vmi.spec.volumes.clone().unwrap_or_default();
+        let disks: &[crate::vmi::Disk] =
+            vmi.spec.domain.devices.disks.as_deref().unwrap_or_default();
+        let volumes: &[Volume] = vmi.spec.volumes.as_deref().unwrap_or_default();
         let vpath = FieldPath::new("spec.volumes");
         for (i, v) in volumes.iter().enumerate() {
             check_name(&vpath.index(i).key("name"), &v.name)?;
@@ -645,10 +651,32 @@ impl super::super::convert::Configurator for DisksConfigurator {
                             "a read-only sata disk (ide-hd cannot be read-only; use a cdrom or virtio)",
                         ));
                     }
-                    if sata >= 6 {
+                    // q35's built-in AHCI (`ide.0`-`ide.5`) takes the first six; libvirt adds an
+                    // `ahci` controller `sata<N>` for every six more (`sata1.0`, ...).
+                    let controller = sata / 6;
+                    if controller > 4 {
                         return Err(ConvertError::unsupported(
                             p.key("name"),
-                            "more than 6 sata disks (q35's AHCI has 6 ports)",
+                            "more than 30 sata disks",
+                        ));
+                    }
+                    let bus = if controller == 0 {
+                        format!("ide.{sata}")
+                    } else {
+                        format!("sata{controller}.{}", sata % 6)
+                    };
+                    if controller > 0 && sata % 6 == 0 {
+                        plan.devices.push(super::planned(
+                            DeviceClass::Controller,
+                            None,
+                            Backend::None,
+                            Device::Simple(super::super::qemu::DeviceSimple {
+                                driver: "ahci",
+                                id: format!("sata{controller}"),
+                                bus: None,
+                                port: None,
+                            }),
+                            Placement::RootPort,
                         ));
                     }
                     let dev = DeviceDiskFrontend {
@@ -657,7 +685,7 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         } else {
                             "ide-hd"
                         },
-                        bus: format!("ide.{sata}"),
+                        bus,
                         channel: None,
                         scsi_id: None,
                         lun: None,

@@ -289,3 +289,101 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::convert::Configurator;
+    use crate::cmdline::testutil::vmi_with;
+    use serde_json::json;
+
+    fn ctx() -> ConverterContext {
+        let mut ctx = ConverterContext::default();
+        ctx.interfaces.insert(
+            "default".into(),
+            IfaceFacts {
+                mac: Some("0A:58:0A:00:00:02".into()),
+                mtu: Some(1400),
+                tap: TapSource::Fds {
+                    fds: vec![7],
+                    vhostfds: vec![8],
+                },
+            },
+        );
+        ctx
+    }
+
+    use crate::cmdline::context::IfaceFacts;
+
+    #[test]
+    fn masquerade_nic_gets_tap_fd_mac_mtu_and_rom_off() {
+        let mut plan = DomainPlan::default();
+        InterfacesConfigurator
+            .configure(
+                &vmi_with(
+                    json!({"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}}),
+                ),
+                &ctx(),
+                &mut plan,
+            )
+            .unwrap();
+        assert_eq!(plan.nic_placeholders, 3);
+        let d = &plan.devices[0];
+        assert_eq!(
+            d.device,
+            Device::Nic(DeviceNic {
+                driver: "virtio-net-pci-non-transitional",
+                netdev: "hostua-default".into(),
+                id: "ua-default".into(),
+                mac: Some("0a:58:0a:00:00:02".into()),
+                host_mtu: Some(1400),
+                romfile: Some(String::new()),
+                bootindex: None,
+                mq: None,
+                vectors: None,
+                acpi_index: None,
+            })
+        );
+        let Backend::Netdev {
+            argv,
+            hotplug,
+            fd_names,
+        } = &d.backend
+        else {
+            panic!("netdev backend")
+        };
+        assert_eq!(argv.fd.as_deref(), Some("7"));
+        assert_eq!(argv.vhostfd.as_deref(), Some("8"));
+        assert_eq!(hotplug.fd.as_deref(), Some("tapfd-ua-default-0"));
+        assert_eq!(fd_names, &["tapfd-ua-default-0", "vhostfd-ua-default-0"]);
+        assert!(d.hotpluggable);
+    }
+
+    #[test]
+    fn sriov_and_bad_macs_are_rejected_with_path() {
+        for (iface, path) in [
+            (
+                json!({"name": "default", "sriov": {}}),
+                "spec.domain.devices.interfaces[0]",
+            ),
+            (
+                json!({"name": "default", "bridge": {}, "macAddress": "02:00:00:00:00:0g"}),
+                "spec.domain.devices.interfaces[0].macAddress",
+            ),
+            (
+                json!({"name": "default", "bridge": {}, "model": "virtio,x=y"}),
+                "spec.domain.devices.interfaces[0].model",
+            ),
+        ] {
+            let mut plan = DomainPlan::default();
+            let e = InterfacesConfigurator
+                .configure(
+                    &vmi_with(json!({"devices": {"interfaces": [iface]}})),
+                    &ctx(),
+                    &mut plan,
+                )
+                .unwrap_err();
+            assert_eq!(e.path().as_str(), path);
+        }
+    }
+}

@@ -20,7 +20,7 @@ pub struct IoThreadsConfigurator;
 
 /// Per-disk IOThread ids (index = disk index, `None` = no IOThread) and the thread count.
 pub fn assignment(vmi: &Vmi) -> Result<(u32, Vec<Option<u32>>), ConvertError> {
-    let disks = vmi.spec.domain.devices.disks.clone().unwrap_or_default();
+    let disks: &[crate::vmi::Disk] = vmi.spec.domain.devices.disks.as_deref().unwrap_or_default();
     let is_virtio =
         |d: &crate::vmi::Disk| d.disk.as_ref().and_then(|t| t.bus.as_deref()) == Some("virtio");
     let policy = vmi.spec.domain.io_threads_policy.as_deref();
@@ -64,7 +64,7 @@ pub fn assignment(vmi: &Vmi) -> Result<(u32, Vec<Option<u32>>), ConvertError> {
     let mut next_dedicated = auto + 1;
     let mut rr = 0;
     let mut out = Vec::with_capacity(disks.len());
-    for d in &disks {
+    for d in disks {
         if d.dedicated_io_thread == Some(true) {
             out.push(is_virtio(d).then_some(next_dedicated));
             next_dedicated += 1;

@@ -63,11 +63,11 @@ pub fn accel(ctx: &ConverterContext) -> Result<Accel, ConvertError> {
 /// vCPU topology `(sockets, cores, threads)` (`vcpu.GetCPUTopology`): from `domain.cpu`; when all
 /// are zero, sockets = CPU limit, else request, rounded up, else 1.
 pub fn topology(vmi: &Vmi) -> Result<(u32, u32, u32), ConvertError> {
-    let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
+    let cpu = vmi.spec.domain.cpu.as_ref();
     let (s, c, t) = (
-        cpu.sockets.unwrap_or(0),
-        cpu.cores.unwrap_or(0),
-        cpu.threads.unwrap_or(0),
+        cpu.and_then(|c| c.sockets).unwrap_or(0),
+        cpu.and_then(|c| c.cores).unwrap_or(0),
+        cpu.and_then(|c| c.threads).unwrap_or(0),
     );
     if s == 0 && c == 0 && t == 0 {
         let res = &vmi.spec.domain.resources;

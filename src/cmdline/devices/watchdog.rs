@@ -66,3 +66,71 @@ impl super::super::convert::Configurator for WatchdogConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::convert::Configurator;
+    use crate::cmdline::testutil::vmi_with;
+    use serde_json::json;
+
+    fn run(devices: serde_json::Value) -> Result<DomainPlan, ConvertError> {
+        let mut plan = DomainPlan::default();
+        WatchdogConfigurator.configure(
+            &vmi_with(json!({ "devices": devices })),
+            &ConverterContext::default(),
+            &mut plan,
+        )?;
+        Ok(plan)
+    }
+
+    #[test]
+    fn absent_watchdog_adds_nothing() {
+        assert_eq!(run(json!({})).unwrap(), DomainPlan::default());
+    }
+
+    #[test]
+    fn i6300esb_gets_alias_and_action() {
+        let cases = [
+            (json!({}), WatchdogAction::Reset),
+            (json!({"action": "poweroff"}), WatchdogAction::Poweroff),
+            (json!({"action": "shutdown"}), WatchdogAction::Shutdown),
+        ];
+        for (esb, action) in cases {
+            let plan = run(json!({"watchdog": {"name": "wd", "i6300esb": esb}})).unwrap();
+            assert_eq!(plan.watchdog_action, Some(action));
+            assert_eq!(
+                plan.devices,
+                vec![planned(
+                    DeviceClass::Watchdog,
+                    Some("wd"),
+                    Backend::None,
+                    Device::Simple(DeviceSimple {
+                        driver: "i6300esb",
+                        id: "ua-wd".into(),
+                        bus: None,
+                        port: None,
+                    }),
+                    Placement::RootComplexAny,
+                )]
+            );
+        }
+    }
+
+    #[test]
+    fn diag288_and_unknown_actions_are_rejected_with_path() {
+        assert_eq!(
+            run(json!({"watchdog": {"name": "wd", "diag288": {}}})).unwrap_err(),
+            ConvertError::unsupported(
+                FieldPath::new("spec.domain.devices.watchdog.diag288"),
+                "diag288 on amd64"
+            )
+        );
+        let e = run(json!({"watchdog": {"name": "wd", "i6300esb": {"action": "explode"}}}))
+            .unwrap_err();
+        assert_eq!(
+            e.path().as_str(),
+            "spec.domain.devices.watchdog.i6300esb.action"
+        );
+    }
+}

@@ -2,12 +2,12 @@
 //! `qemuBuildCommandLine`). JSON for `-device`, `-blockdev`, `-netdev`, `-object`, `-audiodev`;
 //! key=value (through [`KeyVal`]) for the rest.
 
-use super::device_json;
+use super::device_arg;
 use crate::cmdline::plan::{Accel, Backend, DomainPlan, FirmwarePlan, WatchdogAction};
-use crate::cmdline::qemu::{to_json, KeyVal};
+use crate::cmdline::qemu::KeyVal;
 
 fn json_arg<T: serde::Serialize>(v: &T) -> String {
-    to_json(v).to_string()
+    serde_json::to_string(v).unwrap_or_default()
 }
 
 /// The QEMU argv, without the binary name.
@@ -233,7 +233,7 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
                 );
             }
         }
-        push("-device", device_json(d).to_string());
+        push("-device", device_arg(d));
     }
     let has_video = plan
         .devices

@@ -11,13 +11,32 @@ use super::plan::PlannedDevice;
 use super::qemu::to_json;
 use serde_json::Value;
 
+/// A device with the PCI address the PCI pass assigned (`bus`, `addr`) appended.
+#[derive(serde::Serialize)]
+struct Addressed<'a> {
+    #[serde(flatten)]
+    device: &'a super::qemu::Device,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    bus: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    addr: Option<&'a str>,
+}
+
+fn addressed(d: &PlannedDevice) -> Addressed<'_> {
+    Addressed {
+        device: &d.device,
+        bus: d.address.as_ref().map(|a| a.bus.as_str()),
+        addr: d.address.as_ref().map(|a| a.addr.as_str()),
+    }
+}
+
 /// The `-device` / `device_add` JSON of a planned device: the device struct with the PCI
 /// address (`bus`, `addr`) the PCI pass assigned merged in.
 pub fn device_json(d: &PlannedDevice) -> Value {
-    let mut v = to_json(&d.device);
-    if let (Some(addr), Value::Object(map)) = (&d.address, &mut v) {
-        map.insert("bus".into(), Value::String(addr.bus.clone()));
-        map.insert("addr".into(), Value::String(addr.addr.clone()));
-    }
-    v
+    to_json(&addressed(d))
+}
+
+/// The `-device` argument of a planned device (the JSON of [`device_json`] as text).
+pub fn device_arg(d: &PlannedDevice) -> String {
+    serde_json::to_string(&addressed(d)).unwrap_or_default()
 }
