@@ -5,9 +5,10 @@
 //! `chardev charserial0`, `object iothread1`, `global kvm-pit.lost_tick_policy`, `smbios type=1`,
 //! or just the option (`machine`, `cpu`, `smp`). Normalisation:
 //! * JSON objects are flattened (`cache.direct`); booleans become `on`/`off` in both syntaxes;
-//! * blockdev node names become `storage:<filename>` / `format:<filename>` (libvirt numbers its
-//!   `libvirt-N-*` nodes over the whole domain; the file is what identifies a node), in `drive`,
-//!   `file` and `backing` too;
+//! * blockdev node names become `storage:<filename>@<device id>` / `format:<filename>@<device
+//!   id>` (`@..` only on the nodes under a device's drive; libvirt numbers its `libvirt-N-*` nodes
+//!   over the whole domain, the file and its user identify a node), in `drive`, `file`,
+//!   `backing` and `pflash0/1` too;
 //! * fd numbers (`fd`, `fds`, `vhostfd`, `vhostfds`) become `<fd>`;
 //! * NICs become `nic<N>` in argv order with their netdev `netdev<N>` (libvirt's
 //!   domxml-to-native renames NICs to `net0`/`hostnet0`); the NIC's own `id` stays a property;
@@ -156,23 +157,46 @@ pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>,
         raw.push((opt.clone(), props));
     }
 
-    // Blockdev node names -> file-based names.
-    let mut node_files: BTreeMap<String, String> = BTreeMap::new();
+    // Blockdev node names -> file-based names, qualified by the device whose drive they back
+    // (one image may back two devices, e.g. a cloud-init ISO as a disk and as a cdrom).
+    let mut owner: BTreeMap<String, String> = BTreeMap::new();
     for (opt, p) in &raw {
-        if opt == "-blockdev" {
-            if let (Some(n), Some(f)) = (p.get("node-name"), p.get("filename")) {
-                node_files.insert(n.clone(), format!("storage:{f}"));
+        if opt == "-device" {
+            if let (Some(drive), Some(id)) = (p.get("drive"), p.get("id")) {
+                owner.insert(drive.clone(), id.clone());
             }
         }
     }
     for (opt, p) in &raw {
         if opt == "-blockdev" && !p.contains_key("filename") {
             if let (Some(n), Some(f)) = (p.get("node-name"), p.get("file")) {
-                let name = node_files
-                    .get(f)
-                    .map(|s| s.replacen("storage:", "format:", 1))
-                    .unwrap_or_else(|| format!("format:{f}"));
-                node_files.insert(n.clone(), name);
+                if let Some(o) = owner.get(n).cloned() {
+                    owner.insert(f.clone(), o);
+                }
+            }
+        }
+    }
+    let qualify = |node: &str, name: String| match owner.get(node) {
+        Some(o) => format!("{name}@{o}"),
+        None => name,
+    };
+    let mut node_files: BTreeMap<String, String> = BTreeMap::new();
+    for (opt, p) in &raw {
+        if opt == "-blockdev" {
+            if let (Some(n), Some(f)) = (p.get("node-name"), p.get("filename")) {
+                node_files.insert(n.clone(), qualify(n, format!("storage:{f}")));
+            }
+        }
+    }
+    for (opt, p) in &raw {
+        if opt == "-blockdev" && !p.contains_key("filename") {
+            if let (Some(n), Some(f)) = (p.get("node-name"), p.get("file")) {
+                let file = raw
+                    .iter()
+                    .find(|(o, q)| o == "-blockdev" && q.get("node-name") == Some(f))
+                    .and_then(|(_, q)| q.get("filename").cloned())
+                    .unwrap_or_else(|| f.clone());
+                node_files.insert(n.clone(), qualify(n, format!("format:{file}")));
             }
         }
     }
@@ -317,8 +341,8 @@ mod tests {
         assert_eq!(
             keys,
             [
-                "blockdev storage:/d.img",
-                "blockdev format:/d.img",
+                "blockdev storage:/d.img@ua-d",
+                "blockdev format:/d.img@ua-d",
                 "device ua-d",
                 "netdev nic0",
                 "device nic0",

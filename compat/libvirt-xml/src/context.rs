@@ -154,3 +154,14 @@ pub fn context(vmi: &Vmi, facts: &Facts, qemu: Option<QemuVersion>) -> Converter
     }
     ctx
 }
+
+/// Applies what virt-api's webhook does before the converter sees a VMI: KubeVirt's defaults
+/// (`qlauncher::vmi::defaults`). A VMI without a firmware UUID gets the one KubeVirt derives
+/// for a VM named `vm_name` (stable output), as the converter's fixture tests do.
+pub fn apply_webhook_defaults(vmi: &mut Vmi, vm_name: &str) {
+    let mut cfg = qlauncher::vmi::DefaultsConfig::for_vmi(vmi);
+    if cfg.vm_name.is_none() {
+        cfg.vm_name = Some(vm_name.to_string());
+    }
+    vmi.apply_defaults(&cfg);
+}

@@ -640,6 +640,16 @@ fn cpu(vmi: &Vmi, plan: &DomainPlan) -> Cpu {
             threads: plan.smp.threads,
         },
         feature,
+        // The single cell the plan has for memfd/hugepages (as KubeVirt writes it) and for
+        // memory hotplug (libvirt needs one for <maxMemory>; KubeVirt leaves it to libvirt).
+        numa: plan.memory.numa.as_ref().map(|n| Numa {
+            cell: vec![NumaCell {
+                id: 0,
+                cpus: n.cpus.clone(),
+                memory: plan.memory.size,
+                unit: "b".into(),
+            }],
+        }),
     }
 }
 
@@ -679,6 +689,16 @@ fn controllers(plan: &DomainPlan, out: &mut Vec<Device>) {
                         queues: s.num_queues,
                     }
                 }),
+                target: None,
+                alias: None,
+                address: address(d),
+            }),
+            other if other.driver() == "ahci" => rest.push(Controller {
+                // The extra AHCI controllers (`sata<N>`) for SATA disks beyond q35's six.
+                type_: "sata".into(),
+                index: other.id().trim_start_matches("sata").parse().unwrap_or(1),
+                model: None,
+                driver: None,
                 target: None,
                 alias: None,
                 address: address(d),

@@ -180,11 +180,16 @@ impl Drop for EmbedRoot {
 /// know yet, as (element, attribute): removed by [`for_libvirt9`] before validating here.
 pub const NEWER_THAN_LIBVIRT9: &[(&str, &str)] = &[("blockio", "discard_granularity")];
 
-/// `xml` without the [`NEWER_THAN_LIBVIRT9`] attributes (for libvirt 9.0's schema check).
+/// `xml` adapted to Debian 12's libvirt 9.0, for its schema check and domxml-to-native: without
+/// the [`NEWER_THAN_LIBVIRT9`] attributes, and `<maxMemory slots="0">` (virtio-mem only, which
+/// libvirt 11 accepts) as `slots="1"` (libvirt 9.0 insists on DIMM slots).
 pub fn for_libvirt9(xml: &str) -> String {
     let mut out = String::with_capacity(xml.len());
     for line in xml.split_inclusive('\n') {
         let mut line = line.to_string();
+        if line.trim_start().starts_with("<maxMemory ") {
+            line = line.replace(" slots=\"0\"", " slots=\"1\"");
+        }
         for (element, attr) in NEWER_THAN_LIBVIRT9 {
             if line.trim_start().starts_with(&format!("<{element} ")) {
                 let needle = format!(" {attr}=\"");

@@ -421,6 +421,32 @@ pub struct Cpu {
     /// Features.
     #[serde(default)]
     pub feature: Vec<CpuFeature>,
+    /// Guest NUMA topology.
+    pub numa: Option<Numa>,
+}
+
+/// `<numa>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Numa {
+    /// Cells.
+    pub cell: Vec<NumaCell>,
+}
+
+/// `<cell id="0" cpus="0-3" memory="N" unit="b"/>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct NumaCell {
+    /// Cell id.
+    #[serde(rename = "@id")]
+    pub id: u32,
+    /// vCPU list (`0-3`).
+    #[serde(rename = "@cpus")]
+    pub cpus: String,
+    /// Memory.
+    #[serde(rename = "@memory")]
+    pub memory: u64,
+    /// `b`.
+    #[serde(rename = "@unit")]
+    pub unit: String,
 }
 
 /// `<topology sockets cores threads/>`.

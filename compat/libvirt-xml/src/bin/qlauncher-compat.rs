@@ -16,7 +16,7 @@ use clap::Parser;
 use qlauncher::cmdline::context::QemuVersion;
 use qlauncher::cmdline::{convert, render, ConverterContext, DomainPlan};
 use qlauncher::vmi::Vmi;
-use qlauncher_libvirt_xml::context::{context, Facts};
+use qlauncher_libvirt_xml::context::{apply_webhook_defaults, context, Facts};
 use qlauncher_libvirt_xml::libvirt::EmbedRoot;
 use qlauncher_libvirt_xml::{argv, export, golden, harness, libvirt, to_xml};
 
@@ -78,7 +78,20 @@ enum Cli {
 fn load(c: &Common, installed: bool) -> anyhow::Result<(Vmi, ConverterContext, DomainPlan)> {
     let text = std::fs::read_to_string(&c.file)
         .with_context(|| format!("cannot read {}", c.file.display()))?;
-    let vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let mut vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let stem = c
+        .file
+        .file_stem()
+        .map(|s| s.to_string_lossy().to_string())
+        .unwrap_or_default();
+    apply_webhook_defaults(&mut vmi, &stem);
+    if let Err(errors) = vmi.validate() {
+        // virt-api would reject it; converted anyway, as KubeVirt's converter tests do.
+        eprintln!("warning: virt-api would reject this VMI:");
+        for e in errors {
+            eprintln!("  {e}");
+        }
+    }
     let facts_path = facts_path(&c.file);
     let mut facts: Facts = match facts_path.as_deref().filter(|p| p.exists()) {
         Some(p) => serde_json::from_str(&std::fs::read_to_string(p)?)
@@ -136,7 +149,7 @@ fn run() -> anyhow::Result<ExitCode> {
             let (vmi, ctx, plan) = load(&common, true)?;
             let xml = to_xml(&export(&vmi, &ctx, &plan)?)?;
             let root = EmbedRoot::keep(&libvirt_root.unwrap_or_else(EmbedRoot::default_dir))?;
-            let theirs = root.domxml_to_native(&xml)?;
+            let theirs = root.domxml_to_native(&libvirt::for_libvirt9(&xml))?;
             let root_s = root.dir().to_string_lossy().to_string();
             let ours = argv::records(&render::argv(&plan), None)?;
             let theirs = argv::records(&theirs, Some(&root_s))?;

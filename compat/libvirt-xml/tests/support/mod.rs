@@ -8,7 +8,7 @@ use std::sync::Once;
 
 use qlauncher::cmdline::{convert, ConverterContext, DomainPlan};
 use qlauncher::vmi::Vmi;
-use qlauncher_libvirt_xml::context::{context, Facts};
+use qlauncher_libvirt_xml::context::{apply_webhook_defaults, context, Facts};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -35,7 +35,8 @@ pub fn load(
 ) -> Option<Converted> {
     let name = yaml.file_stem()?.to_string_lossy().to_string();
     let text = std::fs::read_to_string(yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    apply_webhook_defaults(&mut vmi, &name);
     let fp = yaml.with_file_name(format!("{name}.facts.json"));
     let facts: Facts = if fp.exists() {
         serde_json::from_str(&std::fs::read_to_string(&fp).unwrap())
