@@ -10,9 +10,9 @@
 //! under `DIR/cache` is probed once (about 4 s) and then read. The privileged embedded driver also
 //! resolves the compiled-in user `libvirt-qemu` before reading `qemu.conf`, so that user must
 //! exist (`useradd --system --user-group --no-create-home libvirt-qemu`; Debian's
-//! libvirt-daemon-system creates it). `virsh` runs in a fresh network namespace
-//! (`unshare -n`) when root, because domxml-to-native opens taps for `<interface
-//! type="ethernet">`.
+//! libvirt-daemon-system creates it). As root, `virsh` runs in fresh network and mount
+//! namespaces (`unshare -n -m`): domxml-to-native opens taps for `<interface type="ethernet">`,
+//! and hugepage domains need a hugetlbfs, mounted at `DIR/hugepages` inside that namespace only.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -21,6 +21,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use crate::CompatError;
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
 
 fn write(path: &Path, text: &str) -> Result<(), CompatError> {
     std::fs::write(path, text).map_err(|source| CompatError::WriteTemp {
@@ -117,14 +123,19 @@ impl EmbedRoot {
 
     fn setup(dir: &Path, remove: bool) -> Result<Self, CompatError> {
         let etc = dir.join("etc");
-        std::fs::create_dir_all(&etc).map_err(|source| CompatError::WriteTemp {
-            path: etc.clone(),
-            source,
-        })?;
-        write(
-            &etc.join("qemu.conf"),
-            "user = \"root\"\ngroup = \"root\"\n",
-        )?;
+        let hugepages = dir.join("hugepages");
+        for d in [&etc, &hugepages] {
+            std::fs::create_dir_all(d).map_err(|source| CompatError::WriteTemp {
+                path: d.to_path_buf(),
+                source,
+            })?;
+        }
+        let mut conf = String::from("user = \"root\"\ngroup = \"root\"\n");
+        if is_root() {
+            // Mounted privately for each virsh run (see `domxml_to_native`).
+            conf.push_str(&format!("hugetlbfs_mount = \"{}\"\n", hugepages.display()));
+        }
+        write(&etc.join("qemu.conf"), &conf)?;
         Ok(EmbedRoot {
             dir: dir.to_path_buf(),
             remove,
@@ -143,12 +154,14 @@ impl EmbedRoot {
     pub fn domxml_to_native(&self, xml: &str) -> Result<Vec<String>, CompatError> {
         let tmp = TempXml::new(&self.dir, xml)?;
         let uri = format!("qemu:///embed?root={}", self.dir.display());
-        let root_user = std::fs::metadata("/proc/self")
-            .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-            .unwrap_or(false);
-        let mut cmd = if root_user {
+        let mut cmd = if is_root() {
+            // A private network namespace (domxml-to-native opens taps for ethernet
+            // interfaces) and mount namespace with a hugetlbfs for hugepage domains. The paths
+            // are passed as arguments, never spliced into the script.
             let mut c = Command::new("unshare");
-            c.arg("-n").arg("virsh");
+            c.args(["-n", "-m", "sh", "-c"])
+                .arg("mount -t hugetlbfs none \"$0\" 2>/dev/null; exec virsh \"$@\"")
+                .arg(self.dir.join("hugepages"));
             c
         } else {
             Command::new("virsh")

@@ -6,8 +6,9 @@
 //! domain at lines 220-247, devices at 640-663), so a KubeVirt-shaped domain reads the same way;
 //! libvirt's own schema (`domaincommon.rng`) accepts any order inside `<domain>` and `<devices>`.
 //! The device list is one `$value` sequence of [`Device`] variants in KubeVirt's class order, so
-//! writing it needs no `overlapped-lists`; that quick-xml feature is enabled for readers of
-//! libvirt-written XML, where device kinds interleave.
+//! writing it needs no quick-xml `overlapped-lists` (that feature is for deserialising libvirt
+//! XML into per-kind lists, where device kinds interleave; nothing here deserialises: the golden
+//! comparison reads XML as a generic tree).
 
 use serde::Serialize;
 use serde_with::skip_serializing_none;
