@@ -92,7 +92,7 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
         .as_deref()
         .unwrap_or_default();
     for d in plan.devices_of(DeviceClass::Nic) {
-        devices.push(Device::Interface(interface(vmi, ctx, plan, d, ifaces)?));
+        devices.push(Device::Interface(interface(ctx, plan, d, ifaces)?));
     }
     // channel
     for d in plan.devices_of(DeviceClass::Channel) {
@@ -769,7 +769,6 @@ fn controllers(plan: &DomainPlan, out: &mut Vec<Device>) {
 }
 
 fn interface(
-    vmi: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
     d: &PlannedDevice,
@@ -799,7 +798,6 @@ fn interface(
             .unwrap_or(1),
         _ => 1,
     };
-    let _ = vmi;
     Ok(Interface {
         type_: "ethernet".into(),
         source: Empty::default(),
