@@ -1,5 +1,7 @@
-//! QMP benchmark against a real qemu-system-x86_64 (TCG, q35, no guest): launch-to-running time,
-//! QMP round-trip time (sequential and 16 concurrent callers), and hotplug time per device.
+//! QMP benchmark against a real qemu-system-x86_64 (TCG, q35): launch-to-running time, QMP
+//! round-trip time (sequential and 16 concurrent callers), hotplug time per device without a guest,
+//! and, when the test guest exists (`scripts/build-guest`, `QLAUNCHER_GUEST_DIR`), PCIe unplug time
+//! (device_del to DEVICE_DELETED) with the guest kernel releasing the device.
 //! Run with `cargo bench --bench qmp` (needs root for the taps). Prints one line per figure.
 
 use std::os::fd::OwnedFd;
@@ -56,11 +58,17 @@ fn argv(dir: &Path) -> Vec<String> {
 }
 
 async fn start(dir: &Path) -> QemuProcess {
+    start_with(dir, vec![]).await
+}
+
+async fn start_with(dir: &Path, extra: Vec<String>) -> QemuProcess {
     let sock = dir.join("monitor.sock");
     let listener = bind_qmp_listener(&sock).expect("bind");
+    let mut args = argv(dir);
+    args.extend(extra);
     launch(LaunchSpec {
         qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-        argv: argv(dir),
+        argv: args,
         fds: vec![InheritFd {
             fd: OwnedFd::from(listener),
             target: 3,
@@ -72,6 +80,7 @@ async fn start(dir: &Path) -> QemuProcess {
         pre_start: vec![],
         start: true,
         timeout: Duration::from_secs(30),
+        pid_file: None,
     })
     .await
     .expect("launch")
@@ -238,6 +247,7 @@ async fn main() {
         let nic = NicAttach {
             tap_fd: fd,
             fd_name: format!("tapfd{i}"),
+            extra_fds: vec![],
             netdev: json!({"type": "tap", "fd": format!("tapfd{i}"), "id": format!("hostua-n{i}")}),
             device: json!({"driver": "virtio-net-pci", "netdev": format!("hostua-n{i}"), "id": format!("ua-n{i}"),
                            "mac": format!("02:00:00:00:01:{i:02x}"), "bus": format!("pci.{i}"), "addr": "0x0"}),
@@ -251,4 +261,128 @@ async fn main() {
     let _ = c.execute("quit", None).await;
     let _ = p.wait().await;
     drop(taps);
+
+    guest_unplug(dir.path()).await;
+}
+
+/// PCIe unplug with a booted guest: attach, wait until the guest reports the device, then time
+/// device_del .. DEVICE_DELETED (+ blockdev-del / netdev_del).
+async fn guest_unplug(dir: &Path) {
+    let guest = std::env::var_os("QLAUNCHER_GUEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/cache/qlauncher/guest"));
+    if !guest.join("vmlinuz").exists() {
+        println!(
+            "guest unplug: skipped, no test guest in {} (run scripts/build-guest)",
+            guest.display()
+        );
+        return;
+    }
+    let serial = dir.join("serial.log");
+    let extra = vec![
+        "-kernel".to_string(),
+        guest.join("vmlinuz").display().to_string(),
+        "-initrd".into(),
+        guest.join("initrd.img").display().to_string(),
+        "-append".into(),
+        "console=ttyS0".into(),
+        "-chardev".into(),
+        format!("file,id=charserial0,path={}", serial.display()),
+        "-device".into(),
+        "isa-serial,chardev=charserial0,id=serial0".into(),
+    ];
+    let t = Instant::now();
+    let mut p = start_with(dir, extra).await;
+    let c = p.client().clone();
+    wait_marker(&serial, "QLG: http ready", 1).await;
+    println!(
+        "{:<40} {:.0} ms",
+        "guest boot to 'http ready' (TCG)",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+    let (mut blk, mut net) = (Vec::new(), Vec::new());
+    for round in 0..3u32 {
+        let img = dir.join(format!("g{round}.raw"));
+        raw(&img);
+        let n = 300 + round;
+        hotplug::attach_disk(&c, &DiskAttach {
+            blockdevs: vec![
+                json!({"driver": "file", "filename": img, "node-name": format!("libvirt-{n}-storage")}),
+                json!({"driver": "raw", "file": format!("libvirt-{n}-storage"), "node-name": format!("libvirt-{n}-format")}),
+            ],
+            device: json!({"driver": "virtio-blk-pci", "bus": "pci.1", "addr": "0x0",
+                           "drive": format!("libvirt-{n}-format"), "id": "ua-g"}),
+        }).await.expect("attach");
+        wait_marker(&serial, "QLG: disk-added vda size=1048576", round + 1).await;
+        let t = Instant::now();
+        hotplug::detach_disk(
+            &c,
+            &DiskDetach {
+                device_id: "ua-g".into(),
+                node_names: vec![
+                    format!("libvirt-{n}-format"),
+                    format!("libvirt-{n}-storage"),
+                ],
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("detach");
+        blk.push(t.elapsed());
+        wait_marker(&serial, "QLG: disk-removed vda", round + 1).await;
+
+        let name = format!("qg{}x{round}", std::process::id() % 100_000);
+        let nic = NicAttach {
+            tap_fd: tap::open_tap(&name, true).expect("tap"),
+            fd_name: "tapg".into(),
+            extra_fds: vec![],
+            netdev: json!({"type": "tap", "fd": "tapg", "id": "hostua-g"}),
+            device: json!({"driver": "virtio-net-pci", "netdev": "hostua-g", "id": "ua-gn",
+                           "mac": "02:00:00:00:02:01", "bus": "pci.2", "addr": "0x0"}),
+        };
+        hotplug::attach_nic(&c, &nic).await.expect("attach nic");
+        wait_marker(
+            &serial,
+            "QLG: nic-added eth0 mac=02:00:00:00:02:01",
+            round + 1,
+        )
+        .await;
+        let t = Instant::now();
+        hotplug::detach_nic(
+            &c,
+            &hotplug::NicDetach {
+                device_id: "ua-gn".into(),
+                netdev_id: "hostua-g".into(),
+            },
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("detach nic");
+        net.push(t.elapsed());
+        wait_marker(&serial, "QLG: nic-removed eth0", round + 1).await;
+    }
+    stats("unplug virtio-blk with guest", blk);
+    stats("unplug virtio-net with guest", net);
+    let _ = c.execute("quit", None).await;
+    let _ = p.wait().await;
+}
+
+/// Waits until `marker` has appeared `count` times on the serial log.
+async fn wait_marker(serial: &Path, marker: &str, count: u32) {
+    let deadline = Instant::now() + Duration::from_secs(240);
+    loop {
+        let text = std::fs::read_to_string(serial).unwrap_or_default();
+        let seen = text
+            .lines()
+            .filter(|l| l.find("QLG: ").is_some_and(|i| l[i..].trim_end() == marker))
+            .count() as u32;
+        if seen >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {marker:?} x{count} on the serial port"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

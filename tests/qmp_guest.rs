@@ -139,6 +139,7 @@ async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
     let nic = NicAttach {
         tap_fd: tap::open_tap(&tap_name, true).unwrap(),
         fd_name: "tapfd-net1".into(),
+        extra_fds: vec![],
         netdev: json!({"type": "tap", "fd": "tapfd-net1", "id": "hostua-net1"}),
         device: json!({"driver": "virtio-net-pci", "netdev": "hostua-net1", "id": "ua-net1",
                        "mac": "02:00:00:00:00:21", "bus": "pci.2", "addr": "0x0", "romfile": ""}),

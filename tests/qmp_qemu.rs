@@ -47,6 +47,7 @@ async fn launch_hands_over_the_monitor_fd_runs_pre_start_and_cont() {
             Some(json!({"shutdown": "pause", "panic": "pause"})),
         )];
         spec.env = vec![("QLTEST".into(), "1".into())];
+        spec.pid_file = Some(spec.log.with_file_name("qemu.pid"));
     })
     .await
     .map_err(|(e, _)| e)
@@ -61,7 +62,11 @@ async fn launch_hands_over_the_monitor_fd_runs_pre_start_and_cont() {
     );
     let g = vm.client().greeting();
     assert_eq!((g.version.0, g.version.1), (7, 2));
-    // The pid is QEMU's.
+    // The pid is QEMU's, and recorded.
+    assert_eq!(
+        std::fs::read_to_string(vm.path("qemu.pid")).unwrap(),
+        format!("{}\n", vm.pid)
+    );
     let exe = std::fs::read_link(format!("/proc/{}/exe", vm.pid)).unwrap();
     assert_eq!(exe, std::path::PathBuf::from("/usr/bin/qemu-system-x86_64"));
     // A clean environment: exactly what the spec gave.
@@ -450,6 +455,7 @@ async fn nic_attach_set_link_and_rollback() {
     let nic = NicAttach {
         tap_fd: fd,
         fd_name: "tapfd-net1".into(),
+        extra_fds: vec![],
         netdev: json!({"type": "tap", "fd": "tapfd-net1", "id": "hostua-net1"}),
         device: json!({"driver": "virtio-net-pci", "netdev": "hostua-net1", "id": "ua-net1",
                        "mac": "02:00:00:00:00:11", "bus": "pci.2", "addr": "0x0", "romfile": ""}),
@@ -483,6 +489,7 @@ async fn nic_attach_set_link_and_rollback() {
     let bad = NicAttach {
         tap_fd: fd2,
         fd_name: "tapfd-net2".into(),
+        extra_fds: vec![],
         netdev: json!({"type": "tap", "fd": "tapfd-net2", "id": "hostua-net2"}),
         device: json!({"driver": "virtio-net-pci", "netdev": "hostua-net2", "id": "ua-net2",
                        "mac": "02:00:00:00:00:12", "bus": "pci.99"}),
@@ -504,6 +511,10 @@ async fn nic_attach_set_link_and_rollback() {
     let bad = NicAttach {
         tap_fd: fd3,
         fd_name: "tapfd-net3".into(),
+        extra_fds: vec![(
+            "tapfd-net3b".into(),
+            std::os::fd::OwnedFd::from(tempfile::tempfile().unwrap()),
+        )],
         netdev: json!({"type": "tap", "fd": "tapfd-other", "id": "hostua-net3"}),
         device: json!({"driver": "virtio-net-pci", "netdev": "hostua-net3", "id": "ua-net3"}),
     };
@@ -512,12 +523,11 @@ async fn nic_attach_set_link_and_rollback() {
         err.to_string(),
         "hotplug of ua-net3 failed at netdev_add hostua-net3"
     );
-    match c
-        .execute("closefd", Some(json!({"fdname": "tapfd-net3"})))
-        .await
-    {
-        Err(QmpError::Command { class, .. }) => assert_eq!(class, "GenericError"),
-        other => panic!("fd survived the rollback: {other:?}"),
+    for name in ["tapfd-net3", "tapfd-net3b"] {
+        match c.execute("closefd", Some(json!({ "fdname": name }))).await {
+            Err(QmpError::Command { class, .. }) => assert_eq!(class, "GenericError"),
+            other => panic!("fd {name} survived the rollback: {other:?}"),
+        }
     }
 }
 

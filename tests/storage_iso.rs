@@ -371,3 +371,20 @@ fn missing_config_source_is_a_named_error() {
         format!("volume cm: cannot read {}", spec.source.display())
     );
 }
+
+#[test]
+fn zeroed_placeholder_iso_for_migration_targets() {
+    let scratch = Scratch::new("zeroed");
+    let iso = scratch.join("config-map-disks/cm.iso");
+    qlauncher::storage::iso::write_zeroed_iso("cm", &iso, 3 << 20, Some(Owner::QEMU)).unwrap();
+    let data = std::fs::read(&iso).unwrap();
+    assert_eq!(data.len(), 3 << 20);
+    assert!(data.iter().all(|b| *b == 0));
+    assert_eq!(mode_owner(&iso), (0o644, 107, 107));
+    assert_eq!(
+        std::fs::read_dir(scratch.join("config-map-disks"))
+            .unwrap()
+            .count(),
+        1
+    );
+}

@@ -6,9 +6,9 @@ mod storage_support;
 use std::path::{Path, PathBuf};
 
 use qlauncher::storage::{
-    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_image,
-    ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome, OverlaySpec,
-    Owner, StorageError, StorageKind,
+    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_disk,
+    probe_image, ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome,
+    OverlaySpec, Owner, StorageError, StorageKind,
 };
 use storage_support::*;
 
@@ -212,6 +212,10 @@ fn missing_and_unusable_bases_are_named_errors_and_leave_nothing() {
             vmdk.display()
         )
     );
+    let mut relative = spec(&l, "vol-f", Path::new("container-disks/disk_0.img"));
+    relative.policy.allowed_roots.clear();
+    let err = create_overlay(&relative).unwrap_err();
+    assert!(matches!(err, StorageError::CreateOverlay { .. }), "{err:?}");
     // No overlay directory got a file.
     let data = l.ephemeral.join("disk-data");
     let leftovers: Vec<_> = walk(&data);
@@ -265,6 +269,17 @@ fn chains_deeper_than_the_policy_are_rejected() {
     );
     assert!(!tight.overlay.exists());
 
+    // containerDisk policy (KubeVirt VerifyQCOW2): a qcow2 base with any backing file is refused.
+    let mut container = spec(&l, "cd", &l.bases.join("b1.qcow2"));
+    container.policy.max_depth = ChainPolicy::container_disk().max_depth;
+    assert!(matches!(
+        create_overlay(&container).unwrap_err(),
+        StorageError::ChainTooDeep { limit: 1, .. }
+    ));
+    let mut flat = spec(&l, "cd", &l.bases.join("b0.raw"));
+    flat.policy.max_depth = ChainPolicy::container_disk().max_depth;
+    assert_eq!(create_overlay(&flat).unwrap().0, Outcome::Created);
+
     let mut enough = spec(&l, "deep", &below);
     enough.policy.max_depth = 4;
     assert_eq!(create_overlay(&enough).unwrap().0, Outcome::Created);
@@ -296,7 +311,7 @@ fn backing_files_outside_the_allowed_roots_are_rejected() {
     assert_eq!(
         err.to_string(),
         format!(
-            "volume vol: backing file {} (of {}) is outside the allowed roots {:?}",
+            "volume vol: backing file {} (of {}) is not a local file under the allowed roots {:?}",
             secret.display(),
             base.display(),
             vec![l.bases.clone()]
@@ -504,6 +519,17 @@ fn direct_io_is_supported_on_ext4_but_not_on_ramfs() {
     let fs = Tmpfs::ramfs();
     assert!(!direct_io_supported(&fs.path).unwrap());
     assert!(!direct_io_supported(&fs.path.join("not-yet.img")).unwrap());
+    // A disk on ext4 over a base on ramfs: the backing file decides (KubeVirt checks both).
+    let base = fs.path.join("base.raw");
+    raw_base(&base, MIB);
+    let overlay = scratch.join("overlay.qcow2");
+    qemu_img_create(&overlay, "", Some((&base, "raw")));
+    let disk = probe_disk("vol", &overlay, &ChainPolicy::default()).unwrap();
+    assert_eq!((disk.image.chain_depth, disk.direct_io), (1, false));
+    let alone = probe_disk("vol", &file, &ChainPolicy::default()).unwrap();
+    assert!(alone.direct_io);
+    std::fs::remove_file(&overlay).unwrap();
+    std::fs::remove_file(&base).unwrap();
     // The probes left nothing behind.
     assert!(fs.listing().is_empty());
     assert_eq!(std::fs::read_dir(&scratch.path).unwrap().count(), 1);

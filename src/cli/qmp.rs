@@ -157,6 +157,7 @@ pub fn run_hotplug(args: HotplugArgs) -> anyhow::Result<()> {
                 let nic = NicAttach {
                     tap_fd: tap::open_tap(&tap, true)?,
                     fd_name,
+                    extra_fds: vec![],
                     netdev: parse_json("--netdev", &netdev)?,
                     device: parse_json("--device", &device)?,
                 };

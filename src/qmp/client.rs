@@ -274,6 +274,9 @@ impl QmpClient {
 
     /// Runs `command`, sending `fds` with SCM_RIGHTS on the same `sendmsg` as the command's first
     /// byte. QEMU keeps the fds for the command that consumes them (`getfd`, `add-fd`).
+    /// `timeout` bounds the write and the wait for the reply separately; a write that times out
+    /// half-way (QEMU not reading for that long) leaves a partial line on the socket, after which
+    /// the connection should be treated as broken.
     pub async fn execute_with(
         &self,
         command: &str,

@@ -46,6 +46,9 @@ pub struct NicAttach {
     pub tap_fd: OwnedFd,
     /// Name the fd gets in QEMU, referenced by `netdev["fd"]`.
     pub fd_name: String,
+    /// More named fds sent with `getfd` after the tap (vhost-net fds, more queues'
+    /// taps: `netdev["vhostfd"]`, `netdev["fds"]`); usually empty.
+    pub extra_fds: Vec<(String, OwnedFd)>,
     /// `netdev_add` arguments (`{"type": "tap", "fd": fd_name, "id": "hostua-<name>", ...}`).
     pub netdev: Value,
     /// `device_add` arguments (`virtio-net-pci` with `netdev`, `id`, `mac`, `bus`).
@@ -193,21 +196,20 @@ pub async fn detach_disk(
     Ok(())
 }
 
-/// Hotplugs a NIC: `getfd`, `netdev_add`, `device_add`. On failure the netdev is deleted or the
-/// named fd closed again.
+/// Hotplugs a NIC: `getfd` (tap, then `extra_fds`), `netdev_add`, `device_add`. On failure the
+/// netdev is deleted or the named fds closed again.
 pub async fn attach_nic(client: &QmpClient, nic: &NicAttach) -> Result<(), QmpError> {
     let id = str_field(&nic.device, "id", "device")?;
     let netdev_id = str_field(&nic.netdev, "id", "netdev")?;
-    client
-        .getfd(&nic.fd_name, nic.tap_fd.as_fd())
-        .await
-        .map_err(|e| QmpError::Hotplug {
-            what: id.clone(),
-            step: format!("getfd {}", nic.fd_name),
-            rollback_errors: vec![],
-            source: Box::new(e),
-        })?;
-    let undo = vec![("closefd".to_string(), json!({ "fdname": nic.fd_name }))];
+    let fds = std::iter::once((&nic.fd_name, &nic.tap_fd))
+        .chain(nic.extra_fds.iter().map(|(n, f)| (n, f)));
+    let mut undo = Vec::new();
+    for (name, fd) in fds {
+        if let Err(e) = client.getfd(name, fd.as_fd()).await {
+            return Err(fail(client, &id, format!("getfd {name}"), undo, e).await);
+        }
+        undo.push(("closefd".to_string(), json!({ "fdname": name })));
+    }
     if let Err(e) = client.execute("netdev_add", Some(nic.netdev.clone())).await {
         return Err(fail(client, &id, format!("netdev_add {netdev_id}"), undo, e).await);
     }

@@ -56,6 +56,9 @@ pub struct LaunchSpec {
     pub start: bool,
     /// How long QEMU may take to greet on QMP; also the default QMP command timeout.
     pub timeout: Duration,
+    /// File to record QEMU's pid in (decimal and a newline, written to a temporary name, fsynced
+    /// and renamed, as libvirt's `<domain>.pid`); `None` records nothing.
+    pub pid_file: Option<PathBuf>,
 }
 
 /// A running QEMU with its QMP client.
@@ -97,6 +100,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
         pre_start,
         start,
         timeout,
+        pid_file,
     } = spec;
     for f in &fds {
         if f.target < 3 {
@@ -146,6 +150,16 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
     drop(fds);
     let pid = child.id().map(|p| p as i32).unwrap_or(0);
     tracing::info!(pid, qemu = %qemu.display(), "QEMU spawned");
+    if let Some(path) = &pid_file {
+        if let Err(source) = write_pid_file(path, pid) {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+            return Err(QmpError::PrepareLaunch {
+                what: format!("write pid file {}", path.display()),
+                source,
+            });
+        }
+    }
 
     let connected = {
         let connect = connect_retry(&qmp_socket, timeout);
@@ -183,6 +197,17 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
         }
     }
     Ok(proc)
+}
+
+fn write_pid_file(path: &Path, pid: i32) -> std::io::Result<()> {
+    use std::io::Write;
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(format!("{pid}\n").as_bytes())?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)
 }
 
 /// After a failed launch step: if QEMU exits within a moment (a closed QMP connection usually

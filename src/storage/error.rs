@@ -70,7 +70,8 @@ pub enum StorageError {
     },
     /// An image or a backing file resolves outside every allowed root, or is not a local file.
     #[error(
-        "volume {volume}: {what} {backing} (of {image}) is outside the allowed roots {roots:?}"
+        "volume {volume}: {what} {backing} (of {image}) is not a local file under the allowed \
+         roots {roots:?}"
     )]
     OutsideAllowedRoots {
         /// Volume name.
@@ -124,6 +125,14 @@ pub enum StorageError {
         volume: String,
         /// Requested size in bytes.
         requested: u64,
+    },
+    /// A capacity is not a Kubernetes quantity (or overflows 64 bits).
+    #[error("volume {volume}: capacity {value:?} is not a valid quantity")]
+    InvalidCapacity {
+        /// Volume name.
+        volume: String,
+        /// The quantity as written.
+        value: String,
     },
     /// A `Disk`-type hostDisk does not exist (KubeVirt creates nothing for it).
     #[error("volume {volume}: hostDisk {path} does not exist")]

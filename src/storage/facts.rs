@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::qcow2::{self, HeaderError};
-use super::StorageError;
+use super::{paths, StorageError};
 
 /// Image format, as QEMU's `format` driver names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
@@ -103,6 +103,32 @@ impl Default for ChainPolicy {
     }
 }
 
+impl ChainPolicy {
+    /// containerDisk bases: under [`paths::CONTAINER_DISK_DIR`] or [`paths::IMAGE_VOLUME_DIR`],
+    /// and a qcow2 base must have no backing file (KubeVirt `VerifyQCOW2`), so the overlay chain
+    /// is at most 1 deep.
+    pub fn container_disk() -> ChainPolicy {
+        ChainPolicy {
+            allowed_roots: vec![
+                PathBuf::from(paths::CONTAINER_DISK_DIR),
+                PathBuf::from(paths::IMAGE_VOLUME_DIR),
+            ],
+            max_depth: 1,
+        }
+    }
+
+    /// `ephemeral` PVC bases: raw, under [`paths::VMI_DISKS_DIR`] or `/dev`.
+    pub fn ephemeral() -> ChainPolicy {
+        ChainPolicy {
+            allowed_roots: vec![
+                PathBuf::from(paths::VMI_DISKS_DIR),
+                PathBuf::from(paths::BLOCK_DEVICE_DIR),
+            ],
+            max_depth: 1,
+        }
+    }
+}
+
 /// Default [`ChainPolicy::max_depth`]: containerDisk images are flat; 8 leaves room for layered
 /// bases without letting a crafted chain make QEMU open hundreds of files.
 pub const DEFAULT_MAX_CHAIN_DEPTH: u32 = 8;
@@ -140,7 +166,7 @@ pub fn probe_image(
         &roots,
         &policy.allowed_roots,
     )?;
-    let mut facts = probe_one(volume, path, &top, None)?;
+    let mut facts = probe_one(volume, path, &top, None, &policy.allowed_roots)?;
     // Walk the chain: every backing file must resolve under the roots, and at most max_depth of
     // them are followed (this also ends a chain that loops back on itself).
     let mut depth = 0u32;
@@ -184,6 +210,7 @@ pub fn probe_image(
             &backing.path,
             &canonical,
             Some((backing.format, &image)),
+            &policy.allowed_roots,
         )?;
         image = backing.path.clone();
         next = below.backing;
@@ -198,6 +225,7 @@ fn probe_one(
     given: &Path,
     canonical: &Path,
     expected: Option<(ImageFormat, &Path)>,
+    roots: &[PathBuf],
 ) -> Result<ImageFacts, StorageError> {
     let open_err = |source: io::Error| {
         if source.kind() == io::ErrorKind::NotFound {
@@ -309,7 +337,9 @@ fn probe_one(
     };
     let backing = match backing {
         None => None,
-        Some((name, format)) => Some(resolve_backing(volume, given, canonical, &name, format)?),
+        Some((name, format)) => Some(resolve_backing(
+            volume, given, canonical, &name, format, roots,
+        )?),
     };
     Ok(ImageFacts {
         path: given.to_path_buf(),
@@ -359,13 +389,14 @@ fn resolve_backing(
     canonical: &Path,
     name: &str,
     format: Option<String>,
+    roots: &[PathBuf],
 ) -> Result<BackingFacts, StorageError> {
     let outside = |backing: String| StorageError::OutsideAllowedRoots {
         volume: volume.to_string(),
         what: "backing file",
         image: given.to_path_buf(),
         backing,
-        roots: Vec::new(),
+        roots: roots.to_vec(),
     };
     if is_protocol_name(name) || name.is_empty() {
         return Err(outside(name.to_string()));
@@ -481,6 +512,43 @@ pub(crate) fn check_root(
             roots: configured.to_vec(),
         })
     }
+}
+
+/// An image's facts plus the O_DIRECT verdict the converter turns into `cache=none` (true) or
+/// `writethrough` (false).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DiskFacts {
+    /// Format, size, kind and chain of the image.
+    pub image: ImageFacts,
+    /// O_DIRECT works on the image and, when it has one, on its backing file (KubeVirt
+    /// `SetDriverCacheMode` checks both). A failed probe counts as unsupported, as in KubeVirt.
+    pub direct_io: bool,
+}
+
+/// [`probe_image`] plus [`direct_io_supported`] on the image and its backing file: everything the
+/// converter needs about one disk.
+///
+/// # Errors
+/// As [`probe_image`]; O_DIRECT probe failures are not errors (they mean `writethrough`).
+pub fn probe_disk(
+    volume: &str,
+    path: &Path,
+    policy: &ChainPolicy,
+) -> Result<DiskFacts, StorageError> {
+    let image = probe_image(volume, path, policy)?;
+    let direct = |p: &Path| match direct_io_supported(p) {
+        Ok(supported) => supported,
+        Err(e) => {
+            tracing::warn!(volume, path = %p.display(), error = %e, "direct I/O check failed");
+            false
+        }
+    };
+    let direct_io = direct(path)
+        && image
+            .backing
+            .as_ref()
+            .is_none_or(|backing| direct(&backing.path));
+    Ok(DiskFacts { image, direct_io })
 }
 
 /// Whether `path` can be opened with `O_DIRECT`, as KubeVirt's `DirectIOChecker` decides

@@ -47,8 +47,8 @@ pub struct HostDiskSpec {
     pub owner: Option<Owner>,
 }
 
-/// Prepares the hostDisk: checks a `Disk` exists, creates a missing `DiskOrCreate` image, and
-/// sets the owner. Returns the outcome and the image length in bytes.
+/// Prepares the hostDisk: checks a `Disk` exists, creates a missing `DiskOrCreate` image and
+/// sets the owner of a `DiskOrCreate` image (new or existing), as virt-handler does. Returns the outcome and the image length in bytes.
 ///
 /// # Errors
 /// [`StorageError::HostDiskMissing`], [`StorageError::CapacityTooSmall`],
@@ -73,7 +73,9 @@ pub fn prepare_host_disk(spec: &HostDiskSpec) -> Result<(Outcome, u64), StorageE
     };
     match std::fs::metadata(&spec.path) {
         Ok(meta) => {
-            if let Some(owner) = spec.owner {
+            // virt-handler only takes ownership of DiskOrCreate images.
+            let create = matches!(spec.kind, HostDiskType::DiskOrCreate { .. });
+            if let Some(owner) = spec.owner.filter(|_| create) {
                 std::os::unix::fs::chown(&spec.path, Some(owner.uid), Some(owner.gid))
                     .map_err(fail)?;
             }

@@ -12,11 +12,13 @@
 //!   `pkg/ephemeral-disk`, `pkg/container-disk`).
 //! - [`empty_disk`]: [`EmptyDiskSpec`] → sparse qcow2 (`pkg/emptydisk`).
 //! - [`host_disk`]: [`HostDiskSpec`] → sparse raw or an existing file (`pkg/host-disk`).
-//! - [`facts`]: [`ImageFacts`], [`probe_image`], [`direct_io_supported`] for the converter context.
+//! - [`facts`]: [`ImageFacts`], [`DiskFacts`], [`probe_image`], [`probe_disk`],
+//!   [`direct_io_supported`] for the converter context.
 //! - [`cloud_init`]: [`CloudInitSpec`] → `noCloud.iso` / `configdrive.iso` (`pkg/cloud-init`).
 //! - [`config_volume`]: [`ConfigVolumeSpec`] → config ISOs (`pkg/config`).
 //! - [`iso`]: the ISO9660 + Joliet + Rock Ridge writer shared by the last two (crate `hadris-iso`).
 //! - [`paths`]: KubeVirt's fixed directories and file names.
+//! - [`from_vmi`]: the specs above filled from `crate::vmi` types (the only `vmi` import).
 //!
 //! Every function is blocking (plain `std::fs` and `imago` in its `sync` mode); async callers run
 //! them on a blocking thread.
@@ -26,6 +28,7 @@ pub mod config_volume;
 pub mod empty_disk;
 mod error;
 pub mod facts;
+pub mod from_vmi;
 pub mod host_disk;
 pub mod iso;
 pub mod overlay;
@@ -40,8 +43,8 @@ pub use config_volume::{write_config_volume_iso, ConfigVolumeKind, ConfigVolumeS
 pub use empty_disk::{create_empty_disk, EmptyDiskSpec};
 pub use error::StorageError;
 pub use facts::{
-    direct_io_supported, probe_image, BackingFacts, ChainPolicy, ImageFacts, ImageFormat,
-    StorageKind,
+    direct_io_supported, probe_disk, probe_image, BackingFacts, ChainPolicy, DiskFacts, ImageFacts,
+    ImageFormat, StorageKind,
 };
 pub use host_disk::{prepare_host_disk, HostDiskSpec, HostDiskType};
 pub use overlay::{create_overlay, OverlaySpec};

@@ -87,6 +87,13 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(fail(e)),
     }
+    if spec.base.is_relative() {
+        // QEMU would resolve a relative name against the overlay's directory, not ours.
+        return Err(fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the base path must be absolute",
+        )));
+    }
     if spec.policy.max_depth == 0 {
         return Err(StorageError::ChainTooDeep {
             volume: spec.volume.clone(),
@@ -105,13 +112,12 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         },
         other => other,
     })?;
-    let backing_name = spec
-        .base
-        .to_str()
-        .ok_or_else(|| StorageError::InvalidVolumeName {
-            volume: spec.volume.clone(),
-            reason: "the base path is not UTF-8",
-        })?;
+    let backing_name = spec.base.to_str().ok_or_else(|| {
+        fail(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "the base path is not UTF-8",
+        ))
+    })?;
     if backing_name.len() > MAX_BACKING_NAME {
         return Err(fail(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

@@ -12,6 +12,10 @@ use std::path::{Path, PathBuf};
 pub const EPHEMERAL_DISK_DIR: &str = "/var/run/kubevirt-ephemeral-disks";
 /// Where virt-handler bind-mounts containerDisk images (`disk_<i>.img`).
 pub const CONTAINER_DISK_DIR: &str = "/var/run/kubevirt/container-disks";
+/// With the ImageVolume feature, `disk_<i>.img` is a symlink into `disk_<i>/` below this directory.
+pub const IMAGE_VOLUME_DIR: &str = "/var/run/kubevirt-image-volume";
+/// Block-mode PVCs appear as `/dev/<volume>`.
+pub const BLOCK_DEVICE_DIR: &str = "/dev";
 /// Filesystem PVCs (`<volume>/disk.img`), also the base of ephemeral PVC overlays.
 pub const VMI_DISKS_DIR: &str = "/var/run/kubevirt-private/vmi-disks";
 /// emptyDisk images (`<volume>.qcow2`).
@@ -35,6 +39,22 @@ pub fn overlay_path(ephemeral_dir: &Path, volume: &str) -> PathBuf {
         .join("disk-data")
         .join(volume)
         .join("disk.qcow2")
+}
+
+/// `<container_disk_dir>/disk_<index>.img`, `index` being the volume's position in
+/// `spec.volumes` (KubeVirt `GetDiskTargetPathFromLauncherView`).
+pub fn container_disk_path(container_disk_dir: &Path, index: usize) -> PathBuf {
+    container_disk_dir.join(format!("disk_{index}.img"))
+}
+
+/// The base of an `ephemeral` PVC volume: `/dev/<volume>` for a block PVC, else
+/// `<vmi_disks_dir>/<volume>/disk.img` (KubeVirt `getBackingFilePath`).
+pub fn ephemeral_base_path(vmi_disks_dir: &Path, volume: &str, block: bool) -> PathBuf {
+    if block {
+        Path::new(BLOCK_DEVICE_DIR).join(volume)
+    } else {
+        vmi_disks_dir.join(volume).join("disk.img")
+    }
 }
 
 /// `<dir>/<volume>.qcow2` (`dir` normally [`EMPTY_DISK_DIR`]).

@@ -145,6 +145,17 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header, HeaderError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        #[test]
+        fn arbitrary_bytes_never_panic(mut bytes in proptest::collection::vec(any::<u8>(), 0..600), magic in any::<bool>()) {
+            if magic && bytes.len() >= 4 {
+                bytes[..4].copy_from_slice(&MAGIC);
+            }
+            let _ = parse(&bytes);
+        }
+    }
 
     /// A v3 header with a backing format extension, as `qemu-img create -b base -F raw` writes.
     fn header_bytes(version: u32, backing: &str, format: Option<&str>) -> Vec<u8> {

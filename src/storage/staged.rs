@@ -99,6 +99,17 @@ impl Staged {
                 ) {
                     Ok(()) => true,
                     Err(nix::errno::Errno::EEXIST) => false,
+                    // Filesystems without RENAME_NOREPLACE: link(2) also refuses to replace.
+                    Err(nix::errno::Errno::EINVAL) | Err(nix::errno::Errno::ENOSYS) => {
+                        match std::fs::hard_link(&self.tmp, &self.target) {
+                            Ok(()) => {
+                                std::fs::remove_file(&self.tmp)?;
+                                true
+                            }
+                            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => false,
+                            Err(e) => return Err(e),
+                        }
+                    }
                     Err(e) => return Err(io::Error::from(e)),
                 }
             }

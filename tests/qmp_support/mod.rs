@@ -107,6 +107,7 @@ impl TestVm {
             pre_start: vec![],
             start: true,
             timeout: Duration::from_secs(20),
+            pid_file: None,
         };
         adjust(&mut spec);
         match launch(spec).await {
