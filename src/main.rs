@@ -32,6 +32,8 @@ enum Cli {
     Qmp(cli::qmp::QmpArgs),
     /// Hotplug or unplug a disk or NIC through a QEMU's monitor socket.
     Hotplug(cli::qmp::HotplugArgs),
+    /// Run one VMI outside Kubernetes: monitor, launcher and QEMU in this network namespace.
+    Run(cli::run::RunArgs),
     /// Print the pod interface facts and the masquerade NAT tables (read-only).
     NetProbe(cli::net::NetProbe),
 }
@@ -56,6 +58,7 @@ fn main() -> ExitCode {
         Cli::Monitor { args } => return cli::monitor::main(args),
         Cli::Launcher { args } => return cli::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),
+        Cli::Run(args) => cli::run::run(args),
         Cli::NetProbe(args) => ok(cli::net::run(args)),
         Cli::Qmp(args) => ok(cli::qmp::run_qmp(args)),
         Cli::Hotplug(args) => ok(cli::qmp::run_hotplug(args)),

@@ -1,11 +1,20 @@
 //! `qlauncher launcher` / `virt-launcher`: the per-VMI launcher process.
 //!
 //! Parses virt-launcher's flags, sets up logging, creates the directories, reads `STANDALONE_VMI`,
-//! and runs the lifecycle of [`qlauncher::monitor::launcher::run`]. The domain comes from the sync
-//! module (command server, SyncVMI); until it is wired in, a launcher without one fails after
-//! `--qemu-timeout`, as KubeVirt's does when no domain is defined. For the process-level tests
-//! a [`StaticQemu`] domain starts a fixed QEMU command line taken from `QLAUNCHER_TEST_QEMU`.
+//! and runs the lifecycle of [`qlauncher::monitor::launcher::run`]. The domain is a
+//! [`SyncVmi`] behind the command server on `<share-dir>/sockets/launcher-sock`; the standalone
+//! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
+//! KubeVirt's does when no domain is defined. For the process-level tests a [`StaticQemu`] domain
+//! starts a fixed QEMU command line taken from `QLAUNCHER_TEST_QEMU`.
+use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use qlauncher::cmdline::context::QemuVersion;
+use qlauncher::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
+use qlauncher::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
+use qlauncher::sync::{SyncConfig, SyncVmi};
+use qlauncher::vmi::Vmi;
 use std::sync::{Arc, Mutex};
 
 use qlauncher::log::{self, VmiRef};
@@ -19,6 +28,10 @@ use tracing::{debug, error, info, warn};
 
 /// Test-only: JSON `{"argv": [...], "qmp": "/path/to/qmp.sock"}`, a QEMU to start as the domain.
 pub const TEST_QEMU_ENV: &str = "QLAUNCHER_TEST_QEMU";
+/// Root under which the paths without a launcher flag live (set by `qlauncher run`).
+pub const ROOT_ENV: &str = "QLAUNCHER_ROOT";
+/// `on` forces TCG (set by `qlauncher run --emulation on`).
+pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
 
 /// Runs the launcher; exit code 0 on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -86,14 +99,115 @@ async fn run(config: LauncherConfig) -> Result<(), MonitorError> {
             let domain = StaticQemu::from_spec(&spec)?;
             launcher::run(&config, &domain, stop).await?;
         }
-        Err(_) => {
-            if standalone.is_some() {
-                warn!("STANDALONE_VMI read, but this build has no domain manager to start it");
-            }
-            launcher::run(&config, &NoDomain, stop).await?;
-        }
+        Err(_) => run_sync(&config, standalone, stop).await?,
     }
     Ok(())
+}
+
+/// The launcher proper: the command server on `launcher-sock` over a [`SyncVmi`], the standalone
+/// VMI synced at start, the lifecycle of [`launcher::run`], and the final notification.
+async fn run_sync(
+    config: &LauncherConfig,
+    standalone: Option<serde_json::Value>,
+    stop: watch::Receiver<bool>,
+) -> Result<(), MonitorError> {
+    let sync_config = sync_config(config);
+    let notify_socket = notify_socket_in_share_dir(&config.kubevirt_share_dir);
+    let notifier = notify_socket
+        .exists()
+        .then(|| Notifier::start(notify_socket, NotifyTiming::KUBEVIRT));
+    let manager = Arc::new(SyncVmi::new(sync_config, notifier));
+    let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = CmdServer::start(
+        manager.clone(),
+        CmdSocketPaths::in_share_dir(&config.kubevirt_share_dir),
+        async move {
+            let _ = server_stop_rx.await;
+        },
+    )
+    .await
+    .map_err(|e| failed("starting the command server", &e))?;
+    server
+        .mark_ready()
+        .map_err(|e| failed("marking the command server ready", &e))?;
+    let (sync_err_tx, mut sync_err_rx) = tokio::sync::mpsc::channel::<String>(1);
+    if let Some(value) = standalone {
+        let vmi: Vmi = serde_json::from_value(value).map_err(|e| MonitorError::QemuExited {
+            reason: format!("STANDALONE_VMI is not a VMI: {e}"),
+        })?;
+        let m = manager.clone();
+        tokio::spawn(async move {
+            if let Err(e) = m.sync_vmi(vmi, None).await {
+                let _ = sync_err_tx.send(error_chain(&e)).await;
+            }
+        });
+    }
+    let result = tokio::select! {
+        r = launcher::run(config, &*manager, stop) => r.map(drop),
+        Some(reason) = sync_err_rx.recv() => Err(MonitorError::QemuExited {
+            reason: format!("standalone VMI sync failed: {reason}"),
+        }),
+    };
+    manager.final_notify(Duration::from_secs(10)).await;
+    let _ = server_stop_tx.send(());
+    let _ = server.wait().await;
+    result
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
+}
+
+fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
+    MonitorError::QemuExited {
+        reason: format!("{step}: {}", error_chain(e)),
+    }
+}
+
+/// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
+/// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION=on` forces
+/// TCG even where `/dev/kvm` exists.
+fn sync_config(config: &LauncherConfig) -> SyncConfig {
+    let root = std::env::var_os(ROOT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let mut c = SyncConfig::under_root(&root);
+    let s = |p: &std::path::Path| p.display().to_string();
+    c.paths.private_dir = s(&config.private_dir);
+    c.paths.ephemeral_disks = s(&config.ephemeral_disk_dir);
+    c.paths.cloud_init = s(&config.ephemeral_disk_dir.join("cloud-init-data"));
+    c.paths.container_disks = s(&config.container_disk_dir);
+    c.paths.hotplug_disks = s(&config.hotplug_disk_dir);
+    let qlauncher_dir = config.private_dir.join("qlauncher");
+    c.qmp_socket = qlauncher_dir.join("monitor.sock");
+    c.qemu_log = qlauncher_dir.join("qemu.log");
+    let forced_tcg = std::env::var(EMULATION_ENV).as_deref() == Ok("on");
+    c.kvm = !forced_tcg && std::path::Path::new("/dev/kvm").exists();
+    c.allow_emulation = config.allow_emulation || forced_tcg;
+    if let Some(v) = qemu_version(&c.qemu) {
+        c.qemu_version = v;
+    }
+    c
+}
+
+/// `QEMU emulator version 7.2.19 (...)` → 7.2; `None` when QEMU does not answer.
+fn qemu_version(qemu: &std::path::Path) -> Option<QemuVersion> {
+    let out = std::process::Command::new(qemu)
+        .arg("--version")
+        .env_clear()
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.split_whitespace().nth(3)?;
+    QemuVersion::parse(v)
 }
 
 /// SIGINT, SIGHUP, SIGTERM and SIGQUIT set the stop flag (KubeVirt's `signalStopChan`).
@@ -119,21 +233,6 @@ fn stop_on_signals() -> Result<watch::Receiver<bool>, MonitorError> {
         });
     }
     Ok(rx)
-}
-
-/// No domain manager: never starts a domain, so the launcher fails after `--qemu-timeout`.
-struct NoDomain;
-
-impl DomainControl for NoDomain {
-    async fn power_button(&self) -> Result<(), MonitorError> {
-        Ok(())
-    }
-}
-
-impl Domain for NoDomain {
-    async fn started(&self) -> Result<i32, MonitorError> {
-        std::future::pending().await
-    }
 }
 
 /// A domain that is one fixed QEMU command line with a QMP socket (test stand-in for sync).

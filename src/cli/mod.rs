@@ -4,5 +4,6 @@ pub mod launcher;
 pub mod monitor;
 pub mod net;
 pub mod qmp;
+pub mod run;
 pub mod sync;
 pub mod validate;

@@ -16,6 +16,9 @@ pub mod notify;
 pub mod proto;
 pub mod server;
 pub mod uds;
+pub mod vmi_sync;
+
+pub use vmi_sync::{SyncConfig, SyncVmi};
 
 /// Errors of the sync module. Each variant names the step that failed; the cause is its source.
 #[derive(Debug, thiserror::Error)]
@@ -124,4 +127,46 @@ pub enum SyncError {
     /// The notifier's worker task is gone (runtime shutting down).
     #[error("the notifier has stopped")]
     NotifierStopped,
+    /// The VMI is not valid (defaults applied); the message names the fields.
+    #[error("invalid VMI: {0}")]
+    InvalidVmi(String),
+    /// Preparing a disk image or ISO failed.
+    #[error("preparing storage")]
+    Storage(#[source] crate::storage::StorageError),
+    /// Setting up the pod network or the DHCP server failed.
+    #[error("setting up the network")]
+    Net(#[source] crate::net::NetError),
+    /// Converting the VMI to a QEMU command line failed.
+    #[error("converting the VMI")]
+    Convert(#[source] crate::cmdline::ConvertError),
+    /// Preparing QEMU's directories or log failed.
+    #[error("preparing QEMU: {what}")]
+    PrepareQemu {
+        /// What was done.
+        what: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Starting or watching QEMU failed.
+    #[error("starting QEMU")]
+    StartQemu(#[source] crate::monitor::MonitorError),
+    /// QEMU exited before its QMP monitor answered.
+    #[error("QEMU exited at start: {log_tail}")]
+    QemuExitedEarly {
+        /// The last lines of QEMU's log.
+        log_tail: String,
+    },
+    /// A QMP command failed.
+    #[error("QMP")]
+    Qmp(#[source] crate::qmp::QmpError),
+    /// The operation needs a running domain and there is none.
+    #[error("no domain is running")]
+    NoDomain,
+    /// A worker task failed.
+    #[error("worker task failed: {0}")]
+    Task(String),
+    /// The operation is not supported by qlauncher.
+    #[error("not supported by qlauncher: {0}")]
+    Unsupported(String),
 }

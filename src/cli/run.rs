@@ -1,0 +1,181 @@
+//! `qlauncher run FILE [--root DIR] [--emulation auto|on|off] [--container-disk VOLUME=PATH]...
+//! [--kernel-boot-dir DIR]`: one VMI outside Kubernetes.
+//!
+//! Places every KubeVirt path under `--root`, links the local images the VMI's containerDisk
+//! volumes (and kernelBoot container) name where KubeVirt's disk sidecars would put them
+//! (`<root>/var/run/kubevirt/container-disks/disk_<i>.img`, `.../kernel-boot/`), and then becomes
+//! `qlauncher monitor` (exec) with virt-launcher's flags and the VMI in `STANDALONE_VMI`: one
+//! process tree (monitor, launcher, QEMU). Ctrl-C or SIGTERM presses the ACPI power button and
+//! kills QEMU when the grace period (`spec.terminationGracePeriodSeconds`, default 30 s) ends.
+//! The network binding is set up in the current network namespace on its `eth0`.
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use qlauncher::vmi::Vmi;
+
+/// `--emulation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Emulation {
+    /// KVM when `/dev/kvm` exists, else TCG.
+    Auto,
+    /// Always TCG.
+    On,
+    /// KVM only (fails without it).
+    Off,
+}
+
+/// Arguments of `qlauncher run`.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// VMI manifest (YAML or JSON).
+    pub file: PathBuf,
+    /// Directory under which every KubeVirt path is placed (kept between runs: a second run reuses
+    /// the overlays).
+    #[arg(long, default_value = "/var/lib/qlauncher/run")]
+    pub root: PathBuf,
+    /// Hardware virtualization or TCG.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub emulation: Emulation,
+    /// A local base image (qcow2 or raw) for a containerDisk volume: `VOLUME=PATH`. Repeatable.
+    #[arg(long = "container-disk", value_name = "VOLUME=PATH")]
+    pub container_disks: Vec<String>,
+    /// Directory holding the kernelBoot container's kernel and initrd (by their file names).
+    #[arg(long, value_name = "DIR")]
+    pub kernel_boot_dir: Option<PathBuf>,
+}
+
+/// Runs `qlauncher run`: returns only on error (it execs the monitor).
+pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
+    let text = std::fs::read_to_string(&args.file)
+        .with_context(|| format!("cannot read {}", args.file.display()))?;
+    let mut vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let name = vmi
+        .metadata
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .context("metadata.name: missing")?;
+    let namespace = vmi
+        .metadata
+        .namespace
+        .get_or_insert_with(|| "default".into())
+        .clone();
+    // A stable UID per namespace/name, so a second run finds its files again.
+    let uid = vmi
+        .metadata
+        .uid
+        .get_or_insert_with(|| {
+            uuid::Uuid::new_v5(
+                &uuid::Uuid::NAMESPACE_URL,
+                format!("qlauncher-run:{namespace}/{name}").as_bytes(),
+            )
+            .to_string()
+        })
+        .clone();
+    std::fs::create_dir_all(&args.root)
+        .with_context(|| format!("cannot create {}", args.root.display()))?;
+    let root = std::fs::canonicalize(&args.root)?;
+    let under = |p: &str| root.join(p);
+    let share = under("var/run/kubevirt");
+    let container_disks = under("var/run/kubevirt/container-disks");
+    std::fs::create_dir_all(&container_disks)?;
+
+    let mut mapped: Vec<(String, PathBuf)> = Vec::new();
+    for spec in &args.container_disks {
+        let (volume, path) = spec
+            .split_once('=')
+            .with_context(|| format!("--container-disk {spec:?}: expected VOLUME=PATH"))?;
+        let path = std::fs::canonicalize(path)
+            .with_context(|| format!("--container-disk {volume}: cannot find {path}"))?;
+        mapped.push((volume.to_string(), path));
+    }
+    for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
+        if vol.container_disk.is_none() {
+            continue;
+        }
+        let Some((_, path)) = mapped.iter().find(|(v, _)| *v == vol.name) else {
+            bail!(
+                "volume {} is a containerDisk: give its image with --container-disk {}=PATH",
+                vol.name,
+                vol.name
+            );
+        };
+        relink(path, &container_disks.join(format!("disk_{index}.img")))?;
+    }
+    for (volume, _) in &mapped {
+        if !vmi
+            .spec
+            .volumes
+            .iter()
+            .flatten()
+            .any(|v| v.name == *volume && v.container_disk.is_some())
+        {
+            bail!("--container-disk {volume}: the VMI has no containerDisk volume of that name");
+        }
+    }
+    if let Some(dir) = &args.kernel_boot_dir {
+        let dir = std::fs::canonicalize(dir)
+            .with_context(|| format!("--kernel-boot-dir: cannot find {}", dir.display()))?;
+        relink(&dir, &container_disks.join("kernel-boot"))?;
+    }
+
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .map(|s| s.max(0))
+        .unwrap_or(30);
+    let json = serde_json::to_string(&vmi)?;
+    let p = |p: PathBuf| p.display().to_string();
+    let mut flags: Vec<String> = vec![
+        "monitor".into(),
+        "--name".into(),
+        name,
+        "--namespace".into(),
+        namespace,
+        "--uid".into(),
+        uid,
+        "--kubevirt-share-dir".into(),
+        p(share),
+        "--ephemeral-disk-dir".into(),
+        p(under("var/run/kubevirt-ephemeral-disks")),
+        "--container-disk-dir".into(),
+        p(container_disks),
+        "--hotplug-disk-dir".into(),
+        p(under("var/run/kubevirt/hotplug-disks")),
+        "--private-dir".into(),
+        p(under("var/run/kubevirt-private")),
+        "--grace-period-seconds".into(),
+        grace.to_string(),
+        "--qemu-timeout".into(),
+        "120s".into(),
+    ];
+    if args.emulation != Emulation::Off {
+        flags.push("--allow-emulation".into());
+    }
+    let exe = std::env::current_exe().context("cannot find the qlauncher binary")?;
+    let mut command = std::process::Command::new(exe);
+    command
+        .args(flags)
+        .env("STANDALONE_VMI", json)
+        .env(super::launcher::ROOT_ENV, &root)
+        .env(
+            super::launcher::EMULATION_ENV,
+            if args.emulation == Emulation::On {
+                "on"
+            } else {
+                "auto"
+            },
+        );
+    let err = command.exec();
+    Err(err).context("cannot exec the monitor")
+}
+
+/// Makes `link` a symlink to `target`, replacing an older link.
+fn relink(target: &Path, link: &Path) -> anyhow::Result<()> {
+    if link.symlink_metadata().is_ok() {
+        std::fs::remove_file(link).with_context(|| format!("cannot replace {}", link.display()))?;
+    }
+    std::os::unix::fs::symlink(target, link)
+        .with_context(|| format!("cannot link {} to {}", link.display(), target.display()))
+}
