@@ -1,7 +1,26 @@
 //! libvirt domain XML for qlauncher's plans.
 //!
-//! This crate will hold the exporter that turns a `DomainPlan` (and the VMI it came from) into the
-//! libvirt domain XML that KubeVirt v1.9's converter would hand to libvirt, and the comparison
-//! harness that asks libvirt (`virsh domxml-to-native qemu-argv`) for the argv it would run and
-//! compares it, device by device, with qlauncher's own argv. It reads only the plan: nothing here
-//! launches QEMU or touches the pod.
+//! The exporter ([`export::export`]) turns a `DomainPlan` (and the VMI it came from) into the
+//! libvirt domain XML that KubeVirt v1.9's converter would hand to libvirt. The harness
+//! ([`harness`]) asks libvirt (`virsh domxml-to-native qemu-argv`) for the argv it would run for
+//! that XML and compares it, device by device, with qlauncher's own argv; [`golden`] compares an
+//! exported XML with KubeVirt's expected XML element by element. Nothing here launches QEMU or
+//! touches the pod; the libvirt tools are run only by the harness and the validation helper.
+//!
+//! The `qlauncher-compat` binary (`src/bin/qlauncher-compat.rs`) offers
+//! `convert FILE --format libvirt-xml` and `compare FILE`. It is a second binary rather than a
+//! subcommand of `qlauncher` because this crate depends on `qlauncher`: the main binary
+//! depending back on it would be a cycle.
+#![warn(missing_docs)]
+
+pub mod argv;
+pub mod context;
+pub mod error;
+pub mod export;
+pub mod golden;
+pub mod harness;
+pub mod libvirt;
+pub mod schema;
+
+pub use error::CompatError;
+pub use export::{export, to_xml};

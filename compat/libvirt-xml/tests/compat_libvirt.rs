@@ -1,0 +1,166 @@
+//! The exporter against libvirt itself: every converter fixture VMI exports to a domain XML that
+//! passes libvirt's schema (`virt-xml-validate`), libvirt's argv for it (`virsh domxml-to-native`,
+//! libvirt 9.0 + the installed QEMU 7.2) matches qlauncher's argv record by record up to the
+//! documented allowlist, and the export of KubeVirt's converter test VMI matches KubeVirt's
+//! expected XML element by element up to the golden allowlist.
+
+mod support;
+
+use qlauncher::cmdline::render;
+use qlauncher_libvirt_xml::harness::Kind;
+use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
+use qlauncher_libvirt_xml::{argv, export, golden, harness, to_xml, CompatError};
+
+/// Fixtures libvirt 9.0 cannot turn into an argv on this machine: (fixture, libvirt's error,
+/// why). The XML of each still validates (test above).
+const LIBVIRT_CANNOT: &[(&str, &str, &str)] = &[
+    (
+        "hugepages",
+        "hugetlbfs filesystem is not mounted",
+        "libvirt needs a mounted hugetlbfs to place hugepage memory; this machine has none",
+    ),
+    (
+        "memory-hotplug",
+        "both maximum memory size and memory slot count must be specified",
+        "libvirt 9.0 rejects <maxMemory slots='0'>; KubeVirt v1.9's libvirt 11.10 accepts it for virtio-mem",
+    ),
+];
+
+#[test]
+fn every_fixture_exports_and_validates_against_libvirts_schema() {
+    support::ensure_libvirt_tools();
+    let fixtures = support::converter_fixtures(None);
+    assert!(fixtures.len() >= 50, "only {} fixtures", fixtures.len());
+    for f in &fixtures {
+        let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+        assert!(xml.starts_with("<domain type=\""), "{}: {xml}", f.name);
+        if let Err(e) = libvirt::validate(&libvirt::for_libvirt9(&xml)) {
+            panic!("{}: {e}\n{xml}", f.name);
+        }
+    }
+}
+
+#[test]
+fn every_fixture_matches_libvirts_argv_up_to_the_allowlist() {
+    support::ensure_libvirt_tools();
+    let qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
+    let dir = support::TempDir::new("embed");
+    let root = EmbedRoot::temporary(&dir.0.join("root")).unwrap();
+    let root_s = root.dir().to_string_lossy().to_string();
+    let mut compared = 0;
+    let mut same_rows = 0;
+    let mut failures = Vec::new();
+    for f in support::converter_fixtures(Some(qemu)) {
+        let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+        let theirs = match root.domxml_to_native(&xml) {
+            Ok(t) => t,
+            Err(CompatError::ToolFailed { stderr, .. }) => {
+                match LIBVIRT_CANNOT.iter().find(|(n, _, _)| *n == f.name) {
+                    Some((_, msg, _)) if stderr.contains(msg) => continue,
+                    _ => {
+                        failures.push(format!("{}: virsh failed: {stderr}", f.name));
+                        continue;
+                    }
+                }
+            }
+            Err(e) => panic!("{}: {e}", f.name),
+        };
+        let ours = argv::records(&render::argv(&f.plan), None).unwrap();
+        let theirs = argv::records(&theirs, Some(&root_s)).unwrap();
+        let report = harness::compare(&ours, &theirs);
+        compared += 1;
+        same_rows += report.rows.iter().filter(|r| r.kind == Kind::Same).count();
+        if !report.ok() {
+            failures.push(format!("{}:\n{}", f.name, report.table()));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    assert!(compared >= 48, "only {compared} fixtures compared");
+    // Most records must match exactly, not just be allowlisted.
+    assert!(
+        same_rows >= compared * 25,
+        "{same_rows} same rows over {compared} fixtures"
+    );
+}
+
+#[test]
+fn kubevirts_converter_test_vmi_exports_kubevirts_expected_xml() {
+    let dir = support::own_fixtures();
+    let f = support::load(&dir.join("kubevirt-converter-testvmi.yaml"), None).unwrap();
+    let ours = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+    let expected =
+        std::fs::read_to_string(dir.join("kubevirt-converter-domain_x86_64.xml")).unwrap();
+    let diffs = golden::diff(
+        &golden::parse(&ours, "export").unwrap(),
+        &golden::parse(&expected, "expected").unwrap(),
+    );
+    assert!(
+        golden::unexpected(&diffs).is_empty(),
+        "{}",
+        golden::table(&diffs)
+    );
+    // The comparison really looked at the device elements: these match exactly.
+    for path in [
+        "domain/devices/disk[ua-myvolume]/driver@iothread",
+        "domain/devices/disk[ua-cdrom_tray_open]/target@tray",
+        "domain/devices/memballoon@freePageReporting",
+        "domain/features/hyperv/stimer/direct@state",
+        "domain/clock/timer[hpet]@present",
+    ] {
+        assert!(!diffs.iter().any(|d| d.path == path), "{path} differs");
+    }
+    assert_eq!(diffs.len(), 44, "{}", golden::table(&diffs));
+}
+
+#[test]
+fn golden_diff_reports_a_changed_attribute_and_a_missing_element() {
+    let a = golden::parse(
+        r#"<domain><devices><disk><alias name="ua-a"/><driver cache="none"/></disk></devices></domain>"#,
+        "a",
+    )
+    .unwrap();
+    let b = golden::parse(
+        r#"<domain><devices><disk><driver cache="writeback"/><alias name="ua-a"/></disk><rng/></devices></domain>"#,
+        "b",
+    )
+    .unwrap();
+    let d = golden::diff(&a, &b);
+    assert_eq!(
+        d,
+        vec![
+            golden::Difference {
+                path: "domain/devices/disk[ua-a]/driver@cache".into(),
+                ours: "none".into(),
+                expected: "writeback".into(),
+            },
+            golden::Difference {
+                path: "domain/devices/rng".into(),
+                ours: "-".into(),
+                expected: "present".into(),
+            },
+        ]
+    );
+}
+
+#[test]
+fn an_unlisted_difference_fails_the_harness() {
+    let r = |k: &str, v: &str| argv::Record {
+        key: k.into(),
+        props: [("x".to_string(), v.to_string())].into(),
+    };
+    let report = harness::compare(&[r("device ua-a", "1")], &[r("device ua-a", "2")]);
+    assert!(!report.ok());
+    assert_eq!(report.unexpected().count(), 1);
+    let report = harness::compare(&[r("machine", "1")], &[r("object masterKey0", "1")]);
+    assert_eq!(
+        report
+            .rows
+            .iter()
+            .map(|r| (r.key.as_str(), r.kind, r.allowed.is_some()))
+            .collect::<Vec<_>>(),
+        vec![
+            ("machine", Kind::OnlyOurs, false),
+            ("object masterKey0", Kind::OnlyLibvirt, true)
+        ]
+    );
+}

@@ -1,0 +1,136 @@
+//! Shared helpers for the compat tests: the converter's fixture VMIs (read from the main crate's
+//! `tests/fixtures/cmdline/`), this crate's fixtures, and the one-time setup of libvirt's tools.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Once;
+
+use qlauncher::cmdline::{convert, ConverterContext, DomainPlan};
+use qlauncher::vmi::Vmi;
+use qlauncher_libvirt_xml::context::{context, Facts};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// This crate's fixtures.
+pub fn own_fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+/// One converted fixture.
+pub struct Converted {
+    pub name: String,
+    pub vmi: Vmi,
+    pub ctx: ConverterContext,
+    pub plan: DomainPlan,
+}
+
+/// Loads `NAME.yaml` (+ `NAME.facts.json`) and converts it for `qemu` (None: the facts' version).
+pub fn load(
+    yaml: &Path,
+    qemu: Option<qlauncher::cmdline::context::QemuVersion>,
+) -> Option<Converted> {
+    let name = yaml.file_stem()?.to_string_lossy().to_string();
+    let text = std::fs::read_to_string(yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let fp = yaml.with_file_name(format!("{name}.facts.json"));
+    let facts: Facts = if fp.exists() {
+        serde_json::from_str(&std::fs::read_to_string(&fp).unwrap())
+            .unwrap_or_else(|e| panic!("{name} facts: {e}"))
+    } else {
+        Facts::default()
+    };
+    if facts.rejected {
+        return None;
+    }
+    let ctx = context(&vmi, &facts, qemu);
+    let plan = convert(&vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    Some(Converted {
+        name,
+        vmi,
+        ctx,
+        plan,
+    })
+}
+
+/// Every converter fixture that converts (the `reject-*` ones are skipped), sorted by name.
+pub fn converter_fixtures(
+    qemu: Option<qlauncher::cmdline::context::QemuVersion>,
+) -> Vec<Converted> {
+    let dir = repo_root().join("tests/fixtures/cmdline");
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("converter fixture dir")
+        .filter_map(|e| e.ok())
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    paths.sort();
+    paths.iter().filter_map(|p| load(p, qemu)).collect()
+}
+
+fn have(program: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {program}"))
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+static SETUP: Once = Once::new();
+
+/// Installs libvirt's tools through `scripts/install-deps` when one is missing, and creates the
+/// `libvirt-qemu` system user the embedded QEMU driver resolves (Debian's libvirt-daemon-system
+/// would create it; we do not install the daemon). Needs root when something is missing.
+pub fn ensure_libvirt_tools() {
+    SETUP.call_once(|| {
+        let driver =
+            Path::new("/usr/lib/x86_64-linux-gnu/libvirt/connection-driver/libvirt_driver_qemu.so");
+        if !(have("virsh") && have("virt-xml-validate") && have("xmllint") && driver.exists()) {
+            let status = Command::new(repo_root().join("scripts/install-deps"))
+                .status()
+                .expect("run scripts/install-deps");
+            assert!(status.success(), "scripts/install-deps failed");
+        }
+        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+        if !passwd.lines().any(|l| l.starts_with("libvirt-qemu:")) {
+            let status = Command::new("useradd")
+                .args([
+                    "--system",
+                    "--user-group",
+                    "--no-create-home",
+                    "libvirt-qemu",
+                ])
+                .status()
+                .expect("run useradd");
+            // A parallel test binary may have created it meanwhile.
+            let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
+            assert!(
+                status.success() || passwd.lines().any(|l| l.starts_with("libvirt-qemu:")),
+                "cannot create the libvirt-qemu user"
+            );
+        }
+    });
+}
+
+/// A per-process scratch directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> Self {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let p =
+            std::env::temp_dir().join(format!("qlauncher-compat-{tag}-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&p).unwrap();
+        TempDir(p)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
