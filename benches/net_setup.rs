@@ -1,0 +1,180 @@
+//! Pod network setup benchmark (masquerade binding, IPv4 + IPv6) in throwaway network namespaces
+//! (needs root, `ip`, `nft`): qlauncher's in-process netlink + one nftables transaction
+//! ([`qlauncher::net::discover`], [`qlauncher::net::plan`], [`qlauncher::net::apply`]) against the
+//! same end state reached with the `ip` and `nft` processes KubeVirt's phase 1 stands for (one
+//! `nft` process per table, chain and rule, as `masquerade.go` `setupNATByFamily` runs them; the
+//! links and addresses as `ip` processes, the sysctls written directly as KubeVirt's Go code does).
+//! Each iteration uses a fresh pod namespace; the namespace set-up is not timed.
+//! Run: `cargo bench --bench net_setup [-- ITERATIONS]` (default 10). Prints one line per side
+//! and a `net-setup` summary line (milliseconds: median min max) for `scripts/bench`.
+
+#[path = "../tests/net_support/mod.rs"]
+mod net_support;
+
+use net_support::{resolv_conf, setup, PodNet};
+use qlauncher::net::NetConfig;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// The `nft` command lines KubeVirt runs for the default masquerade interface (all ports).
+fn kubevirt_nft() -> Vec<Vec<String>> {
+    let mut cmds = Vec::new();
+    for (fam, guest, gw, lo) in [
+        ("ip", "10.0.2.2", "10.0.2.1", "127.0.0.1"),
+        ("ip6", "fd10:0:2::2", "fd10:0:2::1", "::1"),
+    ] {
+        let lines = [
+            "add table FAM nat".to_string(),
+            "add chain FAM nat prerouting { type nat hook prerouting priority -100; }".into(),
+            "add chain FAM nat input { type nat hook input priority 100; }".into(),
+            "add chain FAM nat output { type nat hook output priority -100; }".into(),
+            "add chain FAM nat postrouting { type nat hook postrouting priority 100; }".into(),
+            "add chain FAM nat KUBEVIRT_PREINBOUND".into(),
+            "add chain FAM nat KUBEVIRT_POSTINBOUND".into(),
+            format!("add rule FAM nat postrouting FAM saddr {guest} counter masquerade"),
+            "add rule FAM nat prerouting iifname eth0 counter jump KUBEVIRT_PREINBOUND".into(),
+            "add rule FAM nat postrouting oifname k6t-eth0 counter jump KUBEVIRT_POSTINBOUND"
+                .into(),
+            format!("add rule FAM nat KUBEVIRT_PREINBOUND counter dnat to {guest}"),
+            format!(
+                "add rule FAM nat KUBEVIRT_POSTINBOUND FAM saddr {{ {lo} }} counter snat to {gw}"
+            ),
+            format!("add rule FAM nat output FAM daddr {{ {lo} }} counter dnat to {guest}"),
+        ];
+        for l in lines {
+            let l = l.replace("FAM", fam);
+            // nft takes the whole command as separate words; the `{ ... }` stays one word.
+            cmds.push(split_words(&l));
+        }
+    }
+    cmds
+}
+
+/// Splits on spaces, keeping `{ ... }` groups as one word.
+fn split_words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut depth = 0;
+    for ch in line.chars() {
+        match ch {
+            '{' => {
+                depth += 1;
+                cur.push(ch);
+            }
+            '}' => {
+                depth -= 1;
+                cur.push(ch);
+            }
+            ' ' if depth == 0 => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+            }
+            _ => cur.push(ch),
+        }
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+fn run(program: &str, args: &[&str]) {
+    let out = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{program}: {e}"));
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The tools' way, run on a thread inside the pod namespace (children inherit it).
+fn with_tools(pod: &net_support::Netns) -> Duration {
+    qlauncher::net::netns::run_in(&pod.path(), || {
+        let t = Instant::now();
+        for args in [
+            &["link", "add", "k6t-eth0", "type", "bridge"][..],
+            &[
+                "link",
+                "set",
+                "k6t-eth0",
+                "address",
+                "02:00:00:00:00:00",
+                "mtu",
+                "1450",
+            ],
+            &["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
+            &[
+                "-6",
+                "addr",
+                "add",
+                "fd10:0:2::1/120",
+                "dev",
+                "k6t-eth0",
+                "nodad",
+            ],
+            &["link", "set", "k6t-eth0", "up"],
+            &[
+                "tuntap", "add", "dev", "tap0", "mode", "tap", "user", "0", "group", "0",
+            ],
+            &[
+                "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
+            ],
+        ] {
+            run("ip", args);
+        }
+        for (key, v) in [
+            ("net/ipv4/ip_forward", "1"),
+            ("net/ipv6/conf/all/forwarding", "1"),
+            ("net/ipv4/conf/k6t-eth0/route_localnet", "1"),
+        ] {
+            std::fs::write(format!("/proc/sys/{key}"), v).expect("sysctl");
+        }
+        for cmd in kubevirt_nft() {
+            let words: Vec<&str> = cmd.iter().map(String::as_str).collect();
+            run("nft", &words);
+        }
+        t.elapsed()
+    })
+    .expect("netns")
+}
+
+fn summary(name: &str, mut xs: Vec<Duration>) -> (f64, f64, f64) {
+    xs.sort();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let (med, min, max) = (ms(xs[xs.len() / 2]), ms(xs[0]), ms(xs[xs.len() - 1]));
+    println!(
+        "{name:<34} n={:<3} median {med:>8.3} ms  min {min:>8.3} ms  max {max:>8.3} ms",
+        xs.len()
+    );
+    (med, min, max)
+}
+
+fn main() {
+    let iterations: usize = std::env::args()
+        .skip(1)
+        .find_map(|a| a.parse().ok())
+        .unwrap_or(10);
+    let resolv = resolv_conf();
+    let (mut native, mut tools) = (Vec::new(), Vec::new());
+    for _ in 0..iterations {
+        let net = PodNet::new(true);
+        let t = Instant::now();
+        setup(&net.pod, &NetConfig::default(), resolv.path()).expect("qlauncher net setup");
+        native.push(t.elapsed());
+        drop(net);
+        let net = PodNet::new(true);
+        tools.push(with_tools(&net.pod));
+        let ruleset = net.pod.nft_ruleset();
+        assert!(ruleset.contains("KUBEVIRT_POSTINBOUND"), "{ruleset}");
+    }
+    let n = summary("qlauncher netlink + nft transaction", native);
+    let t = summary("ip + nft processes (KubeVirt)", tools);
+    println!(
+        "net-setup qlauncher {:.3} {:.3} {:.3} tools {:.3} {:.3} {:.3}",
+        n.0, n.1, n.2, t.0, t.1, t.2
+    );
+}
