@@ -109,8 +109,8 @@ fn flood_config() -> DhcpV4Config {
 }
 
 /// 20,000 datagrams from the guest side (garbage, DISCOVERs from random MACs, DECLINEs) at the
-/// serving loop: every one is received and classified, the server never stops, and it still
-/// answers a DISCOVER at the end.
+/// serving loop: every one is received and classified (garbage malformed, every DISCOVER
+/// answered with an OFFER, DECLINEs ignored), and the loop is still serving at the end.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dhcp_flood_is_counted_and_serving_continues() {
     let sock = UdpSocket::bind("127.0.0.1:0").expect("bind");

@@ -250,3 +250,11 @@ fn namespace_dotdot_is_rejected() {
     let paths: Vec<&str> = errs.iter().map(|e| e.path.as_str()).collect();
     assert_eq!(paths, vec!["metadata.namespace"]);
 }
+
+/// Prints the corpus size for `scripts/reliability` (`HARDEN_CORPUS hostile-names=N`).
+#[test]
+fn corpus_size() {
+    let n = hostile_names().len();
+    assert!(n > 40);
+    println!("HARDEN_CORPUS hostile-names={n}");
+}
