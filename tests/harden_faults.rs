@@ -180,3 +180,76 @@ async fn wait_for(mut cond: impl FnMut() -> bool, stats: &DhcpStats) {
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
+
+/// Deletes the tap link on drop (if still there).
+struct TapGuard(String);
+impl Drop for TapGuard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.0])
+            .output();
+    }
+}
+
+/// The tap behind a running QEMU's NIC is deleted: QEMU keeps running and answering QMP, the
+/// NIC is still there (`query-rx-filter`), and link state changes on it still apply.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tap_deleted_under_a_running_qemu_keeps_it_running() {
+    let tap = qmp_support::unique("hqt");
+    let guard = TapGuard(tap.clone());
+    let mut args = q35_args();
+    args.extend([
+        "-netdev".to_string(),
+        format!("tap,id=hostnet0,ifname={tap},script=no,downscript=no"),
+        "-device".to_string(),
+        "virtio-net-pci,netdev=hostnet0,id=ua-net0,bus=pci.1".to_string(),
+    ]);
+    let vm = TestVm::launch(args)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("QEMU starts");
+    let client = vm.client();
+    client.execute("cont", None).await.expect("cont");
+    assert!(std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
+    let out = std::process::Command::new("ip")
+        .args(["link", "del", &tap])
+        .output()
+        .expect("ip");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let status = client
+        .execute("query-status", None)
+        .await
+        .expect("QMP answers");
+    assert_eq!(status["status"], "running", "{status}");
+    let rx = client
+        .execute(
+            "query-rx-filter",
+            Some(serde_json::json!({"name": "ua-net0"})),
+        )
+        .await
+        .expect("NIC still present");
+    assert_eq!(rx[0]["name"], "ua-net0", "{rx}");
+    client
+        .execute(
+            "set_link",
+            Some(serde_json::json!({"name": "ua-net0", "up": false})),
+        )
+        .await
+        .expect("link down");
+    client
+        .execute(
+            "set_link",
+            Some(serde_json::json!({"name": "ua-net0", "up": true})),
+        )
+        .await
+        .expect("link up");
+    drop(vm);
+    drop(guard);
+}
