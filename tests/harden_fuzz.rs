@@ -380,3 +380,18 @@ proptest! {
         targets::image_facts(dir.path(), &input);
     }
 }
+
+/// Regression (libFuzzer, `dhcp_v6`): a status-code option (13) of length 0 makes dhcproto
+/// panic while decoding; `v6::respond` catches it and reports the datagram as malformed.
+#[test]
+fn dhcp_v6_empty_status_code_option_is_malformed() {
+    let input = [
+        0x60, 0x00, 0x7a, 0x00, 0x00, 0x0d, 0x00, 0x00, 0x00, 0x00, 0x00,
+    ];
+    let from = std::net::SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, 546, 0, 0);
+    let out = qlauncher::net::dhcp::v6::respond(&targets::v6_config(), &input, from);
+    assert!(
+        matches!(out, qlauncher::net::dhcp::Outcome::Malformed(_)),
+        "{out:?}"
+    );
+}
