@@ -1,6 +1,7 @@
 //! The fuzz targets of `fuzz/` run as bounded proptests, so CI exercises the same code paths
 //! without libFuzzer: structured mutations (byte flips, inserts, deletes, truncation, splices of
-//! interesting tokens) of seed inputs that reach deep into each parser. Every input that ever
+//! interesting tokens) of seed inputs that reach deep into each parser (the libFuzzer corpus in
+//! `fuzz/corpus/` is not read here: it grows with every fuzzing run). Every input that ever
 //! crashed a target lives in `fuzz/regressions/<target>/` and is replayed first.
 //!
 //! Targets (bodies in `tests/harden_support/targets.rs`): `vmi_pipeline` (VMI JSON/YAML ->
@@ -113,7 +114,12 @@ const VMI_TOKENS: &[&[u8]] = &[
 ];
 
 fn vmi_seeds() -> Vec<Vec<u8>> {
-    let mut seeds = files(&repo().join("fuzz/corpus/vmi_pipeline"));
+    static SEEDS: std::sync::OnceLock<Vec<Vec<u8>>> = std::sync::OnceLock::new();
+    SEEDS.get_or_init(load_vmi_seeds).clone()
+}
+
+fn load_vmi_seeds() -> Vec<Vec<u8>> {
+    let mut seeds: Vec<Vec<u8>> = Vec::new();
     seeds.extend(
         files(&repo().join("tests/fixtures/cmdline"))
             .into_iter()
@@ -174,7 +180,7 @@ const DHCP_TOKENS: &[&[u8]] = &[
 
 fn v4_seeds() -> Vec<Vec<u8>> {
     let mac = [2, 0, 0, 0, 0, 9];
-    let mut seeds = files(&repo().join("fuzz/corpus/dhcp_v4"));
+    let mut seeds = Vec::new();
     for kind in [
         MessageType::Discover,
         MessageType::Request,
@@ -234,7 +240,7 @@ const V6_TOKENS: &[&[u8]] = &[
 ];
 
 fn v6_seeds() -> Vec<Vec<u8>> {
-    let mut seeds = files(&repo().join("fuzz/corpus/dhcp_v6"));
+    let mut seeds = Vec::new();
     // SOLICIT: type 1, xid, client id (DUID-LL), IA_NA(iaid 1), ORO(dns), elapsed time.
     seeds.push(vec![
         1, 0, 0, 7, 0, 1, 0, 10, 0, 3, 0, 1, 2, 0, 0, 0, 0, 9, 0, 3, 0, 12, 0, 0, 0, 1, 0, 0, 0, 0,
@@ -278,7 +284,7 @@ const QMP_TOKENS: &[&[u8]] = &[
 ];
 
 fn qmp_seeds() -> Vec<Vec<u8>> {
-    let mut seeds = files(&repo().join("fuzz/corpus/qmp_reader"));
+    let mut seeds = Vec::new();
     seeds.push(b"{\"return\": {}, \"id\": 1}\n{\"event\": \"RESUME\", \"timestamp\": {\"seconds\": 1, \"microseconds\": 0}}\n{\"return\": {\"status\": \"running\", \"running\": true}, \"id\": 2}\n".to_vec());
     seeds.push(b"{\"return\": {}, \"id\": 1}\n".to_vec());
     seeds
@@ -347,7 +353,7 @@ const IMAGE_TOKENS: &[&[u8]] = &[
 ];
 
 fn image_seeds() -> Vec<Vec<u8>> {
-    let mut seeds = files(&repo().join("fuzz/corpus/image_facts"));
+    let mut seeds = Vec::new();
     seeds.push(qcow2_seed(b"base.raw"));
     seeds.push(qcow2_seed(b"image"));
     let mut iso = vec![0u8; 0x8800];
