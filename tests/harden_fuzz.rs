@@ -178,6 +178,7 @@ const DHCP_TOKENS: &[&[u8]] = &[
     &[1, 1, 6, 0],
 ];
 
+#[allow(clippy::vec_init_then_push)]
 fn v4_seeds() -> Vec<Vec<u8>> {
     let mac = [2, 0, 0, 0, 0, 9];
     let mut seeds = Vec::new();
@@ -239,6 +240,7 @@ const V6_TOKENS: &[&[u8]] = &[
     &[0, 3, 255, 255],
 ];
 
+#[allow(clippy::vec_init_then_push)]
 fn v6_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     // SOLICIT: type 1, xid, client id (DUID-LL), IA_NA(iaid 1), ORO(dns), elapsed time.
@@ -283,6 +285,7 @@ const QMP_TOKENS: &[&[u8]] = &[
     b"{\"return\": [1,2,3], \"id\": 2}\n",
 ];
 
+#[allow(clippy::vec_init_then_push)]
 fn qmp_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     seeds.push(b"{\"return\": {}, \"id\": 1}\n{\"event\": \"RESUME\", \"timestamp\": {\"seconds\": 1, \"microseconds\": 0}}\n{\"return\": {\"status\": \"running\", \"running\": true}, \"id\": 2}\n".to_vec());
@@ -352,6 +355,7 @@ const IMAGE_TOKENS: &[&[u8]] = &[
     &[0x68, 0x53, 0x7d, 0xe2],
 ];
 
+#[allow(clippy::vec_init_then_push)]
 fn image_seeds() -> Vec<Vec<u8>> {
     let mut seeds = Vec::new();
     seeds.push(qcow2_seed(b"base.raw"));
