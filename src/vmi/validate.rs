@@ -154,6 +154,13 @@ fn validate_metadata(vmi: &Vmi, e: &mut Errors) {
         (None, None) => e.add("metadata.name", "is required"),
         _ => {}
     }
+    // The namespace names a directory (cloud-init data, KubeVirt's getDomainBasePath): Kubernetes
+    // guarantees a DNS-1123 label, and the launcher checks it again so `..` cannot escape.
+    if let Some(ns) = vmi.metadata.namespace.as_deref() {
+        if !ns.is_empty() && !is_dns_label(ns) {
+            e.add("metadata.namespace", DNS_LABEL_REASON);
+        }
+    }
     if let Some(kind) = &vmi.kind {
         if kind != "VirtualMachineInstance" {
             e.add(

@@ -1,0 +1,14 @@
+//! The image fact reader: format magic, qcow2 header, backing chain.
+#![no_main]
+#[path = "../../tests/harden_support/targets.rs"]
+mod targets;
+use std::sync::OnceLock;
+static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let dir = DIR.get_or_init(|| {
+        let d = tempfile::tempdir().expect("tempdir");
+        std::fs::write(d.path().join("base.raw"), [0u8; 512]).expect("base");
+        d
+    });
+    targets::image_facts(dir.path(), data);
+});

@@ -1,0 +1,15 @@
+//! The QMP client's reader: greeting, then arbitrary bytes from the peer.
+#![no_main]
+#[path = "../../tests/harden_support/targets.rs"]
+mod targets;
+use std::sync::OnceLock;
+static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    let rt = RT.get_or_init(|| {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+    });
+    targets::qmp_reader(rt, data);
+});
