@@ -14,6 +14,8 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context};
 use qlauncher::vmi::Vmi;
 
+/// The longest unix socket path the kernel accepts (`sun_path` is 108 bytes with its NUL).
+const MAX_SOCKET_PATH: usize = 107;
 /// `--emulation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
@@ -77,6 +79,20 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         .with_context(|| format!("cannot create {}", args.root.display()))?;
     let root = std::fs::canonicalize(&args.root)?;
     let under = |p: &str| root.join(p);
+    // QEMU's unix sockets live under the root, the longest being the guest agent channel's; a
+    // socket path must fit in sun_path (108 bytes with its NUL), or QEMU fails at start.
+    let agent_socket = under("var/run/kubevirt-private")
+        .join(&uid)
+        .join("org.qemu.guest_agent.0");
+    let len = agent_socket.as_os_str().len();
+    if len > MAX_SOCKET_PATH {
+        bail!(
+            "--root {}: QEMU's socket {} would be {len} bytes long, over the {MAX_SOCKET_PATH} \
+             bytes a unix socket path can have: choose a shorter --root",
+            root.display(),
+            agent_socket.display()
+        );
+    }
     let share = under("var/run/kubevirt");
     let container_disks = under("var/run/kubevirt/container-disks");
     std::fs::create_dir_all(&container_disks)?;
