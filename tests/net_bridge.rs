@@ -74,21 +74,7 @@ fn bridge_binding_moves_pod_identity_and_serves_the_guest_mac_only() {
     let stranger = net.attach_vm("k6t-eth0", "02:00:00:00:00:99");
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let out = stranger.exec(&[
-        "busybox",
-        "udhcpc",
-        "-i",
-        "vmnic",
-        "-f",
-        "-q",
-        "-n",
-        "-t",
-        "2",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-    ]);
+    let out = udhcpc(&stranger, &script, 2, &[]);
     assert!(!out.status.success(), "a foreign MAC must not get a lease");
     assert!(servers.stats_v4.snapshot().ignored >= 1);
     drop(stranger);
@@ -97,27 +83,7 @@ fn bridge_binding_moves_pod_identity_and_serves_the_guest_mac_only() {
     let vm = net.attach_vm("k6t-eth0", POD_MAC);
     let dir = ClientDir::new();
     let script = dir.script(true);
-    let out = vm.exec(&[
-        "busybox",
-        "udhcpc",
-        "-i",
-        "vmnic",
-        "-f",
-        "-q",
-        "-n",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-        "-O",
-        "staticroutes",
-        "-O",
-        "mtu",
-        "-O",
-        "search",
-    ]);
+    let out = udhcpc(&vm, &script, 5, &["staticroutes", "mtu", "search"]);
     assert!(
         out.status.success(),
         "udhcpc: {}",

@@ -48,35 +48,20 @@ fn udhcpc_gets_lease_and_options_and_traffic_is_natted() {
     let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
     let dir = ClientDir::new();
     let script = dir.script(true);
-    let out = vm.exec(&[
-        "busybox",
-        "udhcpc",
-        "-i",
-        "vmnic",
-        "-f",
-        "-q",
-        "-n",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-        "-O",
-        "search",
-        "-O",
-        "staticroutes",
-        "-O",
-        "mtu",
-        "-O",
-        "tftp",
-        "-O",
-        "bootfile",
-        "-O",
-        "ntpsrv",
-        "-O",
-        "240",
-    ]);
+    let out = udhcpc(
+        &vm,
+        &script,
+        5,
+        &[
+            "search",
+            "staticroutes",
+            "mtu",
+            "tftp",
+            "bootfile",
+            "ntpsrv",
+            "240",
+        ],
+    );
     assert!(
         out.status.success(),
         "udhcpc: {}",
@@ -308,21 +293,7 @@ fn malformed_datagrams_are_counted_and_the_server_keeps_serving() {
     vm.ip(&["addr", "flush", "dev", "vmnic"]);
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let out = vm.exec(&[
-        "busybox",
-        "udhcpc",
-        "-i",
-        "vmnic",
-        "-f",
-        "-q",
-        "-n",
-        "-t",
-        "5",
-        "-T",
-        "1",
-        "-s",
-        script.to_str().unwrap(),
-    ]);
+    let out = udhcpc(&vm, &script, 5, &[]);
     assert!(
         out.status.success(),
         "udhcpc after junk: {}",

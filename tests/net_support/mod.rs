@@ -319,6 +319,32 @@ impl Drop for Servers {
     }
 }
 
+/// Runs busybox `udhcpc` once on the guest NIC `vmnic` inside `vm`: in the foreground, quitting
+/// after the lease (`-q`) or after `tries` DISCOVERs one second apart (`-n`), with `script` as its
+/// hook and each of `options` requested with `-O` (in that order).
+pub fn udhcpc(vm: &Netns, script: &std::path::Path, tries: u32, options: &[&str]) -> Output {
+    let tries = tries.to_string();
+    let mut args = vec![
+        "busybox",
+        "udhcpc",
+        "-i",
+        "vmnic",
+        "-f",
+        "-q",
+        "-n",
+        "-t",
+        &tries,
+        "-T",
+        "1",
+        "-s",
+        script.to_str().expect("utf-8 script path"),
+    ];
+    for option in options {
+        args.extend(["-O", option]);
+    }
+    vm.exec(&args)
+}
+
 /// A temporary directory holding client scripts and their output.
 pub struct ClientDir {
     pub dir: tempfile::TempDir,
