@@ -196,6 +196,8 @@ pub struct SyncVmi {
     config: SyncConfig,
     running: Mutex<Option<Running>>,
     shared: Arc<Shared>,
+    /// Guest agent, stats names and start timings ([`crate::sync::info`]).
+    info: crate::sync::info::DomainInfo,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -221,7 +223,13 @@ impl SyncVmi {
                 pid,
                 client: StdMutex::new(None),
             }),
+            info: crate::sync::info::DomainInfo::default(),
         }
+    }
+
+    /// How long the first sync took, split by step (`None` before QEMU runs).
+    pub fn start_timings(&self) -> Option<crate::sync::info::StartTimings> {
+        self.info.timings()
     }
 
     /// The current domain (`None` before the first sync).
@@ -368,6 +376,7 @@ impl SyncVmi {
         let t_network = t0.elapsed();
         add_hotplug_facts(vmi, &mut ctx)?;
         let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         let disks = qmp_plan
             .disks
@@ -472,6 +481,8 @@ impl SyncVmi {
             total_ms = ms(t_running),
             "domain started (sync received to cont acknowledged)"
         );
+        self.info
+            .set_timings(t_storage, t_network, t_convert, t_running);
         self.shared.pid.send_replace(Some(pid));
         Ok(Running {
             spec,
@@ -650,7 +661,8 @@ fn format_mac(mac: [u8; 6]) -> String {
         .join(":")
 }
 
-/// Overlays, empty disks and the cloud-init ISO of `vmi`; returns the converter's volume facts.
+/// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
+/// ([`crate::sync::volumes`]); returns the converter's volume facts.
 fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
@@ -756,6 +768,8 @@ fn prepare_storage(
             storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
             info!(volume = %vol.name, iso = %iso.display(), "cloud-init ISO");
             facts.insert(vol.name.clone(), VolumeFacts::default());
+        } else if let Some(f) = crate::sync::volumes::prepare(vmi, vol, paths, owner)? {
+            facts.insert(vol.name.clone(), f);
         }
     }
     Ok(facts)
@@ -1040,11 +1054,12 @@ impl DomainManager for SyncVmi {
     }
 
     async fn get_domain(&self) -> Result<Option<Domain>, SyncError> {
-        Ok(self.domain())
+        Ok(self.info.with_guest_interfaces(self.domain()).await)
     }
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
-        Err(decode_failed("domain stats"))
+        let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
+        self.info.stats(&self.client()?, pid).await
     }
 
     async fn qemu_version(&self) -> Result<String, SyncError> {
@@ -1057,18 +1072,18 @@ impl DomainManager for SyncVmi {
         Ok(format!("{}.{}.{}", q["major"], q["minor"], q["micro"]))
     }
 
-    async fn guest_ping(&self, _domain_name: String, _timeout: Duration) -> Result<(), SyncError> {
-        Err(decode_failed("guest agent ping"))
+    async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {
+        self.info.agent.ping(timeout).await
     }
 
     async fn exec(
         &self,
         _domain_name: String,
-        _command: String,
-        _args: Vec<String>,
-        _timeout: Duration,
+        command: String,
+        args: Vec<String>,
+        timeout: Duration,
     ) -> Result<ExecOutput, SyncError> {
-        Err(decode_failed("guest agent exec"))
+        self.info.agent.exec(&command, &args, timeout).await
     }
 }
 

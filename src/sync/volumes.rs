@@ -1,0 +1,132 @@
+//! Storage of the first sync beyond overlays, empty disks and cloud-init: config-volume ISOs,
+//! hostDisks and persistent volume claims, with the facts the converter needs for them.
+//!
+//! - configMap, secret, downwardAPI, serviceAccount and sysprep volumes become ISO images of their
+//!   mounted directories, as KubeVirt's config disks (`pkg/config/*.go`:
+//!   `<private>/config-map/<vol>` imaged into `<private>/config-map-disks/<vol>.iso`, ...).
+//! - hostDisk: `Disk` must exist, `DiskOrCreate` is created sparse with its capacity
+//!   (`pkg/host-disk/host-disk.go`), at `<private>/vmi-disks/<vol>/<file name of hostDisk.path>`.
+//! - persistentVolumeClaim / dataVolume (not hot-pluggable): a block-mode claim is the device
+//!   `<dev>/<vol>`; a filesystem claim is the file `<private>/vmi-disks/<vol>/disk.img`, created
+//!   with the claim's capacity (`status.volumeStatus[].persistentVolumeClaimInfo.capacity.storage`)
+//!   when missing, as KubeVirt turns filesystem PVCs into `DiskOrCreate` hostDisks
+//!   (`hostdisk.ReplacePVCByHostDisk`).
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use crate::cmdline::context::{Backing, PathRoots, VolumeFacts};
+use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
+use crate::sync::SyncError;
+use crate::vmi::{Vmi, Volume};
+
+/// Prepares `vol` if it is a config volume, a hostDisk or a (non-hotplug) PVC or DataVolume;
+/// returns its converter facts, or `None` for other kinds.
+///
+/// # Errors
+/// [`SyncError::Storage`] from the ISO writer or the hostDisk preparation;
+/// [`SyncError::InvalidVmi`] for a filesystem claim whose `disk.img` is missing and whose
+/// capacity the VMI status does not give.
+pub fn prepare(
+    vmi: &Vmi,
+    vol: &Volume,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<Option<VolumeFacts>, SyncError> {
+    let private = Path::new(&paths.private_dir);
+    if let Some(spec) = ConfigVolumeSpec::from_volume(vol, private) {
+        let mut spec = spec.map_err(SyncError::Storage)?;
+        spec.owner = owner;
+        storage::write_config_volume_iso(&spec).map_err(SyncError::Storage)?;
+        info!(volume = %vol.name, iso = %spec.iso.display(), "config volume ISO");
+        return Ok(Some(VolumeFacts::default()));
+    }
+    let vmi_disks = private.join("vmi-disks");
+    if let Some(spec) = HostDiskSpec::from_volume(vol, &vmi_disks) {
+        let mut spec = spec.map_err(SyncError::Storage)?;
+        spec.owner = owner;
+        create_parent(&spec.path)?;
+        let (outcome, size) = storage::prepare_host_disk(&spec).map_err(SyncError::Storage)?;
+        info!(volume = %vol.name, ?outcome, size, path = %spec.path.display(), "hostDisk");
+        return Ok(Some(VolumeFacts {
+            virtual_size: Some(size),
+            ..VolumeFacts::default()
+        }));
+    }
+    let claim = vol
+        .persistent_volume_claim
+        .as_ref()
+        .map(|p| p.hotpluggable)
+        .or(vol.data_volume.as_ref().map(|d| d.hotpluggable));
+    match claim {
+        None | Some(Some(true)) => return Ok(None),
+        Some(_) => {}
+    }
+    let device = Path::new(&paths.dev).join(&vol.name);
+    storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
+    if std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device()) {
+        info!(volume = %vol.name, device = %device.display(), "block PVC");
+        return Ok(Some(VolumeFacts {
+            backing: Backing::Block,
+            ..VolumeFacts::default()
+        }));
+    }
+    let image = vmi_disks.join(&vol.name).join("disk.img");
+    let size = match std::fs::metadata(&image) {
+        Ok(m) => m.len(),
+        Err(_) => {
+            let capacity = claim_capacity(vmi, &vol.name)?.ok_or_else(|| {
+                SyncError::InvalidVmi(format!(
+                    "volume {}: {} is missing and status.volumeStatus gives no PVC capacity",
+                    vol.name,
+                    image.display()
+                ))
+            })?;
+            let spec = HostDiskSpec {
+                volume: vol.name.clone(),
+                path: image.clone(),
+                kind: HostDiskType::DiskOrCreate { capacity },
+                tolerance_percent: storage::from_vmi::DEFAULT_TOLERANCE_PERCENT,
+                reserve_bytes: storage::from_vmi::DEFAULT_RESERVE_BYTES,
+                owner,
+            };
+            create_parent(&image)?;
+            storage::prepare_host_disk(&spec)
+                .map_err(SyncError::Storage)?
+                .1
+        }
+    };
+    info!(volume = %vol.name, size, image = %image.display(), "filesystem PVC");
+    Ok(Some(VolumeFacts {
+        virtual_size: Some(size),
+        ..VolumeFacts::default()
+    }))
+}
+
+/// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.
+fn claim_capacity(vmi: &Vmi, name: &str) -> Result<Option<u64>, SyncError> {
+    let Some(q) = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_status.as_ref())
+        .and_then(|list| list.iter().find(|v| v.name == name))
+        .and_then(|v| v.persistent_volume_claim_info.as_ref())
+        .and_then(|i| i.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+    else {
+        return Ok(None);
+    };
+    q.to_bytes()
+        .map(Some)
+        .map_err(|e| SyncError::InvalidVmi(format!("volume {name}: PVC capacity: {e}")))
+}
+
+fn create_parent(path: &Path) -> Result<(), SyncError> {
+    let dir: PathBuf = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    std::fs::create_dir_all(&dir).map_err(|source| SyncError::PrepareQemu {
+        what: format!("create {}", dir.display()),
+        source,
+    })
+}
