@@ -77,7 +77,7 @@ fn rejected_vmis_exit_non_zero_with_the_field_path() {
     assert!(out.is_empty());
     assert_eq!(
         err.trim_end(),
-        "error: cannot convert the VMI\n  caused by: spec.domain.devices.interfaces[0]: sriov binding (needs a VF) is not supported"
+        "error: cannot convert the VMI\n  caused by: spec.domain.devices.interfaces[0].pciAddress: a fixed PCI address is not supported"
     );
 }
 

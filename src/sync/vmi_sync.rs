@@ -108,6 +108,7 @@ impl SyncConfig {
             cloud_init: r(&d.cloud_init),
             dev: r(&d.dev),
             nvram: r(&d.nvram),
+            virtiofs: r(&d.virtiofs),
         };
         let private = PathBuf::from(&paths.private_dir).join("qlauncher");
         SyncConfig {

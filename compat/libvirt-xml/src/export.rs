@@ -77,8 +77,15 @@ fn alias(id: &str) -> NameAttr {
 /// Exports the plan as KubeVirt's libvirt domain.
 ///
 /// Errors: a disk whose frontend's `drive` is not among its blockdevs
-/// ([`CompatError::ExportBlockdevChain`]), a device without the VMI name it needs.
+/// ([`CompatError::ExportBlockdevChain`]), a device without the VMI name it needs, a plan that
+/// needs host hardware ([`CompatError::ExportHardware`]).
 pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Domain, CompatError> {
+    if let Some(h) = plan.hardware.first() {
+        return Err(CompatError::ExportHardware {
+            path: h.path.to_string(),
+            what: h.what.clone(),
+        });
+    }
     let spec = &vmi.spec.domain;
     let features = spec.features.clone().unwrap_or_default();
     let mut devices = Vec::new();
@@ -1062,8 +1069,16 @@ fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             discard: top.and_then(|f| f.discard).map(str::to_string),
             queues: front.queues,
         },
-        readonly: (top.is_some_and(|f| f.read_only) || (device == "cdrom" && top.is_none()))
-            .then(Empty::default),
+        // KubeVirt writes `<readonly/>` on a cdrom unless `readonly: false` (libvirt then opens
+        // it read-only anyway, as the plan does).
+        readonly: if device == "cdrom" {
+            spec.and_then(|s| s.cdrom.as_ref())
+                .and_then(|c| c.read_only)
+                .unwrap_or(true)
+        } else {
+            top.is_some_and(|f| f.read_only)
+        }
+        .then(Empty::default),
         shareable: spec
             .and_then(|s| s.shareable)
             .filter(|s| *s)

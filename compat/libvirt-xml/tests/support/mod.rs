@@ -44,7 +44,7 @@ pub fn load(
     } else {
         Facts::default()
     };
-    if facts.rejected {
+    if facts.rejected || needs_host_hardware(&vmi) {
         return None;
     }
     let ctx = context(&vmi, &facts, qemu);
@@ -57,7 +57,24 @@ pub fn load(
     })
 }
 
-/// Every converter fixture that converts (the `reject-*` ones are skipped), sorted by name.
+/// VFIO devices (GPUs, host devices, SR-IOV), SEV/SNP/TDX and virtiofs: the exporter does not
+/// write them, and domxml-to-native would need the devices and QEMU capabilities on this host.
+fn needs_host_hardware(vmi: &Vmi) -> bool {
+    let d = &vmi.spec.domain.devices;
+    let some = |n: usize| n > 0;
+    some(d.gpus.as_ref().map_or(0, Vec::len))
+        || some(d.host_devices.as_ref().map_or(0, Vec::len))
+        || some(d.filesystems.as_ref().map_or(0, Vec::len))
+        || d.interfaces
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|i| i.sriov.is_some())
+        || vmi.spec.domain.launch_security.is_some()
+}
+
+/// Every converter fixture that converts and needs no host hardware (the `reject-*` ones and
+/// the VFIO/SEV/TDX/virtiofs ones are skipped), sorted by name.
 pub fn converter_fixtures(
     qemu: Option<qlauncher_core::cmdline::context::QemuVersion>,
 ) -> Vec<Converted> {
