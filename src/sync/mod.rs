@@ -15,6 +15,7 @@ pub mod agent;
 pub mod domain;
 pub mod info;
 pub mod notify;
+pub mod privileges;
 pub mod proto;
 pub mod server;
 pub mod stats;
