@@ -130,3 +130,119 @@ fn create_parent(path: &Path) -> Result<(), SyncError> {
         source,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots(dir: &Path) -> PathRoots {
+        let r = |p: &str| dir.join(p).display().to_string();
+        PathRoots {
+            private_dir: r("private"),
+            dev: r("dev"),
+            ..PathRoots::default()
+        }
+    }
+
+    fn vmi(volumes: serde_json::Value, status: serde_json::Value) -> Vmi {
+        let json = serde_json::json!({
+            "metadata": {"name": "v", "namespace": "default"},
+            "spec": {"domain": {"devices": {}}, "volumes": volumes},
+            "status": status,
+        });
+        Vmi::from_json_or_yaml(&json.to_string()).unwrap()
+    }
+
+    fn prepare_all(vmi: &Vmi, paths: &PathRoots) -> Vec<Result<Option<VolumeFacts>, String>> {
+        vmi.spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| prepare(vmi, v, paths, None).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn filesystem_pvc_is_created_with_the_claim_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = roots(dir.path());
+        let v = vmi(
+            serde_json::json!([
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c1"}},
+                {"name": "hot", "persistentVolumeClaim": {"claimName": "c2", "hotpluggable": true}},
+                {"name": "other", "emptyDisk": {"capacity": "1Mi"}}
+            ]),
+            serde_json::json!({"volumeStatus": [{"name": "data", "target": "",
+                "persistentVolumeClaimInfo": {"capacity": {"storage": "8Mi"}}}]}),
+        );
+        let image = dir.path().join("private/vmi-disks/data/disk.img");
+        assert_eq!(
+            prepare_all(&v, &paths),
+            vec![
+                Ok(Some(VolumeFacts {
+                    virtual_size: Some(8 << 20),
+                    ..VolumeFacts::default()
+                })),
+                Ok(None),
+                Ok(None),
+            ]
+        );
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 8 << 20);
+        // A second sync finds the image and keeps it.
+        assert_eq!(
+            prepare_all(&v, &paths)[0],
+            Ok(Some(VolumeFacts {
+                virtual_size: Some(8 << 20),
+                ..VolumeFacts::default()
+            }))
+        );
+    }
+
+    #[test]
+    fn a_missing_filesystem_pvc_without_capacity_names_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = vmi(
+            serde_json::json!([{"name": "data", "dataVolume": {"name": "dv"}}]),
+            serde_json::json!({}),
+        );
+        let err = prepare_all(&v, &roots(dir.path())).remove(0).unwrap_err();
+        assert!(
+            err.starts_with("invalid VMI: volume data: ") && err.ends_with("gives no PVC capacity"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn config_map_becomes_an_iso_and_host_disk_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = roots(dir.path());
+        let source = dir.path().join("private/config-map/cm");
+        std::fs::create_dir_all(&source).unwrap();
+        std::fs::write(source.join("key"), "value").unwrap();
+        let v = vmi(
+            serde_json::json!([
+                {"name": "cm", "configMap": {"name": "app"}},
+                {"name": "hd", "hostDisk": {"path": "/data/x.img", "type": "DiskOrCreate",
+                                            "capacity": "2Mi"}}
+            ]),
+            serde_json::json!({}),
+        );
+        assert_eq!(
+            prepare_all(&v, &paths),
+            vec![
+                Ok(Some(VolumeFacts::default())),
+                Ok(Some(VolumeFacts {
+                    virtual_size: Some(2 << 20),
+                    ..VolumeFacts::default()
+                })),
+            ]
+        );
+        assert!(dir.path().join("private/config-map-disks/cm.iso").is_file());
+        assert_eq!(
+            std::fs::metadata(dir.path().join("private/vmi-disks/hd/x.img"))
+                .unwrap()
+                .len(),
+            2 << 20
+        );
+    }
+}
