@@ -3,7 +3,7 @@
 //! volume, a `DiskOrCreate` hostDisk and a masquerade NIC; then `GetDomainStats` (vCPUs, balloon,
 //! block and tap counters, names and aliases), `GuestPing`, `Exec` (output and exit code, the
 //! configMap's file read back through its ISO, KubeVirt's timeout error), and `GetDomain` with the
-//! guest agent's interfaces. The launcher runs in-process in a private network namespace of the
+//! guest agent's interfaces, which also reach virt-handler's notify server in a MODIFIED event. The launcher runs in-process in a private network namespace of the
 //! test thread (its `eth0` one end of a veth pair), so the pod network, tap and nftables are real.
 //!
 //! Needs root and the test guest with its agent (`scripts/build-guest`).
@@ -13,16 +13,83 @@ mod guest;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::Domain;
+use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::proto::notify::info as notify_info;
+use qlauncher::sync::proto::notify::v1 as notify;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// The domains virt-handler's notify server received, with their event types.
+type Received = Arc<Mutex<Vec<(String, Domain)>>>;
+
+#[derive(Clone)]
+struct Handler(Received);
+
+#[tonic::async_trait]
+impl notify::notify_server::Notify for Handler {
+    async fn handle_domain_event(
+        &self,
+        request: Request<notify::DomainEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        let request = request.into_inner();
+        let domain: Domain = serde_json::from_slice(&request.domain_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.0.lock().unwrap().push((request.event_type, domain));
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn handle_k8s_event(
+        &self,
+        _request: Request<notify::K8sEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+}
+
+struct Info;
+
+#[tonic::async_trait]
+impl notify_info::notify_info_server::NotifyInfo for Info {
+    async fn info(
+        &self,
+        _request: Request<notify_info::NotifyInfoRequest>,
+    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
+        Ok(Response::new(notify_info::NotifyInfoResponse {
+            supported_notify_versions: vec![1],
+        }))
+    }
+}
+
+/// Serves virt-handler's notify API on `path` until the runtime ends.
+fn start_notify_server(path: &Path) -> Received {
+    let received = Received::default();
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
+            .add_service(notify::notify_server::NotifyServer::new(Handler(
+                received.clone(),
+            )))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    received
+}
 
 fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("run ip");
@@ -175,10 +242,15 @@ async fn scenario() {
     let uid = format!("5f0c1a2e-0000-4000-8000-{:012}", std::process::id());
     std::fs::create_dir_all(private.join(&uid)).unwrap();
 
-    let manager = Arc::new(SyncVmi::new(config, None));
+    let share = root.path().join("var/run/kubevirt");
+    std::fs::create_dir_all(&share).unwrap();
+    let notify_socket = share.join("domain-notify-pipe.sock");
+    let received = start_notify_server(&notify_socket);
+    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
+    let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
     let _kill = KillQemu(manager.clone());
     let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let paths = CmdSocketPaths::in_share_dir(&root.path().join("var/run/kubevirt"));
+    let paths = CmdSocketPaths::in_share_dir(&share);
     let server = CmdServer::start(manager.clone(), paths.clone(), async move {
         let _ = stopped.await;
     })
@@ -335,6 +407,22 @@ async fn scenario() {
         ("eth0", mac.as_str(), "10.0.2.2")
     );
     assert!(eth0.ips.contains(&"10.0.2.2".to_string()), "{eth0:?}");
+    // virt-handler learnt them from a MODIFIED domain event (its informer's source).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = received.lock().unwrap().clone();
+        if events
+            .iter()
+            .any(|(t, d)| t == "MODIFIED" && d.status.interfaces == domain.status.interfaces)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no MODIFIED event with the guest interfaces: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     let answer = client
         .kill_virtual_machine(cmd::VmiRequest {

@@ -175,6 +175,18 @@ impl Shared {
         next
     }
 
+    /// Puts the guest agent's interfaces in the domain status and notifies MODIFIED (KubeVirt's
+    /// agent-updated event).
+    fn set_guest_interfaces(&self, list: Vec<crate::sync::domain::InterfaceStatus>) {
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            d.status.interfaces = list;
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+
     fn publish(&self, status: DomainStatus, event: DomainEventType) {
         let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
         let Some(d) = domain.as_mut() else { return };
@@ -491,6 +503,11 @@ impl SyncVmi {
         *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
         *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         self.shared.publish(initial, DomainEventType::Added);
+        let shared = self.shared.clone();
+        self.info.start_interface_poller(
+            client.clone(),
+            Arc::new(move |list| shared.set_guest_interfaces(list)),
+        );
         tokio::spawn(follow_events(
             self.shared.clone(),
             events,
@@ -1090,7 +1107,8 @@ impl DomainManager for SyncVmi {
     }
 
     async fn get_domain(&self) -> Result<Option<Domain>, SyncError> {
-        Ok(self.info.with_guest_interfaces(self.domain()).await)
+        self.info.refresh_interfaces();
+        Ok(self.domain())
     }
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
