@@ -301,6 +301,17 @@ impl SyncVmi {
         }
     }
 
+    /// Starts the guest agent's interface poll of the domain just started or adopted; changes
+    /// land in the domain status with a MODIFIED event ([`crate::sync::info`]).
+    fn start_agent_poll(&self) {
+        let Ok(client) = self.client() else { return };
+        let shared = self.shared.clone();
+        self.info.start_interface_poller(
+            client,
+            Arc::new(move |list| shared.set_guest_interfaces(list)),
+        );
+    }
+
     fn client(&self) -> Result<QmpClient, SyncError> {
         self.shared
             .client
@@ -449,7 +460,9 @@ impl SyncVmi {
                 next_node,
                 _dhcp_stop: dhcp_stop,
             };
-            return self.adopt(found, vmi, domain, running).await;
+            let running = self.adopt(found, vmi, domain, running).await?;
+            self.start_agent_poll();
+            return Ok(running);
         }
         if qmp.exists() {
             let _ = std::fs::remove_file(&qmp);
@@ -503,11 +516,7 @@ impl SyncVmi {
         *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
         *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         self.shared.publish(initial, DomainEventType::Added);
-        let shared = self.shared.clone();
-        self.info.start_interface_poller(
-            client.clone(),
-            Arc::new(move |list| shared.set_guest_interfaces(list)),
-        );
+        self.start_agent_poll();
         tokio::spawn(follow_events(
             self.shared.clone(),
             events,
