@@ -435,3 +435,58 @@ impl Default for ConverterContext {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn host_devices_come_from_the_device_plugin_variables_in_vmi_order() {
+        let vmi: Vmi = serde_json::from_value(json!({
+            "metadata": {"name": "t"},
+            "spec": {"domain": {"devices": {
+                "gpus": [
+                    {"name": "a", "deviceName": "nvidia.com/GA102"},
+                    {"name": "b", "deviceName": "nvidia.com/GA102"},
+                    {"name": "v", "deviceName": "nvidia.com/GRID"}
+                ],
+                "hostDevices": [{"name": "h", "deviceName": "vendor.com/other"}],
+                "interfaces": [{"name": "vf", "sriov": {}}]
+            }}}
+        }))
+        .unwrap();
+        let env: BTreeMap<String, String> = [
+            (
+                "PCI_RESOURCE_NVIDIA_COM_GA102",
+                "0000:65:00.0,0000:66:00.0,",
+            ),
+            (
+                "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID",
+                "4b20d080-1b54-4048-85b3-a6a62d165c01",
+            ),
+            ("KUBEVIRT_RESOURCE_NAME_vf", "intel.com/sriov"),
+            ("PCI_RESOURCE_INTEL_COM_SRIOV", "0000:3b:02.3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let pci = |a: &str| HostDeviceSource::Pci(a.into());
+        assert_eq!(
+            host_devices_from_env(&vmi, &env),
+            BTreeMap::from([
+                ("ua-gpu-a".to_string(), pci("0000:65:00.0")),
+                ("ua-gpu-b".to_string(), pci("0000:66:00.0")),
+                (
+                    "ua-gpu-v".to_string(),
+                    HostDeviceSource::Mdev("4b20d080-1b54-4048-85b3-a6a62d165c01".into())
+                ),
+                ("ua-sriov-vf".to_string(), pci("0000:3b:02.3")),
+            ])
+        );
+        assert_eq!(
+            resource_env_var("PCI_RESOURCE", "nvidia.com/GA102GL_A10"),
+            "PCI_RESOURCE_NVIDIA_COM_GA102GL_A10"
+        );
+    }
+}
