@@ -188,6 +188,14 @@ pub struct EfiFiles {
     pub secure_code: String,
     /// Secure-boot vars template.
     pub secure_vars: String,
+    /// SEV/SEV-ES code image (`OVMF_CODE.cc.fd`; vars from the plain template).
+    pub sev_code: String,
+    /// SEV-SNP firmware, loaded as a ROM (`OVMF.amdsev.fd`).
+    pub snp_rom: String,
+    /// TDX firmware, loaded as a ROM (`OVMF.inteltdx.fd`).
+    pub tdx_rom: String,
+    /// TDX firmware with secure boot (`OVMF.inteltdx.secboot.fd`).
+    pub tdx_secure_rom: String,
 }
 
 impl Default for EfiFiles {
@@ -198,6 +206,10 @@ impl Default for EfiFiles {
             vars: "/usr/share/OVMF/OVMF_VARS.fd".into(),
             secure_code: "/usr/share/OVMF/OVMF_CODE.secboot.fd".into(),
             secure_vars: "/usr/share/OVMF/OVMF_VARS.secboot.fd".into(),
+            sev_code: "/usr/share/OVMF/OVMF_CODE.cc.fd".into(),
+            snp_rom: "/usr/share/OVMF/OVMF.amdsev.fd".into(),
+            tdx_rom: "/usr/share/OVMF/OVMF.inteltdx.fd".into(),
+            tdx_secure_rom: "/usr/share/OVMF/OVMF.inteltdx.secboot.fd".into(),
         }
     }
 }

@@ -89,6 +89,9 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
         cpu.push_str(&f.value);
     }
     push("-cpu", cpu);
+    if let FirmwarePlan::Rom(rom) = &plan.firmware {
+        push("-bios", rom.clone());
+    }
 
     let mem = &plan.memory;
     let mut kv = KeyVal::new().kv("size", format!("{}k", mem.size / 1024));
