@@ -32,6 +32,8 @@ pub const TEST_QEMU_ENV: &str = "QLAUNCHER_TEST_QEMU";
 pub const ROOT_ENV: &str = "QLAUNCHER_ROOT";
 /// `on` forces TCG (set by `qlauncher run --emulation on`).
 pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
+/// Path of a second QMP monitor socket for operators' tools (set by `qlauncher run`).
+pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
 
 /// Runs the launcher; exit code 0 on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -173,7 +175,7 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
 
 /// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
 /// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION=on` forces
-/// TCG even where `/dev/kvm` exists.
+/// TCG even where `/dev/kvm` exists; `QLAUNCHER_OPERATOR_QMP` adds QEMU's operator QMP monitor.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let root = std::env::var_os(ROOT_ENV)
         .map(PathBuf::from)
@@ -188,9 +190,14 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let qlauncher_dir = config.private_dir.join("qlauncher");
     c.qmp_socket = qlauncher_dir.join("monitor.sock");
     c.qemu_log = qlauncher_dir.join("qemu.log");
+    c.operator_qmp_socket = std::env::var_os(OPERATOR_QMP_ENV).map(PathBuf::from);
     let forced_tcg = std::env::var(EMULATION_ENV).as_deref() == Ok("on");
     c.kvm = !forced_tcg && std::path::Path::new("/dev/kvm").exists();
     c.allow_emulation = config.allow_emulation || forced_tcg;
+    // `--run-as-nonroot`: QEMU runs as the qemu user (107) even when the launcher is root.
+    if config.run_as_nonroot {
+        c.runtime_uid = launcher::QEMU_UID;
+    }
     if let Some(v) = qemu_version(&c.qemu) {
         c.qemu_version = v;
     }

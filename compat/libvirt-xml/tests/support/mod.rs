@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Once;
 
-use qlauncher::cmdline::{convert, ConverterContext, DomainPlan};
-use qlauncher::vmi::Vmi;
+use qlauncher_core::cmdline::{convert, ConverterContext, DomainPlan};
+use qlauncher_core::vmi::Vmi;
 use qlauncher_libvirt_xml::context::{apply_webhook_defaults, context, Facts};
 
 /// The repository root.
@@ -31,7 +31,7 @@ pub struct Converted {
 /// Loads `NAME.yaml` (+ `NAME.facts.json`) and converts it for `qemu` (None: the facts' version).
 pub fn load(
     yaml: &Path,
-    qemu: Option<qlauncher::cmdline::context::QemuVersion>,
+    qemu: Option<qlauncher_core::cmdline::context::QemuVersion>,
 ) -> Option<Converted> {
     let name = yaml.file_stem()?.to_string_lossy().to_string();
     let text = std::fs::read_to_string(yaml).unwrap_or_else(|e| panic!("{name}: {e}"));
@@ -76,7 +76,7 @@ fn needs_host_hardware(vmi: &Vmi) -> bool {
 /// Every converter fixture that converts and needs no host hardware (the `reject-*` ones and
 /// the VFIO/SEV/TDX/virtiofs ones are skipped), sorted by name.
 pub fn converter_fixtures(
-    qemu: Option<qlauncher::cmdline::context::QemuVersion>,
+    qemu: Option<qlauncher_core::cmdline::context::QemuVersion>,
 ) -> Vec<Converted> {
     let dir = repo_root().join("tests/fixtures/cmdline");
     let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
