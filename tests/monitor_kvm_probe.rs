@@ -376,3 +376,42 @@ fn run_with_emulation_off_fails_with_the_probe_reason_where_kvm_does_not_run_gue
     }
     assert!(run.qemu_argv().is_none());
 }
+
+/// Prints what the probe costs (run with `--ignored --nocapture`): wall time from spawning QEMU to
+/// its exit, median of 5, under TCG and under KVM as the launcher runs it, and the time the
+/// default-CPU KVM probe takes to give up.
+#[test]
+#[ignore = "measurement, prints figures"]
+fn probe_cost() {
+    let dir = scratch();
+    let time = |opts: &ProbeOptions| {
+        let mut ms: Vec<u128> = (0..5)
+            .map(|_| {
+                let t = Instant::now();
+                let r = kvm_probe::probe(opts);
+                let elapsed = t.elapsed().as_millis();
+                eprintln!(
+                    "  {elapsed} ms: {}",
+                    r.map_or_else(|e| e.to_string(), |_| "ok".into())
+                );
+                elapsed
+            })
+            .collect();
+        ms.sort();
+        ms[2]
+    };
+    let mut tcg = options(ProbeAccel::Tcg, None, dir.path());
+    tcg.run_timeout = Duration::from_secs(30);
+    eprintln!("tcg: median {} ms", time(&tcg));
+    if Path::new("/dev/kvm").exists() {
+        let launcher = ProbeOptions::kvm("qemu-system-x86_64", dir.path());
+        eprintln!(
+            "kvm, -cpu host,migratable=on: median {} ms",
+            time(&launcher)
+        );
+        eprintln!(
+            "kvm, default cpu: median {} ms",
+            time(&options(ProbeAccel::Kvm, None, dir.path()))
+        );
+    }
+}
