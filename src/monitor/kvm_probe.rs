@@ -8,8 +8,9 @@
 //! (`failed to set MSR 0x10a`). So [`probe`] boots the guest of `kvm_probe.S` (beside this file) the
 //! way a Linux kernel boots (real mode, protected mode, PAE paging, long mode), makes it run a
 //! 10M-iteration loop and fill and check 8 MiB of memory, and requires it to report success
-//! through `isa-debug-exit` within [`ProbeOptions::run_timeout`] of its first instruction. Real
-//! KVM needs a few milliseconds for this, TCG about 0.2 s, an emulating KVM minutes.
+//! through `isa-debug-exit` within [`ProbeOptions::run_timeout`] of its first instruction. A
+//! hardware KVM needs milliseconds for this (10M iterations at GHz speed), TCG about 0.2 s (measured
+//! here), an emulating KVM minutes.
 //!
 //! QEMU runs it as `-machine q35,accel=kvm -nodefaults -display none -no-user-config -no-reboot
 //! -m 32 -cpu <cpu> -bios <64 KiB image>` with the stage bytes on an `isa-debugcon` at port 0x402
