@@ -34,6 +34,8 @@ pub const ROOT_ENV: &str = "QLAUNCHER_ROOT";
 /// `on` forces TCG, `off` requires a KVM that passes the probe, `auto` (or unset) lets
 /// `--allow-emulation` fall back to TCG (set by `qlauncher run --emulation`).
 pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
+/// Path of a second QMP monitor socket for operators' tools (set by `qlauncher run`).
+pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
 
 /// Runs the launcher; exit code 0 on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -175,7 +177,8 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
 
 /// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
 /// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION` and
-/// `--allow-emulation` pick the accelerator ([`choose_accel`]).
+/// `--allow-emulation` pick the accelerator ([`choose_accel`]); `QLAUNCHER_OPERATOR_QMP` adds
+/// QEMU's operator QMP monitor.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let root = std::env::var_os(ROOT_ENV)
         .map(PathBuf::from)
@@ -190,10 +193,15 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let qlauncher_dir = config.private_dir.join("qlauncher");
     c.qmp_socket = qlauncher_dir.join("monitor.sock");
     c.qemu_log = qlauncher_dir.join("qemu.log");
+    c.operator_qmp_socket = std::env::var_os(OPERATOR_QMP_ENV).map(PathBuf::from);
     let emulation = std::env::var(EMULATION_ENV).unwrap_or_default();
     let (kvm, allow_emulation) = choose_accel(config, &emulation, &c.qemu);
     c.kvm = kvm;
     c.allow_emulation = allow_emulation;
+    // `--run-as-nonroot`: QEMU runs as the qemu user (107) even when the launcher is root.
+    if config.run_as_nonroot {
+        c.runtime_uid = launcher::QEMU_UID;
+    }
     if let Some(v) = qemu_version(&c.qemu) {
         c.qemu_version = v;
     }

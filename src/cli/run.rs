@@ -8,6 +8,10 @@
 //! process tree (monitor, launcher, QEMU). Ctrl-C or SIGTERM presses the ACPI power button and
 //! kills QEMU when the grace period (`spec.terminationGracePeriodSeconds`, default 30 s) ends.
 //! The network binding is set up in the current network namespace on its `eth0`.
+//!
+//! QEMU gets a second QMP monitor at `<root>/var/run/kubevirt-private/qlauncher/operator.sock`
+//! for `qlauncher qmp` and `qlauncher hotplug` (the launcher holds the domain's own monitor,
+//! `.../qlauncher/monitor.sock`, and QEMU serves one client per monitor).
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 
@@ -175,6 +179,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         .args(flags)
         .env("STANDALONE_VMI", json)
         .env(super::launcher::ROOT_ENV, &root)
+        .env(
+            super::launcher::OPERATOR_QMP_ENV,
+            under("var/run/kubevirt-private/qlauncher/operator.sock"),
+        )
         .env(
             super::launcher::EMULATION_ENV,
             match args.emulation {

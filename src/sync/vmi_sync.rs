@@ -55,6 +55,9 @@ use crate::sync::server::{DomainManager, ExecOutput};
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
+#[path = "recover.rs"]
+mod recover;
+
 /// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
 pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -79,6 +82,11 @@ pub struct SyncConfig {
     pub resolv_conf: PathBuf,
     /// Where QEMU binds its QMP socket.
     pub qmp_socket: PathBuf,
+    /// A second QMP monitor socket for an operator's tools (`qlauncher qmp`, `qlauncher
+    /// hotplug`), or None. QEMU serves one client per monitor and the launcher holds
+    /// [`SyncConfig::qmp_socket`] for the domain's lifetime, so those tools need their own.
+    /// `qlauncher run` sets it; a pod's launcher does not (KubeVirt's QEMU has only libvirt's).
+    pub operator_qmp_socket: Option<PathBuf>,
     /// QEMU's stdout and stderr (appended).
     pub qemu_log: PathBuf,
     /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
@@ -100,6 +108,7 @@ impl SyncConfig {
             cloud_init: r(&d.cloud_init),
             dev: r(&d.dev),
             nvram: r(&d.nvram),
+            virtiofs: r(&d.virtiofs),
         };
         let private = PathBuf::from(&paths.private_dir).join("qlauncher");
         SyncConfig {
@@ -110,6 +119,7 @@ impl SyncConfig {
             allow_emulation: true,
             resolv_conf: "/etc/resolv.conf".into(),
             qmp_socket: private.join("monitor.sock"),
+            operator_qmp_socket: None,
             qemu_log: private.join("qemu.log"),
             runtime_uid: if nix::unistd::geteuid().is_root() {
                 0
@@ -376,7 +386,13 @@ impl SyncVmi {
             .collect();
         domain.spec.uuid = plan.uuid.clone();
         domain.spec.domain_type = "kvm".into();
-        let argv = render::argv(&plan);
+        let mut argv = render::argv(&plan);
+        if let Some(p) = &self.config.operator_qmp_socket {
+            // QEMU's option syntax: a comma in a value is written twice.
+            let path = p.display().to_string().replace(',', ",,");
+            argv.push("-qmp".into());
+            argv.push(format!("unix:{path},server=on,wait=off"));
+        }
         let next_node = argv
             .iter()
             .flat_map(|w| node_indices(w))
@@ -394,6 +410,25 @@ impl SyncVmi {
                 what: format!("create {}", dir.display()),
                 source,
             })?;
+        }
+        if let Some(dir) = qmp.parent() {
+            super::privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(
+                |source| SyncError::PrepareQemu {
+                    what: format!("give {} to the runtime user", dir.display()),
+                    source,
+                },
+            )?;
+        }
+        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
+        if let Some(found) = recover::find(&qmp, &plan.uuid).await {
+            let running = Running {
+                spec,
+                ctx,
+                disks,
+                next_node,
+                _dhcp_stop: dhcp_stop,
+            };
+            return self.adopt(found, vmi, domain, running).await;
         }
         if qmp.exists() {
             let _ = std::fs::remove_file(&qmp);
@@ -421,6 +456,7 @@ impl SyncVmi {
         if let Ok(p) = std::env::var("PATH") {
             command.env("PATH", p);
         }
+        super::privileges::confine_qemu(&mut command, self.config.runtime_uid);
         let detached =
             crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
         let pid = detached.pid;

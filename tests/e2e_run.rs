@@ -1,0 +1,153 @@
+//! End to end through `qlauncher run`, the path a user takes (README, `scripts/demo`): the example
+//! VMIs under `examples/` booted in a throwaway pod network namespace, the guest driven through its
+//! serial console (`<root>/var/run/kubevirt-private/<uid>/virt-serial0`, the `QLG# ` shell), and a
+//! graceful stop by SIGTERM.
+//!
+//! - containerDisk: guest writes land in the overlay under `--root`, the base image is unchanged,
+//!   and a second run in the same `--root` finds them again (the overlay is reused).
+//! - emptyDisk (`examples/empty-disk.yaml`): the guest sees a 1 GiB disk.
+//! - kernelBoot (`examples/kernel-boot.yaml`): the guest boots from the kernel and initrd given by
+//!   `--kernel-boot-dir`, with the VMI's kernel arguments and no disk.
+//!
+//! Needs root and the test guest (`scripts/build-guest`).
+
+#[path = "common/guest.rs"]
+mod guest;
+#[path = "e2e_support/mod.rs"]
+mod support;
+
+use guest::GuestImages;
+use std::path::Path;
+use support::{example, short_tempdir, Pod, Run, STEP};
+
+fn sha256(path: &Path) -> String {
+    support::host(&["sha256sum", &path.display().to_string()])
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_string()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+#[test]
+fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
+    let images = GuestImages::locate();
+    let tmp = short_tempdir();
+    // The base is the test's own copy, so that nothing else can change it meanwhile.
+    let base = tmp.path().join("base.qcow2");
+    std::fs::copy(&images.disk_qcow2, &base).unwrap();
+    let base_sum = sha256(&base);
+    let root = tmp.path().join("r");
+    let disk = format!("rootdisk={}", base.display());
+    let vmi = example("demo.yaml");
+    let mark = format!("qle-mark-{}", support::unique());
+
+    let pod = Pod::new();
+    let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
+    let mut console = run.console();
+    // The scratch partition vda2 is raw bytes on the root disk (guest/README.md).
+    let (rc, out) = console
+        .run(
+            &format!("printf {mark} | dd of=/dev/vda2 conv=fsync 2>/dev/null; sync"),
+            STEP,
+        )
+        .unwrap();
+    assert_eq!((rc, out), (0, String::new()));
+    run.stop(&mut console);
+    drop(run);
+
+    let overlay = root.join("var/run/kubevirt-ephemeral-disks/disk-data/rootdisk/disk.qcow2");
+    let bytes = std::fs::read(&overlay).unwrap();
+    assert!(
+        contains(&bytes, mark.as_bytes()),
+        "{} lacks the guest's write",
+        overlay.display()
+    );
+    assert_eq!(sha256(&base), base_sum, "the base image changed");
+    let overlay_inode = std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&overlay).unwrap());
+
+    // Second run, same --root: the same overlay, the write still there.
+    let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
+    let mut console = run.console();
+    let (rc, out) = console
+        .run(
+            &format!(
+                "dd if=/dev/vda2 bs={} count=1 2>/dev/null; echo",
+                mark.len()
+            ),
+            STEP,
+        )
+        .unwrap();
+    assert_eq!((rc, out), (0, mark.clone()));
+    run.stop(&mut console);
+    assert_eq!(
+        std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&overlay).unwrap()),
+        overlay_inode,
+        "the second run replaced the overlay"
+    );
+    assert_eq!(sha256(&base), base_sum, "the base image changed");
+}
+
+#[test]
+fn empty_disk_example_gives_the_guest_a_1gib_disk() {
+    let images = GuestImages::locate();
+    let tmp = short_tempdir();
+    let root = tmp.path().join("r");
+    let disk = format!("rootdisk={}", images.disk_qcow2.display());
+    let pod = Pod::new();
+    let mut run = Run::start(
+        &pod,
+        &example("empty-disk.yaml"),
+        &root,
+        &["--container-disk", &disk],
+    );
+    let mut console = run.console();
+    assert_eq!(
+        console.wait_for_marker("disk vdb ", STEP).unwrap(),
+        "disk vdb size=1073741824"
+    );
+    // Empty to the guest (a fresh sparse image, no partition table).
+    let (rc, out) = console
+        .run(
+            "dd if=/dev/vdb bs=4096 count=1 2>/dev/null | tr -d '\\000' | wc -c",
+            STEP,
+        )
+        .unwrap();
+    assert_eq!((rc, out.trim().to_string()), (0, "0".to_string()));
+    run.stop(&mut console);
+}
+
+#[test]
+fn kernel_boot_example_boots_the_given_kernel_with_its_arguments() {
+    let images = GuestImages::locate();
+    let tmp = short_tempdir();
+    let root = tmp.path().join("r");
+    let dir = images.dir.display().to_string();
+    let pod = Pod::new();
+    let mut run = Run::start(
+        &pod,
+        &example("kernel-boot.yaml"),
+        &root,
+        &["--kernel-boot-dir", &dir],
+    );
+    let mut console = run.console();
+    let (rc, cmdline) = console.run("cat /proc/cmdline", STEP).unwrap();
+    assert_eq!(
+        (rc, cmdline.trim_end().to_string()),
+        (0, "console=ttyS0".into())
+    );
+    // No disk at all: the kernel and initrd came through QEMU's -kernel/-initrd.
+    let (rc, disks) = console
+        .run("ls /sys/block | grep -v '^loop' || true", STEP)
+        .unwrap();
+    assert_eq!((rc, disks), (0, String::new()));
+    let lease = console.wait_for_marker("lease eth0 ", STEP).unwrap();
+    assert!(
+        lease.starts_with("lease eth0 ip=10.0.2.2/24 router=10.0.2.1 "),
+        "{lease}"
+    );
+    run.stop(&mut console);
+}

@@ -1,0 +1,322 @@
+//! Support for the end-to-end tests that drive `qlauncher run` the way a user does: a throwaway
+//! "pod" network namespace (its `eth0` a veth to a "node" namespace, a resolv.conf as Kubernetes
+//! writes it), the `qlauncher run` process inside it, the guest's serial console on KubeVirt's
+//! socket path under `--root`, and a graceful stop by SIGTERM.
+//!
+//! Cleanup never depends on the test passing: dropping a [`Pod`] kills every process left in its
+//! namespace (the monitor, the launcher, QEMU) and then deletes both namespaces and
+//! `/etc/netns/<pod>`. Names carry the test process id and a counter, so tests run in parallel.
+#![allow(dead_code)]
+
+use crate::guest::Console;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a TCG guest may take from `qlauncher run` to its shell prompt, and to stop.
+pub const STEP: Duration = Duration::from_secs(240);
+
+static COUNTER: AtomicU32 = AtomicU32::new(0);
+
+/// `<pid>-<counter>`: unique among the tests of every test binary running now.
+pub fn unique() -> String {
+    format!(
+        "{}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// Runs a host command and returns its stdout; panics with its stderr when it fails.
+pub fn host(args: &[&str]) -> String {
+    let o = Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// The pod's resolv.conf, as the kubelet writes it.
+pub const RESOLV_CONF: &str = "search default.svc.cluster.local svc.cluster.local cluster.local\n\
+                               nameserver 10.96.0.10\noptions ndots:5\n";
+
+/// A pod network namespace with `eth0` 10.244.0.5/24 (MTU 1450, default route via 10.244.0.1) on a
+/// veth to a node namespace's `vpod` 10.244.0.1/24, and `/etc/netns/<pod>/resolv.conf`.
+pub struct Pod {
+    /// Name of the pod namespace.
+    pub name: String,
+    /// Name of the node namespace.
+    pub node: String,
+}
+
+impl Pod {
+    /// Creates both namespaces and the veth pair.
+    pub fn new() -> Pod {
+        let id = unique();
+        let pod = Pod {
+            name: format!("qle-pod-{id}"),
+            node: format!("qle-node-{id}"),
+        };
+        host(&["ip", "netns", "add", &pod.node]);
+        host(&["ip", "netns", "add", &pod.name]);
+        pod.ip(&["link", "set", "lo", "up"]);
+        pod.node_ip(&["link", "set", "lo", "up"]);
+        pod.node_ip(&[
+            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
+        ]);
+        pod.node_ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
+        pod.node_ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
+        pod.ip(&[
+            "link",
+            "set",
+            "eth0",
+            "address",
+            "0a:58:0a:f4:00:05",
+            "mtu",
+            "1450",
+            "up",
+        ]);
+        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
+        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
+        std::fs::create_dir_all(pod.etc()).unwrap();
+        std::fs::write(pod.etc().join("resolv.conf"), RESOLV_CONF).unwrap();
+        pod
+    }
+
+    /// `ip -n <pod> ARGS...`.
+    pub fn ip(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "-n", &self.name];
+        v.extend_from_slice(args);
+        host(&v)
+    }
+
+    /// `ip -n <node> ARGS...`.
+    pub fn node_ip(&self, args: &[&str]) -> String {
+        let mut v = vec!["ip", "-n", &self.node];
+        v.extend_from_slice(args);
+        host(&v)
+    }
+
+    fn etc(&self) -> PathBuf {
+        PathBuf::from("/etc/netns").join(&self.name)
+    }
+
+    /// A command run inside the pod namespace (`ip netns exec <pod> PROGRAM`).
+    pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.name]).arg(program);
+        c
+    }
+
+    /// Pids of the processes in the pod namespace.
+    pub fn pids(&self) -> Vec<u32> {
+        Command::new("ip")
+            .args(["netns", "pids", &self.name])
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .filter_map(|p| p.parse().ok())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs every process in the pod namespace, until none is left (at most 10 s).
+    pub fn kill_all(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() || Instant::now() >= deadline {
+                return;
+            }
+            for pid in pids {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        self.kill_all();
+        let _ = std::fs::remove_dir_all(self.etc());
+        for ns in [&self.name, &self.node] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).output();
+        }
+    }
+}
+
+/// A `qlauncher run` process (it becomes the monitor: PID 1 of the pod), with its `--root`.
+pub struct Run {
+    child: Child,
+    /// The `--root` directory as the host sees it.
+    pub root: PathBuf,
+    /// stdout and stderr of `qlauncher run`.
+    pub log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl Run {
+    /// Spawns `command` (a `qlauncher run ...`, possibly wrapped in `ip netns exec`, `chroot`)
+    /// with its output going to `log`; `root` is where its `--root` is on the host.
+    pub fn spawn(mut command: Command, root: &Path, log: &Path) -> Run {
+        let out = std::fs::File::create(log).unwrap();
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("spawn qlauncher run");
+        Run {
+            child,
+            root: root.to_path_buf(),
+            log: log.to_path_buf(),
+            exit: None,
+        }
+    }
+
+    /// Starts `qlauncher run VMI --root ROOT --emulation on EXTRA...` in `pod`, logging to
+    /// `ROOT.log` (next to the root, so the root holds only what qlauncher writes).
+    pub fn start(pod: &Pod, vmi: &Path, root: &Path, extra: &[&str]) -> Run {
+        let mut c = pod.command(env!("CARGO_BIN_EXE_qlauncher"));
+        c.arg("run")
+            .arg(vmi)
+            .arg("--root")
+            .arg(root)
+            .args(["--emulation", "on"])
+            .args(extra);
+        Run::spawn(c, root, &root.with_extension("log"))
+    }
+
+    /// The pid of `qlauncher run`, i.e. of the monitor it became.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// What `qlauncher run` printed so far.
+    pub fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// The VMI's private directory `<root>/var/run/kubevirt-private/<uid>` (the uid `run` derives
+    /// from namespace/name), once it holds `file`; panics after `timeout` or when `run` exits.
+    pub fn private_file(&mut self, file: &str, timeout: Duration) -> PathBuf {
+        let private = self.root.join("var/run/kubevirt-private");
+        let deadline = Instant::now() + timeout;
+        loop {
+            let found = std::fs::read_dir(&private).ok().and_then(|d| {
+                d.flatten()
+                    .map(|e| e.path().join(file))
+                    .find(|p| p.exists())
+            });
+            if let Some(p) = found {
+                return p;
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.exit = Some(s);
+                panic!(
+                    "qlauncher run exited ({s}) before {file}:\n{}",
+                    self.output()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {file} within {timeout:?}; qlauncher run:\n{}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Connects to the guest's serial console (`<private>/<uid>/virt-serial0`) and waits for its
+    /// shell prompt (a newline is typed first: the prompt may have been printed already).
+    pub fn console(&mut self) -> Console {
+        let socket = self.private_file("virt-serial0", STEP);
+        let mut console = Console::connect(&socket, STEP).expect("connect to the serial console");
+        console.send(b"\n").expect("write to the serial console");
+        if let Err(e) = console.wait_for_prompt(STEP) {
+            panic!("{e}\nqlauncher run:\n{}", self.output());
+        }
+        console
+    }
+
+    /// QEMU's operator QMP socket, `<root>/var/run/kubevirt-private/qlauncher/operator.sock`
+    /// (bound before the guest starts).
+    pub fn operator_qmp_socket(&self) -> PathBuf {
+        self.root
+            .join("var/run/kubevirt-private/qlauncher/operator.sock")
+    }
+
+    /// Waits up to `timeout` for `qlauncher run` to exit.
+    pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.exit {
+                return Some(s);
+            }
+            if let Ok(Some(s)) = self.child.try_wait() {
+                self.exit = Some(s);
+                return Some(s);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGTERM to `qlauncher run` (the kubelet stopping the pod): the guest gets the ACPI power
+    /// button. Waits for `QLG: poweroff` on `console` and for `run` to exit; panics unless it
+    /// exits with status 0.
+    pub fn stop(&mut self, console: &mut Console) {
+        host(&["kill", "-TERM", &self.pid().to_string()]);
+        if let Err(e) = console.wait_for_marker("poweroff", STEP) {
+            panic!("{e}\nqlauncher run:\n{}", self.output());
+        }
+        let status = self
+            .wait(STEP)
+            .unwrap_or_else(|| panic!("qlauncher run did not exit:\n{}", self.output()));
+        assert!(
+            status.success(),
+            "qlauncher run exited with {status}:\n{}",
+            self.output()
+        );
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if self.exit.is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A temporary directory with a short path (QEMU's socket paths under `--root` must stay within
+/// the 107 bytes of a unix socket path), removed on drop.
+pub fn short_tempdir() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("q{}-", unique()))
+        .rand_bytes(4)
+        .tempdir_in("/tmp")
+        .unwrap()
+}
+
+/// Reads the example VMI `examples/NAME`.
+pub fn example(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("examples")
+        .join(name)
+}
