@@ -23,11 +23,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// `--emulation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
-    /// KVM when `/dev/kvm` exists, else TCG.
+    /// KVM when it runs a probe guest in time (`monitor::kvm_probe`), else TCG.
     Auto,
     /// Always TCG.
     On,
-    /// KVM only (fails without it).
+    /// KVM only: fails, with the probe's reason logged, when KVM does not run the probe guest.
     Off,
 }
 
@@ -185,10 +185,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         )
         .env(
             super::launcher::EMULATION_ENV,
-            if args.emulation == Emulation::On {
-                "on"
-            } else {
-                "auto"
+            match args.emulation {
+                Emulation::On => "on",
+                Emulation::Off => "off",
+                Emulation::Auto => "auto",
             },
         );
     let err = command.exec();
