@@ -11,13 +11,17 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod agent;
 pub mod domain;
+pub mod info;
 pub mod notify;
 pub mod privileges;
 pub mod proto;
 pub mod server;
+pub mod stats;
 pub mod uds;
 pub mod vmi_sync;
+pub mod volumes;
 
 pub use vmi_sync::{SyncConfig, SyncVmi};
 
@@ -170,4 +174,56 @@ pub enum SyncError {
     /// The operation is not supported by qlauncher.
     #[error("not supported by qlauncher: {0}")]
     Unsupported(String),
+    /// Connecting to the guest agent's channel socket failed.
+    #[error("cannot connect to the guest agent channel {path}")]
+    AgentConnect {
+        /// The `org.qemu.guest_agent.0` socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Talking to the guest agent failed (channel closed, write or read error).
+    #[error("guest agent command {command}: channel error")]
+    AgentIo {
+        /// The agent command.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest agent did not answer in time (often: no agent runs in the guest).
+    #[error("guest agent did not answer {command} within {waited:?}")]
+    AgentTimeout {
+        /// The agent command.
+        command: String,
+        /// The timeout.
+        waited: Duration,
+    },
+    /// The guest agent answered something that is not a valid reply.
+    #[error("guest agent command {command}: bad reply: {reason}")]
+    AgentReply {
+        /// The agent command.
+        command: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The guest agent answered with an error.
+    #[error("guest agent command {command} failed: {class}: {desc}")]
+    AgentCommand {
+        /// The agent command.
+        command: String,
+        /// QEMU error class, e.g. `CommandNotFound`.
+        class: String,
+        /// The agent's description.
+        desc: String,
+    },
+    /// A `guest-exec` command was still running at the deadline (KubeVirt's message).
+    #[error("Timed out waiting for guest pid [{pid}] for command [{command}] to exit")]
+    GuestExecTimeout {
+        /// The guest pid.
+        pid: i64,
+        /// The command path.
+        command: String,
+    },
 }

@@ -175,6 +175,18 @@ impl Shared {
         next
     }
 
+    /// Puts the guest agent's interfaces in the domain status and notifies MODIFIED (KubeVirt's
+    /// agent-updated event).
+    fn set_guest_interfaces(&self, list: Vec<crate::sync::domain::InterfaceStatus>) {
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            d.status.interfaces = list;
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+
     fn publish(&self, status: DomainStatus, event: DomainEventType) {
         let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
         let Some(d) = domain.as_mut() else { return };
@@ -206,6 +218,8 @@ pub struct SyncVmi {
     config: SyncConfig,
     running: Mutex<Option<Running>>,
     shared: Arc<Shared>,
+    /// Guest agent, stats names and start timings ([`crate::sync::info`]).
+    info: crate::sync::info::DomainInfo,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -231,7 +245,13 @@ impl SyncVmi {
                 pid,
                 client: StdMutex::new(None),
             }),
+            info: crate::sync::info::DomainInfo::default(),
         }
+    }
+
+    /// How long the first sync took, split by step (`None` before QEMU runs).
+    pub fn start_timings(&self) -> Option<crate::sync::info::StartTimings> {
+        self.info.timings()
     }
 
     /// The current domain (`None` before the first sync).
@@ -385,6 +405,7 @@ impl SyncVmi {
                 m.path, m.reason,
             )));
         }
+        self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         let disks = qmp_plan
             .disks
@@ -489,6 +510,11 @@ impl SyncVmi {
         *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
         *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
         self.shared.publish(initial, DomainEventType::Added);
+        let shared = self.shared.clone();
+        self.info.start_interface_poller(
+            client.clone(),
+            Arc::new(move |list| shared.set_guest_interfaces(list)),
+        );
         tokio::spawn(follow_events(
             self.shared.clone(),
             events,
@@ -515,6 +541,8 @@ impl SyncVmi {
             total_ms = ms(t_running),
             "domain started (sync received to cont acknowledged)"
         );
+        self.info
+            .set_timings(t_storage, t_network, t_convert, t_running);
         self.shared.pid.send_replace(Some(pid));
         Ok(Running {
             spec,
@@ -693,7 +721,8 @@ fn format_mac(mac: [u8; 6]) -> String {
         .join(":")
 }
 
-/// Overlays, empty disks and the cloud-init ISO of `vmi`; returns the converter's volume facts.
+/// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
+/// ([`crate::sync::volumes`]); returns the converter's volume facts.
 fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
@@ -799,6 +828,8 @@ fn prepare_storage(
             storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
             info!(volume = %vol.name, iso = %iso.display(), "cloud-init ISO");
             facts.insert(vol.name.clone(), VolumeFacts::default());
+        } else if let Some(f) = crate::sync::volumes::prepare(vmi, vol, paths, owner)? {
+            facts.insert(vol.name.clone(), f);
         }
     }
     Ok(facts)
@@ -1105,11 +1136,13 @@ impl DomainManager for SyncVmi {
     }
 
     async fn get_domain(&self) -> Result<Option<Domain>, SyncError> {
+        self.info.refresh_interfaces();
         Ok(self.domain())
     }
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
-        Err(decode_failed("domain stats"))
+        let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
+        self.info.stats(&self.client()?, pid).await
     }
 
     async fn qemu_version(&self) -> Result<String, SyncError> {
@@ -1122,18 +1155,18 @@ impl DomainManager for SyncVmi {
         Ok(format!("{}.{}.{}", q["major"], q["minor"], q["micro"]))
     }
 
-    async fn guest_ping(&self, _domain_name: String, _timeout: Duration) -> Result<(), SyncError> {
-        Err(decode_failed("guest agent ping"))
+    async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {
+        self.info.agent.ping(timeout).await
     }
 
     async fn exec(
         &self,
         _domain_name: String,
-        _command: String,
-        _args: Vec<String>,
-        _timeout: Duration,
+        command: String,
+        args: Vec<String>,
+        timeout: Duration,
     ) -> Result<ExecOutput, SyncError> {
-        Err(decode_failed("guest agent exec"))
+        self.info.agent.exec(&command, &args, timeout).await
     }
 }
 

@@ -1,0 +1,438 @@
+//! The command server's read-only and guest-agent RPCs on a real guest (TCG), played the way
+//! virt-handler calls them: `SyncVirtualMachine` of a VMI with a containerDisk, a configMap
+//! volume, a `DiskOrCreate` hostDisk and a masquerade NIC; then `GetDomainStats` (vCPUs, balloon,
+//! block and tap counters, names and aliases), `GuestPing`, `Exec` (output and exit code, the
+//! configMap's file read back through its ISO, KubeVirt's timeout error), and `GetDomain` with the
+//! guest agent's interfaces, which also reach virt-handler's notify server in a MODIFIED event. The launcher runs in-process in a private network namespace of the
+//! test thread (its `eth0` one end of a veth pair), so the pod network, tap and nftables are real.
+//!
+//! Needs root and the test guest with its agent (`scripts/build-guest`).
+
+#[path = "common/guest.rs"]
+mod guest;
+
+use guest::GuestImages;
+use qlauncher::sync::domain::Domain;
+use qlauncher::sync::notify::{Notifier, NotifyTiming};
+use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::proto::notify::info as notify_info;
+use qlauncher::sync::proto::notify::v1 as notify;
+use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
+use qlauncher::sync::{uds, SyncConfig, SyncVmi};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+
+/// The domains virt-handler's notify server received, with their event types.
+type Received = Arc<Mutex<Vec<(String, Domain)>>>;
+
+#[derive(Clone)]
+struct Handler(Received);
+
+#[tonic::async_trait]
+impl notify::notify_server::Notify for Handler {
+    async fn handle_domain_event(
+        &self,
+        request: Request<notify::DomainEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        let request = request.into_inner();
+        let domain: Domain = serde_json::from_slice(&request.domain_json)
+            .map_err(|e| Status::invalid_argument(e.to_string()))?;
+        self.0.lock().unwrap().push((request.event_type, domain));
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+
+    async fn handle_k8s_event(
+        &self,
+        _request: Request<notify::K8sEventRequest>,
+    ) -> Result<Response<notify::Response>, Status> {
+        Ok(Response::new(notify::Response {
+            success: true,
+            message: String::new(),
+        }))
+    }
+}
+
+struct Info;
+
+#[tonic::async_trait]
+impl notify_info::notify_info_server::NotifyInfo for Info {
+    async fn info(
+        &self,
+        _request: Request<notify_info::NotifyInfoRequest>,
+    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
+        Ok(Response::new(notify_info::NotifyInfoResponse {
+            supported_notify_versions: vec![1],
+        }))
+    }
+}
+
+/// Serves virt-handler's notify API on `path` until the runtime ends.
+fn start_notify_server(path: &Path) -> Received {
+    let received = Received::default();
+    let listener = tokio::net::UnixListener::bind(path).unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
+            .add_service(notify::notify_server::NotifyServer::new(Handler(
+                received.clone(),
+            )))
+            .serve_with_incoming(UnixListenerStream::new(listener)),
+    );
+    received
+}
+
+fn ip(args: &[&str]) {
+    let o = Command::new("ip").args(args).output().expect("run ip");
+    assert!(
+        o.status.success(),
+        "ip {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+}
+
+/// Kills the detached QEMU when the test ends, however it ends.
+struct KillQemu(Arc<SyncVmi>);
+
+impl Drop for KillQemu {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.qemu_pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+const CONFIG_TEXT: &str = "hello from a configMap\n";
+
+fn vmi(uid: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "info", "namespace": "default", "uid": uid},
+        "spec": {
+            "domain": {
+                "cpu": {"sockets": 1, "cores": 2, "threads": 1},
+                "resources": {"requests": {"memory": "256Mi"}},
+                "devices": {
+                    "disks": [
+                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "app-config", "disk": {"bus": "virtio"}},
+                        {"name": "scratch", "disk": {"bus": "virtio"}}
+                    ],
+                    "interfaces": [{"name": "default", "masquerade": {}}]
+                }
+            },
+            "networks": [{"name": "default", "pod": {}}],
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "app-config", "configMap": {"name": "app"}},
+                {"name": "scratch", "hostDisk": {
+                    "path": "/var/data/scratch.img", "type": "DiskOrCreate", "capacity": "64Mi"}}
+            ]
+        }
+    })
+}
+
+/// Waits until the serial log holds a `QLG: ` line starting with `prefix`.
+async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        if let Some(line) = text.lines().find_map(|l| {
+            let at = l.find("QLG: ")?;
+            let m = l[at..].trim_end();
+            m.starts_with(prefix).then(|| m.to_string())
+        }) {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {prefix:?} within {timeout:?} (a guest without `QLG: agent` markers predates \
+             guest/qga: run scripts/build-guest); serial log:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+async fn exec(
+    client: &mut CmdClient<Channel>,
+    command: &str,
+    args: &[&str],
+    timeout_seconds: i32,
+) -> Result<cmd::ExecResponse, tonic::Status> {
+    client
+        .exec(cmd::ExecRequest {
+            domain_name: "default_info".into(),
+            command: command.into(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            timeout_seconds,
+        })
+        .await
+        .map(|r| r.into_inner())
+}
+
+fn block<'a>(stats: &'a Value, alias: &str) -> &'a Value {
+    stats["Block"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["Alias"] == alias)
+        .unwrap_or_else(|| panic!("no block entry for {alias}: {stats:#}"))
+}
+
+#[test]
+fn stats_guest_agent_config_volume_and_host_disk_on_a_real_guest() {
+    // A network namespace for this thread only; the runtime's threads, the launcher's
+    // netlink sockets and QEMU inherit it. It goes away with the thread and QEMU.
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    ip(&["link", "set", "lo", "up"]);
+    ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "vpeer",
+    ]);
+    ip(&["link", "set", "eth0", "address", "0a:58:0a:f4:00:07", "up"]);
+    ip(&["link", "set", "vpeer", "up"]);
+    ip(&["addr", "add", "10.244.0.7/24", "dev", "eth0"]);
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.244.0.1",
+        "dev",
+        "eth0",
+    ]);
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(scenario());
+}
+
+async fn scenario() {
+    let images = GuestImages::locate();
+    let root = tempfile::tempdir().unwrap();
+    let mut config = SyncConfig::under_root(root.path());
+    let resolv = root.path().join("resolv.conf");
+    std::fs::write(
+        &resolv,
+        "search default.svc.cluster.local\nnameserver 10.96.0.10\n",
+    )
+    .unwrap();
+    config.resolv_conf = resolv;
+    let disks = PathBuf::from(&config.paths.container_disks);
+    std::fs::create_dir_all(&disks).unwrap();
+    std::os::unix::fs::symlink(&images.disk_qcow2, disks.join("disk_0.img")).unwrap();
+    let private = PathBuf::from(&config.paths.private_dir);
+    std::fs::create_dir_all(private.join("config-map/app-config")).unwrap();
+    std::fs::write(private.join("config-map/app-config/greeting"), CONFIG_TEXT).unwrap();
+    // The per-VMI directory (serial console, agent channel) the launcher creates at start.
+    let uid = format!("5f0c1a2e-0000-4000-8000-{:012}", std::process::id());
+    std::fs::create_dir_all(private.join(&uid)).unwrap();
+
+    let share = root.path().join("var/run/kubevirt");
+    std::fs::create_dir_all(&share).unwrap();
+    let notify_socket = share.join("domain-notify-pipe.sock");
+    let received = start_notify_server(&notify_socket);
+    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
+    let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
+    let _kill = KillQemu(manager.clone());
+    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let paths = CmdSocketPaths::in_share_dir(&share);
+    let server = CmdServer::start(manager.clone(), paths.clone(), async move {
+        let _ = stopped.await;
+    })
+    .await
+    .unwrap();
+    server.mark_ready().unwrap();
+    let channel = uds::connect(&paths.ready, Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut client = CmdClient::new(channel);
+
+    let answer = client
+        .sync_virtual_machine(cmd::VmiRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
+            }),
+            options: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.success, "{}", answer.message);
+    let timings = manager.start_timings().expect("timings recorded");
+    assert_eq!(
+        timings.total,
+        timings.storage + timings.network + timings.convert + timings.qemu
+    );
+
+    // The hostDisk was created with its capacity, the configMap imaged.
+    let host_disk = private.join("vmi-disks/scratch/scratch.img");
+    assert_eq!(std::fs::metadata(&host_disk).unwrap().len(), 64 << 20);
+    let iso = private.join("config-map-disks/app-config.iso");
+    assert!(iso.is_file(), "{} missing", iso.display());
+
+    let serial = private.join(&uid).join("virt-serial0-log");
+    let boot = guest::BOOT_TIMEOUT;
+    let lease = wait_marker(&serial, "QLG: lease eth0", boot).await;
+    assert!(lease.contains("ip=10.0.2.2/24"), "{lease}");
+    wait_marker(&serial, "QLG: agent ready", boot).await;
+
+    // GuestPing and Exec through the agent.
+    let ping = client
+        .guest_ping(cmd::GuestPingRequest {
+            domain_name: "default_info".into(),
+            timeout_seconds: 5,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(ping.response.unwrap().success);
+    let out = exec(&mut client, "/bin/sh", &["-c", "echo hello; exit 3"], 10)
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            out.response.unwrap().success,
+            out.exit_code,
+            out.std_out.as_str()
+        ),
+        (true, 3, "hello\n")
+    );
+    let out = exec(
+        &mut client,
+        "/bin/sh",
+        &[
+            "-c",
+            "mkdir -p /mnt/cm && mount -t iso9660 -o ro /dev/vdb /mnt/cm && cat /mnt/cm/greeting",
+        ],
+        20,
+    )
+    .await
+    .unwrap();
+    assert_eq!((out.exit_code, out.std_out.as_str()), (0, CONFIG_TEXT));
+    let out = exec(&mut client, "/bin/cat", &["/sys/block/vdc/size"], 10)
+        .await
+        .unwrap();
+    assert_eq!(out.std_out.trim(), ((64u64 << 20) / 512).to_string());
+    let slow = exec(&mut client, "/bin/sleep", &["30"], 1)
+        .await
+        .unwrap_err();
+    assert_eq!(slow.code(), tonic::Code::Unknown);
+    assert!(
+        slow.message()
+            .starts_with("Timed out waiting for guest pid [")
+            && slow
+                .message()
+                .ends_with("] for command [/bin/sleep] to exit"),
+        "{}",
+        slow.message()
+    );
+
+    // GetDomainStats.
+    let answer = client
+        .get_domain_stats(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.response.as_ref().unwrap().success, "{answer:?}");
+    let stats: Value = serde_json::from_str(&answer.domain_stats).unwrap();
+    assert_eq!(stats["Name"], "default_info");
+    assert_eq!(stats["Vcpu"].as_array().unwrap().len(), 2, "{stats:#}");
+    assert!(stats["Vcpu"][0]["Time"].as_u64().unwrap() > 0, "{stats:#}");
+    assert!(stats["Cpu"]["Time"].as_u64().unwrap() > 0);
+    assert_eq!(stats["Memory"]["ActualBalloon"], 256 * 1024);
+    assert!(stats["Memory"]["RSS"].as_u64().unwrap() > 10 * 1024);
+    assert_eq!(stats["CPUMap"].as_array().unwrap().len(), 2);
+    let root_disk = block(&stats, "rootdisk");
+    assert_eq!(root_disk["Name"], "vda");
+    assert!(root_disk["RdBytes"].as_u64().unwrap() > 0, "{root_disk:#}");
+    let config_disk = block(&stats, "app-config");
+    assert_eq!(config_disk["Name"], "vdb");
+    assert!(
+        config_disk["RdBytes"].as_u64().unwrap() > 0,
+        "{config_disk:#}"
+    );
+    assert_eq!(config_disk["Path"], iso.display().to_string());
+    let scratch = block(&stats, "scratch");
+    assert_eq!(
+        (&scratch["Name"], &scratch["Capacity"], &scratch["Path"]),
+        (
+            &json!("vdc"),
+            &json!(64u64 << 20),
+            &json!(host_disk.display().to_string())
+        )
+    );
+    let net = &stats["Net"].as_array().unwrap()[0];
+    assert_eq!(net["Alias"], "default");
+    assert!(net["RxBytes"].as_u64().unwrap() > 0, "{net:#}");
+    assert!(net["TxBytes"].as_u64().unwrap() > 0, "{net:#}");
+
+    // GetDomain carries the guest agent's interfaces (refreshed in the background).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let domain = loop {
+        let answer = client
+            .get_domain(cmd::EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let domain: Domain = serde_json::from_str(&answer.domain).unwrap();
+        if !domain.status.interfaces.is_empty() {
+            break domain;
+        }
+        assert!(Instant::now() < deadline, "no interfaces: {domain:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let mac = domain.spec.devices.interfaces[0].mac.clone().unwrap().mac;
+    let eth0 = &domain.status.interfaces[0];
+    assert_eq!(
+        (
+            eth0.interface_name.as_str(),
+            eth0.mac.as_str(),
+            eth0.ip.as_str()
+        ),
+        ("eth0", mac.as_str(), "10.0.2.2")
+    );
+    assert!(eth0.ips.contains(&"10.0.2.2".to_string()), "{eth0:?}");
+    // virt-handler learnt them from a MODIFIED domain event (its informer's source).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events = received.lock().unwrap().clone();
+        if events
+            .iter()
+            .any(|(t, d)| t == "MODIFIED" && d.status.interfaces == domain.status.interfaces)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no MODIFIED event with the guest interfaces: {events:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    let answer = client
+        .kill_virtual_machine(cmd::VmiRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
+            }),
+            options: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.success, "{}", answer.message);
+}
