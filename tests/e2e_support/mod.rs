@@ -251,6 +251,16 @@ impl Run {
         console
     }
 
+    /// The `QLG: ` markers (text after `QLG: `) in the serial console log
+    /// (`<private>/<uid>/virt-serial0-log`, written by QEMU from the guest's first byte on).
+    pub fn logged_markers(&mut self) -> Vec<String> {
+        let log = self.private_file("virt-serial0-log", STEP);
+        String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default())
+            .lines()
+            .filter_map(|l| l.find("QLG: ").map(|i| l[i + 5..].trim_end().to_string()))
+            .collect()
+    }
+
     /// QEMU's operator QMP socket, `<root>/var/run/kubevirt-private/qlauncher/operator.sock`
     /// (bound before the guest starts).
     pub fn operator_qmp_socket(&self) -> PathBuf {
