@@ -14,11 +14,14 @@
 //! and also runs on QEMU 7.2.
 #![warn(missing_docs)]
 
-pub mod cmdline;
+/// The pure converter (VMI -> DomainPlan -> QEMU argv), compiled in the `qlauncher-core` crate.
+pub use qlauncher_core::cmdline;
+/// The VMI model (kubevirt.io/v1 types, defaults, validation), compiled in the `qlauncher-core` crate.
+pub use qlauncher_core::vmi;
+
 pub mod log;
 pub mod monitor;
 pub mod net;
 pub mod qmp;
 pub mod storage;
 pub mod sync;
-pub mod vmi;

@@ -13,6 +13,23 @@ enum Cli {
     Validate(cli::validate::Args),
     /// Print the QEMU command line or QMP device plan for a VMI.
     Convert(cli::convert::ConvertArgs),
+    /// Compare qlauncher's QEMU argv with the one libvirt makes of the exported domain XML
+    /// (`virsh domxml-to-native`, no daemon); exits 1 on a difference not in the allowlist.
+    Compare {
+        #[command(flatten)]
+        common: qlauncher_libvirt_xml::cli::Common,
+        /// libvirt embed root, reused between runs (capabilities cache).
+        #[arg(long, value_name = "DIR")]
+        libvirt_root: Option<std::path::PathBuf>,
+    },
+    /// Compare the exported domain XML with an expected one (e.g. KubeVirt's converter test
+    /// data), element by element; exits 1 on a difference not in the golden allowlist.
+    Golden {
+        #[command(flatten)]
+        common: qlauncher_libvirt_xml::cli::Common,
+        /// The expected domain XML.
+        expected: std::path::PathBuf,
+    },
     /// PID 1 of the compute container (virt-launcher-monitor): starts the launcher, reaps
     /// zombies, forwards signals. Takes virt-launcher-monitor's and virt-launcher's flags.
     Monitor {
@@ -55,6 +72,13 @@ fn main() -> ExitCode {
     let result = match Cli::parse() {
         Cli::Validate(args) => cli::validate::run(args),
         Cli::Convert(args) => ok(cli::convert::run(&args)),
+        Cli::Compare {
+            common,
+            libvirt_root,
+        } => qlauncher_libvirt_xml::cli::compare_cmd(&common, libvirt_root),
+        Cli::Golden { common, expected } => {
+            qlauncher_libvirt_xml::cli::golden_cmd(&common, &expected)
+        }
         Cli::Monitor { args } => return cli::monitor::main(args),
         Cli::Launcher { args } => return cli::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),

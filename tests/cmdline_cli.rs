@@ -77,6 +77,54 @@ fn rejected_vmis_exit_non_zero_with_the_field_path() {
     assert!(out.is_empty());
     assert_eq!(
         err.trim_end(),
-        "error: cannot convert the VMI\n  caused by: spec.domain.devices.interfaces[0]: sriov binding (needs a VF) is not supported"
+        "error: cannot convert the VMI\n  caused by: spec.domain.devices.interfaces[0].pciAddress: a fixed PCI address is not supported"
     );
+}
+
+fn compat_fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("compat/libvirt-xml/tests/fixtures")
+        .join(name)
+}
+
+#[test]
+fn libvirt_xml_format_prints_the_compat_export() {
+    let file = fixture("acpi-off");
+    let (ok, out, err) = qlauncher(&["convert", &file, "--format", "libvirt-xml"]);
+    assert!(ok, "{err}");
+    let common = qlauncher_libvirt_xml::cli::Common {
+        file: file.into(),
+        qemu_version: None,
+        tcg: false,
+    };
+    let (vmi, ctx, plan) = qlauncher_libvirt_xml::cli::load(&common, false).unwrap();
+    let expected =
+        qlauncher_libvirt_xml::to_xml(&qlauncher_libvirt_xml::export(&vmi, &ctx, &plan).unwrap())
+            .unwrap();
+    assert_eq!(out, expected);
+    assert!(out.contains("<name>ns1_acpi-off</name>"), "{out}");
+
+    let (ok, _, err) = qlauncher(&["convert", &fixture("acpi-off"), "--validate"]);
+    assert!(!ok);
+    assert!(
+        err.contains("--validate applies to --format libvirt-xml only"),
+        "{err}"
+    );
+}
+
+#[test]
+fn compare_and_golden_subcommands_pass_on_the_kubevirt_test_vmi() {
+    let root = std::env::temp_dir().join(format!("qlauncher-cli-compare-{}", std::process::id()));
+    let file = compat_fixture("kubevirt-converter-testvmi.yaml");
+    let file = file.to_str().unwrap();
+    let (ok, out, err) = qlauncher(&["compare", file, "--libvirt-root", root.to_str().unwrap()]);
+    let _ = std::fs::remove_dir_all(&root);
+    assert!(ok, "{out}{err}");
+    assert!(out.starts_with("STATUS "), "{out}");
+    assert!(out.contains("; 0 unexpected"), "{out}");
+
+    let expected = compat_fixture("kubevirt-converter-domain_x86_64.xml");
+    let (ok, out, err) = qlauncher(&["golden", file, expected.to_str().unwrap()]);
+    assert!(ok, "{out}{err}");
+    assert!(out.ends_with(" differences, 0 unexpected\n"), "{out}");
 }

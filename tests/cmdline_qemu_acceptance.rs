@@ -382,3 +382,113 @@ fn qmp_plan_adds_every_hotpluggable_disk_and_nic() {
     }
     assert!(plugged >= 10, "only {plugged} devices hot-plugged");
 }
+
+/// Kills and reaps a virtiofsd on drop.
+struct VirtiofsdGuard(Child);
+
+impl Drop for VirtiofsdGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The virtiofs fixture against real virtiofsd processes (QEMU 7.2's, `/usr/lib/qemu/virtiofsd`):
+/// one per filesystem on the socket the plan names, then QEMU starts with the plan's argv, its
+/// vhost-user chardevs connect, and `fs0`/`fs1` exist. Before the sockets exist the plan reports
+/// each filesystem as missing hardware, which is what the launcher refuses on.
+#[test]
+fn virtiofs_filesystems_connect_to_real_virtiofsd() {
+    let virtiofsd = Path::new("/usr/lib/qemu/virtiofsd");
+    assert!(
+        virtiofsd.exists(),
+        "{} is missing: install qemu-system-common (scripts/install-deps)",
+        virtiofsd.display()
+    );
+    let (name, vmi, mut facts) = cmdline_support::fixtures()
+        .into_iter()
+        .find(|(n, _, _)| n == "virtiofs")
+        .expect("virtiofs fixture");
+    let tmp = tempfile::Builder::new().prefix("qlv").tempdir().unwrap();
+    let root = tmp.path();
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let tap_prefix = format!("qv{}x{n}n", std::process::id() % 100000);
+    facts.virtiofs_ready.clear();
+    let mut ctx = cmdline_support::acceptance_context(&vmi, &facts, root, &tap_prefix);
+    ctx.paths.virtiofs = root.join("vfs").to_string_lossy().to_string();
+    let names = ["data", "app-config"];
+    let missing: Vec<String> = convert(&vmi, &ctx)
+        .unwrap()
+        .missing_hardware()
+        .iter()
+        .map(|m| m.path.to_string())
+        .collect();
+    assert_eq!(
+        missing,
+        [
+            "spec.domain.devices.filesystems[0]",
+            "spec.domain.devices.filesystems[1]"
+        ]
+    );
+
+    let mut daemons = Vec::new();
+    for fs in names {
+        let shared = root.join("shared").join(fs);
+        std::fs::create_dir_all(&shared).unwrap();
+        std::fs::create_dir_all(root.join("vfs")).unwrap();
+        let sock = root.join("vfs").join(format!("{fs}.sock"));
+        let child = Command::new(virtiofsd)
+            .arg(format!("--socket-path={}", sock.display()))
+            .arg("-o")
+            .arg(format!("source={}", shared.display()))
+            .args(["-o", "cache=none"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn virtiofsd");
+        daemons.push(VirtiofsdGuard(child));
+        let start = Instant::now();
+        while !sock.exists() {
+            assert!(start.elapsed() < Duration::from_secs(10), "{fs}: no socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        ctx.virtiofs_ready.insert(fs.to_string());
+    }
+    let plan = convert(&vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    assert_eq!(plan.missing_hardware(), vec![]);
+    prepare_files(&plan, root);
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(render::argv(&plan))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let guard = QemuGuard(cmd.spawn().expect("spawn qemu"));
+    let mut qmp = Qmp::connect(&root.join("qmp.sock"), guard);
+    assert_eq!(qmp.cmd("query-status", json!({}))["status"], "prelaunch");
+    let mut qom = BTreeSet::new();
+    ids(
+        &qmp.cmd("qom-list", json!({ "path": "/machine/peripheral" })),
+        "name",
+        &mut qom,
+    );
+    let mut chardevs = BTreeSet::new();
+    ids(&qmp.cmd("query-chardev", json!({})), "label", &mut chardevs);
+    for (i, fs) in names.iter().enumerate() {
+        assert!(
+            qom.contains(&format!("fs{i}")),
+            "{fs}: fs{i} not in {qom:?}"
+        );
+        assert!(
+            chardevs.contains(&format!("chr-vu-fs{i}")),
+            "{fs}: {chardevs:?}"
+        );
+        let tag = qmp.cmd(
+            "qom-get",
+            json!({ "path": format!("/machine/peripheral/fs{i}"), "property": "tag" }),
+        );
+        assert_eq!(tag, json!(fs));
+    }
+    drop(qmp);
+    drop(daemons);
+}

@@ -17,11 +17,21 @@ fn every_fixture_matches_its_snapshot() {
         let value = match convert(&vmi, &ctx) {
             Ok(plan) => {
                 assert!(!facts.rejected, "{name}: expected a rejection");
-                json!({
+                let mut v = json!({
                     "qemu": format!("{}.{}", ctx.qemu.major, ctx.qemu.minor),
                     "argv": render::argv(&plan),
                     "qmp": render::qmp_plan(&plan),
-                })
+                });
+                // What the launch-time check would refuse (only fixtures that lack hardware).
+                let missing: Vec<String> = plan
+                    .missing_hardware()
+                    .iter()
+                    .map(|m| m.to_string())
+                    .collect();
+                if !missing.is_empty() {
+                    v["missing_hardware"] = json!(missing);
+                }
+                v
             }
             Err(e) => {
                 assert!(facts.rejected, "{name}: unexpected error: {e}");

@@ -1,7 +1,10 @@
-//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json]`: applies
-//! KubeVirt's defaults to a VMI manifest, validates it, and prints the QEMU command line or the
-//! QMP device plan, with placeholder pod facts (tap fds 3, 4, ... per interface and queue, QMP on
-//! a socket path), for review and debugging.
+//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json|libvirt-xml]`:
+//! applies KubeVirt's defaults to a VMI manifest, validates it, and prints the QEMU command line,
+//! the QMP device plan, or the libvirt domain XML KubeVirt v1.9 would produce, with placeholder pod
+//! facts (tap fds 3, 4, ... per interface and queue, QMP on a socket path), for review and
+//! debugging. `libvirt-xml` is `qlauncher-compat convert` (compat/libvirt-xml): it also reads
+//! `FILE.facts.json` beside the manifest when present, and `--validate` checks the XML with
+//! libvirt's `virt-xml-validate`.
 
 use std::path::PathBuf;
 
@@ -19,6 +22,8 @@ pub enum Format {
     Shell,
     /// The QMP device plan as JSON.
     PlanJson,
+    /// The libvirt domain XML KubeVirt v1.9 would hand libvirt for this VMI.
+    LibvirtXml,
 }
 
 /// Arguments of `convert`.
@@ -35,23 +40,36 @@ pub struct ConvertArgs {
     /// Plan for TCG (as `--allow-emulation` on a host without KVM).
     #[arg(long)]
     pub tcg: bool,
+    /// With `--format libvirt-xml`: also check the XML with libvirt's `virt-xml-validate`
+    /// (needs Debian's libvirt-clients; the result goes to standard error).
+    #[arg(long)]
+    pub validate: bool,
 }
 
 /// Runs `convert`.
 pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
+    if args.format == Format::LibvirtXml {
+        let common = qlauncher_libvirt_xml::cli::Common {
+            file: args.file.clone(),
+            qemu_version: args.qemu_version.clone(),
+            tcg: args.tcg,
+        };
+        qlauncher_libvirt_xml::cli::convert_cmd(
+            &common,
+            qlauncher_libvirt_xml::cli::Format::LibvirtXml,
+            args.validate,
+        )?;
+        return Ok(());
+    }
+    if args.validate {
+        anyhow::bail!("--validate applies to --format libvirt-xml only");
+    }
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let mut vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
-    if vmi.metadata.uid.is_none() {
-        // The API server assigns UIDs; a manifest from disk has none. Use a stable stand-in.
-        let key = format!(
-            "{}/{}",
-            vmi.metadata.namespace.as_deref().unwrap_or("default"),
-            vmi.metadata.name.as_deref().unwrap_or_default()
-        );
-        let uid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).to_string();
+    if let Some(uid) = vmi.assign_stand_in_uid() {
+        // The API server assigns UIDs; a manifest from disk has none.
         eprintln!("note: the manifest has no metadata.uid; using {uid}");
-        vmi.metadata.uid = Some(uid);
     }
     // What virt-api's webhook would hand on: KubeVirt's defaults, then validation.
     let cfg = DefaultsConfig::for_vmi(&vmi);
@@ -107,6 +125,8 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             }
         }
         Format::Shell => print!("{}", render::shell_line("qemu-system-x86_64", &plan)),
+        // Printed by the compat exporter before conversion, above.
+        Format::LibvirtXml => {}
         Format::PlanJson => println!(
             "{}",
             serde_json::to_string_pretty(&render::qmp_plan(&plan))?

@@ -194,6 +194,10 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let forced_tcg = std::env::var(EMULATION_ENV).as_deref() == Ok("on");
     c.kvm = !forced_tcg && std::path::Path::new("/dev/kvm").exists();
     c.allow_emulation = config.allow_emulation || forced_tcg;
+    // `--run-as-nonroot`: QEMU runs as the qemu user (107) even when the launcher is root.
+    if config.run_as_nonroot {
+        c.runtime_uid = launcher::QEMU_UID;
+    }
     if let Some(v) = qemu_version(&c.qemu) {
         c.qemu_version = v;
     }

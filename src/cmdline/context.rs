@@ -3,7 +3,9 @@
 //! `converter/types/converter-context.go`, minus its effectful members (no O_DIRECT checker, no
 //! disk creator): probes run first, then the pure conversion.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::vmi::Vmi;
 
 /// Guest architecture (`spec.architecture`). Only amd64 is converted today; the others are
 /// rejected with a field path, never silently treated as amd64.
@@ -155,6 +157,8 @@ pub struct PathRoots {
     pub dev: String,
     /// Directory of the per-VM NVRAM copies (non-root: `/var/run/kubevirt-private/libvirt/qemu/nvram`).
     pub nvram: String,
+    /// `/var/run/kubevirt/virtiofs-containers`, where the virtiofsd containers put their sockets.
+    pub virtiofs: String,
 }
 
 impl Default for PathRoots {
@@ -168,6 +172,7 @@ impl Default for PathRoots {
             cloud_init: "/var/run/kubevirt-ephemeral-disks/cloud-init-data".into(),
             dev: "/dev".into(),
             nvram: "/var/run/kubevirt-private/libvirt/qemu/nvram".into(),
+            virtiofs: "/var/run/kubevirt/virtiofs-containers".into(),
         }
     }
 }
@@ -236,6 +241,131 @@ impl Default for ClusterFlags {
     }
 }
 
+/// Where a passed-through host device is, as the pod reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostDeviceSource {
+    /// A PCI function `DDDD:BB:SS.F` (a device plugin's `PCI_RESOURCE_<RESOURCE>` entry, or the
+    /// SR-IOV VF the network setup allocated).
+    Pci(String),
+    /// A mediated device UUID (`MDEV_PCI_RESOURCE_<RESOURCE>`, vGPUs).
+    Mdev(String),
+}
+
+/// The host's SEV parameters, as QMP `query-sev-capabilities` reports them (libvirt reads the
+/// same into its domain capabilities and fills `cbitpos`/`reduced-phys-bits` from them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SevCapabilities {
+    /// C-bit position (47 on Naples/Rome, 51 on Milan/Genoa).
+    pub cbitpos: u32,
+    /// Physical address bits lost to encryption.
+    pub reduced_phys_bits: u32,
+    /// The host also runs SEV-SNP guests.
+    pub snp: bool,
+}
+
+/// The environment variable a device plugin sets for `resource` (`nvidia.com/GA102` ->
+/// `PCI_RESOURCE_NVIDIA_COM_GA102`), KubeVirt's `util.ResourceNameToEnvVar`.
+pub fn resource_env_var(prefix: &str, resource: &str) -> String {
+    format!(
+        "{prefix}_{}",
+        resource.replace(['.', '/'], "_").to_ascii_uppercase()
+    )
+}
+
+/// Which host device each VMI GPU, host device and SR-IOV interface gets, from the pod's
+/// environment, as KubeVirt's address pools hand them out (`device/hostdevice/addresspool.go`):
+/// per resource, the comma-separated `PCI_RESOURCE_<RESOURCE>` list (then
+/// `MDEV_PCI_RESOURCE_<RESOURCE>` for mediated devices) is consumed in VMI order, an address
+/// taken by one device is removed from every pool; SR-IOV interfaces find their resource in
+/// `KUBEVIRT_RESOURCE_NAME_<interface>`. Keys are the QEMU device ids ([`host_device_id`]).
+/// Devices with no address left are absent: conversion still plans them and
+/// `DomainPlan::missing_hardware` reports them. DRA claims are not looked up here.
+pub fn host_devices_from_env(
+    vmi: &Vmi,
+    env: &BTreeMap<String, String>,
+) -> BTreeMap<String, HostDeviceSource> {
+    let devs = &vmi.spec.domain.devices;
+    let mut wanted: Vec<(String, String)> = Vec::new();
+    for g in devs.gpus.as_deref().unwrap_or_default() {
+        if let Some(r) = &g.device_name {
+            wanted.push((host_device_id(HostDeviceKind::Gpu, &g.name), r.clone()));
+        }
+    }
+    for h in devs.host_devices.as_deref().unwrap_or_default() {
+        if let Some(r) = &h.device_name {
+            wanted.push((host_device_id(HostDeviceKind::Generic, &h.name), r.clone()));
+        }
+    }
+    for i in devs.interfaces.as_deref().unwrap_or_default() {
+        if i.sriov.is_some() {
+            if let Some(r) = env.get(&format!("KUBEVIRT_RESOURCE_NAME_{}", i.name)) {
+                wanted.push((host_device_id(HostDeviceKind::Sriov, &i.name), r.clone()));
+            }
+        }
+    }
+    let pool = |prefix: &str| -> BTreeMap<String, Vec<String>> {
+        wanted
+            .iter()
+            .filter_map(|(_, r)| {
+                let list = env.get(&resource_env_var(prefix, r))?;
+                let addrs = list
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|a| !a.is_empty())
+                    .map(str::to_string)
+                    .collect();
+                Some((r.clone(), addrs))
+            })
+            .collect()
+    };
+    let mut out = BTreeMap::new();
+    for (prefix, mdev) in [("PCI_RESOURCE", false), ("MDEV_PCI_RESOURCE", true)] {
+        let mut pools = pool(prefix);
+        for (id, r) in &wanted {
+            if out.contains_key(id) {
+                continue;
+            }
+            let Some(addr) = pools.get(r).and_then(|a| a.first()).cloned() else {
+                continue;
+            };
+            for list in pools.values_mut() {
+                list.retain(|a| *a != addr);
+            }
+            out.insert(
+                id.clone(),
+                if mdev {
+                    HostDeviceSource::Mdev(addr)
+                } else {
+                    HostDeviceSource::Pci(addr)
+                },
+            );
+        }
+    }
+    out
+}
+
+/// The three kinds of VFIO host devices a VMI asks for, with KubeVirt's alias prefixes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HostDeviceKind {
+    /// `devices.gpus[]` (`gpu-`).
+    Gpu,
+    /// `devices.hostDevices[]` (`hostdevice-`).
+    Generic,
+    /// `interfaces[]` with `sriov` (`sriov-`).
+    Sriov,
+}
+
+/// The QEMU id (libvirt alias) of a host device: `ua-gpu-<name>`, `ua-hostdevice-<name>`,
+/// `ua-sriov-<interface>` (KubeVirt's `AliasPrefix` + name as a user alias).
+pub fn host_device_id(kind: HostDeviceKind, name: &str) -> String {
+    let prefix = match kind {
+        HostDeviceKind::Gpu => "gpu-",
+        HostDeviceKind::Generic => "hostdevice-",
+        HostDeviceKind::Sriov => "sriov-",
+    };
+    format!("ua-{prefix}{name}")
+}
+
 /// Every fact the converter reads. Plain data: `Default` + `Clone`, so tests write
 /// `ConverterContext { kvm: false, ..Default::default() }`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -268,6 +398,17 @@ pub struct ConverterContext {
     pub vsock_fd: Option<i32>,
     /// swtpm control socket path, when a TPM is requested.
     pub swtpm_socket: Option<String>,
+    /// Host devices allocated to the pod, by QEMU device id ([`host_device_id`]); see
+    /// [`host_devices_from_env`]. A GPU, host device or SR-IOV interface without an entry is
+    /// planned without a host address and reported by `DomainPlan::missing_hardware`.
+    pub host_devices: BTreeMap<String, HostDeviceSource>,
+    /// SEV works on this host (`/dev/sev` and KVM's `sev` parameter), with its parameters.
+    pub sev: Option<SevCapabilities>,
+    /// TDX works on this host (KVM's `tdx` parameter).
+    pub tdx: bool,
+    /// virtiofs filesystems (by name) whose virtiofsd socket
+    /// (`/var/run/kubevirt/virtiofs-containers/<name>.sock`) exists.
+    pub virtiofs_ready: BTreeSet<String>,
 }
 
 impl Default for ConverterContext {
@@ -287,6 +428,10 @@ impl Default for ConverterContext {
             now_unix: 0,
             vsock_fd: None,
             swtpm_socket: None,
+            host_devices: BTreeMap::new(),
+            sev: None,
+            tdx: false,
+            virtiofs_ready: BTreeSet::new(),
         }
     }
 }

@@ -1,11 +1,14 @@
 //! The ordered configurator list and `convert()`.
 //!
-//! Order (KubeVirt's `converter.go:993-1060`, regrouped): metadata, machine, CPU, memory, firmware,
-//! SMBIOS, clock, IOThreads, controllers, disks, interfaces, console, channels, inputs, graphics,
-//! sound, watchdog, balloon, rng, TPM, vsock, monitor. Configurators read the VMI and the context
+//! Order (KubeVirt's `converter.go:993-1060`, regrouped): metadata, machine, CPU, memory, launch
+//! security, firmware, SMBIOS, clock, IOThreads, controllers, disks, filesystems, interfaces,
+//! console, channels, inputs, graphics, sound, watchdog, host devices, balloon, rng, TPM, vsock,
+//! monitor. Configurators read the VMI and the context
 //! only; where two need the same derived value (vCPU count, IOThread assignment, accelerator)
 //! they call the same pure helper in `devices/`, so the order matters only for the device order
-//! inside a class. Then the PCI pass (`passes/pci.rs`) orders and addresses devices.
+//! inside a class. Then the launch-security pass (`passes/launch_security.rs`) puts virtio
+//! devices behind the IOMMU for SEV guests, and the PCI pass (`passes/pci.rs`) orders and
+//! addresses devices.
 
 use super::devices;
 use super::passes;
@@ -29,12 +32,14 @@ pub static CONFIGURATORS: &[&dyn Configurator] = &[
     &devices::machine::MachineConfigurator,
     &devices::cpu::CpuConfigurator,
     &devices::memory::MemoryConfigurator,
+    &devices::launch_security::LaunchSecurityConfigurator,
     &devices::firmware::FirmwareConfigurator,
     &devices::sysinfo::SysInfoConfigurator,
     &devices::clock::ClockConfigurator,
     &devices::iothreads::IoThreadsConfigurator,
     &devices::controllers::ControllersConfigurator,
     &devices::disks::DisksConfigurator,
+    &devices::filesystems::FilesystemsConfigurator,
     &devices::interfaces::InterfacesConfigurator,
     &devices::console::ConsoleConfigurator,
     &devices::channels::ChannelsConfigurator,
@@ -42,6 +47,7 @@ pub static CONFIGURATORS: &[&dyn Configurator] = &[
     &devices::graphics::GraphicsConfigurator,
     &devices::sound::SoundConfigurator,
     &devices::watchdog::WatchdogConfigurator,
+    &devices::hostdevs::HostDevicesConfigurator,
     &devices::balloon::BalloonConfigurator,
     &devices::rng::RngConfigurator,
     &devices::tpm::TpmConfigurator,
@@ -59,6 +65,7 @@ pub fn convert(vmi: &Vmi, ctx: &ConverterContext) -> Result<DomainPlan, ConvertE
     for c in CONFIGURATORS {
         c.configure(vmi, ctx, &mut plan)?;
     }
+    passes::launch_security::apply(&mut plan);
     passes::pci::assign(&mut plan)?;
     Ok(plan)
 }

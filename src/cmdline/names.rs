@@ -97,9 +97,33 @@ pub fn device_suffix(mut index: usize) -> String {
     String::from_utf8(out).unwrap_or_default()
 }
 
+/// The index of a [`device_suffix`] (`a` -> 0, `z` -> 25, `aa` -> 26); `None` for anything but
+/// 1 to 3 lowercase letters.
+pub fn device_index(suffix: &str) -> Option<usize> {
+    if suffix.is_empty() || suffix.len() > 3 || !suffix.bytes().all(|b| b.is_ascii_lowercase()) {
+        return None;
+    }
+    Some(
+        suffix
+            .bytes()
+            .fold(0usize, |n, b| n * 26 + usize::from(b - b'a') + 1)
+            - 1,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn device_index_inverts_device_suffix() {
+        for i in [0, 1, 25, 26, 27, 701, 702, 18277] {
+            assert_eq!(device_index(&device_suffix(i)), Some(i), "{i}");
+        }
+        for bad in ["", "A", "a1", "aaaa"] {
+            assert_eq!(device_index(bad), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn device_suffix_counts_like_linux() {

@@ -2,7 +2,10 @@
 //! passes (`passes/`) order devices and assign PCI addresses, and the renderers only print it.
 
 use super::context::QemuVersion;
-use super::qemu::{Blockdev, ChardevSocket, Device, NetdevTap, Object, ObjectMemoryBackend};
+use super::error::FieldPath;
+use super::qemu::{
+    Blockdev, ChardevSocket, Device, NetdevTap, Object, ObjectLaunchSecurity, ObjectMemoryBackend,
+};
 
 /// Accelerator.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -35,6 +38,10 @@ pub struct MachinePlan {
     pub hpet: Option<bool>,
     /// `graphics=off` (SeaBIOS `useSerial`).
     pub graphics_off: bool,
+    /// `kernel_irqchip=split` (TDX).
+    pub kernel_irqchip_split: bool,
+    /// `confidential-guest-support=<id>` (the launch-security object, `lsec0`).
+    pub confidential_guest_support: Option<String>,
 }
 
 /// One `-cpu` feature flag, `name=on|off`, or `name=value` (Hyper-V spinlocks, vendor id).
@@ -155,8 +162,9 @@ pub struct GlobalProp {
     pub value: String,
 }
 
-/// Device classes, in the order the argv lists them (libvirt's order: controllers, disks, NICs,
-/// serial, channels, inputs, graphics, video, sound, watchdog, balloon, rng, tpm, vsock).
+/// Device classes, in the order the argv lists them (libvirt's `qemuBuildCommandLine` order:
+/// controllers, disks, filesystems, NICs, serial, channels, tpm, inputs, graphics, video, sound,
+/// watchdog, host devices, balloon, rng, vsock).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum DeviceClass {
     /// `pcie-root-port` (added by the PCI pass).
@@ -165,12 +173,16 @@ pub enum DeviceClass {
     Controller,
     /// Disks (KubeVirt `disks`).
     Disk,
+    /// virtiofs filesystems (`vhost-user-fs-pci`).
+    Filesystem,
     /// NICs (KubeVirt `interfaces`).
     Nic,
     /// Serial ports.
     Serial,
     /// virtio-serial ports.
     Channel,
+    /// TPM (libvirt emits it after the consoles, before inputs).
+    Tpm,
     /// Tablets.
     Input,
     /// Video adapter.
@@ -179,12 +191,12 @@ pub enum DeviceClass {
     Sound,
     /// Watchdog.
     Watchdog,
+    /// Host devices passed through with VFIO (GPUs, `hostDevices`, SR-IOV VFs).
+    HostDevice,
     /// Memory balloon.
     Balloon,
     /// RNG.
     Rng,
-    /// TPM.
-    Tpm,
     /// vsock.
     Vsock,
 }
@@ -259,6 +271,9 @@ pub struct PlannedDevice {
     pub hotpluggable: bool,
     /// For disks: the guest target name (`vda`, `sdb`).
     pub target: Option<String>,
+    /// `iommu_platform=on`: the virtio device uses the IOMMU (SEV/SNP guests, set by
+    /// `passes/launch_security.rs`; KubeVirt's `<driver iommu="on"/>`).
+    pub iommu_platform: bool,
 }
 
 /// Watchdog action (`-watchdog-action` / QMP `set-action watchdog=`).
@@ -276,6 +291,39 @@ pub enum WatchdogAction {
     InjectNmi,
     /// Shut the guest down (ACPI).
     Shutdown,
+}
+
+/// Something on the host the plan needs that only exists on some nodes (a VFIO device, SEV or
+/// TDX, a virtiofsd socket), as the context reported it. The converter plans the device either
+/// way; [`DomainPlan::missing_hardware`] lists the ones that are not there, so the launcher can
+/// refuse to start QEMU with a message naming the VMI field instead of a QEMU error.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HardwareNeed {
+    /// The VMI field that asks for it (`spec.domain.devices.gpus[0]`).
+    pub path: FieldPath,
+    /// The QEMU id of the device or object that uses it (`ua-gpu-gpu1`, `lsec0`).
+    pub id: String,
+    /// What is needed, for messages (`host PCI device for resource nvidia.com/GA102`).
+    pub what: String,
+    /// `None` when the context reported it present; else why it is missing.
+    pub missing: Option<String>,
+}
+
+/// One missing piece of hardware ([`DomainPlan::missing_hardware`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MissingHardware {
+    /// The VMI field that asks for it.
+    pub path: FieldPath,
+    /// The QEMU id of the device or object.
+    pub id: String,
+    /// What is needed and why it is not there.
+    pub reason: String,
+}
+
+impl std::fmt::Display for MissingHardware {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {} ({})", self.path, self.reason, self.id)
+    }
 }
 
 /// The whole planned VM.
@@ -336,11 +384,35 @@ pub struct DomainPlan {
     pub balloon_stats_period: Option<u32>,
     /// NIC ids whose link starts down (`set_link` after start; interface `state: down`).
     pub links_down: Vec<String>,
+    /// Confidential-computing object (`sev-guest`, `sev-snp-guest`, `tdx-guest`, id `lsec0`),
+    /// referenced by `-machine confidential-guest-support=lsec0`.
+    pub launch_security: Option<ObjectLaunchSecurity>,
+    /// Host hardware the plan needs, present or not (see [`HardwareNeed`]).
+    pub hardware: Vec<HardwareNeed>,
 }
 
 impl DomainPlan {
     /// The planned devices with a given class.
     pub fn devices_of(&self, class: DeviceClass) -> impl Iterator<Item = &PlannedDevice> {
         self.devices.iter().filter(move |d| d.class == class)
+    }
+
+    /// The launch-time check: every piece of host hardware the plan needs that the context did
+    /// not report (a GPU, host device or SR-IOV VF without a host PCI address, SEV or TDX not
+    /// available, a virtiofsd socket not there), in plan order, each with the VMI field path.
+    /// Empty when QEMU can be started. Pure: the launcher gathers the facts into the
+    /// `ConverterContext` first and calls this before spawning QEMU (KubeVirt fails the same
+    /// cases in `generateConverterContext` when a device plugin's address pool comes up short).
+    pub fn missing_hardware(&self) -> Vec<MissingHardware> {
+        self.hardware
+            .iter()
+            .filter_map(|h| {
+                h.missing.as_ref().map(|why| MissingHardware {
+                    path: h.path.clone(),
+                    id: h.id.clone(),
+                    reason: format!("{}: {why}", h.what),
+                })
+            })
+            .collect()
     }
 }

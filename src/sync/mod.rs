@@ -13,6 +13,7 @@ use std::time::Duration;
 
 pub mod domain;
 pub mod notify;
+pub mod privileges;
 pub mod proto;
 pub mod server;
 pub mod uds;

@@ -55,6 +55,9 @@ use crate::sync::server::{DomainManager, ExecOutput};
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
+#[path = "recover.rs"]
+mod recover;
+
 /// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
 pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -105,6 +108,7 @@ impl SyncConfig {
             cloud_init: r(&d.cloud_init),
             dev: r(&d.dev),
             nvram: r(&d.nvram),
+            virtiofs: r(&d.virtiofs),
         };
         let private = PathBuf::from(&paths.private_dir).join("qlauncher");
         SyncConfig {
@@ -407,6 +411,25 @@ impl SyncVmi {
                 source,
             })?;
         }
+        if let Some(dir) = qmp.parent() {
+            super::privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(
+                |source| SyncError::PrepareQemu {
+                    what: format!("give {} to the runtime user", dir.display()),
+                    source,
+                },
+            )?;
+        }
+        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
+        if let Some(found) = recover::find(&qmp, &plan.uuid).await {
+            let running = Running {
+                spec,
+                ctx,
+                disks,
+                next_node,
+                _dhcp_stop: dhcp_stop,
+            };
+            return self.adopt(found, vmi, domain, running).await;
+        }
         if qmp.exists() {
             let _ = std::fs::remove_file(&qmp);
         }
@@ -433,6 +456,7 @@ impl SyncVmi {
         if let Ok(p) = std::env::var("PATH") {
             command.env("PATH", p);
         }
+        super::privileges::confine_qemu(&mut command, self.config.runtime_uid);
         let detached =
             crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
         let pid = detached.pid;

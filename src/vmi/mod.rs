@@ -163,6 +163,24 @@ const VMI_HOLDERS: &[(&str, &[&str])] = &[
 ];
 
 impl Vmi {
+    /// Gives a VMI read from a file the UID the API server would have assigned, when it has none:
+    /// a name-based UUID (v5, OID namespace) of `<namespace>/<name>`, so the same manifest always
+    /// gets the same UID (socket paths and the firmware serial use it). Returns the UID it set, or
+    /// `None` when `metadata.uid` was already present.
+    pub fn assign_stand_in_uid(&mut self) -> Option<String> {
+        if self.metadata.uid.is_some() {
+            return None;
+        }
+        let key = format!(
+            "{}/{}",
+            self.metadata.namespace.as_deref().unwrap_or("default"),
+            self.metadata.name.as_deref().unwrap_or_default()
+        );
+        let uid = uuid::Uuid::new_v5(&uuid::Uuid::NAMESPACE_OID, key.as_bytes()).to_string();
+        self.metadata.uid = Some(uid.clone());
+        Some(uid)
+    }
+
     /// Reads a VMI from a JSON or YAML manifest (possibly several `---` documents).
     ///
     /// Accepts a bare VirtualMachineInstance, or a VirtualMachine, VirtualMachineInstanceReplicaSet

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use qlauncher::cmdline::context::{
-    Backing, ConverterContext, IfaceFacts, ImageFormat, MonitorSocket, QemuVersion, TapSource,
-    VolumeFacts,
+    Backing, ConverterContext, HostDeviceSource, IfaceFacts, ImageFormat, MonitorSocket,
+    QemuVersion, SevCapabilities, TapSource, VolumeFacts,
 };
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use serde::Deserialize;
@@ -32,6 +32,15 @@ pub struct NicFacts {
     pub vhost: bool,
 }
 
+/// The host's SEV parameters in a facts file.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SevFacts {
+    pub cbitpos: u32,
+    pub reduced_phys_bits: u32,
+    pub snp: bool,
+}
+
 /// `NAME.facts.json`.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -46,6 +55,16 @@ pub struct Facts {
     pub interfaces: BTreeMap<String, NicFacts>,
     pub vsock_fd: Option<i32>,
     pub now_unix: i64,
+    /// Host PCI function per host device id (`ua-gpu-<name>`, ...).
+    pub host_pci: BTreeMap<String, String>,
+    /// Mediated device UUID per host device id.
+    pub host_mdev: BTreeMap<String, String>,
+    /// The host offers SEV with these parameters.
+    pub sev: Option<SevFacts>,
+    /// The host offers TDX.
+    pub tdx: bool,
+    /// virtiofs filesystems whose virtiofsd socket exists.
+    pub virtiofs_ready: Vec<String>,
     /// Why the QEMU acceptance test cannot start this fixture here (missing hardware), if so.
     pub no_acceptance: Option<String>,
     /// The conversion is expected to fail.
@@ -140,6 +159,7 @@ pub fn snapshot_context(vmi: &Vmi, facts: &Facts) -> ConverterContext {
         ctx.kvm = false;
     }
     fill_volumes(&mut ctx, facts);
+    fill_hardware(&mut ctx, facts);
     let mut fd = 10;
     let mut vfd = 40;
     for iface in vmi
@@ -175,6 +195,25 @@ pub fn snapshot_context(vmi: &Vmi, facts: &Facts) -> ConverterContext {
         );
     }
     ctx
+}
+
+/// The hardware facts (host devices, SEV, TDX, virtiofsd sockets).
+pub fn fill_hardware(ctx: &mut ConverterContext, facts: &Facts) {
+    for (id, a) in &facts.host_pci {
+        ctx.host_devices
+            .insert(id.clone(), HostDeviceSource::Pci(a.clone()));
+    }
+    for (id, u) in &facts.host_mdev {
+        ctx.host_devices
+            .insert(id.clone(), HostDeviceSource::Mdev(u.clone()));
+    }
+    ctx.sev = facts.sev.as_ref().map(|s| SevCapabilities {
+        cbitpos: s.cbitpos,
+        reduced_phys_bits: s.reduced_phys_bits,
+        snp: s.snp,
+    });
+    ctx.tdx = facts.tdx;
+    ctx.virtiofs_ready = facts.virtiofs_ready.iter().cloned().collect();
 }
 
 fn fill_volumes(ctx: &mut ConverterContext, facts: &Facts) {

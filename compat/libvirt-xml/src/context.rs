@@ -6,11 +6,11 @@
 
 use std::collections::BTreeMap;
 
-use qlauncher::cmdline::context::{
+use qlauncher_core::cmdline::context::{
     Backing, ConverterContext, IfaceFacts, ImageFormat, MonitorSocket, QemuVersion, TapSource,
     VolumeFacts,
 };
-use qlauncher::vmi::Vmi;
+use qlauncher_core::vmi::Vmi;
 use serde::Deserialize;
 
 /// Per-volume facts.
@@ -105,7 +105,7 @@ pub fn context(vmi: &Vmi, facts: &Facts, qemu: Option<QemuVersion>) -> Converter
         );
     }
     let multiqueue = vmi.spec.domain.devices.network_interface_multi_queue == Some(true);
-    let vcpus = qlauncher::cmdline::devices::vcpus(vmi)
+    let vcpus = qlauncher_core::cmdline::devices::vcpus(vmi)
         .unwrap_or(1)
         .min(256) as usize;
     let (mut fd, mut vfd) = (10, 40);
@@ -156,10 +156,10 @@ pub fn context(vmi: &Vmi, facts: &Facts, qemu: Option<QemuVersion>) -> Converter
 }
 
 /// Applies what virt-api's webhook does before the converter sees a VMI: KubeVirt's defaults
-/// (`qlauncher::vmi::defaults`). A VMI without a firmware UUID gets the one KubeVirt derives
+/// (`qlauncher_core::vmi::defaults`). A VMI without a firmware UUID gets the one KubeVirt derives
 /// for a VM named `vm_name` (stable output), as the converter's fixture tests do.
 pub fn apply_webhook_defaults(vmi: &mut Vmi, vm_name: &str) {
-    let mut cfg = qlauncher::vmi::DefaultsConfig::for_vmi(vmi);
+    let mut cfg = qlauncher_core::vmi::DefaultsConfig::for_vmi(vmi);
     if cfg.vm_name.is_none() {
         cfg.vm_name = Some(vm_name.to_string());
     }

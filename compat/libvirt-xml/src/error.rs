@@ -19,6 +19,15 @@ pub enum CompatError {
         /// QEMU id of the device.
         id: String,
     },
+    /// The plan needs host hardware (VFIO devices, SEV/SNP/TDX, virtiofs), which the exporter
+    /// does not write (libvirt's offline argv needs those devices and capabilities present).
+    #[error("{path}: exporting {what} is not supported")]
+    ExportHardware {
+        /// The VMI field that asks for it.
+        path: String,
+        /// What it is.
+        what: String,
+    },
     /// quick-xml could not serialise the domain.
     #[error("cannot serialise the domain XML")]
     SerializeXml(#[source] quick_xml::SeError),

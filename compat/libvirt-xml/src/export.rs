@@ -9,15 +9,15 @@
 //! the plan assigned them, which is what KubeVirt's domain looks like after its placeholder pass
 //! (`allocateHotplugPorts`: libvirt's addresses are read back and kept).
 
-use qlauncher::cmdline::plan::{
+use qlauncher_core::cmdline::plan::{
     Accel, Backend, DeviceClass, FirmwarePlan, PciAddress, PlannedDevice, WatchdogAction,
 };
-use qlauncher::cmdline::qemu::{
+use qlauncher_core::cmdline::qemu::{
     Aio, Blockdev, BlockdevFormat, BlockdevProtocol, Device as QDevice, FormatDriver, Object,
     OnError, ProtocolDriver,
 };
-use qlauncher::cmdline::{ConverterContext, DomainPlan};
-use qlauncher::vmi::Vmi;
+use qlauncher_core::cmdline::{ConverterContext, DomainPlan};
+use qlauncher_core::vmi::Vmi;
 
 use crate::schema::*;
 use crate::CompatError;
@@ -77,8 +77,15 @@ fn alias(id: &str) -> NameAttr {
 /// Exports the plan as KubeVirt's libvirt domain.
 ///
 /// Errors: a disk whose frontend's `drive` is not among its blockdevs
-/// ([`CompatError::ExportBlockdevChain`]), a device without the VMI name it needs.
+/// ([`CompatError::ExportBlockdevChain`]), a device without the VMI name it needs, a plan that
+/// needs host hardware ([`CompatError::ExportHardware`]).
 pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Domain, CompatError> {
+    if let Some(h) = plan.hardware.first() {
+        return Err(CompatError::ExportHardware {
+            path: h.path.to_string(),
+            what: h.what.clone(),
+        });
+    }
     let spec = &vmi.spec.domain;
     let features = spec.features.clone().unwrap_or_default();
     let mut devices = Vec::new();
@@ -101,11 +108,11 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
                 // KubeVirt leaves the guest agent's socket path to libvirt.
                 (_, "org.qemu.guest_agent.0") => None,
                 (Backend::Chardev(c), _) => match &c.addr {
-                    qlauncher::cmdline::qemu::SocketAddr::Path(path) => Some(SourceModePath {
+                    qlauncher_core::cmdline::qemu::SocketAddr::Path(path) => Some(SourceModePath {
                         mode: "bind".into(),
                         path: path.clone(),
                     }),
-                    qlauncher::cmdline::qemu::SocketAddr::Fd(_) => None,
+                    qlauncher_core::cmdline::qemu::SocketAddr::Fd(_) => None,
                 },
                 _ => None,
             };
@@ -189,8 +196,8 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
     for d in plan.devices_of(DeviceClass::Serial) {
         if let (QDevice::IsaSerial(s), Backend::Chardev(c)) = (&d.device, &d.backend) {
             let path = match &c.addr {
-                qlauncher::cmdline::qemu::SocketAddr::Path(p) => p.clone(),
-                qlauncher::cmdline::qemu::SocketAddr::Fd(fd) => format!("/dev/fd/{fd}"),
+                qlauncher_core::cmdline::qemu::SocketAddr::Path(p) => p.clone(),
+                qlauncher_core::cmdline::qemu::SocketAddr::Fd(fd) => format!("/dev/fd/{fd}"),
             };
             devices.push(Device::Serial(Serial {
                 type_: "unix".into(),
@@ -540,13 +547,13 @@ fn clock(vmi: &Vmi) -> Option<Clock> {
     })
 }
 
-fn state(s: &Option<qlauncher::vmi::domain::FeatureState>) -> Option<State> {
+fn state(s: &Option<qlauncher_core::vmi::domain::FeatureState>) -> Option<State> {
     s.as_ref().map(|f| State {
         state: on_off(f.enabled != Some(false)),
     })
 }
 
-fn domain_features(f: &qlauncher::vmi::domain::Features, plan: &DomainPlan) -> Features {
+fn domain_features(f: &qlauncher_core::vmi::domain::Features, plan: &DomainPlan) -> Features {
     let hyperv = if f
         .hyperv_passthrough
         .as_ref()
@@ -772,7 +779,7 @@ fn interface(
     ctx: &ConverterContext,
     plan: &DomainPlan,
     d: &PlannedDevice,
-    ifaces: &[qlauncher::vmi::devices::Interface],
+    ifaces: &[qlauncher_core::vmi::devices::Interface],
 ) -> Result<Interface, CompatError> {
     let QDevice::Nic(n) = &d.device else {
         return Err(CompatError::ExportUnnamedDevice {
@@ -998,7 +1005,7 @@ fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         None => ("block", None),
     };
     let backing_store = match top.map(|f| &f.backing) {
-        Some(qlauncher::cmdline::qemu::Backing::Node(node)) => {
+        Some(qlauncher_core::cmdline::qemu::Backing::Node(node)) => {
             let bf = format(node).ok_or_else(|| chain_err(node))?;
             let bs = storage(&bf.file).ok_or_else(|| chain_err(&bf.file))?;
             let (t, s) = source_of(bs);
@@ -1062,8 +1069,16 @@ fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             discard: top.and_then(|f| f.discard).map(str::to_string),
             queues: front.queues,
         },
-        readonly: (top.is_some_and(|f| f.read_only) || (device == "cdrom" && top.is_none()))
-            .then(Empty::default),
+        // KubeVirt writes `<readonly/>` on a cdrom unless `readonly: false` (libvirt then opens
+        // it read-only anyway, as the plan does).
+        readonly: if device == "cdrom" {
+            spec.and_then(|s| s.cdrom.as_ref())
+                .and_then(|c| c.read_only)
+                .unwrap_or(true)
+        } else {
+            top.is_some_and(|f| f.read_only)
+        }
+        .then(Empty::default),
         shareable: spec
             .and_then(|s| s.shareable)
             .filter(|s| *s)

@@ -59,6 +59,8 @@ const fn ok(key: &'static str, kind: Kind, prop: &'static str, reason: &'static 
     }
 }
 
+// No known gap is listed today; the constructor stays for the next one.
+#[allow(dead_code)]
 const fn gap(key: &'static str, kind: Kind, prop: &'static str, reason: &'static str) -> Allowed {
     Allowed {
         key,
@@ -108,11 +110,6 @@ pub const ALLOWLIST: &[Allowed] = &[
     ok("no-reboot", Kind::OnlyOurs, "*", "rebootPolicy: Terminate: libvirt applies on_reboot=destroy over QMP (set-action) after start; qlauncher passes -no-reboot"),
     ok("device ua-*", Kind::Differs, "port", "libvirt numbers USB ports explicitly; qlauncher lets QEMU assign them in the same device order (same ports)"),
     ok("device ua-*", Kind::Differs, "removable", "libvirt writes usb-storage's default removable=off explicitly"),
-    gap("device ua-*", Kind::Differs, "device_id", "libvirt gives SCSI disks device_id=drive-<alias> (stable VPD 0x83 id, guest /dev/disk/by-id names); qlauncher does not yet"),
-    gap("device ua-*", Kind::Differs, "share-rw", "libvirt sets share-rw=on on <shareable/> SCSI disks; qlauncher does not yet"),
-    gap("blockdev format:*", Kind::Differs, "read-only", "a cdrom with readonly: false: libvirt opens every cdrom read-only; qlauncher honours readonly: false on the format node (the KubeVirt converter test VMI has one)"),
-    gap("device video0", Kind::Differs, "driver", "video type virtio: libvirt uses virtio-vga for the primary video (VGA-compatible boot screen); qlauncher uses virtio-gpu-pci"),
-    gap("device video0", Kind::Differs, "max_outputs", "video type virtio: libvirt passes heads=1 as max_outputs=1; qlauncher does not"),
 ];
 
 fn key_matches(pattern: &str, key: &str) -> bool {

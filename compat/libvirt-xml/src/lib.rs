@@ -14,6 +14,7 @@
 #![warn(missing_docs)]
 
 pub mod argv;
+pub mod cli;
 pub mod context;
 pub mod error;
 pub mod export;

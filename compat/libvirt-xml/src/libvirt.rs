@@ -221,12 +221,12 @@ pub fn for_libvirt9(xml: &str) -> String {
 }
 
 /// The installed `qemu-system-x86_64`'s version (what libvirt probes), from `--version`.
-pub fn installed_qemu() -> Option<qlauncher::cmdline::context::QemuVersion> {
+pub fn installed_qemu() -> Option<qlauncher_core::cmdline::context::QemuVersion> {
     let out = Command::new("qemu-system-x86_64")
         .arg("--version")
         .output()
         .ok()?;
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text.split_whitespace().nth(3)?;
-    qlauncher::cmdline::context::QemuVersion::parse(v)
+    qlauncher_core::cmdline::context::QemuVersion::parse(v)
 }

@@ -6,7 +6,7 @@
 
 mod support;
 
-use qlauncher::cmdline::render;
+use qlauncher_core::cmdline::render;
 use qlauncher_libvirt_xml::harness::Kind;
 use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
 use qlauncher_libvirt_xml::{argv, export, golden, harness, to_xml, CompatError};

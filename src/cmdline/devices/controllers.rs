@@ -47,6 +47,7 @@ fn controller(device: Device) -> PlannedDevice {
         address: None,
         hotpluggable: false,
         target: None,
+        iommu_platform: false,
     }
 }
 

@@ -31,7 +31,7 @@ use std::collections::BTreeSet;
 
 use super::super::context::{Backing as FileOrBlock, ConverterContext, ImageFormat, VolumeFacts};
 use super::super::error::{ConvertError, FieldPath};
-use super::super::names::{alias, check_name, check_name_len, device_suffix};
+use super::super::names::{alias, check_name, check_name_len, device_index, device_suffix};
 use super::super::plan::{Backend, DeviceClass, DomainPlan, Placement, PlannedDevice};
 use super::super::qemu::{
     Aio, Backing, Blockdev, BlockdevCache, BlockdevFormat, BlockdevProtocol, Device,
@@ -101,11 +101,13 @@ fn kind_and_bus(d: &Disk, p: &FieldPath) -> Result<(Kind, Bus, bool), ConvertErr
         ));
     }
     let (kind, bus, bus_path, ro) = if let Some(c) = &d.cdrom {
+        // KubeVirt drops `<readonly/>` for `readonly: false`, but libvirt opens every cdrom
+        // read-only whatever the XML says (its cdrom post-parse), so a cdrom is never writable.
         (
             Kind::Cdrom,
             c.bus.as_deref(),
             p.key("cdrom").key("bus"),
-            c.read_only.unwrap_or(true),
+            true,
         )
     } else if let Some(l) = &d.lun {
         (
@@ -323,10 +325,8 @@ fn status_target<'a>(vmi: &'a Vmi, vol: &str) -> Option<&'a str> {
         .find(|s| s.name == vol)
         .map(|s| s.target.as_str())
         .filter(|t| {
-            t.len() > 2
-                && t.len() <= 8
-                && (t.starts_with("vd") || t.starts_with("sd"))
-                && t[2..].bytes().all(|b| b.is_ascii_lowercase())
+            (t.starts_with("vd") || t.starts_with("sd"))
+                && t.get(2..).and_then(device_index).is_some()
         })
 }
 
@@ -427,13 +427,54 @@ impl super::super::convert::Configurator for DisksConfigurator {
             used.insert(name.clone());
             targets[k] = Some(name);
         }
+        // The index behind each target name (`sdc` -> 2): libvirt derives SATA and SCSI drive
+        // addresses from it, and KubeVirt passes it as the SCSI unit of disks and LUNs.
+        let indexes: Vec<usize> = targets
+            .iter()
+            .map(|t| t.as_deref().and_then(|t| t.get(2..)).and_then(device_index))
+            .collect::<Option<_>>()
+            .ok_or_else(|| {
+                ConvertError::invalid(devices_path().key("disks"), "more than 17576 disks")
+            })?;
+
+        // libvirt's SATA mapping (`virDomainDiskDefAssignAddress`): six units per AHCI
+        // controller; q35's built-in one (`ide.0`-`ide.5`) is controller 0, libvirt adds an
+        // `ahci` controller `sata<N>` for every further index up to the highest one used.
+        let mut sata_controllers = 0;
+        for (k, it) in items.iter().enumerate() {
+            if it.bus == Bus::Sata {
+                let controller = indexes[k] / 6;
+                if controller > 4 {
+                    return Err(ConvertError::unsupported(
+                        devices_path().key("disks").index(it.i).key("name"),
+                        "a sata target beyond the fifth AHCI controller (sdad)",
+                    ));
+                }
+                sata_controllers = sata_controllers.max(controller);
+            }
+        }
+        for controller in 1..=sata_controllers {
+            plan.devices.push(super::planned(
+                DeviceClass::Controller,
+                None,
+                Backend::None,
+                Device::Simple(super::super::qemu::DeviceSimple {
+                    driver: "ahci",
+                    id: format!("sata{controller}"),
+                    bus: None,
+                    port: None,
+                }),
+                Placement::RootPort,
+            ));
+        }
 
         let mut node = items.iter().map(|it| it.chain.len()).sum::<usize>();
-        let (mut sata, mut scsi) = (0u32, 0u32);
         for (k, it) in items.into_iter().enumerate() {
+            let index = indexes[k];
             let d = &disks[it.i];
             let p = devices_path().key("disks").index(it.i);
             let shareable = d.shareable == Some(true);
+            let share_rw = shareable.then_some(true);
             let cache = match d.cache.as_deref() {
                 None if it.chain.is_empty() => None,
                 None if shareable || it.facts.direct_io => Some(Cache::None),
@@ -623,6 +664,7 @@ impl super::super::convert::Configurator for DisksConfigurator {
                                 "virtio-blk-pci-non-transitional",
                                 "virtio-blk-pci-transitional",
                             ),
+                            share_rw,
                             drive,
                             id,
                             bootindex,
@@ -651,34 +693,12 @@ impl super::super::convert::Configurator for DisksConfigurator {
                             "a read-only sata disk (ide-hd cannot be read-only; use a cdrom or virtio)",
                         ));
                     }
-                    // q35's built-in AHCI (`ide.0`-`ide.5`) takes the first six; libvirt adds an
-                    // `ahci` controller `sata<N>` for every six more (`sata1.0`, ...).
-                    let controller = sata / 6;
-                    if controller > 4 {
-                        return Err(ConvertError::unsupported(
-                            p.key("name"),
-                            "more than 30 sata disks",
-                        ));
-                    }
+                    let (controller, unit) = (index / 6, index % 6);
                     let bus = if controller == 0 {
-                        format!("ide.{sata}")
+                        format!("ide.{unit}")
                     } else {
-                        format!("sata{controller}.{}", sata % 6)
+                        format!("sata{controller}.{unit}")
                     };
-                    if controller > 0 && sata % 6 == 0 {
-                        plan.devices.push(super::planned(
-                            DeviceClass::Controller,
-                            None,
-                            Backend::None,
-                            Device::Simple(super::super::qemu::DeviceSimple {
-                                driver: "ahci",
-                                id: format!("sata{controller}"),
-                                bus: None,
-                                port: None,
-                            }),
-                            Placement::RootPort,
-                        ));
-                    }
                     let dev = DeviceDiskFrontend {
                         driver: if it.kind == Kind::Cdrom {
                             "ide-cd"
@@ -689,7 +709,9 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         channel: None,
                         scsi_id: None,
                         lun: None,
+                        device_id: None,
                         port: None,
+                        share_rw,
                         drive,
                         id,
                         bootindex,
@@ -702,7 +724,6 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         discard_granularity: dg,
                         removable: None,
                     };
-                    sata += 1;
                     (Device::DiskFrontend(dev), Placement::NonPci, false)
                 }
                 Bus::Scsi => {
@@ -712,13 +733,38 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         _ => "scsi-hd",
                     };
                     let passthrough = driver == "scsi-block";
+                    // KubeVirt gives disks and LUNs `<address type="drive" unit=<target index>>`
+                    // (`assignDiskToSCSIController`); a cdrom gets libvirt's default mapping
+                    // of the same index (15 units per controller, unit 7 skipped).
+                    let lun = if it.kind == Kind::Cdrom {
+                        if index >= 15 {
+                            return Err(ConvertError::unsupported(
+                                p.key("cdrom").key("bus"),
+                                "a scsi cdrom beyond target sdo (libvirt would add a second SCSI controller)",
+                            ));
+                        }
+                        if index >= 7 {
+                            index + 1
+                        } else {
+                            index
+                        }
+                    } else {
+                        index
+                    };
+                    let lun = u32::try_from(lun).map_err(|_| {
+                        ConvertError::invalid(p.key("name"), "scsi unit out of range")
+                    })?;
                     let dev = DeviceDiskFrontend {
                         driver,
                         bus: "scsi0.0".into(),
                         channel: Some(0),
                         scsi_id: Some(0),
-                        lun: Some(scsi),
+                        lun: Some(lun),
+                        // libvirt's VPD device id: the serial, else `drive-<alias>`.
+                        device_id: (!passthrough)
+                            .then(|| serial.clone().unwrap_or_else(|| format!("drive-{id}"))),
                         port: None,
+                        share_rw,
                         drive: drive.clone(),
                         id,
                         bootindex,
@@ -731,7 +777,6 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         discard_granularity: dg,
                         removable: None,
                     };
-                    scsi += 1;
                     (
                         Device::DiskFrontend(dev),
                         Placement::NonPci,
@@ -745,7 +790,9 @@ impl super::super::convert::Configurator for DisksConfigurator {
                         channel: None,
                         scsi_id: None,
                         lun: None,
+                        device_id: None,
                         port: None,
+                        share_rw,
                         drive,
                         id,
                         bootindex,
@@ -775,6 +822,7 @@ impl super::super::convert::Configurator for DisksConfigurator {
                 address: None,
                 hotpluggable,
                 target: targets[k].clone(),
+                iommu_platform: false,
             });
         }
         Ok(())

@@ -1,8 +1,10 @@
 //! Graphics (`converter/compute/graphics.go`): unless `autoattachGraphicsDevice: false`, VNC on
 //! the unix socket `<private>/<uid>/virt-vnc` (with an `-audiodev none`, as libvirt), and a video
 //! adapter: the user's `video.type` (`vga`, `bochs`, `virtio`), else `bochs-display` for EFI
-//! guests when the cluster says so, else `VGA` with 16 MiB (KubeVirt's vram 16384 KiB) at
-//! `pcie.0` slot 1.
+//! guests when the cluster says so, else `VGA` with 16 MiB (KubeVirt's vram 16384 KiB). As
+//! libvirt renders KubeVirt's `<model heads="1">`: the primary video sits at `pcie.0` slot 1
+//! (libvirt reserves 00:01.0 for it on q35), and `virtio` becomes the VGA-compatible
+//! `virtio-vga` (libvirt's choice for a primary virtio video) with `max_outputs=1`.
 //!
 //! Reads: `ctx.paths.private_dir`, `ctx.cluster.bochs_for_efi`.
 
@@ -45,15 +47,10 @@ impl super::super::convert::Configurator for GraphicsConfigurator {
             None if efi && ctx.cluster.bochs_for_efi => "bochs".into(),
             None => "vga".into(),
         };
-        let (driver, vgamem_mb, vgamem, placement) = match kind.as_str() {
-            "vga" => ("VGA", Some(16), None, Placement::RootComplex(1)),
-            "bochs" => (
-                "bochs-display",
-                None,
-                Some(16 * 1024 * 1024),
-                Placement::RootComplex(1),
-            ),
-            "virtio" => ("virtio-gpu-pci", None, None, Placement::RootPort),
+        let (driver, vgamem_mb, vgamem, max_outputs) = match kind.as_str() {
+            "vga" => ("VGA", Some(16), None, None),
+            "bochs" => ("bochs-display", None, Some(16 * 1024 * 1024), None),
+            "virtio" => ("virtio-vga", None, None, Some(1)),
             o => {
                 return Err(ConvertError::unsupported(
                     FieldPath::new("spec.domain.devices.video.type"),
@@ -70,8 +67,9 @@ impl super::super::convert::Configurator for GraphicsConfigurator {
                 id: "video0".into(),
                 vgamem_mb,
                 vgamem,
+                max_outputs,
             }),
-            placement,
+            Placement::RootComplex(1),
         ));
         Ok(())
     }

@@ -7,7 +7,8 @@
 //! 256); `acpi-index`; `state: down` -> `set_link` after start; `state: absent` -> no NIC. The QMP
 //! plan uses `getfd` names `tapfd-<id>-<i>`/`vhostfd-<id>-<i>`.
 //!
-//! SR-IOV, passt, slirp, macvtap and network binding plugins are rejected with the field path.
+//! SR-IOV interfaces are VFIO host devices (`hostdevs.rs`); passt, slirp, macvtap and network
+//! binding plugins are rejected with the field path.
 //!
 //! Reads: `ctx.interfaces`. Also sets `nic_placeholders` (KubeVirt: max(0, 4 - #interfaces)).
 
@@ -43,9 +44,7 @@ fn binding(iface: &Interface, p: &FieldPath) -> Result<(), ConvertError> {
     if iface.masquerade.is_some() || iface.bridge.is_some() {
         return Ok(());
     }
-    let what = if iface.sriov.is_some() {
-        "sriov binding (needs a VF)"
-    } else if iface.passt.is_some() || iface.passt_binding.is_some() {
+    let what = if iface.passt.is_some() || iface.passt_binding.is_some() {
         "passt binding"
     } else if iface.slirp.is_some() {
         "slirp binding"
@@ -112,6 +111,10 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
                         format!("state {o:?}"),
                     ))
                 }
+            }
+            if iface.sriov.is_some() {
+                // A VF passed through with VFIO: `hostdevs.rs`.
+                continue;
             }
             binding(iface, &p)?;
             if iface.pci_address.is_some() {
@@ -284,6 +287,7 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
                 // KubeVirt hot-plugs virtio NICs only, and only on root ports.
                 hotpluggable: virtio && !on_root_complex,
                 target: None,
+                iommu_platform: false,
             });
         }
         Ok(())
@@ -360,10 +364,10 @@ mod tests {
     }
 
     #[test]
-    fn sriov_and_bad_macs_are_rejected_with_path() {
+    fn unsupported_bindings_and_bad_macs_are_rejected_with_path() {
         for (iface, path) in [
             (
-                json!({"name": "default", "sriov": {}}),
+                json!({"name": "default", "macvtap": {}}),
                 "spec.domain.devices.interfaces[0]",
             ),
             (

@@ -2,7 +2,8 @@
 //! `memory-backend-ram` named `pc.ram`; with `maxGuest` above the guest size, `slots=0,maxmem=`
 //! and a single NUMA cell (libvirt adds one for maxMemory; a direct launcher must do it itself);
 //! with hugepages, a `memory-backend-memfd` with `hugetlb` and the page size, preallocated, and a
-//! NUMA cell `0-<maxcpus-1>` (KubeVirt's memfd rule; `kubevirt.io/memfd: "false"` is rejected).
+//! NUMA cell `0-<maxcpus-1>` (KubeVirt's memfd rule; `kubevirt.io/memfd: "false"` is rejected);
+//! with virtiofs filesystems, a shared `memory-backend-memfd` and the same NUMA cell.
 //!
 //! Reads: nothing from the context.
 
@@ -76,9 +77,21 @@ impl super::super::convert::Configurator for MemoryConfigurator {
             }
             None => None,
         };
-        let numa = hugepage.is_some() || maxmem.is_some();
+        // vhost-user (virtiofs) needs guest RAM a second process can map: KubeVirt then asks
+        // for `<access mode="shared"/>`, a memfd source and a NUMA cell.
+        let shared = super::filesystems::has_virtiofs(vmi);
+        let numa = hugepage.is_some() || maxmem.is_some() || shared;
         let id = if numa { "ram-node0" } else { "pc.ram" };
         let backend = match hugepage {
+            None if shared => ObjectMemoryBackend {
+                qom_type: "memory-backend-memfd",
+                id: id.into(),
+                size,
+                hugetlb: None,
+                hugetlbsize: None,
+                share: Some(true),
+                prealloc: None,
+            },
             Some(page) => ObjectMemoryBackend {
                 qom_type: "memory-backend-memfd",
                 id: id.into(),

@@ -8,11 +8,14 @@ pub mod console;
 pub mod controllers;
 pub mod cpu;
 pub mod disks;
+pub mod filesystems;
 pub mod firmware;
 pub mod graphics;
+pub mod hostdevs;
 pub mod inputs;
 pub mod interfaces;
 pub mod iothreads;
+pub mod launch_security;
 pub mod machine;
 pub mod memory;
 pub mod metadata;
@@ -197,5 +200,6 @@ pub(crate) fn planned(
         address: None,
         hotpluggable: false,
         target: None,
+        iommu_platform: false,
     }
 }

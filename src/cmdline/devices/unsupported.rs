@@ -1,7 +1,7 @@
-//! Fields qlauncher knows but does not convert yet, or that need hardware this converter cannot
-//! plan as pure text: each is rejected with its field path instead of being ignored (GPUs, host
-//! devices, SR-IOV, SEV/SNP/TDX, virtiofs filesystems, USB redirection, panic devices, dedicated
-//! CPUs, NUMA passthrough, realtime, ACPI SLIC/MSDM tables).
+//! Fields qlauncher knows but does not convert yet: each is rejected with its field path instead
+//! of being ignored (USB redirection, panic devices, dedicated CPUs, NUMA passthrough, realtime,
+//! ACPI SLIC/MSDM tables). Hardware features that are pure text (GPUs, host devices, SR-IOV,
+//! SEV/SNP/TDX, virtiofs) are planned by their own configurators and checked at launch.
 //!
 //! Reads: nothing from the context.
 
@@ -27,18 +27,7 @@ impl super::super::convert::Configurator for UnsupportedConfigurator {
         let d = &vmi.spec.domain;
         let dev = &d.devices;
         let p = FieldPath::new("spec.domain");
-        let checks: [(bool, FieldPath, &str); 10] = [
-            (nonempty(&dev.gpus), p.key("devices").key("gpus"), "GPUs"),
-            (
-                nonempty(&dev.host_devices),
-                p.key("devices").key("hostDevices"),
-                "host devices",
-            ),
-            (
-                nonempty(&dev.filesystems),
-                p.key("devices").key("filesystems"),
-                "virtiofs filesystems",
-            ),
+        let checks: [(bool, FieldPath, &str); 6] = [
             (
                 nonempty(&dev.panic_devices),
                 p.key("devices").key("panicDevices"),
@@ -48,11 +37,6 @@ impl super::super::convert::Configurator for UnsupportedConfigurator {
                 dev.client_passthrough.is_some(),
                 p.key("devices").key("clientPassthrough"),
                 "USB redirection",
-            ),
-            (
-                d.launch_security.is_some(),
-                p.key("launchSecurity"),
-                "SEV/SNP/TDX launch security",
             ),
             (
                 d.cpu.as_ref().and_then(|c| c.dedicated_cpu_placement) == Some(true),

@@ -130,6 +130,7 @@ pub fn assign(plan: &mut DomainPlan) -> Result<(), ConvertError> {
             }),
             hotpluggable: false,
             target: None,
+            iommu_platform: false,
         });
     }
     ports.append(&mut plan.devices);
@@ -157,6 +158,7 @@ mod tests {
             address: None,
             hotpluggable: false,
             target: None,
+            iommu_platform: false,
         }
     }
 

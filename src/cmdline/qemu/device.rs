@@ -43,6 +43,10 @@ pub struct DevicePcieRootPort {
 pub struct DeviceVirtioBlk {
     /// `virtio-blk-pci-non-transitional`, `virtio-blk-pci-transitional` or `virtio-blk-pci`.
     pub driver: &'static str,
+    /// `true` on a `shareable` disk: other processes may open the image for writing (libvirt's
+    /// `<shareable/>` rendering, `qemuBuildDiskDeviceProps`).
+    #[serde(rename = "share-rw")]
+    pub share_rw: Option<bool>,
     /// Node name of the top blockdev.
     pub drive: String,
     /// QEMU id (`ua-<disk name>`).
@@ -87,8 +91,14 @@ pub struct DeviceDiskFrontend {
     pub scsi_id: Option<u32>,
     /// SCSI LUN (the unit).
     pub lun: Option<u32>,
+    /// SCSI VPD page 0x83 device id (`scsi-hd`, `scsi-cd`): the serial when set, else
+    /// `drive-<id>`, as libvirt passes it so that guest `/dev/disk/by-id` names stay stable.
+    pub device_id: Option<String>,
     /// USB port.
     pub port: Option<String>,
+    /// `true` on a `shareable` disk (libvirt's `<shareable/>` rendering).
+    #[serde(rename = "share-rw")]
+    pub share_rw: Option<bool>,
     /// Node name of the top blockdev (absent for an empty cdrom).
     pub drive: Option<String>,
     /// QEMU id (`ua-<disk name>`).
@@ -184,7 +194,8 @@ pub struct DeviceVirtioScsi {
     pub num_queues: Option<u32>,
 }
 
-/// Video devices: `VGA` (`vgamem_mb`), `bochs-display` (`vgamem` bytes), `virtio-gpu-pci`.
+/// Video devices: `VGA` (`vgamem_mb`), `bochs-display` (`vgamem` bytes), `virtio-vga`
+/// (`max_outputs`).
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceVideo {
@@ -196,6 +207,8 @@ pub struct DeviceVideo {
     pub vgamem_mb: Option<u32>,
     /// Video memory in bytes (`bochs-display`).
     pub vgamem: Option<u64>,
+    /// Display heads (`virtio-vga`, `virtio-gpu-pci`: KubeVirt's `heads="1"`).
+    pub max_outputs: Option<u32>,
 }
 
 /// `virtio-balloon-pci[-non-transitional]`.
@@ -295,6 +308,45 @@ pub struct DeviceVhostVsock {
     pub vhostfd: Option<String>,
 }
 
+/// A host device passed through with VFIO (`vfio-pci`, or `vfio-pci-nohotplug` for a mediated
+/// device with a ramfb display), as libvirt renders `<hostdev mode="subsystem">`: a PCI function
+/// by `host` address, or a mediated device by its sysfs path.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceVfioPci {
+    /// `vfio-pci` or `vfio-pci-nohotplug`.
+    pub driver: &'static str,
+    /// Host PCI address `DDDD:BB:SS.F`; absent when the context did not report the device (the
+    /// plan then lists it in `missing_hardware`).
+    pub host: Option<String>,
+    /// QEMU id (`ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`).
+    pub id: String,
+    /// Mediated device: `/sys/bus/mdev/devices/<uuid>`.
+    pub sysfsdev: Option<String>,
+    /// `on`: the mediated device provides a display (KubeVirt's vGPU default).
+    pub display: Option<&'static str>,
+    /// Boot framebuffer for the vGPU display.
+    pub ramfb: Option<bool>,
+    /// Boot order (SR-IOV interfaces).
+    pub bootindex: Option<u32>,
+}
+
+/// `vhost-user-fs-pci`: a virtiofs filesystem served by virtiofsd over a vhost-user socket.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DeviceVhostUserFs {
+    /// Always `vhost-user-fs-pci`.
+    pub driver: &'static str,
+    /// QEMU id (`fs<N>`, libvirt's name for an alias-less `<filesystem>`).
+    pub id: String,
+    /// The vhost-user chardev id (`chr-vu-fs<N>`).
+    pub chardev: String,
+    /// Virtqueue size (KubeVirt's `queue="1024"`).
+    #[serde(rename = "queue-size")]
+    pub queue_size: u32,
+    /// Mount tag the guest uses (the filesystem name).
+    pub tag: String,
+}
+
 /// One `-device`: the closed set of devices the converter emits.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]
@@ -329,6 +381,10 @@ pub enum Device {
     Tpm(DeviceTpm),
     /// vsock.
     VhostVsock(DeviceVhostVsock),
+    /// VFIO host device.
+    VfioPci(DeviceVfioPci),
+    /// virtiofs.
+    VhostUserFs(DeviceVhostUserFs),
 }
 
 impl Device {
@@ -350,6 +406,8 @@ impl Device {
             Device::Sound(d) => &d.id,
             Device::Tpm(d) => &d.id,
             Device::VhostVsock(d) => &d.id,
+            Device::VfioPci(d) => &d.id,
+            Device::VhostUserFs(d) => &d.id,
         }
     }
 
@@ -371,6 +429,8 @@ impl Device {
             Device::Sound(d) => d.driver,
             Device::Tpm(d) => d.driver,
             Device::VhostVsock(d) => d.driver,
+            Device::VfioPci(d) => d.driver,
+            Device::VhostUserFs(d) => d.driver,
         }
     }
 }

@@ -9,7 +9,7 @@
 /// Builds one `key=value,...` argument.
 ///
 /// ```
-/// use qlauncher::cmdline::qemu::KeyVal;
+/// use qlauncher_core::cmdline::qemu::KeyVal;
 /// let arg = KeyVal::with_head("socket").kv("id", "charserial0").kv("path", "/a,b").finish();
 /// assert_eq!(arg, "socket,id=charserial0,path=/a,,b");
 /// ```

@@ -46,6 +46,25 @@ pub struct ObjectRngRandom {
     pub filename: String,
 }
 
+/// The confidential-guest object libvirt builds from `<launchSecurity>` (id `lsec0`):
+/// `sev-guest` (SEV, SEV-ES), `sev-snp-guest` (QEMU >= 9.1) or `tdx-guest` (QEMU >= 10.1).
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ObjectLaunchSecurity {
+    /// `sev-guest`, `sev-snp-guest` or `tdx-guest`.
+    #[serde(rename = "qom-type")]
+    pub qom_type: &'static str,
+    /// Object id (`lsec0`).
+    pub id: String,
+    /// C-bit position in page table entries (the host's, from `query-sev-capabilities`).
+    pub cbitpos: Option<u32>,
+    /// Physical address bits lost to encryption (the host's).
+    #[serde(rename = "reduced-phys-bits")]
+    pub reduced_phys_bits: Option<u32>,
+    /// Guest policy (SEV: NoDebug, plus EncryptedState for SEV-ES; SNP: 0x30000).
+    pub policy: Option<u64>,
+}
+
 /// One `-object`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(untagged)]

@@ -49,7 +49,14 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
     if let Some(smm) = m.smm {
         kv = kv.on_off("smm", smm);
     }
+    if m.kernel_irqchip_split {
+        kv = kv.kv("kernel_irqchip", "split");
+    }
     kv = kv.on_off("dump-guest-core", false);
+    kv = kv.opt(
+        "confidential-guest-support",
+        m.confidential_guest_support.as_ref(),
+    );
     kv = kv.opt("memory-backend", m.memory_backend.as_ref());
     kv = kv.opt("pflash0", m.pflash0.as_ref());
     kv = kv.opt("pflash1", m.pflash1.as_ref());
@@ -250,6 +257,9 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
                     .finish(),
             );
         }
+    }
+    if let Some(ls) = &plan.launch_security {
+        push("-object", json_arg(ls));
     }
     if let Some(act) = plan.watchdog_action {
         push(

@@ -11,11 +11,14 @@ use super::plan::PlannedDevice;
 use super::qemu::to_json;
 use serde_json::Value;
 
-/// A device with the PCI address the PCI pass assigned (`bus`, `addr`) appended.
+/// A device with `iommu_platform` (SEV guests) and the PCI address the PCI pass assigned
+/// (`bus`, `addr`) appended.
 #[derive(serde::Serialize)]
 struct Addressed<'a> {
     #[serde(flatten)]
     device: &'a super::qemu::Device,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    iommu_platform: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     bus: Option<&'a str>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -25,6 +28,7 @@ struct Addressed<'a> {
 fn addressed(d: &PlannedDevice) -> Addressed<'_> {
     Addressed {
         device: &d.device,
+        iommu_platform: d.iommu_platform.then_some(true),
         bus: d.address.as_ref().map(|a| a.bus.as_str()),
         addr: d.address.as_ref().map(|a| a.addr.as_str()),
     }

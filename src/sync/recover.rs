@@ -1,0 +1,219 @@
+//! Recovery after a launcher restart: the first sync of a fresh launcher looks for a QEMU that an
+//! earlier launcher of the same pod started (its command line names this launcher's QMP socket)
+//! and either adopts it or removes it before starting a new one.
+//!
+//! KubeVirt gets this from libvirt, which re-attaches to running domains when `virtqemud`
+//! restarts (`qemuProcessReconnect`: reconnect to the monitor, keep the domain running; a domain
+//! still starting up is killed). qlauncher does the same over QMP: a QEMU whose QMP monitor answers,
+//! whose `query-uuid` is the planned domain's UUID and whose run state is past start-up (`running`,
+//! `paused`, ...) is adopted: no second QEMU, the overlays, tap and nftables rules in place are
+//! kept (storage and network preparation are idempotent and run again before this), the DHCP server
+//! is started again, and the domain is reported with an `ADDED` notification. Any other QEMU of
+//! that socket (still in `prelaunch`, not answering, another UUID, or several) is killed and
+//! waited for, and the sync starts a fresh one.
+//!
+//! This is a child module of [`super`] (`vmi_sync.rs`): adopting fills the same private state a
+//! fresh start does.
+
+use std::path::Path;
+use std::time::Duration;
+
+use tracing::{info, warn};
+
+use super::{follow_events, node_indices, Running, SyncVmi};
+use crate::monitor::procfs;
+use crate::monitor::qemu::Qemu;
+use crate::qmp::client::QmpClient;
+use crate::qmp::lifecycle;
+use crate::sync::domain::{Domain, DomainEventType};
+use crate::sync::SyncError;
+use crate::vmi::Vmi;
+
+/// How long a found QEMU may take to answer on QMP before it is considered hung and replaced.
+pub const ADOPT_QMP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long a replaced QEMU may take to exit after SIGKILL.
+const KILL_WAIT: Duration = Duration::from_secs(10);
+
+/// Run states (`query-status`) of a QEMU that is adopted; the rest (`prelaunch`: the earlier
+/// launcher died before `cont`; `shutdown`: the guest is gone) are replaced.
+const ADOPTABLE: &[&str] = &[
+    "running",
+    "paused",
+    "io-error",
+    "watchdog",
+    "suspended",
+    "debug",
+];
+
+/// A running QEMU found for the domain, connected on QMP.
+pub(super) struct Found {
+    pid: i32,
+    client: QmpClient,
+}
+
+/// The live QEMU processes whose command line names `qmp_socket` (exact path within an argument).
+pub fn qemu_processes(qmp_socket: &Path) -> Vec<i32> {
+    let needle = qmp_socket.display().to_string();
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut pids: Vec<i32> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| procfs::stat(*pid).is_some_and(|s| !s.is_zombie()))
+        .filter(|pid| {
+            procfs::cmdline(*pid).is_some_and(|argv| {
+                argv.first().is_some_and(|a| procfs::is_qemu_name(a))
+                    && argv.iter().any(|a| names_path(a, &needle))
+            })
+        })
+        .collect();
+    pids.sort_unstable();
+    pids
+}
+
+/// True when `arg` holds `path` as a whole value (followed by an option separator, a JSON quote
+/// or the end), so `/x/monitor.sock` does not match `/x/monitor.sock2`.
+fn names_path(arg: &str, path: &str) -> bool {
+    arg.match_indices(path).any(|(at, _)| {
+        matches!(
+            arg[at + path.len()..].chars().next(),
+            None | Some(',') | Some('"')
+        )
+    })
+}
+
+/// Looks for a QEMU of this domain (see the module doc). Returns the one to adopt, or `None`
+/// after removing every other QEMU of `qmp_socket` (nothing found: `None` at once).
+pub(super) async fn find(qmp_socket: &Path, uuid: &str) -> Option<Found> {
+    let pids = qemu_processes(qmp_socket);
+    if pids.is_empty() {
+        return None;
+    }
+    if let [pid] = pids[..] {
+        match check(qmp_socket, uuid).await {
+            Ok(client) => return Some(Found { pid, client }),
+            Err(reason) => warn!(pid, %reason, "found QEMU not adoptable, replacing it"),
+        }
+    } else {
+        warn!(?pids, "several QEMU for one domain, replacing them");
+    }
+    for pid in pids {
+        let Ok(q) = Qemu::from_pid(pid) else { continue };
+        let _ = q.signal(nix::sys::signal::Signal::SIGKILL);
+        if tokio::time::timeout(KILL_WAIT, q.exited()).await.is_err() {
+            warn!(pid, "replaced QEMU did not exit after SIGKILL");
+        }
+    }
+    // The socket file of the killed QEMU is removed by the fresh start.
+    None
+}
+
+/// Connects and checks the UUID and run state; the error says why the QEMU is not adopted.
+async fn check(qmp_socket: &Path, uuid: &str) -> Result<QmpClient, String> {
+    let client = QmpClient::connect(qmp_socket, ADOPT_QMP_TIMEOUT)
+        .await
+        .map_err(|e| format!("QMP: {e}"))?;
+    let found = client
+        .execute("query-uuid", None)
+        .await
+        .map_err(|e| format!("query-uuid: {e}"))?;
+    let found = found["UUID"].as_str().unwrap_or_default();
+    if !found.eq_ignore_ascii_case(uuid) {
+        return Err(format!("UUID {found:?}, the domain's is {uuid:?}"));
+    }
+    let (state, _) = lifecycle::query_status(&client)
+        .await
+        .map_err(|e| format!("query-status: {e}"))?;
+    if !ADOPTABLE.contains(&state.as_str()) {
+        return Err(format!("run state {state}"));
+    }
+    Ok(client)
+}
+
+/// The device ids QEMU has (`qom-list /machine/peripheral`).
+async fn device_ids(client: &QmpClient) -> Result<Vec<String>, SyncError> {
+    let list = client
+        .execute(
+            "qom-list",
+            Some(serde_json::json!({"path": "/machine/peripheral"})),
+        )
+        .await
+        .map_err(SyncError::Qmp)?;
+    Ok(list
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(|p| p["name"].as_str().map(String::from))
+                .collect()
+        })
+        .unwrap_or_default())
+}
+
+impl SyncVmi {
+    /// Takes over `found` as the running domain: the state from `query-status`, an `ADDED`
+    /// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
+    /// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
+    /// new block nodes are numbered after QEMU's highest.
+    pub(super) async fn adopt(
+        &self,
+        found: Found,
+        vmi: &Vmi,
+        domain: Domain,
+        mut running: Running,
+    ) -> Result<Running, SyncError> {
+        let Found { pid, client } = found;
+        let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
+        let events = client.events();
+        let (_, status) = lifecycle::query_status(&client)
+            .await
+            .map_err(SyncError::Qmp)?;
+        let nodes = client
+            .execute("query-named-block-nodes", None)
+            .await
+            .map_err(SyncError::Qmp)?;
+        if let Some(max) = node_indices(&nodes.to_string()).into_iter().max() {
+            running.next_node = running.next_node.max(max + 1);
+        }
+        let present = device_ids(&client).await?;
+        let wanted = std::mem::take(&mut running.disks);
+        let mut missing = false;
+        for (id, d) in wanted {
+            if present.contains(&id) {
+                running.disks.insert(id, d);
+            } else {
+                missing = true;
+            }
+        }
+        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+        *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+        *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
+        self.shared.publish(status, DomainEventType::Added);
+        tokio::spawn(follow_events(self.shared.clone(), events, client, watcher));
+        info!(pid, state = %status.state.as_str(), "adopted the running QEMU of an earlier launcher");
+        if missing {
+            self.hotplug(&mut running, vmi).await?;
+        }
+        self.shared.pid.send_replace(Some(pid));
+        Ok(running)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::names_path;
+
+    #[test]
+    fn socket_path_matches_whole_values_only() {
+        let p = "/r/qlauncher/monitor.sock";
+        assert!(names_path(
+            "socket,id=charmonitor,path=/r/qlauncher/monitor.sock,server=on",
+            p
+        ));
+        assert!(names_path(r#"{"path":"/r/qlauncher/monitor.sock"}"#, p));
+        assert!(names_path("/r/qlauncher/monitor.sock", p));
+        assert!(!names_path("path=/r/qlauncher/monitor.sock2,server=on", p));
+        assert!(!names_path("path=/other/monitor.sock", p));
+    }
+}
