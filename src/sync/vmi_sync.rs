@@ -811,7 +811,13 @@ fn prepare_storage(
                 name: name.to_string(),
                 namespace: namespace.to_string(),
                 hostname: vmi.spec.hostname.clone(),
-                firmware_uuid: None,
+                // NoCloud's instance-id (KubeVirt: the firmware UUID, stable for a VM's VMIs).
+                firmware_uuid: vmi
+                    .spec
+                    .domain
+                    .firmware
+                    .as_ref()
+                    .and_then(|f| f.uuid.clone()),
                 ..VmiIdentity::default()
             };
             let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
