@@ -213,8 +213,23 @@ impl Run {
             Ok(Some(s)) => format!("exited: {s}"),
             _ => "running".to_string(),
         };
+        let procs: Vec<String> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                stat.contains("(qemu-system-x86").then(|| {
+                    stat.split_whitespace()
+                        .take(3)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+            })
+            .collect();
         format!(
-            "qlauncher run ({state}):\n{}\nQEMU log:\n{}",
+            "qlauncher run ({state}):\n{}\nQEMU processes: {procs:?}\nQEMU log:\n{}",
             self.output(),
             std::fs::read_to_string(qemu_log).unwrap_or_default()
         )
