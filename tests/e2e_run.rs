@@ -32,6 +32,28 @@ fn contains(haystack: &[u8], needle: &[u8]) -> bool {
     haystack.windows(needle.len()).any(|w| w == needle)
 }
 
+/// The NoCloud meta-data the guest printed last (decoded).
+fn meta_data(run: &mut Run) -> String {
+    use base64::Engine as _;
+    let marker = run
+        .logged_markers()
+        .into_iter()
+        .rev()
+        .find_map(|m| m.strip_prefix("meta-data ").map(str::to_string))
+        .unwrap_or_else(|| panic!("no meta-data marker; qlauncher run:\n{}", run.output()));
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(marker)
+        .unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// examples/demo.yaml's meta-data: `qlauncher run` gives the VMI the firmware UUID KubeVirt gives
+/// the VMIs of a VM named `demo`.
+fn expected_meta_data() -> String {
+    let uuid = uuid::Uuid::new_v5(&qlauncher::vmi::defaults::FIRMWARE_UUID_NAMESPACE, b"demo");
+    format!(r#"{{"instance-id":"{uuid}","local-hostname":"demo"}}"#)
+}
+
 #[test]
 fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     let images = GuestImages::locate();
@@ -56,6 +78,7 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
         )
         .unwrap();
     assert_eq!((rc, out), (0, String::new()));
+    assert_eq!(meta_data(&mut run), expected_meta_data());
     run.stop(&mut console);
     drop(run);
 
@@ -82,6 +105,8 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
         )
         .unwrap();
     assert_eq!((rc, out), (0, mark.clone()));
+    // The same machine to cloud-init: the same NoCloud instance-id (the firmware UUID).
+    assert_eq!(meta_data(&mut run), expected_meta_data());
     run.stop(&mut console);
     assert_eq!(
         std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&overlay).unwrap()),

@@ -6,8 +6,10 @@
 //! | `firmware.serial`, `chassis.{manufacturer,version,serial,asset,sku}` | the SMBIOS type 1 / type 3 strings SeaBIOS installed in guest memory (entry point in the F segment, table read with `pmemsave`) |
 //! | `devices.disks[0].serial` | `qom-get /machine/peripheral/ua-<disk> serial` |
 //! | `devices.disks[0].name` (= the volume's) | the device id `ua-<name>` in `qom-list /machine/peripheral` |
+//! | `volumes[0].hostDisk.path` (its file name, under `<private>/vmi-disks/<volume>/`) | the `file` of a node in `query-named-block-nodes` |
 //! | `firmware.kernelBoot.container.{kernelPath,initrdPath}` | `qom-get /machine kernel` / `initrd` |
 //! | `metadata.name`, `metadata.namespace` | `query-name` (`<namespace>_<name>`) |
+//! | `clock.timezone` (QEMU's `TZ`, with `-rtc base=localtime`) | `/proc/<qemu>/environ` |
 //!
 //! For each value of the corpus (the one of `tests/cmdline_hostile.rs` plus a 5000-byte value),
 //! every field that accepts it alone gets it at once, QEMU 7.2 starts the converted argv, and each
@@ -58,10 +60,12 @@ enum Field {
     Chassis(&'static str),
     DiskSerial,
     DiskName,
+    HostDiskPath,
     KernelPath,
     InitrdPath,
     Name,
     Namespace,
+    Timezone,
 }
 
 const FIELDS: &[Field] = &[
@@ -73,10 +77,12 @@ const FIELDS: &[Field] = &[
     Field::Chassis("sku"),
     Field::DiskSerial,
     Field::DiskName,
+    Field::HostDiskPath,
     Field::KernelPath,
     Field::InitrdPath,
     Field::Name,
     Field::Namespace,
+    Field::Timezone,
 ];
 
 /// A file name made of `value`: `/` → `_`, at most 200 bytes (on a char boundary).
@@ -99,13 +105,10 @@ impl Env {
         self.dir.path().join("cd").display().to_string()
     }
 
-    /// The file a hostDisk volume named `volume` is at (`<private>/vmi-disks/<volume>/disk.img`).
-    fn host_disk(&self, volume: &str) -> std::path::PathBuf {
-        self.dir
-            .path()
-            .join("p/vmi-disks")
-            .join(volume)
-            .join("disk.img")
+    /// The file a hostDisk volume named `volume` whose path ends in `file` is at
+    /// (`<private>/vmi-disks/<volume>/<file>`).
+    fn host_disk(&self, volume: &str, file: &str) -> std::path::PathBuf {
+        self.dir.path().join("p/vmi-disks").join(volume).join(file)
     }
 
     fn kernel_boot(&self, base: &str) -> String {
@@ -150,6 +153,11 @@ fn apply(v: &mut Value, field: Field, value: &str) {
             spec(v, "/spec/domain/devices/disks/0/name", json!(value));
             spec(v, "/spec/volumes/0/name", json!(value));
         }
+        Field::HostDiskPath => spec(
+            v,
+            "/spec/volumes/0/hostDisk/path",
+            json!(format!("/data/{}", file_name(value))),
+        ),
         Field::KernelPath => spec(
             v,
             "/spec/domain/firmware/kernelBoot/container/kernelPath",
@@ -162,6 +170,9 @@ fn apply(v: &mut Value, field: Field, value: &str) {
         ),
         Field::Name => spec(v, "/metadata/name", json!(value)),
         Field::Namespace => spec(v, "/metadata/namespace", json!(value)),
+        Field::Timezone => {
+            v["spec"]["domain"]["clock"] = json!({"timezone": value});
+        }
     }
 }
 
@@ -178,12 +189,15 @@ fn ctx(env: &Env, sock: &Path) -> ConverterContext {
     ctx
 }
 
-fn plan_argv(env: &Env, v: &Value, sock: &Path) -> Result<Vec<String>, String> {
+/// The argv and the environment QEMU gets.
+type Launch = (Vec<String>, Vec<(String, String)>);
+
+fn plan_argv(env: &Env, v: &Value, sock: &Path) -> Result<Launch, String> {
     let mut vmi = Vmi::from_json_or_yaml(&v.to_string()).map_err(|e| e.to_string())?;
     vmi.apply_defaults(&DefaultsConfig::for_vmi(&vmi));
     vmi.validate().map_err(|e| format!("{e:?}"))?;
     let plan = convert(&vmi, &ctx(env, sock)).map_err(|e| e.to_string())?;
-    Ok(render::argv(&plan))
+    Ok((render::argv(&plan), plan.env.clone()))
 }
 
 struct Qemu(Child);
@@ -233,9 +247,10 @@ impl Qmp {
     }
 }
 
-fn start(argv: &[String], sock: &Path) -> (Qemu, Qmp) {
+fn start((argv, envs): &Launch, sock: &Path) -> (Qemu, Qmp) {
     let child = Command::new("qemu-system-x86_64")
         .args(argv)
+        .envs(envs.iter().cloned())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -336,7 +351,7 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
     }
     std::os::unix::fs::symlink(&images.vmlinuz, env.kernel_boot("vmlinuz")).expect("kernel");
     std::os::unix::fs::symlink(&images.initrd, env.kernel_boot("initrd.img")).expect("initrd");
-    std::fs::File::create(env.host_disk("d1"))
+    std::fs::File::create(env.host_disk("d1", "disk.img"))
         .and_then(|f| f.set_len(1 << 20))
         .expect("host disk");
     let sock = root.join("qmp.sock");
@@ -363,13 +378,23 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
             apply(&mut v, *f, &value);
         }
         let label = format!("{:?}", &value[..value.len().min(30)]);
-        let argv = plan_argv(&env, &v, &sock)
+        let launch = plan_argv(&env, &v, &sock)
             .unwrap_or_else(|e| panic!("{label}: accepted one by one, not together: {e}"));
         // The files the path fields name.
+        let volume = if accepted.contains(&Field::DiskName) {
+            value.clone()
+        } else {
+            "d1".to_string()
+        };
+        let disk_file = if accepted.contains(&Field::HostDiskPath) {
+            file_name(&value)
+        } else {
+            "disk.img".to_string()
+        };
         for f in &accepted {
             match f {
-                Field::DiskName => {
-                    let disk = env.host_disk(&value);
+                Field::DiskName | Field::HostDiskPath => {
+                    let disk = env.host_disk(&volume, &disk_file);
                     std::fs::create_dir_all(disk.parent().expect("parent"))
                         .and_then(|_| std::fs::File::create(&disk))
                         .and_then(|f| f.set_len(1 << 20))
@@ -394,7 +419,7 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
             }
         }
         let _ = std::fs::remove_file(&sock);
-        let (_qemu, mut qmp) = start(&argv, &sock);
+        let (qemu, mut qmp) = start(&launch, &sock);
         // The plan starts QEMU paused (-S); SeaBIOS installs the SMBIOS tables once it runs.
         qmp.cmd("cont", Value::Null);
         let smbios = smbios_strings(&mut qmp, root);
@@ -431,6 +456,18 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                     assert_eq!(serial, json!(value), "{msg}");
                 }
                 Field::DiskName => assert!(ids.contains(&disk_id.as_str()), "{msg}: {ids:?}"),
+                Field::HostDiskPath => {
+                    let nodes = qmp.cmd("query-named-block-nodes", Value::Null);
+                    let want = env.host_disk(&volume, &disk_file).display().to_string();
+                    assert!(
+                        nodes
+                            .as_array()
+                            .expect("nodes")
+                            .iter()
+                            .any(|n| n["file"] == json!(want)),
+                        "{msg}: {nodes}"
+                    );
+                }
                 Field::KernelPath | Field::InitrdPath => {
                     let prop = if *f == Field::KernelPath {
                         "kernel"
@@ -439,6 +476,16 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                     };
                     let got = qmp.cmd("qom-get", json!({"path": "/machine", "property": prop}));
                     assert_eq!(got, json!(env.kernel_boot(&file_name(&value))), "{msg}");
+                }
+                Field::Timezone => {
+                    let environ = std::fs::read(format!("/proc/{}/environ", qemu.0.id()))
+                        .expect("QEMU environ");
+                    let want = format!("TZ={value}");
+                    assert!(
+                        environ.split(|b| *b == 0).any(|e| e == want.as_bytes()),
+                        "{msg}: {:?}",
+                        String::from_utf8_lossy(&environ)
+                    );
                 }
                 Field::Name | Field::Namespace => {
                     let name = qmp.cmd("query-name", Value::Null);

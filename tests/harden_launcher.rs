@@ -38,7 +38,8 @@ fn ev(t: &str, s: L, r: R, deleted: bool) -> (String, L, R, bool) {
 }
 
 /// QEMU SIGKILLed while the guest runs: MODIFIED Shutoff/Crashed, the final delete notification,
-/// the launcher exits 1 with the reason in its log, and no QEMU is left.
+/// the launcher exits 1 with the reason in its log, and no QEMU is left. Before the kill, the
+/// QMP, serial console and VNC sockets of this root launcher's QEMU are mode 0775.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qemu_killed_mid_run_reports_crashed_and_the_launcher_fails() {
     let images = GuestImages::locate();
@@ -51,6 +52,20 @@ async fn qemu_killed_mid_run_reports_crashed_and_the_launcher_fails() {
     );
     pod.wait_event((L::Running, R::Unknown), START).await;
     let qemu = pod.wait_qemu(n, START).await;
+    // A root launcher's QEMU binds its sockets with umask 0002 too: not world-writable.
+    let vmi_dir = pod.private().join(&pod.uid);
+    for socket in [
+        pod.qmp_socket(),
+        vmi_dir.join("virt-serial0"),
+        vmi_dir.join("virt-vnc"),
+    ] {
+        let mode = std::fs::metadata(&socket)
+            .expect("socket")
+            .permissions()
+            .mode()
+            & 0o7777;
+        assert_eq!(mode, 0o775, "{}", socket.display());
+    }
 
     // SAFETY: a signal to the QEMU this test's launcher started.
     assert_eq!(unsafe { libc::kill(qemu, libc::SIGKILL) }, 0);

@@ -6,7 +6,7 @@
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
 //! KubeVirt's does when no domain is defined. For the process-level tests a [`StaticQemu`] domain
 //! starts a fixed QEMU command line taken from `QLAUNCHER_TEST_QEMU`.
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -19,6 +19,7 @@ use std::sync::{Arc, Mutex};
 
 use qlauncher::log::{self, VmiRef};
 use qlauncher::monitor::grace::{DomainControl, Ending};
+use qlauncher::monitor::kvm_probe;
 use qlauncher::monitor::launcher::{self, Domain, LauncherConfig};
 use qlauncher::monitor::qemu::spawn_detached;
 use qlauncher::monitor::MonitorError;
@@ -30,7 +31,8 @@ use tracing::{debug, error, info, warn};
 pub const TEST_QEMU_ENV: &str = "QLAUNCHER_TEST_QEMU";
 /// Root under which the paths without a launcher flag live (set by `qlauncher run`).
 pub const ROOT_ENV: &str = "QLAUNCHER_ROOT";
-/// `on` forces TCG (set by `qlauncher run --emulation on`).
+/// `on` forces TCG, `off` requires a KVM that passes the probe, `auto` (or unset) lets
+/// `--allow-emulation` fall back to TCG (set by `qlauncher run --emulation`).
 pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
 /// Path of a second QMP monitor socket for operators' tools (set by `qlauncher run`).
 pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
@@ -174,8 +176,9 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
 }
 
 /// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
-/// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION=on` forces
-/// TCG even where `/dev/kvm` exists; `QLAUNCHER_OPERATOR_QMP` adds QEMU's operator QMP monitor.
+/// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION` and
+/// `--allow-emulation` pick the accelerator ([`choose_accel`]); `QLAUNCHER_OPERATOR_QMP` adds
+/// QEMU's operator QMP monitor.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let root = std::env::var_os(ROOT_ENV)
         .map(PathBuf::from)
@@ -191,9 +194,10 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     c.qmp_socket = qlauncher_dir.join("monitor.sock");
     c.qemu_log = qlauncher_dir.join("qemu.log");
     c.operator_qmp_socket = std::env::var_os(OPERATOR_QMP_ENV).map(PathBuf::from);
-    let forced_tcg = std::env::var(EMULATION_ENV).as_deref() == Ok("on");
-    c.kvm = !forced_tcg && std::path::Path::new("/dev/kvm").exists();
-    c.allow_emulation = config.allow_emulation || forced_tcg;
+    let emulation = std::env::var(EMULATION_ENV).unwrap_or_default();
+    let (kvm, allow_emulation) = choose_accel(config, &emulation, &c.qemu);
+    c.kvm = kvm;
+    c.allow_emulation = allow_emulation;
     // `--run-as-nonroot`: QEMU runs as the qemu user (107) even when the launcher is root.
     if config.run_as_nonroot {
         c.runtime_uid = launcher::QEMU_UID;
@@ -202,6 +206,52 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         c.qemu_version = v;
     }
     c
+}
+
+/// `(kvm, allow_emulation)` for the converter.
+///
+/// `QLAUNCHER_EMULATION=on` (`qlauncher run --emulation on`) forces TCG. Without `/dev/kvm` it is
+/// TCG when emulation is allowed, else the converter's "no KVM" error. With `/dev/kvm`, when
+/// `--allow-emulation` is given (`qlauncher run --emulation auto`) the KVM probe
+/// ([`kvm_probe::probe_cached`]) decides: KVM only when it runs the probe guest in time, else TCG,
+/// with the reason at info level. `QLAUNCHER_EMULATION=off` (`--emulation off`) probes too and, when
+/// KVM fails, logs the reason as an error and leaves neither accelerator, so the domain fails to
+/// convert ("KVM is not available"). Without `--allow-emulation` and without
+/// `QLAUNCHER_EMULATION` (KubeVirt's case), `/dev/kvm` is used unprobed, as virt-launcher does.
+fn choose_accel(config: &LauncherConfig, emulation: &str, qemu: &Path) -> (bool, bool) {
+    if emulation == "on" {
+        info!("emulation forced on: using TCG");
+        return (false, true);
+    }
+    if !Path::new("/dev/kvm").exists() {
+        return (false, config.allow_emulation);
+    }
+    let must_kvm = emulation == "off";
+    if !config.allow_emulation && !must_kvm {
+        return (true, false);
+    }
+    let scratch = config.private_dir.clone();
+    match kvm_probe::probe_cached(|| kvm_probe::ProbeOptions::kvm(qemu, scratch)) {
+        Ok(report) => {
+            info!(
+                probe_ms = report.elapsed.as_millis() as u64,
+                guest_ms = report.guest_time().as_millis() as u64,
+                "KVM runs the probe guest: using KVM"
+            );
+            (true, config.allow_emulation)
+        }
+        Err(reason) if must_kvm => {
+            error!(
+                reason = %reason,
+                "KVM does not run guests here and emulation is off: the domain cannot start"
+            );
+            (false, false)
+        }
+        Err(reason) => {
+            info!(reason = %reason, "KVM does not run guests here: using TCG");
+            (false, true)
+        }
+    }
 }
 
 /// `QEMU emulator version 7.2.19 (...)` → 7.2; `None` when QEMU does not answer.

@@ -23,11 +23,11 @@ const MAX_SOCKET_PATH: usize = 107;
 /// `--emulation`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum Emulation {
-    /// KVM when `/dev/kvm` exists, else TCG.
+    /// KVM when it runs a probe guest in time (`monitor::kvm_probe`), else TCG.
     Auto,
     /// Always TCG.
     On,
-    /// KVM only (fails without it).
+    /// KVM only: fails, with the probe's reason logged, when KVM does not run the probe guest.
     Off,
 }
 
@@ -79,6 +79,23 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .to_string()
         })
         .clone();
+    // A stable firmware UUID too, as KubeVirt gives a VM's VMIs (v5 of the name in KubeVirt's
+    // firmware namespace): the guest sees the same machine on every run, and cloud-init the same
+    // NoCloud instance-id, so it does not redo its first boot over the reused overlay.
+    let firmware = vmi
+        .spec
+        .domain
+        .firmware
+        .get_or_insert_with(Default::default);
+    if firmware.uuid.as_deref().unwrap_or("").is_empty() {
+        firmware.uuid = Some(
+            uuid::Uuid::new_v5(
+                &qlauncher::vmi::defaults::FIRMWARE_UUID_NAMESPACE,
+                name.as_bytes(),
+            )
+            .to_string(),
+        );
+    }
     std::fs::create_dir_all(&args.root)
         .with_context(|| format!("cannot create {}", args.root.display()))?;
     let root = std::fs::canonicalize(&args.root)?;
@@ -185,10 +202,10 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         )
         .env(
             super::launcher::EMULATION_ENV,
-            if args.emulation == Emulation::On {
-                "on"
-            } else {
-                "auto"
+            match args.emulation {
+                Emulation::On => "on",
+                Emulation::Off => "off",
+                Emulation::Auto => "auto",
             },
         );
     let err = command.exec();

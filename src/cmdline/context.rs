@@ -188,6 +188,14 @@ pub struct EfiFiles {
     pub secure_code: String,
     /// Secure-boot vars template.
     pub secure_vars: String,
+    /// SEV/SEV-ES code image (`OVMF_CODE.cc.fd`; vars from the plain template).
+    pub sev_code: String,
+    /// SEV-SNP firmware, loaded as a ROM (`OVMF.amdsev.fd`).
+    pub snp_rom: String,
+    /// TDX firmware, loaded as a ROM (`OVMF.inteltdx.fd`).
+    pub tdx_rom: String,
+    /// TDX firmware with secure boot (`OVMF.inteltdx.secboot.fd`).
+    pub tdx_secure_rom: String,
 }
 
 impl Default for EfiFiles {
@@ -198,6 +206,10 @@ impl Default for EfiFiles {
             vars: "/usr/share/OVMF/OVMF_VARS.fd".into(),
             secure_code: "/usr/share/OVMF/OVMF_CODE.secboot.fd".into(),
             secure_vars: "/usr/share/OVMF/OVMF_VARS.secboot.fd".into(),
+            sev_code: "/usr/share/OVMF/OVMF_CODE.cc.fd".into(),
+            snp_rom: "/usr/share/OVMF/OVMF.amdsev.fd".into(),
+            tdx_rom: "/usr/share/OVMF/OVMF.inteltdx.fd".into(),
+            tdx_secure_rom: "/usr/share/OVMF/OVMF.inteltdx.secboot.fd".into(),
         }
     }
 }
@@ -433,5 +445,60 @@ impl Default for ConverterContext {
             tdx: false,
             virtiofs_ready: BTreeSet::new(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn host_devices_come_from_the_device_plugin_variables_in_vmi_order() {
+        let vmi: Vmi = serde_json::from_value(json!({
+            "metadata": {"name": "t"},
+            "spec": {"domain": {"devices": {
+                "gpus": [
+                    {"name": "a", "deviceName": "nvidia.com/GA102"},
+                    {"name": "b", "deviceName": "nvidia.com/GA102"},
+                    {"name": "v", "deviceName": "nvidia.com/GRID"}
+                ],
+                "hostDevices": [{"name": "h", "deviceName": "vendor.com/other"}],
+                "interfaces": [{"name": "vf", "sriov": {}}]
+            }}}
+        }))
+        .unwrap();
+        let env: BTreeMap<String, String> = [
+            (
+                "PCI_RESOURCE_NVIDIA_COM_GA102",
+                "0000:65:00.0,0000:66:00.0,",
+            ),
+            (
+                "MDEV_PCI_RESOURCE_NVIDIA_COM_GRID",
+                "4b20d080-1b54-4048-85b3-a6a62d165c01",
+            ),
+            ("KUBEVIRT_RESOURCE_NAME_vf", "intel.com/sriov"),
+            ("PCI_RESOURCE_INTEL_COM_SRIOV", "0000:3b:02.3"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let pci = |a: &str| HostDeviceSource::Pci(a.into());
+        assert_eq!(
+            host_devices_from_env(&vmi, &env),
+            BTreeMap::from([
+                ("ua-gpu-a".to_string(), pci("0000:65:00.0")),
+                ("ua-gpu-b".to_string(), pci("0000:66:00.0")),
+                (
+                    "ua-gpu-v".to_string(),
+                    HostDeviceSource::Mdev("4b20d080-1b54-4048-85b3-a6a62d165c01".into())
+                ),
+                ("ua-sriov-vf".to_string(), pci("0000:3b:02.3")),
+            ])
+        );
+        assert_eq!(
+            resource_env_var("PCI_RESOURCE", "nvidia.com/GA102GL_A10"),
+            "PCI_RESOURCE_NVIDIA_COM_GA102GL_A10"
+        );
     }
 }

@@ -118,6 +118,9 @@ pub enum FirmwarePlan {
         /// The per-VM NVRAM file (`<nvram dir>/<vmi name>_VARS.fd`).
         vars: String,
     },
+    /// A firmware image loaded as a ROM (`-bios`, libvirt's `<loader type="rom">`): the
+    /// stateless OVMF builds of SEV-SNP and TDX guests, no NVRAM.
+    Rom(String),
 }
 
 /// Direct kernel boot.

@@ -16,7 +16,9 @@
 //! - [`launcher`]: virt-launcher's flags, directories, `STANDALONE_VMI` and the `--qemu-timeout`
 //!   wait, generic over a [`launcher::Domain`] that the sync module implements;
 //! - [`flags`]: Go-style flag scanning shared by both command lines;
-//! - [`istio`]: telling an Istio sidecar to quit once the VM is gone.
+//! - [`istio`]: telling an Istio sidecar to quit once the VM is gone;
+//! - [`kvm_probe`]: whether KVM actually runs a guest (a tiny probe guest under `accel=kvm`), for
+//!   `--emulation auto` and `--allow-emulation`.
 //!
 //! This module imports nothing else from the crate.
 use std::path::PathBuf;
@@ -24,6 +26,7 @@ use std::path::PathBuf;
 pub mod flags;
 pub mod grace;
 pub mod istio;
+pub mod kvm_probe;
 pub mod launcher;
 pub mod pid1;
 pub mod procfs;
@@ -101,5 +104,34 @@ pub enum MonitorError {
     QemuExited {
         /// What is known about the exit (QEMU's last error line or exit status).
         reason: String,
+    },
+    /// The KVM probe's scratch `-bios` image could not be written.
+    #[error("writing the KVM probe image {path}")]
+    KvmProbeImage {
+        /// The scratch file.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The KVM probe guest did not finish in time (QEMU was killed).
+    #[error("the KVM probe guest reached {reached} but did not get past {next} within {}s", .timeout.as_secs_f64())]
+    KvmProbeTimeout {
+        /// The last stage reached and when (ms since QEMU's start), or "nothing".
+        reached: String,
+        /// What the guest was doing.
+        next: String,
+        /// The bound that ran out.
+        timeout: std::time::Duration,
+    },
+    /// QEMU ended the KVM probe without the success status.
+    #[error("QEMU running the KVM probe exited with {status} (guest reached {reached}): {stderr}")]
+    KvmProbeExited {
+        /// Exit status or signal.
+        status: String,
+        /// The last stage reached and when, or "nothing".
+        reached: String,
+        /// QEMU's last stderr lines.
+        stderr: String,
     },
 }

@@ -73,11 +73,16 @@ pub fn qemu_processes(qmp_socket: &Path) -> Vec<i32> {
     pids
 }
 
-/// True when `arg` holds `path` as a whole value (followed by an option separator, a JSON quote
-/// or the end), so `/x/monitor.sock` does not match `/x/monitor.sock2`.
+/// True when `arg` holds `path` as a whole value (preceded by the start, `=`, `:`, `,` or a JSON
+/// quote, followed by an option separator, a JSON quote or the end), so `/x/monitor.sock` matches
+/// neither `/x/monitor.sock2` nor `/y/x/monitor.sock` (another launcher's socket under a longer
+/// root: the pod's own `/var/run/...` path is a suffix of every `qlauncher run` QEMU's on a host).
 fn names_path(arg: &str, path: &str) -> bool {
     arg.match_indices(path).any(|(at, _)| {
         matches!(
+            arg[..at].chars().next_back(),
+            None | Some('=') | Some(':') | Some(',') | Some('"')
+        ) && matches!(
             arg[at + path.len()..].chars().next(),
             None | Some(',') | Some('"')
         )
@@ -215,5 +220,15 @@ mod tests {
         assert!(names_path("/r/qlauncher/monitor.sock", p));
         assert!(!names_path("path=/r/qlauncher/monitor.sock2,server=on", p));
         assert!(!names_path("path=/other/monitor.sock", p));
+        // Another launcher's socket under a longer root.
+        assert!(!names_path(
+            "socket,id=charmonitor,path=/tmp/q1/r/qlauncher/monitor.sock,server=on",
+            p
+        ));
+        assert!(!names_path(
+            r#"{"path":"/tmp/q1/r/qlauncher/monitor.sock"}"#,
+            p
+        ));
+        assert!(names_path("unix:/r/qlauncher/monitor.sock,server=on", p));
     }
 }

@@ -408,7 +408,14 @@ impl SyncVmi {
 
         let t_network = t0.elapsed();
         add_hotplug_facts(vmi, &mut ctx)?;
+        add_hardware_facts(vmi, &mut ctx);
         let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        // Refuse before QEMU starts when host hardware the VMI asks for is not here.
+        if let Some(m) = plan.missing_hardware().into_iter().next() {
+            return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
+                m.path, m.reason,
+            )));
+        }
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         let disks = qmp_plan
@@ -813,7 +820,13 @@ fn prepare_storage(
                 name: name.to_string(),
                 namespace: namespace.to_string(),
                 hostname: vmi.spec.hostname.clone(),
-                firmware_uuid: None,
+                // NoCloud's instance-id (KubeVirt: the firmware UUID, stable for a VM's VMIs).
+                firmware_uuid: vmi
+                    .spec
+                    .domain
+                    .firmware
+                    .as_ref()
+                    .and_then(|f| f.uuid.clone()),
                 ..VmiIdentity::default()
             };
             let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
@@ -874,6 +887,28 @@ fn renumber_nodes(
         blockdev_del,
         ..disk.clone()
     })
+}
+
+/// Host hardware facts: VFIO devices from the device plugins' `PCI_RESOURCE_*` variables, and
+/// the virtiofsd sockets that exist. SEV and TDX are not probed (yet), so such VMIs are refused.
+fn add_hardware_facts(vmi: &Vmi, ctx: &mut ConverterContext) {
+    let env: BTreeMap<String, String> = std::env::vars().collect();
+    ctx.host_devices = crate::cmdline::context::host_devices_from_env(vmi, &env);
+    for fs in vmi
+        .spec
+        .domain
+        .devices
+        .filesystems
+        .as_deref()
+        .unwrap_or_default()
+    {
+        if Path::new(&ctx.paths.virtiofs)
+            .join(format!("{}.sock", fs.name))
+            .exists()
+        {
+            ctx.virtiofs_ready.insert(fs.name.clone());
+        }
+    }
 }
 
 /// Facts of the hotplug volumes (`<hotplug-disks>/<volume>.img`, probed) not yet in `ctx`.

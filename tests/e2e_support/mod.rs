@@ -204,6 +204,37 @@ impl Run {
         self.child.id()
     }
 
+    /// `qlauncher run`'s output, QEMU's log and whether `run` still runs, for failure messages.
+    pub fn diagnostics(&mut self) -> String {
+        let qemu_log = self
+            .root
+            .join("var/run/kubevirt-private/qlauncher/qemu.log");
+        let state = match self.child.try_wait() {
+            Ok(Some(s)) => format!("exited: {s}"),
+            _ => "running".to_string(),
+        };
+        let procs: Vec<String> = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| {
+                let pid = e.file_name().to_string_lossy().parse::<u32>().ok()?;
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+                stat.contains("(qemu-system-x86").then(|| {
+                    stat.split_whitespace()
+                        .take(3)
+                        .collect::<Vec<_>>()
+                        .join(" ")
+                })
+            })
+            .collect();
+        format!(
+            "qlauncher run ({state}):\n{}\nQEMU processes: {procs:?}\nQEMU log:\n{}",
+            self.output(),
+            std::fs::read_to_string(qemu_log).unwrap_or_default()
+        )
+    }
+
     /// What `qlauncher run` printed so far.
     pub fn output(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
@@ -246,9 +277,19 @@ impl Run {
         let mut console = Console::connect(&socket, STEP).expect("connect to the serial console");
         console.send(b"\n").expect("write to the serial console");
         if let Err(e) = console.wait_for_prompt(STEP) {
-            panic!("{e}\nqlauncher run:\n{}", self.output());
+            panic!("{e}\n{}", self.diagnostics());
         }
         console
+    }
+
+    /// The `QLG: ` markers (text after `QLG: `) in the serial console log
+    /// (`<private>/<uid>/virt-serial0-log`, written by QEMU from the guest's first byte on).
+    pub fn logged_markers(&mut self) -> Vec<String> {
+        let log = self.private_file("virt-serial0-log", STEP);
+        String::from_utf8_lossy(&std::fs::read(log).unwrap_or_default())
+            .lines()
+            .filter_map(|l| l.find("QLG: ").map(|i| l[i + 5..].trim_end().to_string()))
+            .collect()
     }
 
     /// QEMU's operator QMP socket, `<root>/var/run/kubevirt-private/qlauncher/operator.sock`
@@ -282,7 +323,7 @@ impl Run {
     pub fn stop(&mut self, console: &mut Console) {
         host(&["kill", "-TERM", &self.pid().to_string()]);
         if let Err(e) = console.wait_for_marker("poweroff", STEP) {
-            panic!("{e}\nqlauncher run:\n{}", self.output());
+            panic!("{e}\n{}", self.diagnostics());
         }
         let status = self
             .wait(STEP)

@@ -369,7 +369,8 @@ fn memory_backing(plan: &DomainPlan) -> Option<MemoryBacking> {
 
 fn os(vmi: &Vmi, plan: &DomainPlan) -> Os {
     let (loader, nvram) = match &plan.firmware {
-        FirmwarePlan::Bios => (None, None),
+        // ROM firmware only comes with SEV-SNP/TDX, which the export refuses earlier.
+        FirmwarePlan::Bios | FirmwarePlan::Rom(_) => (None, None),
         FirmwarePlan::Efi {
             blockdevs,
             secure,

@@ -3,7 +3,10 @@
 //! `<bios useserial="yes"/>`); EFI as two pflash blockdevs (code read-only, per-VM vars copied
 //! from the template by `storage`), secure boot (default when `efi: {}`) adding `smm=on` and
 //! `-global driver=cfi.pflash01,property=secure,value=on`; kernel boot from the kernel-boot
-//! container (`-kernel`, `-initrd`, `-append`).
+//! container (`-kernel`, `-initrd`, `-append`). Confidential guests need EFI and boot their own
+//! OVMF builds (KubeVirt's `efi.go`): SEV/SEV-ES the `OVMF_CODE.cc.fd` code (no secure boot),
+//! SEV-SNP `OVMF.amdsev.fd` and TDX `OVMF.inteltdx[.secboot].fd` as a stateless ROM (`-bios`,
+//! libvirt's `<loader type="rom">`).
 //!
 //! Reads: `ctx.efi`, `ctx.paths.nvram`, `ctx.paths.container_disks`.
 
@@ -43,10 +46,41 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
                 "bios and efi are mutually exclusive",
             ));
         }
+        // Confidential guests boot their own OVMF builds (`efi.go DetectEFIEnvironment`):
+        // SEV the `.cc` code with the plain vars template, SEV-SNP and TDX a stateless ROM.
+        let ls = vmi.spec.domain.launch_security.as_ref();
+        let cc = ls.map(|l| (l.sev.is_some(), l.snp.is_some(), l.tdx.is_some()));
+        if let (Some((sev, snp, tdx)), Some(efi)) = (cc, &boot.efi) {
+            let secure = efi.secure_boot.unwrap_or(true);
+            if secure && (sev || snp) {
+                return Err(ConvertError::invalid(
+                    base.key("bootloader").key("efi").key("secureBoot"),
+                    "SEV and SEV-SNP guests cannot use secure boot",
+                ));
+            }
+            if snp || tdx {
+                plan.firmware = FirmwarePlan::Rom(if snp {
+                    ctx.efi.snp_rom.clone()
+                } else if secure {
+                    ctx.efi.tdx_secure_rom.clone()
+                } else {
+                    ctx.efi.tdx_rom.clone()
+                });
+                return kernel_boot(&fw, ctx, &base, plan);
+            }
+        } else if cc.is_some() {
+            return Err(ConvertError::invalid(
+                base.key("bootloader"),
+                "confidential guests (launchSecurity) need an EFI bootloader",
+            ));
+        }
         if let Some(efi) = &boot.efi {
             let secure = efi.secure_boot.unwrap_or(true);
+            let sev = cc.is_some_and(|(sev, _, _)| sev);
             let (code, template) = if secure {
                 (&ctx.efi.secure_code, &ctx.efi.secure_vars)
+            } else if sev {
+                (&ctx.efi.sev_code, &ctx.efi.vars)
             } else {
                 (&ctx.efi.code, &ctx.efi.vars)
             };
@@ -111,6 +145,18 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
                 .unwrap_or(false);
         }
 
+        kernel_boot(&fw, ctx, &base, plan)
+    }
+}
+
+/// Direct kernel boot from the kernel-boot container (`-kernel`, `-initrd`, `-append`).
+fn kernel_boot(
+    fw: &crate::vmi::Firmware,
+    ctx: &ConverterContext,
+    base: &FieldPath,
+    plan: &mut DomainPlan,
+) -> Result<(), ConvertError> {
+    {
         if let Some(kb) = &fw.kernel_boot {
             let kp = base.key("kernelBoot");
             let mut plan_kb = KernelBootPlan::default();

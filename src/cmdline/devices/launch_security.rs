@@ -180,7 +180,9 @@ mod tests {
 
     #[test]
     fn sev_without_host_support_is_planned_and_reported_missing() {
-        let v = vmi_with(json!({"launchSecurity": {"sev": {"policy": {"encryptedState": true}}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"sev": {"policy": {"encryptedState": true}}}}),
+        );
         let plan = convert(&v, &ConverterContext::default()).unwrap();
         assert_eq!(
             plan.missing_hardware(),
@@ -218,10 +220,14 @@ mod tests {
             }),
             ..Default::default()
         };
-        let v = vmi_with(json!({"launchSecurity": {"snp": {}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"snp": {}}}),
+        );
         let m = convert(&v, &sev_only).unwrap().missing_hardware();
         assert_eq!(m[0].reason, "AMD SEV-SNP: the host does not offer SEV-SNP");
-        let v = vmi_with(json!({"launchSecurity": {"tdx": {}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"tdx": {}}}),
+        );
         let m = convert(&v, &ConverterContext::default())
             .unwrap()
             .missing_hardware();
@@ -239,12 +245,16 @@ mod tests {
             qemu: QemuVersion { major: 7, minor: 2 },
             ..Default::default()
         };
-        let v = vmi_with(json!({"launchSecurity": {"snp": {}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"snp": {}}}),
+        );
         assert_eq!(
             convert(&v, &qemu72).unwrap_err().path().as_str(),
             "spec.domain.launchSecurity.snp"
         );
-        let v = vmi_with(json!({"launchSecurity": {"sev": {"attestation": {}}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"sev": {"attestation": {}}}}),
+        );
         assert_eq!(
             convert(&v, &ConverterContext::default())
                 .unwrap_err()
@@ -252,7 +262,9 @@ mod tests {
                 .as_str(),
             "spec.domain.launchSecurity.sev.attestation"
         );
-        let v = vmi_with(json!({"launchSecurity": {"sev": {}, "tdx": {}}}));
+        let v = vmi_with(
+            json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"sev": {}, "tdx": {}}}),
+        );
         assert_eq!(
             convert(&v, &ConverterContext::default())
                 .unwrap_err()

@@ -13,7 +13,8 @@ fn json_arg<T: serde::Serialize>(v: &T) -> String {
 /// The QEMU argv, without the binary name.
 ///
 /// Always contains `-S`, `-no-user-config`, `-nodefaults` and the QMP monitor (when the plan has
-/// one). QEMU 7.2 spells ACPI/HPET off as `-no-acpi`/`-no-hpet`; 10.x as machine options.
+/// one). QEMU 7.2 spells ACPI/HPET off as `-no-acpi`/`-no-hpet`; 10.x as machine options, and
+/// gets `clusters=1` in `-smp` as libvirt 11 writes it for KubeVirt's `<topology>`.
 pub fn argv(plan: &DomainPlan) -> Vec<String> {
     let mut a: Vec<String> = Vec::with_capacity(128);
     let mut push = |k: &str, v: String| {
@@ -89,6 +90,9 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
         cpu.push_str(&f.value);
     }
     push("-cpu", cpu);
+    if let FirmwarePlan::Rom(rom) = &plan.firmware {
+        push("-bios", rom.clone());
+    }
 
     let mem = &plan.memory;
     let mut kv = KeyVal::new().kv("size", format!("{}k", mem.size / 1024));
@@ -109,6 +113,7 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
         "-smp",
         kv.kv("sockets", s.sockets.to_string())
             .kv("dies", "1")
+            .opt("clusters", modern.then_some("1"))
             .kv("cores", s.cores.to_string())
             .kv("threads", s.threads.to_string())
             .finish(),
@@ -241,6 +246,12 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
             }
         }
         push("-device", device_arg(d));
+        if d.class == crate::cmdline::plan::DeviceClass::Watchdog {
+            // libvirt follows the watchdog device with its action.
+            if let Some(act) = plan.watchdog_action {
+                push("-watchdog-action", watchdog_action(act).into());
+            }
+        }
     }
     let has_video = plan
         .devices
@@ -261,26 +272,23 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
     if let Some(ls) = &plan.launch_security {
         push("-object", json_arg(ls));
     }
-    if let Some(act) = plan.watchdog_action {
-        push(
-            "-watchdog-action",
-            match act {
-                WatchdogAction::Reset => "reset",
-                WatchdogAction::Poweroff => "poweroff",
-                WatchdogAction::Pause => "pause",
-                WatchdogAction::None => "none",
-                WatchdogAction::InjectNmi => "inject-nmi",
-                WatchdogAction::Shutdown => "shutdown",
-            }
-            .into(),
-        );
-    }
     push(
         "-sandbox",
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
     );
     push("-msg", "timestamp=on".into());
     a
+}
+
+fn watchdog_action(act: WatchdogAction) -> &'static str {
+    match act {
+        WatchdogAction::Reset => "reset",
+        WatchdogAction::Poweroff => "poweroff",
+        WatchdogAction::Pause => "pause",
+        WatchdogAction::None => "none",
+        WatchdogAction::InjectNmi => "inject-nmi",
+        WatchdogAction::Shutdown => "shutdown",
+    }
 }
 
 /// Quotes one word for a POSIX shell (single quotes; `'` becomes `'\''`). Plain words made of
