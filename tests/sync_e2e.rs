@@ -6,7 +6,7 @@
 //! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
 //! a child of the monitor, a hotplug disk and a bridge NIC on a Multus network attached and
 //! detached by diff (the guest reports both; the pod's links are restored), the NIC's link taken
-//! down and up, a vCPU hot-plugged (the guest brings it online), pause and unpause, SIGTERM to the
+//! down and up, a vCPU hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause, SIGTERM to the
 //! monitor leading to `QLG: poweroff` and a clean exit, and the domain notifications in order
 //! ending with KubeVirt's final delete notification.
 //!
@@ -284,7 +284,8 @@ fn demo_vmi() -> serde_json::Value {
         "spec": {
             "terminationGracePeriodSeconds": 60,
             "domain": {
-                "resources": {"requests": {"memory": "256Mi"}},
+                // 1 GiB: the least KubeVirt allows memory hotplug for (maxGuest defaults to 4 GiB).
+                "resources": {"requests": {"memory": "1Gi"}},
                 "devices": {
                     "rng": {},
                     "disks": [
@@ -662,6 +663,30 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         .await,
         "0-1"
     );
+
+    // Memory hotplug (SyncVirtualMachineMemory): QEMU takes the virtio-mem device plugged with
+    // 1 GiB requested above the boot memory, then its resize to 2 GiB (the test guest has no
+    // virtio-mem driver, so only QEMU's acceptance is checked).
+    for guest_memory in ["2Gi", "3Gi"] {
+        let mut more_memory = vmi.clone();
+        more_memory["spec"]["domain"]["memory"] = serde_json::json!({"guest": guest_memory});
+        let answer = client
+            .clone()
+            .sync_virtual_machine_memory(cmd::VmiRequest {
+                vmi: Some(cmd::Vmi {
+                    vmi_json: serde_json::to_vec(&more_memory).unwrap(),
+                }),
+                options: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (answer.success, answer.message),
+            (true, String::new()),
+            "{guest_memory}"
+        );
+    }
 
     // Pause and unpause on user request.
     let vmi_request = || cmd::VmiRequest {
