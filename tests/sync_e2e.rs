@@ -6,7 +6,7 @@
 //! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
 //! a child of the monitor, a hotplug disk and a bridge NIC on a Multus network attached and
 //! detached by diff (the guest reports both; the pod's links are restored), the NIC's link taken
-//! down and up, a vCPU hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause, SIGTERM to the
+//! down and up, a cdrom medium ejected and inserted, a vCPU hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause, SIGTERM to the
 //! monitor leading to `QLG: poweroff` and a clean exit, and the domain notifications in order
 //! ending with KubeVirt's final delete notification.
 //!
@@ -290,7 +290,8 @@ fn demo_vmi() -> serde_json::Value {
                     "rng": {},
                     "disks": [
                         {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
+                        {"name": "cloudinit", "disk": {"bus": "virtio"}},
+                        {"name": "cd1", "cdrom": {"bus": "sata"}}
                     ],
                     "interfaces": [{
                         "name": "default",
@@ -302,10 +303,17 @@ fn demo_vmi() -> serde_json::Value {
             "networks": [{"name": "default", "pod": {}}],
             "volumes": [
                 {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {"userData": USER_DATA}}
+                {"name": "cloudinit", "cloudInitNoCloud": {"userData": USER_DATA}},
+                {"name": "cd1", "persistentVolumeClaim": {"claimName": "cd1", "hotpluggable": true}}
             ]
-        }
+        },
+        "status": {"volumeStatus": [cd1_status("Ready")]}
     })
+}
+
+/// The volume status of the cdrom's hotplug volume `cd1` in `phase`.
+fn cd1_status(phase: &str) -> serde_json::Value {
+    serde_json::json!({"name": "cd1", "target": "", "phase": phase, "hotplugVolume": {}})
 }
 
 /// Waits until the serial log holds a `QLG: ` line starting with `prefix`; returns it.
@@ -382,6 +390,13 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
 
+    // The cdrom's hotplug volume, mounted into the pod before the domain starts.
+    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
+    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    std::fs::File::create(hotplug_dir.join("cd1.img"))
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
     let child = Command::new("ip")
         .args(["netns", "exec", &net.pod.name])
         .arg(env!("CARGO_BIN_EXE_qlauncher"))
@@ -512,8 +527,6 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
 
     // Hotplug by diff: a hotpluggable volume appears (virt-handler mounted it) and a bridge
     // interface on the Multus network `blue` (Multus attached it to the pod), then both go away.
-    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
-    std::fs::create_dir_all(&hotplug_dir).unwrap();
     std::fs::File::create(hotplug_dir.join("hp1.img"))
         .unwrap()
         .set_len(16 << 20)
@@ -539,7 +552,10 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         .unwrap()
         .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
     with_devices["status"] = serde_json::json!({
-        "volumeStatus": [{"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}],
+        "volumeStatus": [
+            cd1_status("Ready"),
+            {"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}
+        ],
         "interfaces": [{"name": "blue", "podInterfaceName": BLUE_POD_IFACE,
                         "infoSource": "multus-status"}]
     });
@@ -611,7 +627,10 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         with_devices["spec"]["domain"]["devices"]["interfaces"].clone();
     without["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
     without["spec"]["networks"] = with_devices["spec"]["networks"].clone();
-    without["status"] = serde_json::json!({"interfaces": with_devices["status"]["interfaces"]});
+    without["status"] = serde_json::json!({
+        "volumeStatus": [cd1_status("Ready")],
+        "interfaces": with_devices["status"]["interfaces"]
+    });
     assert_eq!(sync(client.clone(), without).await, (true, String::new()));
     assert_eq!(
         wait_marker(&serial_log, "QLG: disk-removed", Duration::from_secs(60)).await,
@@ -628,6 +647,17 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         before.spec.devices.interfaces
     );
     assert_eq!(qemu_pids(), qemu_before);
+
+    // cdrom media by diff: the hotplug volume of the sata cdrom `cd1` stops being ready (ejected),
+    // then is ready again (inserted). The test guest has no AHCI driver, so QEMU's acceptance of
+    // the tray and medium commands is what is checked.
+    let mut detaching = vmi.clone();
+    detaching["status"]["volumeStatus"] = serde_json::json!([cd1_status("Detaching")]);
+    assert_eq!(sync(client.clone(), detaching).await, (true, String::new()));
+    assert_eq!(
+        sync(client.clone(), vmi.clone()).await,
+        (true, String::new())
+    );
 
     // vCPU hotplug (SyncVirtualMachineCPUs): 1 socket at boot, maxSockets 4 by default; two
     // sockets asked for, the guest sees a second CPU it can bring online.

@@ -7,12 +7,14 @@
 //! The wire layer lives in [`proto`] (generated from `proto/`), [`server`] (the command server
 //! dispatching to a [`server::DomainManager`]), [`notify`] (the notify client) and [`domain`] (the
 //! `api.Domain` JSON both carry). [`nic_hotplug`] applies the NIC part of a sync's diff;
-//! [`resources`] the vCPU and memory hotplug of SyncVirtualMachineCPUs/Memory.
+//! [`media`] its cdrom media changes; [`resources`] the vCPU and memory hotplug of
+//! SyncVirtualMachineCPUs/Memory.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 pub mod domain;
+pub mod media;
 pub mod nic_hotplug;
 pub mod notify;
 pub mod proto;

@@ -50,6 +50,7 @@ use crate::storage::{
 use crate::sync::domain::{
     Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
+use crate::sync::media;
 use crate::sync::nic_hotplug::{self, NicChanges, NicState};
 use crate::sync::notify::Notifier;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
@@ -133,6 +134,8 @@ struct Running {
     disks: BTreeMap<String, render::DiskHotplug>,
     /// NICs plugged by diff and link states.
     nics: NicState,
+    /// The media of the cdrom drives (not hot-pluggable), by device id, bottom node first.
+    cdroms: BTreeMap<String, Vec<serde_json::Value>>,
     /// Boot memory, maxGuest and the virtio-mem request.
     memory: resources::MemoryState,
     /// The next free `libvirt-<N>-` block node index (libvirt numbers nodes per domain, never
@@ -485,6 +488,7 @@ impl SyncVmi {
             ctx,
             nics: NicState::at_boot(&plan),
             memory: resources::MemoryState::at_boot(&plan),
+            cdroms: media::cdroms(&plan),
             disks,
             next_node,
             _dhcp_stop: dhcp_stop,
@@ -566,6 +570,7 @@ impl SyncVmi {
             info!(device = %id, "disk attached");
             running.disks.insert(id, d);
         }
+        self.change_media(running, &plan).await?;
         let nics = running
             .nics
             .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
@@ -597,6 +602,44 @@ impl SyncVmi {
             .map(|s| nic_hotplug::SecondaryIface { ready: false, ..s })
             .collect();
         convert(&nic_hotplug::convert_view(&vmi, &pending), &ctx).map_err(SyncError::Convert)
+    }
+
+    /// Inserts, changes or ejects the media of the domain's cdrom drives as `plan` has them
+    /// ([`media`]). A drive the new plan lacks (its hotplug volume went away) is ejected.
+    async fn change_media(
+        &self,
+        running: &mut Running,
+        plan: &crate::cmdline::DomainPlan,
+    ) -> Result<(), SyncError> {
+        let client = self.client()?;
+        let mut wanted = media::cdroms(plan);
+        for (id, current) in running.cdroms.iter_mut() {
+            let new = wanted.remove(id).unwrap_or_default();
+            if media::same_medium(current, &new) {
+                continue;
+            }
+            let carrier = render::DiskHotplug {
+                name: String::new(),
+                id: id.clone(),
+                target: None,
+                blockdevs: new,
+                device: serde_json::Value::Null,
+                device_del: serde_json::Value::Null,
+                blockdev_del: vec![],
+            };
+            let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+            let change = crate::qmp::hotplug::CdromChange {
+                device_id: id.clone(),
+                old_node_names: media::node_names_top_first(current),
+                new_blockdevs: new.clone(),
+            };
+            crate::qmp::hotplug::change_cdrom(&client, &change)
+                .await
+                .map_err(SyncError::Qmp)?;
+            info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
+            *current = new;
+        }
+        Ok(())
     }
 
     /// Records plugged and unplugged NICs in the domain's interfaces and notifies MODIFIED, as
