@@ -648,6 +648,28 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     );
     assert_eq!(qemu_pids(), qemu_before);
 
+    // A Multus interface whose pod link is missing: the sync fails naming it, nothing changes.
+    let mut red = vmi.clone();
+    red["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "red", "bridge": {}}));
+    red["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "red", "multus": {"networkName": "red-net"}}));
+    red["status"]["interfaces"] =
+        serde_json::json!([{"name": "red", "infoSource": "domain, multus-status"}]);
+    assert_eq!(
+        sync(client.clone(), red).await,
+        (
+            false,
+            "interface red: setting up the network: pod interface \"podb1f51a511f1\" not found"
+                .to_string()
+        )
+    );
+    assert_eq!(pod_links(&net.pod), links_before);
+
     // cdrom media by diff: the hotplug volume of the sata cdrom `cd1` stops being ready (ejected),
     // then is ready again (inserted). The test guest has no AHCI driver, so QEMU's acceptance of
     // the tray and medium commands is what is checked.

@@ -165,6 +165,15 @@ pub enum SyncError {
     /// A QMP command failed.
     #[error("QMP")]
     Qmp(#[source] crate::qmp::QmpError),
+    /// Preparing, plugging or unplugging one VMI interface failed.
+    #[error("interface {interface}")]
+    Interface {
+        /// The interface name (`spec.domain.devices.interfaces[].name`).
+        interface: String,
+        /// The cause.
+        #[source]
+        source: Box<SyncError>,
+    },
     /// The operation needs a running domain and there is none.
     #[error("no domain is running")]
     NoDomain,

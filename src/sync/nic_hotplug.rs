@@ -241,13 +241,9 @@ impl NicState {
             }
             let plan = match self.prepared.get(&s.name) {
                 Some(p) if p.pod_iface == s.cfg.pod_iface => p.clone(),
-                _ => {
-                    let (handle, conn) = net::apply::connect().await.map_err(SyncError::Net)?;
-                    let facts = net::discover(&handle, &s.cfg.pod_iface, resolv_conf).await;
-                    conn.abort();
-                    let facts = facts.map_err(SyncError::Net)?;
-                    net::plan(&s.cfg, &facts).map_err(SyncError::Net)?
-                }
+                _ => plan_binding(&s.cfg, resolv_conf)
+                    .await
+                    .map_err(|e| in_iface(&s.name, e))?,
             };
             ctx.interfaces.insert(
                 s.name.clone(),
@@ -299,7 +295,7 @@ impl NicState {
             };
             hotplug::detach_nic(client, &detach, unplug_timeout)
                 .await
-                .map_err(SyncError::Qmp)?;
+                .map_err(|e| in_iface(&name, SyncError::Qmp(e)))?;
             let Some(p) = self.plugged.remove(&name) else {
                 continue;
             };
@@ -307,7 +303,7 @@ impl NicState {
             let _ = p.dhcp_stop.send(true);
             let undone = net::teardown(&p.net, &p.applied)
                 .await
-                .map_err(SyncError::Net)?;
+                .map_err(|e| in_iface(&name, SyncError::Net(e)))?;
             info!(interface = %name, device = %p.device_id, ?undone, "NIC unplugged");
             changes.removed.push(name);
         }
@@ -325,7 +321,9 @@ impl NicState {
             let Some(net_plan) = self.prepared.remove(&s.name) else {
                 continue;
             };
-            let plugged = plug(client, nic, net_plan).await?;
+            let plugged = plug(client, nic, net_plan)
+                .await
+                .map_err(|e| in_iface(&s.name, e))?;
             changes.added.push((
                 s.name.clone(),
                 super::vmi_sync::format_mac(plugged.net.guest_mac),
@@ -347,6 +345,23 @@ impl NicState {
         }
         Ok(changes)
     }
+}
+
+/// `e` as the failure of interface `name`.
+fn in_iface(name: &str, e: SyncError) -> SyncError {
+    SyncError::Interface {
+        interface: name.to_string(),
+        source: Box::new(e),
+    }
+}
+
+/// Reads the pod interface of `cfg` and plans its binding (nothing is changed).
+async fn plan_binding(cfg: &NetConfig, resolv_conf: &Path) -> Result<NetPlan, SyncError> {
+    let (handle, conn) = net::apply::connect().await.map_err(SyncError::Net)?;
+    let facts = net::discover(&handle, &cfg.pod_iface, resolv_conf).await;
+    conn.abort();
+    let facts = facts.map_err(SyncError::Net)?;
+    net::plan(cfg, &facts).map_err(SyncError::Net)
 }
 
 /// Sets up the binding, then hands the tap to QEMU. When QEMU refuses the NIC, the binding is
