@@ -6,9 +6,13 @@
 //! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
 //! a child of the monitor, a hotplug disk and a bridge NIC on a Multus network attached and
 //! detached by diff (the guest reports both; the pod's links are restored), the NIC's link taken
-//! down and up, a cdrom medium ejected and inserted, a vCPU hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause, SIGTERM to the
-//! monitor leading to `QLG: poweroff` and a clean exit, and the domain notifications in order
-//! ending with KubeVirt's final delete notification.
+//! down and up, a missing Multus pod link refused, a cdrom medium ejected and inserted, a vCPU
+//! hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause,
+//! SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and the domain
+//! notifications in order ending with KubeVirt's final delete notification.
+//!
+//! A second test boots a VMI whose Multus interface is attached from the start (tap opened by
+//! QEMU by name) and unplugs it by diff.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -837,5 +841,114 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
             .as_ref()
             .and_then(|g| g.marked_for_graceful_shutdown),
         Some(true)
+    );
+}
+
+/// A VMI that boots with a bridge interface on the Multus network `blue` (already attached to the
+/// pod): the guest sees it at boot with the pod link's MAC; turning it `absent` unplugs it and
+/// gives the pod link back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
+    let images = GuestImages::locate();
+    let net = PodNet::new();
+    let root = tempfile::tempdir().unwrap();
+    let share = root.path().join("var/run/kubevirt");
+    std::fs::create_dir_all(share.join("hotplug-disks")).unwrap();
+    std::fs::File::create(share.join("hotplug-disks/cd1.img"))
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let (_received, _stop_notify) = start_notify_server(&share.join("domain-notify-pipe.sock"));
+    let mut vmi = demo_vmi();
+    vmi["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "bridge": {}}));
+    vmi["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    vmi["status"]["interfaces"] =
+        serde_json::json!([{"name": "blue", "infoSource": "domain, multus-status"}]);
+    let vmi_file = root.path().join("demo.json");
+    std::fs::write(&vmi_file, serde_json::to_vec(&vmi).unwrap()).unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &net.pod.name])
+        .arg(env!("CARGO_BIN_EXE_qlauncher"))
+        .arg("run")
+        .arg(&vmi_file)
+        .arg("--root")
+        .arg(root.path())
+        .args(["--emulation", "on", "--container-disk"])
+        .arg(format!("rootdisk={}", images.disk_qcow2.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(root.path().join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _guard = RunGuard(Some(child));
+    let private = root.path().join("var/run/kubevirt-private");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let serial_log = loop {
+        let found = std::fs::read_dir(&private).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("virt-serial0-log"))
+                .find(|p| p.exists())
+        });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serial log; run.log:\n{}",
+            std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let boot = Duration::from_secs(240);
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: nic eth1", boot).await,
+        format!("QLG: nic eth1 mac={BLUE_POD_MAC}")
+    );
+    wait_marker(&serial_log, "QLG: http ready", boot).await;
+    let channel = uds::connect(&share.join("sockets/launcher-sock"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut client = CmdClient::new(channel);
+    let domain = client
+        .get_domain(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let domain: Domain = serde_json::from_str(&domain.domain).unwrap();
+    vmi["metadata"]["uid"] = domain.object_meta.uid.clone().into();
+    vmi["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
+    let answer = client
+        .sync_virtual_machine(cmd::VmiRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(&vmi).unwrap(),
+            }),
+            options: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.success, answer.message), (true, String::new()));
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: nic-removed", Duration::from_secs(60)).await,
+        "QLG: nic-removed eth1"
+    );
+    // Of `blue`'s binding only the pod link is left, as Multus made it.
+    let blue_links: Vec<(String, String, String)> = pod_links(&net.pod)
+        .into_iter()
+        .filter(|(n, _, _)| n.contains("16477688c0e"))
+        .collect();
+    assert_eq!(
+        blue_links,
+        vec![(
+            BLUE_POD_IFACE.to_string(),
+            BLUE_POD_MAC.to_string(),
+            String::new()
+        )]
     );
 }

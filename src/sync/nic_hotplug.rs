@@ -226,6 +226,52 @@ impl NicState {
         }
     }
 
+    /// Sets up, before QEMU starts, the binding of every secondary interface Multus already
+    /// attached: the domain boots with them (QEMU opens their taps by name) and they are
+    /// unplugged by diff like hot-plugged ones. Returns `(name, guest MAC, facts)` per interface.
+    pub async fn setup_at_boot(
+        &mut self,
+        secondary: &[SecondaryIface],
+        resolv_conf: &Path,
+    ) -> Result<Vec<(String, String, IfaceFacts)>, SyncError> {
+        let mut out = Vec::new();
+        for s in secondary.iter().filter(|s| s.ready) {
+            let boot = async {
+                let plan = plan_binding(&s.cfg, resolv_conf).await?;
+                let applied = net::apply(&plan).await.map_err(SyncError::Net)?;
+                let (dhcp_stop, dhcp_rx) = watch::channel(false);
+                serve_dhcp(&plan, dhcp_rx)?;
+                Ok::<_, SyncError>((plan, applied, dhcp_stop))
+            };
+            let (plan, applied, dhcp_stop) = boot.await.map_err(|e| in_iface(&s.name, e))?;
+            let mac = super::vmi_sync::format_mac(plan.guest_mac);
+            let facts = IfaceFacts {
+                mac: Some(mac.clone()),
+                mtu: Some(plan.mtu),
+                tap: TapSource::Ifname(plan.tap.clone()),
+            };
+            let id = crate::cmdline::names::alias(&s.name);
+            info!(interface = %s.name, tap = %plan.tap, "secondary network ready");
+            self.plugged.insert(
+                s.name.clone(),
+                PluggedNic {
+                    netdev_id: format!("host{id}"),
+                    device_id: id,
+                    net: plan,
+                    applied,
+                    dhcp_stop,
+                },
+            );
+            out.push((s.name.clone(), mac, facts));
+        }
+        Ok(out)
+    }
+
+    /// Takes over the link states of the domain started from `plan`.
+    pub fn started(&mut self, plan: &DomainPlan) {
+        self.link_up = NicState::at_boot(plan).link_up;
+    }
+
     /// For each ready secondary interface not yet plugged: reads its pod interface and plans its
     /// binding (nothing is changed yet) and gives the converter its facts (MAC, MTU, a tap passed
     /// by fd). Errors: the pod interface is missing or unusable.

@@ -375,9 +375,25 @@ impl SyncVmi {
             );
         }
 
+        let secondary = nic_hotplug::secondary_ifaces(vmi, self.config.runtime_uid)?;
+        let mut nics = NicState::default();
+        for (iface, mac, facts) in nics
+            .setup_at_boot(&secondary, &self.config.resolv_conf)
+            .await?
+        {
+            domain.spec.devices.interfaces.push(DomainIface {
+                interface_type: "ethernet".into(),
+                mac: Some(Mac { mac }),
+                alias: Some(Alias::user_defined(&iface)),
+            });
+            ctx.interfaces.insert(iface, facts);
+        }
+
         let t_network = t0.elapsed();
         add_hotplug_facts(vmi, &mut ctx)?;
-        let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        let plan = convert(&nic_hotplug::convert_view(vmi, &secondary), &ctx)
+            .map_err(SyncError::Convert)?;
+        nics.started(&plan);
         let qmp_plan = render::qmp_plan(&plan);
         let disks = qmp_plan
             .disks
@@ -486,7 +502,7 @@ impl SyncVmi {
         Ok(Running {
             spec,
             ctx,
-            nics: NicState::at_boot(&plan),
+            nics,
             memory: resources::MemoryState::at_boot(&plan),
             cdroms: media::cdroms(&plan),
             disks,
