@@ -8,8 +8,10 @@
 //! DHCP server once, converts the VMI ([`crate::cmdline::convert`]), and starts QEMU with `-S`.
 //! Later syncs of the same VMI change nothing; a changed VMI has its hot-pluggable disks attached
 //! and detached by diff against the running domain (QMP `blockdev-add`/`device_add`,
-//! `device_del`/`blockdev-del`), and NICs on Multus networks plugged, unplugged and their links
-//! set ([`crate::sync::nic_hotplug`]); other changes are not applied by SyncVMI.
+//! `device_del`/`blockdev-del`), cdrom media ejected and inserted ([`crate::sync::media`]), and
+//! NICs on Multus networks plugged, unplugged and their links set ([`crate::sync::nic_hotplug`]);
+//! other changes are not applied by SyncVMI. vCPUs and memory change through their own RPCs
+//! ([`crate::sync::resources`]).
 //!
 //! QEMU start path: QEMU is started with [`crate::monitor::qemu::spawn_detached`] (double fork plus
 //! `setsid`), so that it becomes a child of PID 1 of the compute container (the monitor, a child
@@ -955,8 +957,12 @@ fn net_configs(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<(String, NetConfig)>, 
         let Some(network) = vmi.network(&iface.name) else {
             continue;
         };
+        if network.multus.is_some() {
+            // Secondary networks: `nic_hotplug`.
+            continue;
+        }
         if network.pod.is_none() {
-            warn!(interface = %iface.name, "only pod networks are set up; interface skipped");
+            warn!(interface = %iface.name, "only pod and Multus networks are set up; interface skipped");
             continue;
         }
         let binding = if iface.masquerade.is_some() {
