@@ -4,8 +4,15 @@
 //! `launcher-sock`. One guest boot serves every assertion: DHCP lease with the pod's DNS and search
 //! list, the cloud-init user-data, the guest's HTTP reply fetched from the node through the pod IP
 //! (masquerade DNAT of the listed port 80), 20 concurrent identical syncs that change nothing, QEMU
-//! a child of the monitor, a hotplug disk attached and detached by diff, pause and unpause, SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and
-//! the domain notifications in order ending with KubeVirt's final delete notification.
+//! a child of the monitor, a hotplug disk and a bridge NIC on a Multus network attached and
+//! detached by diff (the guest reports both; the pod's links are restored), the NIC's link taken
+//! down and up, a missing Multus pod link refused, a cdrom medium ejected and inserted, a vCPU
+//! hot-plugged (the guest brings it online), virtio-mem plugged and resized, pause and unpause,
+//! SIGTERM to the monitor leading to `QLG: poweroff` and a clean exit, and the domain
+//! notifications in order ending with KubeVirt's final delete notification.
+//!
+//! A second test boots a VMI whose Multus interface is attached from the start (tap opened by
+//! QEMU by name) and unplugs it by diff.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -113,6 +120,31 @@ impl PodNet {
         ]);
         pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
         pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
+        // What Multus attaches for the secondary network `blue` (KubeVirt's hashed pod interface
+        // name), an L2 link without addresses.
+        node.ip(&[
+            "link",
+            "add",
+            "vblue",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            BLUE_POD_IFACE,
+            "netns",
+            &pod.name,
+        ]);
+        node.ip(&["link", "set", "vblue", "mtu", "1400", "up"]);
+        pod.ip(&[
+            "link",
+            "set",
+            BLUE_POD_IFACE,
+            "address",
+            BLUE_POD_MAC,
+            "mtu",
+            "1400",
+            "up",
+        ]);
         std::fs::create_dir_all(pod.etc()).unwrap();
         std::fs::write(
             pod.etc().join("resolv.conf"),
@@ -210,6 +242,42 @@ fn start_notify_server(path: &Path) -> (Received, tokio::sync::oneshot::Sender<(
     (received, stop)
 }
 
+/// The pod interface of the Multus network `blue`: `pod` + sha256("blue")[..11].
+const BLUE_POD_IFACE: &str = "pod16477688c0e";
+/// Its MAC, which the hot-plugged guest NIC takes (bridge binding, no MAC in the spec).
+const BLUE_POD_MAC: &str = "0a:58:0a:f4:01:07";
+
+/// `(name, mac, master)` of the pod's links, sorted.
+fn pod_links(ns: &Netns) -> Vec<(String, String, String)> {
+    let out = ns.ip(&["-j", "link", "show"]);
+    let links: Vec<serde_json::Value> = serde_json::from_str(&out).unwrap();
+    let mut v: Vec<(String, String, String)> = links
+        .iter()
+        .map(|l| {
+            let s = |k: &str| l[k].as_str().unwrap_or_default().to_string();
+            (s("ifname"), s("address"), s("master"))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+/// Runs `command` in the guest's shell on the serial console; returns its output.
+async fn guest_shell(socket: &Path, command: &str) -> String {
+    let socket = socket.to_path_buf();
+    let command = command.to_string();
+    tokio::task::spawn_blocking(move || {
+        let mut console = guest::Console::connect(&socket, Duration::from_secs(10)).unwrap();
+        // The prompt was printed before we connected: ask for a new one.
+        console.send(b"\n").unwrap();
+        let (status, out) = console.run(&command, Duration::from_secs(60)).unwrap();
+        assert_eq!(status, 0, "{command}: {out}");
+        out.trim().to_string()
+    })
+    .await
+    .unwrap()
+}
+
 const USER_DATA: &str = "#cloud-config\nhostname: demo\n";
 
 fn demo_vmi() -> serde_json::Value {
@@ -220,12 +288,14 @@ fn demo_vmi() -> serde_json::Value {
         "spec": {
             "terminationGracePeriodSeconds": 60,
             "domain": {
-                "resources": {"requests": {"memory": "256Mi"}},
+                // 1 GiB: the least KubeVirt allows memory hotplug for (maxGuest defaults to 4 GiB).
+                "resources": {"requests": {"memory": "1Gi"}},
                 "devices": {
                     "rng": {},
                     "disks": [
                         {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
+                        {"name": "cloudinit", "disk": {"bus": "virtio"}},
+                        {"name": "cd1", "cdrom": {"bus": "sata"}}
                     ],
                     "interfaces": [{
                         "name": "default",
@@ -237,10 +307,17 @@ fn demo_vmi() -> serde_json::Value {
             "networks": [{"name": "default", "pod": {}}],
             "volumes": [
                 {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {"userData": USER_DATA}}
+                {"name": "cloudinit", "cloudInitNoCloud": {"userData": USER_DATA}},
+                {"name": "cd1", "persistentVolumeClaim": {"claimName": "cd1", "hotpluggable": true}}
             ]
-        }
+        },
+        "status": {"volumeStatus": [cd1_status("Ready")]}
     })
+}
+
+/// The volume status of the cdrom's hotplug volume `cd1` in `phase`.
+fn cd1_status(phase: &str) -> serde_json::Value {
+    serde_json::json!({"name": "cd1", "target": "", "phase": phase, "hotplugVolume": {}})
 }
 
 /// Waits until the serial log holds a `QLG: ` line starting with `prefix`; returns it.
@@ -298,17 +375,27 @@ async fn futures_join_all<T>(handles: impl Iterator<Item = tokio::task::JoinHand
     out
 }
 
-/// The lifecycle events: MODIFIED events that only carry new guest-agent data (the test guest
-/// runs an agent, whose interfaces arrive at a time of their own) are left out.
-fn state_events(received: &Received) -> Vec<(String, (LifeCycle, StateChangeReason, bool))> {
-    let mut out: Vec<(String, (LifeCycle, StateChangeReason, bool))> = Vec::new();
+/// The notifications as `(event type, domain without guest-agent data)`, leaving out MODIFIED
+/// events that only carried new guest-agent data (the test guest runs an agent, whose interfaces
+/// arrive at a time of their own).
+fn domain_events(received: &Received) -> Vec<(String, Domain)> {
+    let mut out: Vec<(String, Domain)> = Vec::new();
     for (t, d) in received.lock().unwrap().iter() {
-        let e = (t.clone(), state_of(d));
-        if out.last() != Some(&e) {
-            out.push(e);
+        let d = without_agent_data(d);
+        if out.last().is_some_and(|(lt, ld)| lt == t && *ld == d) {
+            continue;
         }
+        out.push((t.clone(), d));
     }
     out
+}
+
+/// The lifecycle state of each of [`domain_events`].
+fn state_events(received: &Received) -> Vec<(String, (LifeCycle, StateChangeReason, bool))> {
+    domain_events(received)
+        .iter()
+        .map(|(t, d)| (t.clone(), state_of(d)))
+        .collect()
 }
 
 /// `d` without what the guest agent reports (it changes on its own schedule).
@@ -337,6 +424,13 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
 
+    // The cdrom's hotplug volume, mounted into the pod before the domain starts.
+    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
+    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    std::fs::File::create(hotplug_dir.join("cd1.img"))
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
     let child = Command::new("ip")
         .args(["netns", "exec", &net.pod.name])
         .arg(env!("CARGO_BIN_EXE_qlauncher"))
@@ -468,41 +562,220 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     assert_eq!(qemu_pids(), qemu_before);
     assert_eq!(state_events(&received).len(), events_before);
 
-    // Hotplug by diff: a hotpluggable volume appears (virt-handler mounted it), then goes away.
-    let hotplug_dir = root.path().join("var/run/kubevirt/hotplug-disks");
-    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    // Hotplug by diff: a hotpluggable volume appears (virt-handler mounted it) and a bridge
+    // interface on the Multus network `blue` (Multus attached it to the pod), then both go away.
     std::fs::File::create(hotplug_dir.join("hp1.img"))
         .unwrap()
         .set_len(16 << 20)
         .unwrap();
-    let mut with_disk = vmi.clone();
-    with_disk["spec"]["domain"]["devices"]["disks"]
+    let links_before = pod_links(&net.pod);
+    let mut with_devices = vmi.clone();
+    with_devices["spec"]["domain"]["devices"]["disks"]
         .as_array_mut()
         .unwrap()
         .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}}));
-    with_disk["spec"]["volumes"]
+    with_devices["spec"]["volumes"]
         .as_array_mut()
         .unwrap()
         .push(serde_json::json!(
             {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
         ));
-    with_disk["status"] = serde_json::json!({"volumeStatus": [
-        {"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}
-    ]});
-    assert_eq!(sync(client.clone(), with_disk).await, (true, String::new()));
+    with_devices["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "bridge": {}}));
+    with_devices["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    with_devices["status"] = serde_json::json!({
+        "volumeStatus": [
+            cd1_status("Ready"),
+            {"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}
+        ],
+        "interfaces": [{"name": "blue", "podInterfaceName": BLUE_POD_IFACE,
+                        "infoSource": "multus-status"}]
+    });
+    assert_eq!(
+        sync(client.clone(), with_devices.clone()).await,
+        (true, String::new())
+    );
     assert_eq!(
         wait_marker(&serial_log, "QLG: disk-added", Duration::from_secs(60)).await,
         "QLG: disk-added vdc size=16777216"
     );
     assert_eq!(
-        sync(client.clone(), vmi.clone()).await,
+        wait_marker(&serial_log, "QLG: nic-added", Duration::from_secs(60)).await,
+        format!("QLG: nic-added eth1 mac={BLUE_POD_MAC}")
+    );
+    // The bridge binding of `blue` in the pod: the pod link renamed and enslaved, a stand-in
+    // with the pod MAC, the tap on the bridge.
+    let bridge = "k6t-16477688c0e";
+    let blue_links: Vec<(String, String)> = pod_links(&net.pod)
+        .into_iter()
+        .filter(|(n, _, _)| n.contains("16477688c0e"))
+        .map(|(n, _, m)| (n, m))
+        .collect();
+    assert_eq!(
+        blue_links,
+        vec![
+            ("16477688c0e-nic".to_string(), bridge.to_string()),
+            (bridge.to_string(), String::new()),
+            (BLUE_POD_IFACE.to_string(), String::new()),
+            ("tap16477688c0e".to_string(), bridge.to_string()),
+        ]
+    );
+    let with_nic = get_domain(client.clone()).await;
+    let ifaces: Vec<(String, Option<String>)> = with_nic
+        .spec
+        .devices
+        .interfaces
+        .iter()
+        .map(|i| {
+            (
+                i.alias.as_ref().unwrap().name.clone(),
+                i.mac.as_ref().map(|m| m.mac.clone()),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ifaces,
+        vec![
+            ("default".to_string(), Some("0a:58:0a:f4:00:05".to_string())),
+            ("blue".to_string(), Some(BLUE_POD_MAC.to_string())),
+        ]
+    );
+    // Link state by diff: `state: down` takes the guest's carrier away, `up` gives it back.
+    let serial_sock = serial_log.with_file_name("virt-serial0");
+    let carrier = "cat /sys/class/net/eth1/carrier";
+    let mut link_down = with_devices.clone();
+    link_down["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "down".into();
+    assert_eq!(sync(client.clone(), link_down).await, (true, String::new()));
+    assert_eq!(guest_shell(&serial_sock, carrier).await, "0");
+    assert_eq!(
+        sync(client.clone(), with_devices.clone()).await,
         (true, String::new())
     );
+    assert_eq!(guest_shell(&serial_sock, carrier).await, "1");
+
+    // Removal: the volume leaves the spec, the interface turns `absent` (KubeVirt's unplug).
+    let mut without = vmi.clone();
+    without["spec"]["domain"]["devices"]["interfaces"] =
+        with_devices["spec"]["domain"]["devices"]["interfaces"].clone();
+    without["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
+    without["spec"]["networks"] = with_devices["spec"]["networks"].clone();
+    without["status"] = serde_json::json!({
+        "volumeStatus": [cd1_status("Ready")],
+        "interfaces": with_devices["status"]["interfaces"]
+    });
+    assert_eq!(sync(client.clone(), without).await, (true, String::new()));
     assert_eq!(
         wait_marker(&serial_log, "QLG: disk-removed", Duration::from_secs(60)).await,
         "QLG: disk-removed vdc"
     );
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: nic-removed", Duration::from_secs(60)).await,
+        "QLG: nic-removed eth1"
+    );
+    // The pod link is back as Multus made it; nothing of the binding is left.
+    assert_eq!(pod_links(&net.pod), links_before);
+    assert_eq!(
+        get_domain(client.clone()).await.spec.devices.interfaces,
+        before.spec.devices.interfaces
+    );
     assert_eq!(qemu_pids(), qemu_before);
+
+    // A Multus interface whose pod link is missing: the sync fails naming it, nothing changes.
+    let mut red = vmi.clone();
+    red["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "red", "bridge": {}}));
+    red["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "red", "multus": {"networkName": "red-net"}}));
+    red["status"]["interfaces"] =
+        serde_json::json!([{"name": "red", "infoSource": "domain, multus-status"}]);
+    assert_eq!(
+        sync(client.clone(), red).await,
+        (
+            false,
+            "interface red: setting up the network: pod interface \"podb1f51a511f1\" not found"
+                .to_string()
+        )
+    );
+    assert_eq!(pod_links(&net.pod), links_before);
+
+    // cdrom media by diff: the hotplug volume of the sata cdrom `cd1` stops being ready (ejected),
+    // then is ready again (inserted). The test guest has no AHCI driver, so QEMU's acceptance of
+    // the tray and medium commands is what is checked.
+    let mut detaching = vmi.clone();
+    detaching["status"]["volumeStatus"] = serde_json::json!([cd1_status("Detaching")]);
+    assert_eq!(sync(client.clone(), detaching).await, (true, String::new()));
+    assert_eq!(
+        sync(client.clone(), vmi.clone()).await,
+        (true, String::new())
+    );
+
+    // vCPU hotplug (SyncVirtualMachineCPUs): 1 socket at boot, maxSockets 4 by default; two
+    // sockets asked for, the guest sees a second CPU it can bring online.
+    let cpus = "cat /sys/devices/system/cpu/present";
+    assert_eq!(guest_shell(&serial_sock, cpus).await, "0");
+    let mut two_cpus = vmi.clone();
+    two_cpus["spec"]["domain"]["cpu"] = serde_json::json!({"sockets": 2});
+    let answer = client
+        .clone()
+        .sync_virtual_machine_cp_us(cmd::VmiRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(&two_cpus).unwrap(),
+            }),
+            options: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.success, answer.message), (true, String::new()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while guest_shell(&serial_sock, cpus).await != "0-1" {
+        assert!(
+            Instant::now() < deadline,
+            "the guest did not see the new vCPU"
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        guest_shell(
+            &serial_sock,
+            "echo 1 > /sys/devices/system/cpu/cpu1/online; cat /sys/devices/system/cpu/online"
+        )
+        .await,
+        "0-1"
+    );
+
+    // Memory hotplug (SyncVirtualMachineMemory): QEMU takes the virtio-mem device plugged with
+    // 1 GiB requested above the boot memory, then its resize to 2 GiB (the test guest has no
+    // virtio-mem driver, so only QEMU's acceptance is checked).
+    for guest_memory in ["2Gi", "3Gi"] {
+        let mut more_memory = vmi.clone();
+        more_memory["spec"]["domain"]["memory"] = serde_json::json!({"guest": guest_memory});
+        let answer = client
+            .clone()
+            .sync_virtual_machine_memory(cmd::VmiRequest {
+                vmi: Some(cmd::Vmi {
+                    vmi_json: serde_json::to_vec(&more_memory).unwrap(),
+                }),
+                options: None,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(
+            (answer.success, answer.message),
+            (true, String::new()),
+            "{guest_memory}"
+        );
+    }
 
     // Pause and unpause on user request.
     let vmi_request = || cmd::VmiRequest {
@@ -565,6 +838,9 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         vec![
             ("ADDED".to_string(), (L::Paused, R::StartingUp, false)),
             m(L::Running, R::Unknown, false),
+            // NIC plugged, NIC unplugged.
+            m(L::Running, R::Unknown, false),
+            m(L::Running, R::Unknown, false),
             m(L::Paused, R::User, false),
             m(L::Running, R::Unknown, false),
             m(L::ShuttingDown, R::User, false),
@@ -572,7 +848,18 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
             m(L::NoState, R::NonExistent, true),
         ]
     );
-    let last = &received.lock().unwrap().last().unwrap().1.clone();
+    let received = domain_events(&received);
+    let plugged = &received[2].1;
+    assert_eq!(
+        plugged.spec.devices.interfaces,
+        with_nic.spec.devices.interfaces
+    );
+    let unplugged = &received[3].1;
+    assert_eq!(
+        unplugged.spec.devices.interfaces,
+        before.spec.devices.interfaces
+    );
+    let last = &received[8].1;
     assert_eq!(last.spec.name, "default_demo");
     assert_eq!(
         last.spec
@@ -582,5 +869,114 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
             .as_ref()
             .and_then(|g| g.marked_for_graceful_shutdown),
         Some(true)
+    );
+}
+
+/// A VMI that boots with a bridge interface on the Multus network `blue` (already attached to the
+/// pod): the guest sees it at boot with the pod link's MAC; turning it `absent` unplugs it and
+/// gives the pod link back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
+    let images = GuestImages::locate();
+    let net = PodNet::new();
+    let root = tempfile::tempdir().unwrap();
+    let share = root.path().join("var/run/kubevirt");
+    std::fs::create_dir_all(share.join("hotplug-disks")).unwrap();
+    std::fs::File::create(share.join("hotplug-disks/cd1.img"))
+        .unwrap()
+        .set_len(2 << 20)
+        .unwrap();
+    let (_received, _stop_notify) = start_notify_server(&share.join("domain-notify-pipe.sock"));
+    let mut vmi = demo_vmi();
+    vmi["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "bridge": {}}));
+    vmi["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    vmi["status"]["interfaces"] =
+        serde_json::json!([{"name": "blue", "infoSource": "domain, multus-status"}]);
+    let vmi_file = root.path().join("demo.json");
+    std::fs::write(&vmi_file, serde_json::to_vec(&vmi).unwrap()).unwrap();
+    let child = Command::new("ip")
+        .args(["netns", "exec", &net.pod.name])
+        .arg(env!("CARGO_BIN_EXE_qlauncher"))
+        .arg("run")
+        .arg(&vmi_file)
+        .arg("--root")
+        .arg(root.path())
+        .args(["--emulation", "on", "--container-disk"])
+        .arg(format!("rootdisk={}", images.disk_qcow2.display()))
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(root.path().join("run.log")).unwrap())
+        .spawn()
+        .unwrap();
+    let _guard = RunGuard(Some(child));
+    let private = root.path().join("var/run/kubevirt-private");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let serial_log = loop {
+        let found = std::fs::read_dir(&private).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("virt-serial0-log"))
+                .find(|p| p.exists())
+        });
+        if let Some(p) = found {
+            break p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serial log; run.log:\n{}",
+            std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let boot = Duration::from_secs(240);
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: nic eth1", boot).await,
+        format!("QLG: nic eth1 mac={BLUE_POD_MAC}")
+    );
+    wait_marker(&serial_log, "QLG: http ready", boot).await;
+    let channel = uds::connect(&share.join("sockets/launcher-sock"), Duration::from_secs(5))
+        .await
+        .unwrap();
+    let mut client = CmdClient::new(channel);
+    let domain = client
+        .get_domain(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let domain: Domain = serde_json::from_str(&domain.domain).unwrap();
+    vmi["metadata"]["uid"] = domain.object_meta.uid.clone().into();
+    vmi["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
+    let answer = client
+        .sync_virtual_machine(cmd::VmiRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(&vmi).unwrap(),
+            }),
+            options: None,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!((answer.success, answer.message), (true, String::new()));
+    assert_eq!(
+        wait_marker(&serial_log, "QLG: nic-removed", Duration::from_secs(60)).await,
+        "QLG: nic-removed eth1"
+    );
+    // Of `blue`'s binding only the pod link is left, as Multus made it.
+    let blue_links: Vec<(String, String, String)> = pod_links(&net.pod)
+        .into_iter()
+        .filter(|(n, _, _)| n.contains("16477688c0e"))
+        .collect();
+    assert_eq!(
+        blue_links,
+        vec![(
+            BLUE_POD_IFACE.to_string(),
+            BLUE_POD_MAC.to_string(),
+            String::new()
+        )]
     );
 }

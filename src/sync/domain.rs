@@ -204,7 +204,8 @@ pub struct Mac {
 /// `api.Alias` as its custom JSON form: `{"Name": "...", "UserDefined": bool}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Alias {
-    /// Alias name without QEMU's prefix, e.g. `ua-default` or `ua-disk0`.
+    /// Alias name; for user-defined aliases without the `ua-` prefix the XML (and QEMU's device
+    /// id) carries: `default` for `ua-default` (KubeVirt `api/schema.go` `Alias.MarshalJSON`).
     #[serde(rename = "Name", default)]
     pub name: String,
     /// True for the `ua-` aliases derived from the VMI.
@@ -213,10 +214,11 @@ pub struct Alias {
 }
 
 impl Alias {
-    /// The user alias KubeVirt gives a VMI device: `ua-<name>` (`api.UserAliasPrefix`).
+    /// The user alias KubeVirt gives a VMI device (`api.NewUserDefinedAlias`): `ua-<name>` as a
+    /// QEMU id, `{"Name": "<name>", "UserDefined": true}` in JSON.
     pub fn user_defined(name: &str) -> Alias {
         Alias {
-            name: format!("ua-{name}"),
+            name: name.to_string(),
             user_defined: true,
         }
     }
@@ -493,7 +495,7 @@ mod tests {
                 "UUID": "5e8f1b6c-6f3a-4c1e-9d0b-2f1f6f0e8a11",
                 "Devices": {
                     "Interfaces": [{"Type": "ethernet", "MAC": {"MAC": "02:00:00:00:00:01"},
-                                    "Alias": {"Name": "ua-default", "UserDefined": true}}],
+                                    "Alias": {"Name": "default", "UserDefined": true}}],
                     "Disks": []
                 },
                 "Metadata": {"KubeVirt": {"UID": "1234-uid"}}

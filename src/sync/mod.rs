@@ -6,7 +6,9 @@
 //!
 //! The wire layer lives in [`proto`] (generated from `proto/`), [`server`] (the command server
 //! dispatching to a [`server::DomainManager`]), [`notify`] (the notify client) and [`domain`] (the
-//! `api.Domain` JSON both carry).
+//! `api.Domain` JSON both carry). [`nic_hotplug`] applies the NIC part of a sync's diff;
+//! [`media`] its cdrom media changes; [`resources`] the vCPU and memory hotplug of
+//! SyncVirtualMachineCPUs/Memory.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -14,9 +16,12 @@ use std::time::Duration;
 pub mod agent;
 pub mod domain;
 pub mod info;
+pub mod media;
+pub mod nic_hotplug;
 pub mod notify;
 pub mod privileges;
 pub mod proto;
+pub mod resources;
 pub mod server;
 pub mod stats;
 pub mod uds;
@@ -165,6 +170,15 @@ pub enum SyncError {
     /// A QMP command failed.
     #[error("QMP")]
     Qmp(#[source] crate::qmp::QmpError),
+    /// Preparing, plugging or unplugging one VMI interface failed.
+    #[error("interface {interface}")]
+    Interface {
+        /// The interface name (`spec.domain.devices.interfaces[].name`).
+        interface: String,
+        /// The cause.
+        #[source]
+        source: Box<SyncError>,
+    },
     /// The operation needs a running domain and there is none.
     #[error("no domain is running")]
     NoDomain,

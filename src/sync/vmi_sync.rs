@@ -8,7 +8,10 @@
 //! DHCP server once, converts the VMI ([`crate::cmdline::convert`]), and starts QEMU with `-S`.
 //! Later syncs of the same VMI change nothing; a changed VMI has its hot-pluggable disks attached
 //! and detached by diff against the running domain (QMP `blockdev-add`/`device_add`,
-//! `device_del`/`blockdev-del`); other changes (NICs, CPUs, memory) are not applied yet.
+//! `device_del`/`blockdev-del`), cdrom media ejected and inserted ([`crate::sync::media`]), and
+//! NICs on Multus networks plugged, unplugged and their links set ([`crate::sync::nic_hotplug`]);
+//! other changes are not applied by SyncVMI. vCPUs and memory change through their own RPCs
+//! ([`crate::sync::resources`]).
 //!
 //! QEMU start path: QEMU is started with [`crate::monitor::qemu::spawn_detached`] (double fork plus
 //! `setsid`), so that it becomes a child of PID 1 of the compute container (the monitor, a child
@@ -49,8 +52,11 @@ use crate::storage::{
 use crate::sync::domain::{
     Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
+use crate::sync::media;
+use crate::sync::nic_hotplug::{self, NicChanges, NicState};
 use crate::sync::notify::Notifier;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
+use crate::sync::resources;
 use crate::sync::server::{DomainManager, ExecOutput};
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
@@ -138,6 +144,12 @@ struct Running {
     ctx: ConverterContext,
     /// The hot-pluggable disks present, by device id.
     disks: BTreeMap<String, render::DiskHotplug>,
+    /// NICs plugged by diff and link states.
+    nics: NicState,
+    /// The media of the cdrom drives (not hot-pluggable), by device id, bottom node first.
+    cdroms: BTreeMap<String, Vec<serde_json::Value>>,
+    /// Boot memory, maxGuest and the virtio-mem request.
+    memory: resources::MemoryState,
     /// The next free `libvirt-<N>-` block node index (libvirt numbers nodes per domain, never
     /// reusing one; the converter numbers them per plan, so hotplugged disks are renumbered).
     next_node: u32,
@@ -329,8 +341,8 @@ impl SyncVmi {
             return Err(SyncError::InvalidVmi(text.join("; ")));
         }
         let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
-        let spec =
-            serde_json::to_value((&vmi.spec, volume_status)).map_err(SyncError::EncodeDomain)?;
+        let spec = serde_json::to_value((&vmi.spec, volume_status, nic_hotplug::status_key(&vmi)))
+            .map_err(SyncError::EncodeDomain)?;
         let mut running = self.running.lock().await;
         if let Some(r) = running.as_mut() {
             if r.spec == spec {
@@ -406,16 +418,32 @@ impl SyncVmi {
             );
         }
 
+        let secondary = nic_hotplug::secondary_ifaces(vmi, self.config.runtime_uid)?;
+        let mut nics = NicState::default();
+        for (iface, mac, facts) in nics
+            .setup_at_boot(&secondary, &self.config.resolv_conf)
+            .await?
+        {
+            domain.spec.devices.interfaces.push(DomainIface {
+                interface_type: "ethernet".into(),
+                mac: Some(Mac { mac }),
+                alias: Some(Alias::user_defined(&iface)),
+            });
+            ctx.interfaces.insert(iface, facts);
+        }
+
         let t_network = t0.elapsed();
         add_hotplug_facts(vmi, &mut ctx)?;
         add_hardware_facts(vmi, &mut ctx);
-        let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
+        let plan = convert(&nic_hotplug::convert_view(vmi, &secondary), &ctx)
+            .map_err(SyncError::Convert)?;
         // Refuse before QEMU starts when host hardware the VMI asks for is not here.
         if let Some(m) = plan.missing_hardware().into_iter().next() {
             return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
                 m.path, m.reason,
             )));
         }
+        nics.started(&plan);
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         let disks = qmp_plan
@@ -460,12 +488,17 @@ impl SyncVmi {
         }
         // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
         if let Some(found) = recover::find(&qmp, &plan.uuid).await {
+            // What the plan says the adopted QEMU was started with; devices hot-plugged into it
+            // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
             let running = Running {
                 spec,
                 ctx,
                 disks,
                 next_node,
                 _dhcp_stop: dhcp_stop,
+                nics,
+                memory: resources::MemoryState::at_boot(&plan),
+                cdroms: media::cdroms(&plan),
             };
             let running = self.adopt(found, vmi, domain, running).await?;
             self.start_agent_poll();
@@ -556,6 +589,9 @@ impl SyncVmi {
         Ok(Running {
             spec,
             ctx,
+            nics,
+            memory: resources::MemoryState::at_boot(&plan),
+            cdroms: media::cdroms(&plan),
             disks,
             next_node,
             _dhcp_stop: dhcp_stop,
@@ -564,16 +600,25 @@ impl SyncVmi {
 
     /// Applies the difference between the running domain and `vmi`: hot-pluggable disks that
     /// appeared are attached, those that disappeared detached (KubeVirt's `hotPlugHostDevices` /
-    /// `syncDisks` in `manager.go`). Other changes are logged and left for a restart.
+    /// `syncDisks` in `manager.go`); then NICs on Multus networks are plugged and unplugged and
+    /// link states set ([`nic_hotplug`], KubeVirt's `network.Sync`). Other changes are logged
+    /// and left for a restart.
     async fn hotplug(&self, running: &mut Running, vmi: &Vmi) -> Result<(), SyncError> {
         let client = self.client()?;
         let mut ctx = running.ctx.clone();
         add_hotplug_facts(vmi, &mut ctx)?;
-        let plan = convert(vmi, &ctx).map_err(SyncError::Convert)?;
-        let wanted: BTreeMap<String, render::DiskHotplug> = render::qmp_plan(&plan)
+        let secondary = nic_hotplug::secondary_ifaces(vmi, self.config.runtime_uid)?;
+        running
+            .nics
+            .prepare(&secondary, &mut ctx, &self.config.resolv_conf)
+            .await?;
+        let plan = convert(&nic_hotplug::convert_view(vmi, &secondary), &ctx)
+            .map_err(SyncError::Convert)?;
+        let qmp_plan = render::qmp_plan(&plan);
+        let wanted: BTreeMap<String, render::DiskHotplug> = qmp_plan
             .disks
-            .into_iter()
-            .map(|d| (d.id.clone(), d))
+            .iter()
+            .map(|d| (d.id.clone(), d.clone()))
             .collect();
         let gone: Vec<String> = running
             .disks
@@ -628,8 +673,104 @@ impl SyncVmi {
             info!(device = %id, "disk attached");
             running.disks.insert(id, d);
         }
+        self.change_media(running, &plan).await?;
+        let nics = running
+            .nics
+            .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
+            .await;
         running.ctx = ctx;
+        self.publish_nic_changes(&nics?);
         Ok(())
+    }
+
+    /// The converter's plan of `vmi` (defaults applied, validated) against the running domain's
+    /// facts: the vCPU and memory sizes a CPU or memory sync aims at.
+    fn resource_plan(
+        &self,
+        running: &Running,
+        mut vmi: Vmi,
+    ) -> Result<crate::cmdline::DomainPlan, SyncError> {
+        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
+        vmi.apply_defaults(&cfg);
+        if let Err(errors) = vmi.validate() {
+            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            return Err(SyncError::InvalidVmi(text.join("; ")));
+        }
+        let mut ctx = running.ctx.clone();
+        add_hotplug_facts(&vmi, &mut ctx)?;
+        let secondary = nic_hotplug::secondary_ifaces(&vmi, self.config.runtime_uid)?;
+        let pending: Vec<nic_hotplug::SecondaryIface> = secondary
+            .into_iter()
+            .filter(|s| !ctx.interfaces.contains_key(&s.name))
+            .map(|s| nic_hotplug::SecondaryIface { ready: false, ..s })
+            .collect();
+        convert(&nic_hotplug::convert_view(&vmi, &pending), &ctx).map_err(SyncError::Convert)
+    }
+
+    /// Inserts, changes or ejects the media of the domain's cdrom drives as `plan` has them
+    /// ([`media`]). A drive the new plan lacks (its hotplug volume went away) is ejected.
+    async fn change_media(
+        &self,
+        running: &mut Running,
+        plan: &crate::cmdline::DomainPlan,
+    ) -> Result<(), SyncError> {
+        let client = self.client()?;
+        let mut wanted = media::cdroms(plan);
+        for (id, current) in running.cdroms.iter_mut() {
+            let new = wanted.remove(id).unwrap_or_default();
+            if media::same_medium(current, &new) {
+                continue;
+            }
+            let carrier = render::DiskHotplug {
+                name: String::new(),
+                id: id.clone(),
+                target: None,
+                blockdevs: new,
+                device: serde_json::Value::Null,
+                device_del: serde_json::Value::Null,
+                blockdev_del: vec![],
+            };
+            let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+            let change = crate::qmp::hotplug::CdromChange {
+                device_id: id.clone(),
+                old_node_names: media::node_names_top_first(current),
+                new_blockdevs: new.clone(),
+            };
+            crate::qmp::hotplug::change_cdrom(&client, &change)
+                .await
+                .map_err(SyncError::Qmp)?;
+            info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
+            *current = new;
+        }
+        Ok(())
+    }
+
+    /// Records plugged and unplugged NICs in the domain's interfaces and notifies MODIFIED, as
+    /// libvirt's device-added/removed events make KubeVirt do.
+    fn publish_nic_changes(&self, changes: &NicChanges) {
+        if changes.added.is_empty() && changes.removed.is_empty() {
+            return;
+        }
+        {
+            let mut domain = self.shared.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            let ifaces = &mut d.spec.devices.interfaces;
+            ifaces.retain(|i| {
+                !changes
+                    .removed
+                    .iter()
+                    .any(|n| i.alias.as_ref() == Some(&Alias::user_defined(n)))
+            });
+            for (name, mac) in &changes.added {
+                ifaces.push(DomainIface {
+                    interface_type: "ethernet".into(),
+                    mac: Some(Mac { mac: mac.clone() }),
+                    alias: Some(Alias::user_defined(name)),
+                });
+            }
+        }
+        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.shared.publish(status, DomainEventType::Modified);
     }
 
     async fn setup_network(
@@ -643,34 +784,10 @@ impl SyncVmi {
         let facts = facts.map_err(SyncError::Net)?;
         let plan = net::plan(cfg, &facts).map_err(SyncError::Net)?;
         net::apply(&plan).await.map_err(SyncError::Net)?;
-        if let Some(v4) = plan.dhcp_v4.clone() {
-            let sock = net::dhcp::v4::bind(&v4.iface).map_err(SyncError::Net)?;
-            let server = Arc::new(net::dhcp::v4::DhcpV4Server::new(v4).map_err(SyncError::Net)?);
-            let stats = Arc::new(net::dhcp::DhcpStats::default());
-            tokio::spawn(net::dhcp::v4::serve(
-                sock,
-                server,
-                stats,
-                stopped(stop.clone()),
-            ));
-        }
-        if let Some(v6) = plan.dhcp_v6.clone() {
-            let sock = net::dhcp::v6::bind(&v6.iface).map_err(SyncError::Net)?;
-            let stats = Arc::new(net::dhcp::DhcpStats::default());
-            tokio::spawn(net::dhcp::v6::serve(
-                sock,
-                Arc::new(v6),
-                stats,
-                stopped(stop.clone()),
-            ));
-        }
+        nic_hotplug::serve_dhcp(&plan, stop)?;
         info!(iface = %cfg.pod_iface, tap = %plan.tap, "pod network ready");
         Ok(plan)
     }
-}
-
-async fn stopped(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|s| *s).await;
 }
 
 /// Follows QMP events until QEMU is gone: state changes, `quit` after a shutdown (QEMU runs with
@@ -723,7 +840,7 @@ fn log_tail(log: &Path) -> String {
 }
 
 /// `aa:bb:cc:dd:ee:ff`.
-fn format_mac(mac: [u8; 6]) -> String {
+pub(crate) fn format_mac(mac: [u8; 6]) -> String {
     mac.iter()
         .map(|b| format!("{b:02x}"))
         .collect::<Vec<_>>()
@@ -956,8 +1073,12 @@ fn net_configs(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<(String, NetConfig)>, 
         let Some(network) = vmi.network(&iface.name) else {
             continue;
         };
+        if network.multus.is_some() {
+            // Secondary networks: `nic_hotplug`.
+            continue;
+        }
         if network.pod.is_none() {
-            warn!(interface = %iface.name, "only pod networks are set up; interface skipped");
+            warn!(interface = %iface.name, "only pod and Multus networks are set up; interface skipped");
             continue;
         }
         let binding = if iface.masquerade.is_some() {
@@ -1002,7 +1123,7 @@ fn net_configs(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<(String, NetConfig)>, 
     Ok(out)
 }
 
-fn parse_mac(s: &str) -> Option<[u8; 6]> {
+pub(crate) fn parse_mac(s: &str) -> Option<[u8; 6]> {
     let parts: Vec<&str> = s.split([':', '-']).collect();
     if parts.len() != 6 {
         return None;
@@ -1136,18 +1257,27 @@ impl DomainManager for SyncVmi {
 
     async fn sync_vcpus(
         &self,
-        _vmi: Vmi,
+        vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        Err(decode_failed("vCPU hotplug"))
+        let running = self.running.lock().await;
+        let r = running.as_ref().ok_or(SyncError::NoDomain)?;
+        let plan = self.resource_plan(r, vmi)?;
+        resources::set_vcpus(&self.client()?, plan.smp.cpus, HOTPLUG_TIMEOUT).await?;
+        Ok(())
     }
 
     async fn sync_memory(
         &self,
-        _vmi: Vmi,
+        vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        Err(decode_failed("memory hotplug"))
+        let mut running = self.running.lock().await;
+        let r = running.as_mut().ok_or(SyncError::NoDomain)?;
+        let plan = self.resource_plan(r, vmi)?;
+        r.memory =
+            resources::set_memory(&self.client()?, &r.memory, &plan, plan.memory.size).await?;
+        Ok(())
     }
 
     async fn get_domain(&self) -> Result<Option<Domain>, SyncError> {
