@@ -13,6 +13,9 @@
 //!   (`pkg/storage/types/pvc.go GetDiskCapacity`). The image file is first extended to that size.
 //!   Without capacity or overhead nothing is done, as in KubeVirt.
 //!
+//! At start, [`expand_offline`] extends a filesystem claim's image the same way before QEMU opens
+//! it (KubeVirt's `expandDiskImagesOffline`).
+//!
 //! Disks never shrink: a usable size below QEMU's is logged and left alone. Failures are logged,
 //! never returned, as KubeVirt logs a failed `BlockResize` and carries on with the sync.
 
@@ -251,6 +254,34 @@ pub async fn grow_disks(client: &QmpClient, vmi: &Vmi, plan: &DomainPlan) {
     }
 }
 
+/// Offline expansion at start (KubeVirt's `expandDiskImagesOffline`, `manager.go` preStartHook):
+/// the raw `image` of the filesystem claim `volume`, `size` bytes long, is extended to its usable
+/// size when that is larger (sparse, as `qemu-img resize --preallocation=off`). Returns the
+/// image's size afterwards; failures and missing claim facts are logged and leave it as it was.
+pub fn expand_offline(vmi: &Vmi, volume: &str, image: &Path, size: u64) -> u64 {
+    let Some(info) = pvc_info(vmi, volume) else {
+        return size;
+    };
+    match file_usable_size(info, image) {
+        Ok(usable) if usable > size => match extend_image(image, usable) {
+            Ok(()) => {
+                info!(
+                    volume,
+                    from = size,
+                    to = usable,
+                    "image expanded before start"
+                );
+                usable
+            }
+            Err(e) => {
+                warn!(volume, image = %image.display(), error = %e, "cannot expand the image");
+                size
+            }
+        },
+        _ => size,
+    }
+}
+
 /// The usable size of the image at `path` of a filesystem claim described by `info`.
 fn file_usable_size(info: &PersistentVolumeClaimInfo, path: &Path) -> Result<u64, String> {
     let capacity =
@@ -296,6 +327,40 @@ mod tests {
             usable_size(MIB, None, "x"),
             Err("filesystemOverhead \"x\" is not a number".into())
         );
+    }
+
+    #[test]
+    fn offline_expansion_grows_a_short_image_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let image = dir.path().join("disk.img");
+        std::fs::write(&image, []).unwrap();
+        extend_image(&image, 8 * MIB).unwrap();
+        let vmi = |capacity: &str| {
+            let json = json!({
+                "metadata": {"name": "v", "namespace": "default"},
+                "spec": {"domain": {"devices": {}}},
+                "status": {"volumeStatus": [{"name": "data", "target": "",
+                    "persistentVolumeClaimInfo": {"capacity": {"storage": capacity},
+                        "requests": {"storage": capacity}, "filesystemOverhead": "0.055"}}]},
+            });
+            Vmi::from_json_or_yaml(&json.to_string()).unwrap()
+        };
+        // 16 MiB × 0.945 = 15.12 MiB → 15 MiB.
+        assert_eq!(
+            expand_offline(&vmi("16Mi"), "data", &image, 8 * MIB),
+            15 * MIB
+        );
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 15 * MIB);
+        // Smaller claim, or another volume: untouched.
+        assert_eq!(
+            expand_offline(&vmi("8Mi"), "data", &image, 15 * MIB),
+            15 * MIB
+        );
+        assert_eq!(
+            expand_offline(&vmi("64Mi"), "other", &image, 15 * MIB),
+            15 * MIB
+        );
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 15 * MIB);
     }
 
     #[test]
