@@ -7,7 +7,7 @@
 //! The wire layer lives in [`proto`] (generated from `proto/`), [`server`] (the command server
 //! dispatching to a [`server::DomainManager`]), [`notify`] (the notify client) and [`domain`] (the
 //! `api.Domain` JSON both carry). [`nic_hotplug`] applies the NIC part of a sync's diff;
-//! [`media`] its cdrom media changes; [`resources`] the vCPU and memory hotplug of
+//! [`media`] its cdrom media changes; [`resize`] its growth of claim-backed disks; [`resources`] the vCPU and memory hotplug of
 //! SyncVirtualMachineCPUs/Memory.
 
 use std::path::PathBuf;
@@ -21,6 +21,7 @@ pub mod nic_hotplug;
 pub mod notify;
 pub mod privileges;
 pub mod proto;
+pub mod resize;
 pub mod resources;
 pub mod server;
 pub mod stats;

@@ -674,6 +674,7 @@ impl SyncVmi {
             running.disks.insert(id, d);
         }
         self.change_media(running, &plan).await?;
+        crate::sync::resize::grow_disks(&client, vmi, &plan).await;
         let nics = running
             .nics
             .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)

@@ -10,7 +10,8 @@
 //!   `<dev>/<vol>`; a filesystem claim is the file `<private>/vmi-disks/<vol>/disk.img`, created
 //!   with the claim's capacity (`status.volumeStatus[].persistentVolumeClaimInfo.capacity.storage`)
 //!   when missing, as KubeVirt turns filesystem PVCs into `DiskOrCreate` hostDisks
-//!   (`hostdisk.ReplacePVCByHostDisk`).
+//!   (`hostdisk.ReplacePVCByHostDisk`); an existing image shorter than the claim's usable size is
+//!   extended first ([`crate::sync::resize::expand_offline`]).
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -98,6 +99,7 @@ pub fn prepare(
                 .1
         }
     };
+    let size = crate::sync::resize::expand_offline(vmi, &vol.name, &image, size);
     info!(volume = %vol.name, size, image = %image.display(), "filesystem PVC");
     Ok(Some(VolumeFacts {
         virtual_size: Some(size),
