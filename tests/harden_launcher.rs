@@ -20,6 +20,8 @@
 mod guest;
 #[path = "harden_support/launcher.rs"]
 mod launcher;
+#[path = "common/notify_server.rs"]
+mod notify_server;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};

@@ -18,22 +18,20 @@
 
 #[path = "common/guest.rs"]
 mod guest;
+#[path = "common/notify_server.rs"]
+mod notify_server;
+use notify_server::Received;
 
 use base64::Engine as _;
 use guest::GuestImages;
 use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::proto::notify::info as notify_info;
-use qlauncher::sync::proto::notify::v1 as notify;
 use qlauncher::sync::uds;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -176,70 +174,6 @@ impl Drop for RunGuard {
             let _ = c.wait();
         }
     }
-}
-
-/// What virt-handler's notify server received: (event type, domain).
-type Received = Arc<Mutex<Vec<(String, Domain)>>>;
-
-#[derive(Clone)]
-struct Handler(Received);
-
-#[tonic::async_trait]
-impl notify::notify_server::Notify for Handler {
-    async fn handle_domain_event(
-        &self,
-        request: Request<notify::DomainEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        let request = request.into_inner();
-        let domain: Domain = serde_json::from_slice(&request.domain_json)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.0.lock().unwrap().push((request.event_type, domain));
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-
-    async fn handle_k8s_event(
-        &self,
-        _request: Request<notify::K8sEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-}
-
-struct Info;
-
-#[tonic::async_trait]
-impl notify_info::notify_info_server::NotifyInfo for Info {
-    async fn info(
-        &self,
-        _request: Request<notify_info::NotifyInfoRequest>,
-    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
-        Ok(Response::new(notify_info::NotifyInfoResponse {
-            supported_notify_versions: vec![1],
-        }))
-    }
-}
-
-fn start_notify_server(path: &Path) -> (Received, tokio::sync::oneshot::Sender<()>) {
-    let received = Received::default();
-    let listener = tokio::net::UnixListener::bind(path).unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
-            .add_service(notify::notify_server::NotifyServer::new(Handler(
-                received.clone(),
-            )))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = stopped.await;
-            }),
-    );
-    (received, stop)
 }
 
 /// The pod interface of the Multus network `blue`: `pod` + sha256("blue")[..11].
@@ -420,7 +354,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let root = tempfile::tempdir().unwrap();
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
-    let (received, _stop_notify) = start_notify_server(&share.join("domain-notify-pipe.sock"));
+    let (received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
 
@@ -886,7 +820,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .unwrap()
         .set_len(2 << 20)
         .unwrap();
-    let (_received, _stop_notify) = start_notify_server(&share.join("domain-notify-pipe.sock"));
+    let (_received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
     let mut vmi = demo_vmi();
     vmi["spec"]["domain"]["devices"]["interfaces"]
         .as_array_mut()

@@ -10,87 +10,24 @@
 
 #[path = "common/guest.rs"]
 mod guest;
+#[path = "common/notify_server.rs"]
+mod notify_server;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::Domain;
 use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::proto::notify::info as notify_info;
-use qlauncher::sync::proto::notify::v1 as notify;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Channel;
-use tonic::{Request, Response, Status};
 
 /// The domains virt-handler's notify server received, with their event types.
-type Received = Arc<Mutex<Vec<(String, Domain)>>>;
-
-#[derive(Clone)]
-struct Handler(Received);
-
-#[tonic::async_trait]
-impl notify::notify_server::Notify for Handler {
-    async fn handle_domain_event(
-        &self,
-        request: Request<notify::DomainEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        let request = request.into_inner();
-        let domain: Domain = serde_json::from_slice(&request.domain_json)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.0.lock().unwrap().push((request.event_type, domain));
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-
-    async fn handle_k8s_event(
-        &self,
-        _request: Request<notify::K8sEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-}
-
-struct Info;
-
-#[tonic::async_trait]
-impl notify_info::notify_info_server::NotifyInfo for Info {
-    async fn info(
-        &self,
-        _request: Request<notify_info::NotifyInfoRequest>,
-    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
-        Ok(Response::new(notify_info::NotifyInfoResponse {
-            supported_notify_versions: vec![1],
-        }))
-    }
-}
-
-/// Serves virt-handler's notify API on `path` until the runtime ends.
-fn start_notify_server(path: &Path) -> Received {
-    let received = Received::default();
-    let listener = tokio::net::UnixListener::bind(path).unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
-            .add_service(notify::notify_server::NotifyServer::new(Handler(
-                received.clone(),
-            )))
-            .serve_with_incoming(UnixListenerStream::new(listener)),
-    );
-    received
-}
-
 fn ip(args: &[&str]) {
     let o = Command::new("ip").args(args).output().expect("run ip");
     assert!(
@@ -245,7 +182,7 @@ async fn scenario() {
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
     let notify_socket = share.join("domain-notify-pipe.sock");
-    let received = start_notify_server(&notify_socket);
+    let (received, _notify_stop) = notify_server::start(&notify_socket);
     let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
     let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
     let _kill = KillQemu(manager.clone());

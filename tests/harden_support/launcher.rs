@@ -11,17 +11,12 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::proto::notify::info as notify_info;
-use qlauncher::sync::proto::notify::v1 as notify;
 use qlauncher::sync::uds;
-use tokio_stream::wrappers::UnixListenerStream;
-use tonic::{Request, Response, Status};
 
 static COUNTER: AtomicU32 = AtomicU32::new(0);
 
@@ -121,52 +116,7 @@ impl PodNet {
     }
 }
 
-/// What the notify server received: (event type, domain).
-pub type Received = Arc<Mutex<Vec<(String, Domain)>>>;
-
-#[derive(Clone)]
-struct Handler(Received);
-
-#[tonic::async_trait]
-impl notify::notify_server::Notify for Handler {
-    async fn handle_domain_event(
-        &self,
-        request: Request<notify::DomainEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        let request = request.into_inner();
-        let domain: Domain = serde_json::from_slice(&request.domain_json)
-            .map_err(|e| Status::invalid_argument(e.to_string()))?;
-        self.0.lock().unwrap().push((request.event_type, domain));
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-
-    async fn handle_k8s_event(
-        &self,
-        _request: Request<notify::K8sEventRequest>,
-    ) -> Result<Response<notify::Response>, Status> {
-        Ok(Response::new(notify::Response {
-            success: true,
-            message: String::new(),
-        }))
-    }
-}
-
-struct Info;
-
-#[tonic::async_trait]
-impl notify_info::notify_info_server::NotifyInfo for Info {
-    async fn info(
-        &self,
-        _request: Request<notify_info::NotifyInfoRequest>,
-    ) -> Result<Response<notify_info::NotifyInfoResponse>, Status> {
-        Ok(Response::new(notify_info::NotifyInfoResponse {
-            supported_notify_versions: vec![1],
-        }))
-    }
-}
+pub use super::notify_server::Received;
 
 /// The test VMI: the guest disk as containerDisk, a NoCloud ISO, a masquerade interface. It
 /// carries `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once).
@@ -235,18 +185,9 @@ impl Pod {
         let disks = pod.share().join("container-disks");
         std::fs::create_dir_all(&disks).unwrap();
         std::os::unix::fs::symlink(guest_qcow2, disks.join("disk_0.img")).unwrap();
-        let listener =
-            tokio::net::UnixListener::bind(pod.share().join("domain-notify-pipe.sock")).unwrap();
-        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(notify_info::notify_info_server::NotifyInfoServer::new(Info))
-                .add_service(notify::notify_server::NotifyServer::new(Handler(
-                    pod.received.clone(),
-                )))
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                    let _ = stopped.await;
-                }),
+        let stop = super::notify_server::start_into(
+            &pod.share().join("domain-notify-pipe.sock"),
+            pod.received.clone(),
         );
         pod._notify_stop = stop;
         pod
