@@ -5,6 +5,7 @@
 //!
 //! - containerDisk: guest writes land in the overlay under `--root`, the base image is unchanged,
 //!   and a second run in the same `--root` finds them again (the overlay is reused).
+//!   The guest also reaches an HTTP server on the node through masquerade: the node sees the pod IP.
 //! - emptyDisk (`examples/empty-disk.yaml`): the guest sees a 1 GiB disk.
 //! - kernelBoot (`examples/kernel-boot.yaml`): the guest boots from the kernel and initrd given by
 //!   `--kernel-boot-dir`, with the VMI's kernel arguments and no disk.
@@ -54,6 +55,34 @@ fn expected_meta_data() -> String {
     format!(r#"{{"instance-id":"{uuid}","local-hostname":"demo"}}"#)
 }
 
+/// A one-shot HTTP server on the node at 10.244.0.1:`port` (a thread that entered the node's
+/// network namespace). Returns the address of the peer it served and what it read.
+fn node_http_server(
+    node: &str,
+    port: u16,
+) -> std::thread::JoinHandle<(std::net::SocketAddr, String)> {
+    let netns = std::fs::File::open(format!("/run/netns/{node}")).unwrap();
+    let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+    let handle = std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        nix::sched::setns(&netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let listener = std::net::TcpListener::bind(("10.244.0.1", port)).unwrap();
+        ready_tx.send(()).unwrap();
+        let (mut stream, peer) = listener.accept().unwrap();
+        stream
+            .set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut buf = [0u8; 1024];
+        let n = stream.read(&mut buf).unwrap_or(0);
+        stream
+            .write_all(b"HTTP/1.0 200 OK\r\nContent-Length: 7\r\n\r\nnode-ok")
+            .unwrap();
+        (peer, String::from_utf8_lossy(&buf[..n]).into_owned())
+    });
+    ready_rx.recv().unwrap();
+    handle
+}
+
 #[test]
 fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     let images = GuestImages::locate();
@@ -79,6 +108,19 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
         .unwrap();
     assert_eq!((rc, out), (0, String::new()));
     assert_eq!(meta_data(&mut run), expected_meta_data());
+    // Guest to node through masquerade: the node sees the pod's address, not the guest's.
+    let server = node_http_server(&pod.node, 8080);
+    let (rc, out) = console
+        .run(
+            "for i in $(seq 1 60); do wget -q -O - http://10.244.0.1:8080/from-guest \
+             && break; sleep 1; done; echo",
+            STEP,
+        )
+        .unwrap();
+    assert_eq!((rc, out.trim()), (0, "node-ok"));
+    let (peer, request) = server.join().unwrap();
+    assert_eq!(peer.ip().to_string(), "10.244.0.5");
+    assert!(request.starts_with("GET /from-guest HTTP/1."), "{request}");
     run.stop(&mut console);
     drop(run);
 
