@@ -5,9 +5,11 @@
 //! (QEMU's rules: `,,` is a literal comma) into the same keys.
 
 mod cmdline_support;
+// The converter context the fuzz targets use: a tap fd for every interface.
+#[path = "harden_support/targets.rs"]
+mod targets;
 
-use qlauncher::cmdline::context::{IfaceFacts, TapSource};
-use qlauncher::cmdline::{convert, render, ConverterContext};
+use qlauncher::cmdline::{convert, render};
 use qlauncher::vmi::Vmi;
 use serde_json::{json, Value};
 
@@ -53,31 +55,6 @@ fn base() -> Value {
             ]
         }
     })
-}
-
-fn ctx(vmi: &Vmi) -> ConverterContext {
-    let mut ctx = ConverterContext::default();
-    for i in vmi
-        .spec
-        .domain
-        .devices
-        .interfaces
-        .as_deref()
-        .unwrap_or_default()
-    {
-        ctx.interfaces.insert(
-            i.name.clone(),
-            IfaceFacts {
-                mac: None,
-                mtu: Some(1500),
-                tap: TapSource::Fds {
-                    fds: vec![3],
-                    vhostfds: vec![],
-                },
-            },
-        );
-    }
-    ctx
 }
 
 /// Splits a key=value argument as QEMU does: single commas separate, `,,` is a comma.
@@ -181,7 +158,8 @@ const HOSTILE: &[&str] = &[
 fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let long = "x".repeat(5000);
     let benign_vmi: Vmi = serde_json::from_value(base()).unwrap();
-    let benign_plan = convert(&benign_vmi, &ctx(&benign_vmi)).expect("benign VMI converts");
+    let benign_plan =
+        convert(&benign_vmi, &targets::context_for(&benign_vmi)).expect("benign VMI converts");
     let benign = shape(&render::argv(&benign_plan));
 
     // (pointers that get the hostile value, field paths an error may name)
@@ -354,7 +332,7 @@ fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
             }
             let vmi: Vmi = serde_json::from_value(v).unwrap();
             let label = format!("{pointers:?} = {:?}", &hostile[..hostile.len().min(40)]);
-            match convert(&vmi, &ctx(&vmi)) {
+            match convert(&vmi, &targets::context_for(&vmi)) {
                 Err(e) => {
                     assert!(
                         paths.contains(&e.path().as_str()),

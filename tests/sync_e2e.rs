@@ -254,6 +254,29 @@ fn cd1_status(phase: &str) -> serde_json::Value {
     serde_json::json!({"name": "cd1", "target": "", "phase": phase, "hotplugVolume": {}})
 }
 
+/// The guest's serial console log under a `qlauncher run` root. The VMI's uid is derived from
+/// namespace/name by `run`, so its private directory is found rather than named; waits up to 60 s.
+async fn serial_log(root: &Path) -> PathBuf {
+    let private = root.join("var/run/kubevirt-private");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let found = std::fs::read_dir(&private).ok().and_then(|d| {
+            d.flatten()
+                .map(|e| e.path().join("virt-serial0-log"))
+                .find(|p| p.exists())
+        });
+        if let Some(p) = found {
+            return p;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no serial log; run.log:\n{}",
+            std::fs::read_to_string(root.join("run.log")).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// Waits until the serial log holds a `QLG: ` line starting with `prefix`; returns it.
 async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
     let deadline = Instant::now() + timeout;
@@ -382,25 +405,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let mut guard = RunGuard(Some(child));
     let monitor_pid = guard.0.as_ref().unwrap().id();
 
-    // The VMI's uid is derived from namespace/name by `run`; find its private directory.
-    let private = root.path().join("var/run/kubevirt-private");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let serial_log = loop {
-        let found = std::fs::read_dir(&private).ok().and_then(|d| {
-            d.flatten()
-                .map(|e| e.path().join("virt-serial0-log"))
-                .find(|p| p.exists())
-        });
-        if let Some(p) = found {
-            break p;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no serial log; run.log:\n{}",
-            std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let serial_log = serial_log(root.path()).await;
 
     let boot = Duration::from_secs(240);
     let lease = wait_marker(&serial_log, "QLG: lease eth0", boot).await;
@@ -849,24 +854,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .spawn()
         .unwrap();
     let _guard = RunGuard(Some(child));
-    let private = root.path().join("var/run/kubevirt-private");
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let serial_log = loop {
-        let found = std::fs::read_dir(&private).ok().and_then(|d| {
-            d.flatten()
-                .map(|e| e.path().join("virt-serial0-log"))
-                .find(|p| p.exists())
-        });
-        if let Some(p) = found {
-            break p;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no serial log; run.log:\n{}",
-            std::fs::read_to_string(root.path().join("run.log")).unwrap_or_default()
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let serial_log = serial_log(root.path()).await;
     let boot = Duration::from_secs(240);
     assert_eq!(
         wait_marker(&serial_log, "QLG: nic eth1", boot).await,
