@@ -9,8 +9,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use qlauncher::qmp::hotplug::{self, CdromChange, DiskAttach, DiskDetach, NicAttach};
-use qlauncher::qmp::{bind_qmp_listener, launch, tap, InheritFd, LaunchSpec, QemuProcess};
+use qlauncher::qmp::tap;
 use serde_json::json;
+use testkit::qemu_launch::{bind_qmp_listener, launch, InheritFd, LaunchSpec, QemuProcess};
 
 const ROOT_PORTS: usize = 8;
 

@@ -6,8 +6,7 @@
 
 mod cmdline_support;
 // The converter context the fuzz targets use: a tap fd for every interface.
-#[path = "harden_support/targets.rs"]
-mod targets;
+use testkit::fuzz as targets;
 
 use qlauncher::cmdline::{convert, render};
 use qlauncher::vmi::Vmi;

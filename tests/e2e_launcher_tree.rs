@@ -11,10 +11,8 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "e2e_support/mod.rs"]
-mod support;
+use testkit::guest;
+use testkit::run as support;
 
 use guest::GuestImages;
 use std::path::Path;

@@ -2,8 +2,7 @@
 //! `qemu-system-x86_64 -accel tcg`: kernelBoot pair and SeaBIOS disk boot, markers, shell, DHCP
 //! lease from QEMU's user network, cidata user-data, disk and NIC hotplug, ACPI power button.
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{marker_fields, GuestImages, Vm};
 use std::process::Command;

@@ -2,8 +2,7 @@
 //! qlauncher, qemu-system-x86_64, their libraries and firmware and nothing else (no shell, ip, nft,
 //! qemu-img, xorriso, libvirt), and QEMU chrooted into it boots the test guest with SeaBIOS.
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{GuestImages, Vm};
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! Disk-full during overlay/ISO creation is covered by `tests/storage_interrupted.rs`; 100
 //! concurrent gRPC calls by `tests/sync_cmd_server.rs`.
 
-mod qmp_support;
+use testkit::qmp as qmp_support;
 
 use std::net::{Ipv4Addr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;

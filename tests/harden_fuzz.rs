@@ -8,8 +8,7 @@
 //! defaults -> validation -> conversion -> argv), `dhcp_v4`, `dhcp_v6`, `qmp_reader`,
 //! `image_facts` (format magic, qcow2 header, backing chain).
 
-#[path = "harden_support/targets.rs"]
-mod targets;
+use testkit::fuzz as targets;
 
 use std::path::{Path, PathBuf};
 

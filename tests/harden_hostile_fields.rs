@@ -18,8 +18,7 @@
 //! Path fields get the value as a file name (`/` replaced by `_`) of a file the test creates.
 //! Needs the test guest's kernel and initrd (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};

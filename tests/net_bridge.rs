@@ -2,10 +2,9 @@
 //! stand-in keeps the pod identity, the guest (by MAC) gets the pod IP and routes over DHCP,
 //! other MACs get nothing, and teardown gives the pod its link, addresses and routes back.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{Binding, NetConfig};
+use testkit::net::*;
+use testkit::netns::*;
 
 fn config() -> NetConfig {
     NetConfig {

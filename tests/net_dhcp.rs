@@ -2,10 +2,9 @@
 //! v6) on a veth attached to the bridge get 10.0.2.2 and every option; traffic from the client
 //! is masqueraded to the node; a connection to the pod IP on a listed port is DNATed to it.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{DhcpExtraOptions, NetConfig, Port, Protocol};
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:01";
 

@@ -1,7 +1,7 @@
 //! `qlauncher qmp` and `qlauncher hotplug` against a real QEMU with a second QMP monitor (QEMU
 //! serves one client per monitor; the first is the launcher's own).
 
-mod qmp_support;
+use testkit::qmp as qmp_support;
 
 use std::process::Command;
 

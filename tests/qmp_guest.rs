@@ -5,7 +5,7 @@
 //! reported by pvpanic-pci (GUEST_PANICKED, Crashed/Panicked), and the ACPI power button ending in
 //! SHUTDOWN(guest-shutdown) and Shutoff/Shutdown.
 
-mod qmp_support;
+use testkit::qmp as qmp_support;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! PCIe root ports), without a guest OS. Guest-dependent steps (PCIe unplug completion, ACPI
 //! powerdown) are in `qmp_guest.rs`.
 
-mod qmp_support;
+use testkit::qmp as qmp_support;
 
 use std::os::fd::AsFd;
 use std::time::Duration;
@@ -12,6 +12,7 @@ use qlauncher::qmp::lifecycle::{self, next_status};
 use qlauncher::qmp::{tap, DomainState, DomainStatus, LifecycleInput, QmpError, StateReason};
 use qmp_support::{block_of, node_names, q35_args, raw_image, unique, TestVm, MONITOR_FD};
 use serde_json::{json, Value};
+use testkit::qemu_launch::LaunchError;
 
 async fn vm() -> TestVm {
     match TestVm::launch(q35_args()).await {
@@ -107,7 +108,7 @@ async fn early_exit_carries_the_last_stderr_lines() {
     args.extend(["-device".into(), "no-such-device,id=x".into()]);
     match TestVm::launch(args).await {
         Err((
-            QmpError::QemuExited {
+            LaunchError::QemuExited {
                 status,
                 stderr_tail,
             },

@@ -1,7 +1,7 @@
 //! Interrupted writes: a filesystem that fills up mid-creation (a tiny tmpfs) must leave nothing
 //! at the final path and no temporary file. Needs root (mount).
 
-mod storage_support;
+use testkit::storage as storage_support;
 
 use qlauncher::storage::{
     create_empty_disk, create_overlay, write_cloud_init_iso, write_config_volume_iso, ChainPolicy,

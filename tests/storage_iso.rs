@@ -1,6 +1,6 @@
 //! cloud-init and config-volume ISOs, checked with isoinfo and blkid. Needs root (chown).
 
-mod storage_support;
+use testkit::storage as storage_support;
 
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;

@@ -1,7 +1,7 @@
 //! Overlays, empty disks, host disks and image facts, checked with the real qemu-img and qemu-io.
 //! Needs root (chown, chattr, losetup, mount).
 
-mod storage_support;
+use testkit::storage as storage_support;
 
 use std::path::{Path, PathBuf};
 

@@ -16,11 +16,9 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "common/notify_server.rs"]
-mod notify_server;
 use notify_server::Received;
+use testkit::guest;
+use testkit::notify as notify_server;
 
 use base64::Engine as _;
 use guest::GuestImages;

@@ -8,10 +8,8 @@
 //!
 //! Needs root and the test guest with its agent (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "common/notify_server.rs"]
-mod notify_server;
+use testkit::guest;
+use testkit::notify as notify_server;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::Domain;

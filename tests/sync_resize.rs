@@ -7,8 +7,7 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::server::DomainManager;

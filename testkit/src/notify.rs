@@ -1,7 +1,6 @@
 //! virt-handler's side of the notify API for tests: a gRPC server on a unix socket (KubeVirt's
 //! `domain-notify-pipe.sock`) that answers NotifyInfo with version 1 and records every
 //! DomainEvent as `(event type, domain)`, as virt-handler receives them.
-#![allow(dead_code)]
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

@@ -1,11 +1,5 @@
-//! Shared test support for the qlauncher test guest (built by `scripts/build-guest`, documented in
-//! `guest/README.md`).
+//! The qlauncher test guest (built by `scripts/build-guest`, documented in `guest/README.md`).
 //!
-//! Include it from a test crate with
-//! `#[path = "common/guest.rs"] mod guest;` (no `tests/common/mod.rs`, so that every area can keep
-//! its own support files without touching a shared one).
-//!
-//! What it offers:
 //! - [`GuestImages::locate`]: the guest's files under `QLAUNCHER_GUEST_DIR`
 //!   (default `/var/cache/qlauncher/guest`), or a panic telling to run `scripts/build-guest`.
 //! - [`Console`]: a client of a serial console on a unix socket; it collects the `QLG: ` markers
@@ -13,7 +7,6 @@
 //! - [`Qmp`]: a small synchronous QMP client (greeting, `qmp_capabilities`, one command).
 //! - [`Vm`]: a plain `qemu-system-x86_64 -accel tcg` process with its serial console and QMP socket
 //!   in a private temporary directory; dropping it kills QEMU and removes the directory.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};

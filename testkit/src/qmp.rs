@@ -1,23 +1,17 @@
-//! Shared helpers of the qmp tests: a QEMU launched through `qmp::launch` with a QMP listener
-//! handed over as an fd, in a private temp dir, killed and reaped on drop.
-#![allow(dead_code)]
+//! The qmp tests' QEMU: launched through [`crate::qemu_launch`] with a QMP listener handed over
+//! as an fd, in a private temp dir, killed and reaped on drop; block-node queries.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use qlauncher::qmp::{bind_qmp_listener, launch, InheritFd, LaunchSpec, QemuProcess, QmpClient};
+use qlauncher::qmp::QmpClient;
 use serde_json::Value;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A name unique to this process and call (`<prefix><pid><n>`), at most 15 bytes when the prefix
-/// is at most 4 bytes (fits a tap name).
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}x{n}", std::process::id() % 100_000)
-}
+pub use crate::names::short as unique;
+use crate::qemu_launch::{
+    bind_qmp_listener, launch, InheritFd, LaunchError, LaunchSpec, QemuProcess,
+};
 
 /// The QMP monitor fd number QEMU gets.
 pub const MONITOR_FD: i32 = 3;
@@ -63,16 +57,17 @@ pub fn q35_args() -> Vec<String> {
 
 /// A QEMU under test. Dropping it kills QEMU and removes its directory.
 pub struct TestVm {
+    /// The QEMU process (taken on drop).
     pub proc: Option<QemuProcess>,
+    /// Its private directory (QMP socket, log, images a test puts there).
     pub dir: tempfile::TempDir,
+    /// QEMU's pid.
     pub pid: i32,
 }
 
 impl TestVm {
     /// Launches QEMU with `args` plus the QMP monitor on an inherited listener.
-    pub async fn launch(
-        args: Vec<String>,
-    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+    pub async fn launch(args: Vec<String>) -> Result<TestVm, (LaunchError, tempfile::TempDir)> {
         Self::launch_with(args, |_| {}).await
     }
 
@@ -80,7 +75,7 @@ impl TestVm {
     pub async fn launch_with(
         mut args: Vec<String>,
         adjust: impl FnOnce(&mut LaunchSpec),
-    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+    ) -> Result<TestVm, (LaunchError, tempfile::TempDir)> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("qmp-test-{}-", std::process::id()))
             .tempdir()
@@ -120,14 +115,17 @@ impl TestVm {
         }
     }
 
+    /// The connected QMP client.
     pub fn client(&self) -> &QmpClient {
         self.proc.as_ref().expect("running").client()
     }
 
+    /// The running QEMU.
     pub fn proc(&mut self) -> &mut QemuProcess {
         self.proc.as_mut().expect("running")
     }
 
+    /// `<dir>/<name>`.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
