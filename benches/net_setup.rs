@@ -9,10 +9,10 @@
 //! and a `net-setup` summary line (milliseconds: median min max) for `scripts/bench`.
 
 use qlauncher::net::NetConfig;
-use std::process::Command;
 use std::time::{Duration, Instant};
 use testkit::net::{resolv_conf, setup};
 use testkit::netns::PodNet;
+use testkit::storage::run;
 
 /// The `nft` command lines KubeVirt runs for the default masquerade interface (all ports).
 fn kubevirt_nft() -> Vec<Vec<String>> {
@@ -75,18 +75,6 @@ fn split_words(line: &str) -> Vec<String> {
         out.push(cur);
     }
     out
-}
-
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// The tools' way, run on a thread inside the pod namespace (children inherit it).

@@ -42,28 +42,7 @@ fn ip(args: &[&str]) -> Result<(), String> {
 }
 
 fn vmi(uid: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "bench", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
-                    ],
-                    "interfaces": [{"name": "default", "masquerade": {}}]
-                }
-            },
-            "networks": [{"name": "default", "pod": {}}],
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}
-            ]
-        }
-    })
+    testkit::launcher::guest_vmi("bench", uid)
 }
 
 /// One start in a fresh network namespace; returns SyncVMI's split and the client-side latency.

@@ -7,13 +7,11 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-use testkit::guest;
 use testkit::run as support;
 
-use guest::GuestImages;
 use serde_json::{json, Value};
 use std::path::Path;
-use support::{example, short_tempdir, Pod, Run, STEP};
+use support::{short_tempdir, Pod, Run, STEP};
 
 /// `qlauncher ARGS...` in the pod namespace; its stdout, or a panic with its stderr.
 fn qlauncher(pod: &Pod, args: &[&str]) -> String {
@@ -55,17 +53,10 @@ fn free_root_ports(pod: &Pod, qmp: &Path) -> Vec<String> {
 
 #[test]
 fn guest_sees_disk_and_nic_hotplugged_through_the_operator_qmp_socket() {
-    let images = GuestImages::locate();
     let tmp = short_tempdir();
     let root = tmp.path().join("r");
-    let disk = format!("rootdisk={}", images.disk_qcow2.display());
     let pod = Pod::new();
-    let mut run = Run::start(
-        &pod,
-        &example("demo.yaml"),
-        &root,
-        &["--container-disk", &disk],
-    );
+    let mut run = Run::start_example(&pod, "demo.yaml", &root);
     let mut console = run.console();
     let qmp = run.operator_qmp_socket();
     let qmp_arg = qmp.to_str().unwrap();

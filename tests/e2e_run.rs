@@ -158,17 +158,10 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
 
 #[test]
 fn empty_disk_example_gives_the_guest_a_1gib_disk() {
-    let images = GuestImages::locate();
     let tmp = short_tempdir();
     let root = tmp.path().join("r");
-    let disk = format!("rootdisk={}", images.disk_qcow2.display());
     let pod = Pod::new();
-    let mut run = Run::start(
-        &pod,
-        &example("empty-disk.yaml"),
-        &root,
-        &["--container-disk", &disk],
-    );
+    let mut run = Run::start_example(&pod, "empty-disk.yaml", &root);
     let mut console = run.console();
     assert_eq!(
         console.wait_for_marker("disk vdb ", STEP).unwrap(),

@@ -233,14 +233,7 @@ fn disk_boot_with_seabios_writes_land_in_the_overlay() {
         (0, String::new())
     );
 
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 
     // The write is in the overlay; the base image is unchanged.
@@ -303,13 +296,6 @@ fn disk_boot_with_ovmf() {
             .unwrap(),
         (0, "efi".to_string())
     );
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 }

@@ -170,13 +170,6 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
         lease.starts_with("lease eth0 ip=10.0.2.15/24 router=10.0.2.2 "),
         "{lease}"
     );
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 }

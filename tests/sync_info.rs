@@ -19,10 +19,12 @@ use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::guest::wait_log_marker as wait_marker;
+use testkit::launcher::KillQemu;
 use tonic::transport::Channel;
 
 /// The domains virt-handler's notify server received, with their event types.
@@ -33,20 +35,6 @@ fn ip(args: &[&str]) {
         "ip {args:?}: {}",
         String::from_utf8_lossy(&o.stderr)
     );
-}
-
-/// Kills the detached QEMU when the test ends, however it ends.
-struct KillQemu(Arc<SyncVmi>);
-
-impl Drop for KillQemu {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
 }
 
 const CONFIG_TEXT: &str = "hello from a configMap\n";
@@ -78,27 +66,6 @@ fn vmi(uid: &str) -> Value {
             ]
         }
     })
-}
-
-/// Waits until the serial log holds a `QLG: ` line starting with `prefix`.
-async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find_map(|l| {
-            let at = l.find("QLG: ")?;
-            let m = l[at..].trim_end();
-            m.starts_with(prefix).then(|| m.to_string())
-        }) {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {prefix:?} within {timeout:?} (a guest without `QLG: agent` markers predates \
-             guest/qga: run scripts/build-guest); serial log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 async fn exec(

@@ -11,11 +11,27 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
+use qlauncher::sync::SyncVmi;
 
 use crate::handler::Client;
 pub use crate::handler::{get_domain, sync, try_sync};
 use crate::netns::{PodNet, PodNetSpec};
 pub use crate::notify::Received;
+
+/// Kills the QEMU of an in-process [`SyncVmi`] (detached from the test: it would outlive it) when
+/// the guard drops, however the test ends.
+pub struct KillQemu(pub std::sync::Arc<SyncVmi>);
+
+impl Drop for KillQemu {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.qemu_pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
 
 /// The pod network of a launcher pod: no MTU or service route, a short resolv.conf.
 fn pod_net() -> PodNet {
@@ -26,19 +42,16 @@ fn pod_net() -> PodNet {
     })
 }
 
-/// The test VMI: the guest disk as containerDisk, a NoCloud ISO, a masquerade interface. It
-/// carries `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once).
-/// The firmware UUID is the VMI uid's last group repeated into a UUID.
-pub fn vmi(uid: &str) -> serde_json::Value {
+/// A VMI `default/<name>` with the test guest's disk as containerDisk (virtio), a NoCloud ISO
+/// and a masquerade interface on the pod network, 128 MiB.
+pub fn guest_vmi(name: &str, uid: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": "hv", "namespace": "default", "uid": uid},
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
         "spec": {
-            "terminationGracePeriodSeconds": 5,
             "domain": {
                 "resources": {"requests": {"memory": "128Mi"}},
-                "firmware": {"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])},
                 "devices": {
                     "disks": [
                         {"name": "rootdisk", "disk": {"bus": "virtio"}},
@@ -54,6 +67,17 @@ pub fn vmi(uid: &str) -> serde_json::Value {
             ]
         }
     })
+}
+
+/// The launcher pod's VMI: [`guest_vmi`] `hv` with a 5 s grace period. It carries
+/// `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once): the VMI
+/// uid's last group repeated into a UUID.
+pub fn vmi(uid: &str) -> serde_json::Value {
+    let mut v = guest_vmi("hv", uid);
+    v["spec"]["terminationGracePeriodSeconds"] = 5.into();
+    v["spec"]["domain"]["firmware"] =
+        serde_json::json!({"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])});
+    v
 }
 
 /// One pod: its network, its directories, its notify server, and the launchers started in it.

@@ -103,7 +103,6 @@ pub fn launcher_flags(dir: &Path, extra: &[&str]) -> Vec<String> {
 
 /// The [`STATIC_QEMU_ENV`] value for the test guest booted from its kernel, serial to a file.
 pub fn guest_qemu_spec(dir: &Path, serial: &Path) -> String {
-    let guest = GuestImages::locate();
     let qmp = dir.join("qmp.sock");
     let argv: Vec<String> = [
         "qemu-system-x86_64",
@@ -121,13 +120,8 @@ pub fn guest_qemu_spec(dir: &Path, serial: &Path) -> String {
     ]
     .iter()
     .map(|s| s.to_string())
+    .chain(GuestImages::locate().kernel_boot_args())
     .chain([
-        "-kernel".into(),
-        guest.vmlinuz.display().to_string(),
-        "-initrd".into(),
-        guest.initrd.display().to_string(),
-        "-append".into(),
-        "console=ttyS0".into(),
         "-serial".into(),
         format!("file:{}", serial.display()),
         "-qmp".into(),

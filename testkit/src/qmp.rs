@@ -16,10 +16,9 @@ use crate::qemu_launch::{
 /// The QMP monitor fd number QEMU gets.
 pub const MONITOR_FD: i32 = 3;
 
-/// Machine arguments for a hotplug-capable q35 without a guest: four root ports, virtio-scsi
-/// with an empty cdrom.
-pub fn q35_args() -> Vec<String> {
-    let mut a: Vec<String> = [
+/// A paused q35 under TCG with 128 MiB, no default devices and no display.
+pub fn machine_args() -> Vec<String> {
+    [
         "-machine",
         "q35",
         "-accel",
@@ -31,11 +30,17 @@ pub fn q35_args() -> Vec<String> {
         "-display",
         "none",
         "-S",
-        "-no-shutdown",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect();
+    .collect()
+}
+
+/// Machine arguments for a hotplug-capable q35 without a guest ([`machine_args`] and
+/// `-no-shutdown`): four root ports, virtio-scsi with an empty cdrom.
+pub fn q35_args() -> Vec<String> {
+    let mut a = machine_args();
+    a.push("-no-shutdown".into());
     for (i, func) in (1..=4).zip(0..) {
         let mf = if func == 0 { ",multifunction=on" } else { "" };
         a.push("-device".into());
@@ -53,6 +58,40 @@ pub fn q35_args() -> Vec<String> {
         a.push(s.into());
     }
     a
+}
+
+/// The QMP monitor on the inherited listener [`MONITOR_FD`] (libvirt's `charmonitor`).
+pub fn monitor_args() -> Vec<String> {
+    vec![
+        "-chardev".to_string(),
+        format!("socket,id=charmonitor,fd={MONITOR_FD},server=on,wait=off"),
+        "-mon".to_string(),
+        "chardev=charmonitor,id=monitor,mode=control".to_string(),
+    ]
+}
+
+/// The launch of `/usr/bin/qemu-system-x86_64 ARGV` (which must hold [`monitor_args`]) with its
+/// QMP listener bound at `<dir>/monitor.sock` and inherited as [`MONITOR_FD`], its log at
+/// `<dir>/qemu.log`, `PATH` only, started (`cont`), 20 s to greet.
+pub fn launch_spec(argv: Vec<String>, dir: &Path) -> LaunchSpec {
+    let sock = dir.join("monitor.sock");
+    let listener = bind_qmp_listener(&sock).expect("bind QMP listener");
+    LaunchSpec {
+        qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
+        argv,
+        fds: vec![InheritFd {
+            fd: OwnedFd::from(listener),
+            target: MONITOR_FD,
+        }],
+        qmp_socket: sock,
+        user: None,
+        log: dir.join("qemu.log"),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        pre_start: vec![],
+        start: true,
+        timeout: Duration::from_secs(20),
+        pid_file: None,
+    }
 }
 
 /// A QEMU under test. Dropping it kills QEMU and removes its directory.
@@ -80,30 +119,8 @@ impl TestVm {
             .prefix(&format!("qmp-test-{}-", std::process::id()))
             .tempdir()
             .expect("temp dir");
-        let sock = dir.path().join("monitor.sock");
-        let listener = bind_qmp_listener(&sock).expect("bind QMP listener");
-        args.extend([
-            "-chardev".to_string(),
-            format!("socket,id=charmonitor,fd={MONITOR_FD},server=on,wait=off"),
-            "-mon".to_string(),
-            "chardev=charmonitor,id=monitor,mode=control".to_string(),
-        ]);
-        let mut spec = LaunchSpec {
-            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-            argv: args,
-            fds: vec![InheritFd {
-                fd: OwnedFd::from(listener),
-                target: MONITOR_FD,
-            }],
-            qmp_socket: sock,
-            user: None,
-            log: dir.path().join("qemu.log"),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-            pre_start: vec![],
-            start: true,
-            timeout: Duration::from_secs(20),
-            pid_file: None,
-        };
+        args.extend(monitor_args());
+        let mut spec = launch_spec(args, dir.path());
         adjust(&mut spec);
         match launch(spec).await {
             Ok(p) => Ok(TestVm {

@@ -7,7 +7,7 @@
 //! namespace (the monitor, the launcher, QEMU) and then deletes both namespaces and
 //! `/etc/netns/<pod>`. Names carry the test process id and a counter, so tests run in parallel.
 
-use crate::guest::Console;
+use crate::guest::{Console, GuestImages};
 pub use crate::netns::KUBELET_RESOLV_CONF as RESOLV_CONF;
 use crate::netns::{PodNet, PodNetSpec};
 use crate::process::run as host;
@@ -112,6 +112,13 @@ impl Run {
         Run::spawn(c, root, &root.with_extension("log"))
     }
 
+    /// Starts `qlauncher run examples/NAME --root ROOT` in `pod` with the test guest's qcow2 as the
+    /// containerDisk `rootdisk` (what the e2e tests boot).
+    pub fn start_example(pod: &Pod, name: &str, root: &Path) -> Run {
+        let disk = format!("rootdisk={}", GuestImages::locate().disk_qcow2.display());
+        Run::start(pod, &example(name), root, &["--container-disk", &disk])
+    }
+
     /// The pid of `qlauncher run`, i.e. of the monitor it became.
     pub fn pid(&self) -> u32 {
         self.child.id()
@@ -214,20 +221,10 @@ impl Run {
 
     /// Waits up to `timeout` for `qlauncher run` to exit.
     pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.exit {
-                return Some(s);
-            }
-            if let Ok(Some(s)) = self.child.try_wait() {
-                self.exit = Some(s);
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if self.exit.is_none() {
+            self.exit = crate::process::wait_timeout(&mut self.child, timeout);
         }
+        self.exit
     }
 
     /// SIGTERM to `qlauncher run` (the kubelet stopping the pod): the guest gets the ACPI power
