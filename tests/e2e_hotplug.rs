@@ -15,17 +15,9 @@ use support::{short_tempdir, Pod, Run, STEP};
 
 /// `qlauncher ARGS...` in the pod namespace; its stdout, or a panic with its stderr.
 fn qlauncher(pod: &Pod, args: &[&str]) -> String {
-    let out = pod
-        .command(env!("CARGO_BIN_EXE_qlauncher"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "qlauncher {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut argv = vec![env!("CARGO_BIN_EXE_qlauncher")];
+    argv.extend_from_slice(args);
+    pod.net.pod.sh(&argv)
 }
 
 /// Ids of the PCIe root ports with nothing plugged into them (`query-pci`).

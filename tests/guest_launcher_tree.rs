@@ -94,27 +94,15 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
         ["usr/bin/qemu-system-x86_64", "usr/bin/qlauncher"]
     );
 
-    let out = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/qemu-system-x86_64", "--version"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("QEMU emulator version "));
-    let out = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/qlauncher", "--help"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let root_arg = root.to_str().unwrap();
+    let version = testkit::run(&[
+        "chroot",
+        root_arg,
+        "/usr/bin/qemu-system-x86_64",
+        "--version",
+    ]);
+    assert!(version.starts_with("QEMU emulator version "));
+    testkit::run(&["chroot", root_arg, "/usr/bin/qlauncher", "--help"]);
 
     // QEMU inside the tree boots the guest's disk with SeaBIOS (firmware, TCG module and the
     // virtio-net option ROM all come from the tree).

@@ -211,15 +211,7 @@ async fn tap_deleted_under_a_running_qemu_keeps_it_running() {
     let client = vm.client();
     client.execute("cont", None).await.expect("cont");
     assert!(std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
-    let out = std::process::Command::new("ip")
-        .args(["link", "del", &tap])
-        .output()
-        .expect("ip");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::run(&["ip", "link", "del", &tap]);
     assert!(!std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
     tokio::time::sleep(Duration::from_millis(300)).await;
 

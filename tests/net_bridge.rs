@@ -117,9 +117,7 @@ fn bridge_binding_moves_pod_identity_and_serves_the_guest_mac_only() {
         ]
     );
     // The guest talks to the node directly through the bridge with the pod IP.
-    let l = listen(&net.node, "10.244.0.1:8081");
-    send_from(&vm, "10.244.0.1:8081", "bridged").unwrap();
-    let (peer, msg) = accept_one(&l);
+    let (peer, msg) = tcp_once(&net.node, &vm, "10.244.0.1:8081", "bridged");
     assert_eq!(
         (peer.ip().to_string(), msg.as_str()),
         ("10.244.0.5".to_string(), "bridged")

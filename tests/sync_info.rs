@@ -20,22 +20,11 @@ use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
 use std::path::PathBuf;
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::guest::wait_log_marker as wait_marker;
 use testkit::launcher::KillQemu;
 use tonic::transport::Channel;
-
-/// The domains virt-handler's notify server received, with their event types.
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        o.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
 
 const CONFIG_TEXT: &str = "hello from a configMap\n";
 
@@ -98,23 +87,7 @@ fn block<'a>(stats: &'a Value, alias: &str) -> &'a Value {
 fn stats_guest_agent_config_volume_and_host_disk_on_a_real_guest() {
     // A network namespace for this thread only; the runtime's threads, the launcher's
     // netlink sockets and QEMU inherit it. It goes away with the thread and QEMU.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-    ip(&["link", "set", "lo", "up"]);
-    ip(&[
-        "link", "add", "eth0", "type", "veth", "peer", "name", "vpeer",
-    ]);
-    ip(&["link", "set", "eth0", "address", "0a:58:0a:f4:00:07", "up"]);
-    ip(&["link", "set", "vpeer", "up"]);
-    ip(&["addr", "add", "10.244.0.7/24", "dev", "eth0"]);
-    ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        "10.244.0.1",
-        "dev",
-        "eth0",
-    ]);
+    testkit::netns::unshare_pod_eth0("10.244.0.7/24", Some("0a:58:0a:f4:00:07")).unwrap();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

@@ -249,6 +249,19 @@ pub fn send_from(ns: &Netns, addr: &str, msg: &'static str) -> std::io::Result<(
     .expect("netns")
 }
 
+/// One TCP connection from `from` to `addr` (a listener bound in `server` first), carrying `msg`:
+/// returns the peer address the server saw and what it received.
+pub fn tcp_once(
+    server: &Netns,
+    from: &Netns,
+    addr: &str,
+    msg: &'static str,
+) -> (std::net::SocketAddr, String) {
+    let l = listen(server, addr);
+    send_from(from, addr, msg).unwrap();
+    accept_one(&l)
+}
+
 /// Accepts one connection (5 s timeout) and returns the peer address and what it sent.
 pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
     use std::io::Read;

@@ -251,3 +251,44 @@ impl PodNet {
         vm
     }
 }
+
+/// Moves the calling thread into a fresh network namespace of its own (`unshare(CLONE_NEWNET)`:
+/// threads, sockets and processes it starts inherit it; it goes away with them) and gives it a
+/// pod's `eth0`: `lo` up, a veth `eth0` (MAC `mac` when given) / `vpeer`, `cidr` on `eth0`, a
+/// default route via 10.244.0.1. Errors: the failing step with `ip`'s stderr.
+pub fn unshare_pod_eth0(cidr: &str, mac: Option<&str>) -> Result<(), String> {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
+        .map_err(|e| format!("unshare: {e}"))?;
+    let ip = |args: &[&str]| -> Result<(), String> {
+        let mut argv = vec!["ip"];
+        argv.extend_from_slice(args);
+        let o = crate::process::output(&argv);
+        if o.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ))
+        }
+    };
+    ip(&["link", "set", "lo", "up"])?;
+    ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "vpeer",
+    ])?;
+    match mac {
+        Some(mac) => ip(&["link", "set", "eth0", "address", mac, "up"])?,
+        None => ip(&["link", "set", "eth0", "up"])?,
+    }
+    ip(&["link", "set", "vpeer", "up"])?;
+    ip(&["addr", "add", cidr, "dev", "eth0"])?;
+    ip(&[
+        "route",
+        "add",
+        "default",
+        "via",
+        "10.244.0.1",
+        "dev",
+        "eth0",
+    ])
+}
