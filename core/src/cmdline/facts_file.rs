@@ -31,8 +31,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Deserializer};
 
 use super::context::{
-    Backing, ConverterContext, HostDeviceSource, IfaceFacts, ImageFormat, MonitorSocket,
-    QemuVersion, SevCapabilities, TapSource, VolumeFacts,
+    ConverterContext, HostDeviceSource, IfaceFacts, ImageFormat, MonitorSocket, QemuVersion,
+    SevCapabilities, StorageKind, TapSource, VolumeFacts,
 };
 use crate::vmi::{Interface, Vmi};
 
@@ -225,10 +225,10 @@ impl FactsFile {
             .iter()
             .map(|(name, f)| {
                 let facts = VolumeFacts {
-                    backing: if f.block {
-                        Backing::Block
+                    kind: if f.block {
+                        StorageKind::Block
                     } else {
-                        Backing::File
+                        StorageKind::File
                     },
                     format: if f.qcow2 {
                         ImageFormat::Qcow2
@@ -328,7 +328,7 @@ mod tests {
         assert_eq!(
             ctx.volumes["d"],
             VolumeFacts {
-                backing: Backing::Block,
+                kind: StorageKind::Block,
                 format: ImageFormat::Qcow2,
                 virtual_size: None,
                 direct_io: true,
