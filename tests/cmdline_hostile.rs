@@ -6,7 +6,7 @@
 
 mod cmdline_support;
 // The converter context the fuzz targets use: a tap fd for every interface.
-use testkit::fuzz as targets;
+use testkit::fuzz;
 
 use qlauncher::cmdline::{convert, render};
 use qlauncher::vmi::Vmi;
@@ -158,7 +158,7 @@ fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let long = "x".repeat(5000);
     let benign_vmi: Vmi = serde_json::from_value(base()).unwrap();
     let benign_plan =
-        convert(&benign_vmi, &targets::context_for(&benign_vmi)).expect("benign VMI converts");
+        convert(&benign_vmi, &fuzz::context_for(&benign_vmi)).expect("benign VMI converts");
     let benign = shape(&render::argv(&benign_plan));
 
     // (pointers that get the hostile value, field paths an error may name)
@@ -331,7 +331,7 @@ fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
             }
             let vmi: Vmi = serde_json::from_value(v).unwrap();
             let label = format!("{pointers:?} = {:?}", &hostile[..hostile.len().min(40)]);
-            match convert(&vmi, &targets::context_for(&vmi)) {
+            match convert(&vmi, &fuzz::context_for(&vmi)) {
                 Err(e) => {
                     assert!(
                         paths.contains(&e.path().as_str()),

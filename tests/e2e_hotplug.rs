@@ -7,11 +7,9 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-use testkit::run as support;
-
 use serde_json::{json, Value};
 use std::path::Path;
-use support::{short_tempdir, Pod, Run, STEP};
+use testkit::run::{short_tempdir, Pod, Run, STEP};
 
 /// `qlauncher ARGS...` in the pod namespace; its stdout, or a panic with its stderr.
 fn qlauncher(pod: &Pod, args: &[&str]) -> String {

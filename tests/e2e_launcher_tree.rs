@@ -12,12 +12,11 @@
 //! Needs root and the test guest (`scripts/build-guest`).
 
 use testkit::guest;
-use testkit::run as support;
 
 use guest::GuestImages;
 use std::path::Path;
 use std::process::Command;
-use support::{short_tempdir, Pod, Run, RESOLV_CONF, STEP};
+use testkit::run::{short_tempdir, Pod, Run, RESOLV_CONF, STEP};
 
 /// The shell fragment (run by the test, outside the tree) that mounts a container's file systems
 /// into `$T` and then execs `chroot "$T" "$@"`.

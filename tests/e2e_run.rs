@@ -13,11 +13,10 @@
 //! Needs root and the test guest (`scripts/build-guest`).
 
 use testkit::guest;
-use testkit::run as support;
 
 use guest::GuestImages;
 use std::path::Path;
-use support::{example, short_tempdir, Pod, Run, STEP};
+use testkit::run::{example, short_tempdir, Pod, Run, STEP};
 
 fn sha256(path: &Path) -> String {
     testkit::run(&["sha256sum", &path.display().to_string()])

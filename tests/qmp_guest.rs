@@ -5,16 +5,14 @@
 //! reported by pvpanic-pci (GUEST_PANICKED, Crashed/Panicked), and the ACPI power button ending in
 //! SHUTDOWN(guest-shutdown) and Shutoff/Shutdown.
 
-use testkit::qmp as qmp_support;
-
 use std::time::{Duration, Instant};
 
 use qlauncher::qmp::hotplug::{self, DiskAttach, DiskDetach, NicAttach, NicDetach};
 use qlauncher::qmp::lifecycle::{self, next_status};
 use qlauncher::qmp::{tap, DomainState, DomainStatus, LifecycleInput, StateReason};
-use qmp_support::{node_names, q35_args, raw_image, unique, TestVm};
 use serde_json::json;
 use testkit::guest::GuestImages;
+use testkit::qmp::{node_names, q35_args, raw_image, unique, TestVm};
 
 fn serial_tail(serial: &std::path::Path) -> String {
     let text = std::fs::read_to_string(serial).unwrap_or_default();

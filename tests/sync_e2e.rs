@@ -16,9 +16,9 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-use notify_server::Received;
 use testkit::guest;
-use testkit::notify as notify_server;
+use testkit::notify;
+use testkit::notify::Received;
 
 use base64::Engine as _;
 use guest::GuestImages;
@@ -248,7 +248,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let root = tempfile::tempdir().unwrap();
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
-    let (received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
+    let (received, _stop_notify) = notify::start(&share.join("domain-notify-pipe.sock"));
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
 
@@ -686,7 +686,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .unwrap()
         .set_len(2 << 20)
         .unwrap();
-    let (_received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
+    let (_received, _stop_notify) = notify::start(&share.join("domain-notify-pipe.sock"));
     let mut vmi = demo_vmi();
     vmi["spec"]["domain"]["devices"]["interfaces"]
         .as_array_mut()

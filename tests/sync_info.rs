@@ -9,7 +9,7 @@
 //! Needs root and the test guest with its agent (`scripts/build-guest`).
 
 use testkit::guest;
-use testkit::notify as notify_server;
+use testkit::notify;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::Domain;
@@ -120,7 +120,7 @@ async fn scenario() {
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
     let notify_socket = share.join("domain-notify-pipe.sock");
-    let (received, _notify_stop) = notify_server::start(&notify_socket);
+    let (received, _notify_stop) = notify::start(&notify_socket);
     let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
     let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
     let _kill = KillQemu(manager.clone());
