@@ -48,26 +48,36 @@ fn static_launcher_with(spec: String) -> [(&'static str, String); 2] {
     ]
 }
 
-/// A QEMU command line with no guest: it ignores the ACPI power button and just sits there.
-pub fn idle_qemu_argv(qmp: &Path) -> Vec<String> {
+/// `qemu-system-x86_64 -accel tcg -nodefaults -display none -m MEM -name
+/// guest=default_testvmi,debug-threads=on` (vCPU threads named, as virt-handler expects).
+fn qemu_argv(mem: &str) -> Vec<String> {
     [
         "qemu-system-x86_64",
-        "-S",
         "-accel",
         "tcg",
         "-nodefaults",
         "-display",
         "none",
         "-m",
-        "64",
+        mem,
         "-name",
         "guest=default_testvmi,debug-threads=on",
-        "-qmp",
     ]
     .iter()
     .map(|s| s.to_string())
-    .chain([format!("unix:{},server=on,wait=off", qmp.display())])
     .collect()
+}
+
+/// A QEMU command line with no guest (`-S`, 64 MiB, QMP on `qmp`): it ignores the ACPI power
+/// button and just sits there.
+pub fn idle_qemu_argv(qmp: &Path) -> Vec<String> {
+    let mut argv = qemu_argv("64");
+    argv.extend([
+        "-S".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", qmp.display()),
+    ]);
+    argv
 }
 
 /// The [`STATIC_QEMU_ENV`] value for an idle QEMU with its QMP socket in `dir`.
@@ -104,29 +114,14 @@ pub fn launcher_flags(dir: &Path, extra: &[&str]) -> Vec<String> {
 /// The [`STATIC_QEMU_ENV`] value for the test guest booted from its kernel, serial to a file.
 pub fn guest_qemu_spec(dir: &Path, serial: &Path) -> String {
     let qmp = dir.join("qmp.sock");
-    let argv: Vec<String> = [
-        "qemu-system-x86_64",
-        "-machine",
-        "q35",
-        "-accel",
-        "tcg",
-        "-nodefaults",
-        "-display",
-        "none",
-        "-m",
-        "256",
-        "-name",
-        "guest=default_testvmi,debug-threads=on",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .chain(GuestImages::locate().kernel_boot_args())
-    .chain([
+    let mut argv = qemu_argv("256");
+    argv.extend(["-machine".into(), "q35".into()]);
+    argv.extend(GuestImages::locate().kernel_boot_args());
+    argv.extend([
         "-serial".into(),
         format!("file:{}", serial.display()),
         "-qmp".into(),
         format!("unix:{},server=on,wait=off", qmp.display()),
-    ])
-    .collect();
+    ]);
     serde_json::json!({ "argv": argv, "qmp": qmp }).to_string()
 }
