@@ -13,21 +13,44 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub mod agent;
 pub mod domain;
-pub mod info;
-pub mod media;
-pub mod nic_hotplug;
-pub mod notify;
 pub mod privileges;
-pub mod proto;
-pub mod resize;
-pub mod resources;
-pub mod server;
-pub mod stats;
-pub mod uds;
 pub mod vmi_sync;
-pub mod volumes;
+
+/// Gathering what the converter needs.
+pub mod facts {
+    pub mod volumes;
+}
+
+/// Applying a sync's diff to the running domain.
+pub mod reconcile {
+    pub mod media;
+    pub mod nics;
+    pub mod resize;
+    pub mod resources;
+    #[allow(unused_imports)]
+    use super::vmi_sync;
+}
+
+/// The gRPC wire layer.
+pub mod rpc {
+    pub mod notify;
+    pub mod proto;
+    pub mod server;
+    pub mod uds;
+}
+
+/// The guest agent and domain statistics.
+pub mod guest {
+    pub mod agent;
+    pub mod info;
+    pub mod stats;
+}
+
+pub use facts::volumes;
+pub use guest::{agent, info, stats};
+pub use reconcile::{media, nics as nic_hotplug, resize, resources};
+pub use rpc::{notify, proto, server, uds};
 
 pub use vmi_sync::{SyncConfig, SyncVmi};
 
