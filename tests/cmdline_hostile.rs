@@ -4,7 +4,6 @@
 //! every JSON word parses to an object with the same keys, and every key=value word splits
 //! (QEMU's rules: `,,` is a literal comma) into the same keys.
 
-mod cmdline_support;
 // The converter context the fuzz targets use: a tap fd for every interface.
 use testkit::fuzz;
 

@@ -22,10 +22,13 @@
 //! - [`qemu_launch`] and [`qmp`]: a QEMU started with an inherited QMP listener, for the qmp tests
 //!   and benchmark.
 //! - [`storage`]: scratch directories, tmpfs and loop mounts, the QEMU image tools.
+//! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
+//!   them under the real QEMU.
 //! - [`fuzz`]: the fuzz target bodies (shared with `fuzz/fuzz_targets`).
 //!
 //! Everything cleans up on drop, whether the test passes or not.
 
+pub mod cmdline;
 pub mod fuzz;
 pub mod guest;
 pub mod handler;
