@@ -140,18 +140,6 @@ fn split_shape(s: &str) -> (String, Vec<String>) {
     }
 }
 
-const HOSTILE: &[&str] = &[
-    "a,b",
-    ",id=evil,x=y",
-    "a=b",
-    "q\"u'o`te",
-    "new\nline",
-    "../../etc/passwd",
-    "{\"driver\":\"x\"}",
-    "-device",
-    "",
-];
-
 #[test]
 fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let long = "x".repeat(5000);
@@ -323,7 +311,11 @@ fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let mut rendered = 0;
     let mut rejected = 0;
     for (pointers, paths) in fields {
-        for hostile in HOSTILE.iter().copied().chain([long.as_str()]) {
+        for hostile in testkit::hostile::VALUES
+            .iter()
+            .copied()
+            .chain(["", long.as_str()])
+        {
             let mut v = base();
             for p in *pointers {
                 *v.pointer_mut(p).unwrap_or_else(|| panic!("pointer {p}")) = json!(hostile);

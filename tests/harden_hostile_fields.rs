@@ -30,23 +30,14 @@ use qlauncher::cmdline::{convert, render, ConverterContext};
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use serde_json::{json, Value};
 
-/// The hostile values (as in `tests/cmdline_hostile.rs`), the empty one left out (it means
-/// "unset" for most fields), plus a 5000-byte value.
+/// The hostile values ([`testkit::hostile::VALUES`], not the empty one: it means "unset" for
+/// most fields), plus non-ASCII separators and a 5000-byte value.
 fn corpus() -> Vec<String> {
-    let mut v: Vec<String> = [
-        "a,b",
-        ",id=evil,x=y",
-        "a=b",
-        "q\"u'o`te",
-        "new\nline",
-        "../../etc/passwd",
-        "{\"driver\":\"x\"}",
-        "-device",
-        "é,ü=ß",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut v: Vec<String> = testkit::hostile::VALUES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.push("é,ü=ß".into());
     v.push("x".repeat(5000));
     v
 }

@@ -24,6 +24,7 @@
 //! - [`storage`]: scratch directories, tmpfs and loop mounts, the QEMU image tools.
 //! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
 //!   them under the real QEMU.
+//! - [`hostile`]: the hostile field values every VMI string field is tried with.
 //! - [`fuzz`]: the fuzz target bodies (shared with `fuzz/fuzz_targets`).
 //!
 //! Everything cleans up on drop, whether the test passes or not.
@@ -32,6 +33,7 @@ pub mod cmdline;
 pub mod fuzz;
 pub mod guest;
 pub mod handler;
+pub mod hostile;
 pub mod launcher;
 pub mod monitor;
 pub mod names;
