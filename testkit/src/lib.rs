@@ -29,6 +29,8 @@
 //!
 //! Everything cleans up on drop, whether the test passes or not.
 
+#![warn(missing_docs)]
+
 pub mod cmdline;
 pub mod fuzz;
 pub mod guest;
