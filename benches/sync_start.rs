@@ -13,7 +13,6 @@
 //! to reuse the debug build; `QLAUNCHER_BENCH_RUNS` sets the number of runs (default 5).
 
 use qlauncher::sync::info::StartTimings;
-use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
@@ -74,12 +73,7 @@ async fn start(disk: &Path, n: usize) -> Result<(StartTimings, Duration), String
     // The per-VMI directory (serial console, agent channel) the launcher creates at start.
     std::fs::create_dir_all(PathBuf::from(&manager_private).join(&uid))
         .map_err(|e| e.to_string())?;
-    let request = cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi(&uid)).map_err(|e| e.to_string())?,
-        }),
-        options: None,
-    };
+    let request = testkit::handler::vmi_only(&vmi(&uid));
     let t0 = Instant::now();
     let answer = client.sync_virtual_machine(request).await;
     let wall = t0.elapsed();

@@ -27,7 +27,6 @@ use std::time::Duration;
 use guest::GuestImages;
 use launcher::{get_domain, sync, vmi, Pod};
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
-use qlauncher::sync::proto::cmd::v1 as cmd;
 
 const START: Duration = Duration::from_secs(90);
 
@@ -246,12 +245,7 @@ async fn launcher_killed_mid_sync_restarts_without_a_second_qemu() {
     );
 
     // The adopted domain is the launcher's: pause, resume, and the stop path ends it.
-    let request = || cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi).unwrap(),
-        }),
-        options: None,
-    };
+    let request = || testkit::handler::vmi_only(&vmi);
     let answer = client.pause_virtual_machine(request()).await.unwrap();
     assert!(answer.into_inner().success);
     pod.wait_event((L::Paused, R::User), Duration::from_secs(10))

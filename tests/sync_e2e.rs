@@ -340,12 +340,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let events_before = state_events(&received).len();
     let sync = |mut c: CmdClient<tonic::transport::Channel>, vmi: serde_json::Value| async move {
         let answer = c
-            .sync_virtual_machine(cmd::VmiRequest {
-                vmi: Some(cmd::Vmi {
-                    vmi_json: serde_json::to_vec(&vmi).unwrap(),
-                }),
-                options: Some(cmd::VirtualMachineOptions::default()),
-            })
+            .sync_virtual_machine(testkit::handler::vmi_request(&vmi))
             .await
             .unwrap()
             .into_inner();
@@ -526,12 +521,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     two_cpus["spec"]["domain"]["cpu"] = serde_json::json!({"sockets": 2});
     let answer = client
         .clone()
-        .sync_virtual_machine_cp_us(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&two_cpus).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine_cp_us(testkit::handler::vmi_only(&two_cpus))
         .await
         .unwrap()
         .into_inner();
@@ -561,12 +551,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         more_memory["spec"]["domain"]["memory"] = serde_json::json!({"guest": guest_memory});
         let answer = client
             .clone()
-            .sync_virtual_machine_memory(cmd::VmiRequest {
-                vmi: Some(cmd::Vmi {
-                    vmi_json: serde_json::to_vec(&more_memory).unwrap(),
-                }),
-                options: None,
-            })
+            .sync_virtual_machine_memory(testkit::handler::vmi_only(&more_memory))
             .await
             .unwrap()
             .into_inner();
@@ -578,12 +563,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     }
 
     // Pause and unpause on user request.
-    let vmi_request = || cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi).unwrap(),
-        }),
-        options: None,
-    };
+    let vmi_request = || testkit::handler::vmi_only(&vmi);
     let answer = client
         .clone()
         .pause_virtual_machine(vmi_request())
@@ -721,12 +701,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
     vmi["metadata"]["uid"] = domain.object_meta.uid.clone().into();
     vmi["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
     let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine(testkit::handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();

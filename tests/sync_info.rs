@@ -138,12 +138,7 @@ async fn scenario() {
     let mut client = CmdClient::new(channel);
 
     let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine(testkit::handler::vmi_only(&vmi(&uid)))
         .await
         .unwrap()
         .into_inner();
@@ -300,12 +295,7 @@ async fn scenario() {
     }
 
     let answer = client
-        .kill_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
-            }),
-            options: None,
-        })
+        .kill_virtual_machine(testkit::handler::vmi_only(&vmi(&uid)))
         .await
         .unwrap()
         .into_inner();

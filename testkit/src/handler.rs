@@ -46,6 +46,17 @@ pub fn vmi_request(vmi: &serde_json::Value) -> cmd::VmiRequest {
     }
 }
 
+/// A request carrying only `vmi` (JSON), no options, as virt-handler sends the calls other than
+/// SyncVirtualMachine (pause, CPU and memory hotplug, ...).
+pub fn vmi_only(vmi: &serde_json::Value) -> cmd::VmiRequest {
+    cmd::VmiRequest {
+        vmi: Some(cmd::Vmi {
+            vmi_json: serde_json::to_vec(vmi).expect("VMI JSON"),
+        }),
+        options: None,
+    }
+}
+
 /// One SyncVirtualMachine call: (success, message). Panics on a transport error.
 pub async fn sync(client: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
     try_sync(client, vmi).await.expect("SyncVirtualMachine")
