@@ -115,6 +115,7 @@ pub fn v6_config() -> DhcpV6Config {
             .parse::<Ipv6Addr>()
             .unwrap_or(Ipv6Addr::LOCALHOST),
         dns: vec![Ipv6Addr::LOCALHOST],
+        search: vec!["default.svc.cluster.local".into()],
     }
 }
 
