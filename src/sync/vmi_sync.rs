@@ -1115,6 +1115,7 @@ fn net_configs(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<(String, NetConfig)>, 
                 runtime_uid,
                 hostname: hostname.clone(),
                 subdomain: vmi.spec.subdomain.clone(),
+                istio: net::config::istio_proxy_injection(vmi),
                 ..NetConfig::default()
             },
         ));
