@@ -303,12 +303,16 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
     let mut notes = search_list.notes();
     let search = search_list.names.clone();
     // Option 15: the longest search domain (KubeVirt `dns.GetDomainName`), of those that are
-    // DNS names (the cut for length does not apply to it).
+    // DNS names (the first of the longest; the cut for length does not apply to it).
     let domain_name = search
         .iter()
         .chain(&search_list.overflow)
-        .max_by_key(|d| d.len())
-        .map(|d| d.trim_end_matches('.').to_string());
+        .map(|d| d.trim_end_matches('.'))
+        .fold(None::<&str>, |best, d| match best {
+            Some(b) if b.len() >= d.len() => Some(b),
+            _ => Some(d),
+        })
+        .map(str::to_string);
     let dns = if facts.resolv.nameservers_v4.is_empty() {
         vec![Ipv4Addr::new(8, 8, 8, 8)]
     } else {
