@@ -53,7 +53,7 @@ const MAX_NESTING: usize = 4;
 struct Counted {
     /// Top-level options.
     top: usize,
-    /// Options inside each IA_NA, in message order.
+    /// Options inside each IA_NA.
     in_iana: Vec<usize>,
 }
 
@@ -194,7 +194,8 @@ fn check_ntp(body: &[u8]) -> Result<(), String> {
 pub fn decode_client_message(packet: &[u8]) -> Result<Message, String> {
     let counted = precheck(packet)?;
     let m = Message::from_bytes(packet).map_err(|e| e.to_string())?;
-    let decoded_iana: Vec<usize> = m
+    // dhcproto sorts the options by code (not stably), so several IA_NAs are compared as a set.
+    let mut decoded_iana: Vec<usize> = m
         .opts()
         .iter()
         .filter_map(|o| match o {
@@ -202,7 +203,10 @@ pub fn decode_client_message(packet: &[u8]) -> Result<Message, String> {
             _ => None,
         })
         .collect();
-    if m.opts().iter().count() != counted.top || decoded_iana != counted.in_iana {
+    let mut counted_iana = counted.in_iana;
+    decoded_iana.sort_unstable();
+    counted_iana.sort_unstable();
+    if m.opts().iter().count() != counted.top || decoded_iana != counted_iana {
         return Err("an option did not decode".into());
     }
     Ok(m)
@@ -585,6 +589,17 @@ mod tests {
         };
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         assert_eq!(names, ["default.svc.cluster.local."]);
+        // Two IA_NAs, one with an IA Address inside, in either order.
+        let ia_addr: &[u8] = &[
+            0, 3, 0, 40, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 24, 0xfd, 0x10, 0, 0, 0, 2,
+            0, 0, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 0,
+        ];
+        for opts in [[CLIENT_ID, IA_NA, ia_addr], [CLIENT_ID, ia_addr, IA_NA]] {
+            assert!(matches!(
+                respond(&cfg(), &raw(1, &opts), from()),
+                Outcome::Reply { .. }
+            ));
+        }
         // Relay messages are not served.
         assert!(matches!(
             respond(&cfg(), &[12, 0, 0, 0], from()),
