@@ -36,3 +36,11 @@ pub fn error_path(r: Result<crate::cmdline::DomainPlan, crate::cmdline::ConvertE
         Err(e) => e.path().as_str().to_string(),
     }
 }
+
+/// The planned devices as (QEMU driver, id), in plan order.
+pub fn drivers(plan: &crate::cmdline::DomainPlan) -> Vec<(&'static str, String)> {
+    plan.devices
+        .iter()
+        .map(|d| (d.device.driver(), d.device.id().to_string()))
+        .collect()
+}
