@@ -21,6 +21,7 @@ use crate::cmdline::context::{IfaceFacts, TapSource};
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
@@ -300,13 +301,14 @@ async fn start_up(
     paused: bool,
 ) -> Result<(), SyncError> {
     for step in &qmp_plan.startup {
-        client
-            .execute(step.execute, Some(step.arguments.clone()))
-            .await
-            .map_err(SyncError::Qmp)?;
+        let step = Planned {
+            execute: step.execute,
+            arguments: &step.arguments,
+        };
+        client.run(&step).await.map_err(SyncError::Qmp)?;
     }
     if !paused {
-        client.execute("cont", None).await.map_err(SyncError::Qmp)?;
+        client.run(&Cont).await.map_err(SyncError::Qmp)?;
     }
     Ok(())
 }

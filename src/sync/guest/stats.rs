@@ -36,6 +36,7 @@ use serde_json::Value;
 use crate::cmdline::context::{IfaceFacts, TapSource};
 use crate::cmdline::plan::{DeviceClass, DomainPlan};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast};
 use crate::sync::SyncError;
 
 /// KubeVirt `stats.DomainStats`, serialised with Go's field names.
@@ -275,25 +276,16 @@ pub async fn collect(
     pid: i32,
     names: &DeviceNames,
 ) -> Result<DomainStats, SyncError> {
-    let cpus = client
-        .execute("query-cpus-fast", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let blockstats = client
-        .execute("query-blockstats", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let block = client
-        .execute("query-block", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let balloon = client.execute("query-balloon", None).await.ok();
+    let cpus = client.run(&QueryCpusFast).await.map_err(SyncError::Qmp)?;
+    let blockstats = client.run(&QueryBlockstats).await.map_err(SyncError::Qmp)?;
+    let block = client.run(&QueryBlock).await.map_err(SyncError::Qmp)?;
+    let balloon = client.run(&QueryBalloon).await.ok();
     let guest_stats = match &names.balloon {
         Some(path) => client
-            .execute(
-                "qom-get",
-                Some(serde_json::json!({"path": path, "property": "guest-stats"})),
-            )
+            .run(&QomGet {
+                path: path.clone(),
+                property: "guest-stats".into(),
+            })
             .await
             .ok(),
         None => None,
