@@ -18,6 +18,7 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::cmdline::context::{IfaceFacts, TapSource};
+use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
@@ -149,10 +150,8 @@ impl SyncVmi {
     fn argv(&self, plan: &DomainPlan) -> Vec<String> {
         let mut argv = render::argv(plan);
         if let Some(p) = &self.config.operator_qmp_socket {
-            // QEMU's option syntax: a comma in a value is written twice.
-            let path = p.display().to_string().replace(',', ",,");
             argv.push("-qmp".into());
-            argv.push(format!("unix:{path},server=on,wait=off"));
+            argv.push(operator_qmp_arg(p));
         }
         argv
     }
@@ -259,6 +258,16 @@ impl SyncVmi {
     }
 }
 
+/// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,
+/// commas of the path doubled (QEMU's option syntax).
+fn operator_qmp_arg(path: &Path) -> String {
+    let head = ["unix:", &path.display().to_string()].concat();
+    KeyVal::with_head(&head)
+        .on_off("server", true)
+        .on_off("wait", false)
+        .finish()
+}
+
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
 fn push_interface(domain: &mut Domain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
@@ -334,4 +343,23 @@ pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_qmp_socket_argument() {
+        let cases = [
+            ("/run/q/op.sock", "unix:/run/q/op.sock,server=on,wait=off"),
+            (
+                "/tmp/a,b/op.sock",
+                "unix:/tmp/a,,b/op.sock,server=on,wait=off",
+            ),
+        ];
+        for (path, want) in cases {
+            assert_eq!(operator_qmp_arg(Path::new(path)), want);
+        }
+    }
 }
