@@ -32,7 +32,8 @@ use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::{SyncVmi, QMP_CONNECT_TIMEOUT};
-use crate::sync::{mac, privileges, recover, SyncError};
+use crate::sync::{privileges, recover, SyncError};
+use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
 impl SyncVmi {
@@ -69,7 +70,7 @@ impl SyncVmi {
         for (iface, cfg) in network::net_configs(vmi, self.config.runtime_uid)? {
             let plan =
                 network::setup_network(&self.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
-            let mac = mac::format_mac(plan.guest_mac);
+            let mac = MacAddr(plan.guest_mac).to_string();
             push_interface(&mut domain, &iface, mac.clone());
             ctx.interfaces.insert(
                 iface,

@@ -38,6 +38,7 @@ use crate::cmdline::plan::{DeviceClass, DomainPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast};
 use crate::sync::SyncError;
+use crate::sys::procfs::stat_times;
 
 /// KubeVirt `stats.DomainStats`, serialised with Go's field names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -386,15 +387,6 @@ fn vcpu_threads(cpus: &Value) -> Vec<i32> {
         .collect();
     list.sort_unstable();
     list.into_iter().map(|(_, tid)| tid).collect()
-}
-
-/// `utime` and `stime` (clock ticks) of a `/proc/<pid>/stat` line.
-fn stat_times(stat: &str) -> Option<(u64, u64)> {
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state(3) ppid(4) ... utime(14) stime(15): indices 11 and 12 here.
-    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
 }
 
 fn cpu_stats(stat: Option<&str>, ns_per_tick: u64) -> CpuStats {
