@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
-use crate::cmdline::context::{Backing, ImageFormat as CtxFormat, PathRoots, VolumeFacts};
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
 };
@@ -42,11 +42,8 @@ pub(crate) fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    backing: Backing::File,
-                    format: match base_facts.format {
-                        storage::ImageFormat::Raw => CtxFormat::Raw,
-                        storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
-                    },
+                    kind: StorageKind::File,
+                    format: base_facts.format,
                     virtual_size: Some(base_facts.virtual_size),
                     direct_io: false,
                     preallocated: false,
@@ -68,7 +65,7 @@ pub(crate) fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    format: CtxFormat::Qcow2,
+                    format: storage::ImageFormat::Qcow2,
                     virtual_size: Some(size),
                     ..VolumeFacts::default()
                 },
