@@ -6,11 +6,13 @@
 //!
 //! Layout:
 //! - [`client`]: the QMP wire protocol (QEMU's `docs/interop/qmp-spec.rst`) over a Unix socket.
+//! - [`commands`]: typed QMP commands and replies, run with [`QmpClient::run`].
 //! - [`lifecycle`]: lifecycle commands and the pure event -> KubeVirt domain state mapping.
 //! - [`hotplug`]: disk, cdrom and NIC hotplug in the order libvirt issues the commands.
 //! - [`tap`]: opening an existing tap device by name (`TUNSETIFF`) for NIC hotplug.
 
 pub mod client;
+pub mod commands;
 pub mod hotplug;
 pub mod lifecycle;
 pub mod tap;
