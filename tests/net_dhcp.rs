@@ -129,21 +129,7 @@ fn dhclient_gets_lease_and_options() {
          interface-mtu, ntp-servers, tftp-server-name, bootfile-name, private-240;\n",
     )
     .unwrap();
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-4",
-        "-d",
-        "-1",
-        "-cf",
-        conf.to_str().unwrap(),
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-4", Some(&conf), &script);
     let env = dir.wait_env(20);
     assert_eq!(
         pick(
@@ -197,19 +183,7 @@ fn dhclient6_gets_ia_na_and_dns() {
     let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-6",
-        "-d",
-        "-1",
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-6", None, &script);
     let env = dir.wait_env(30);
     assert_eq!(
         pick(&env, &["new_ip6_address", "new_dhcp6_name_servers"]),

@@ -134,19 +134,7 @@ fn malformed_solicit_request_and_information_request_are_dropped_and_counted() {
     // And a real client still gets its lease.
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-6",
-        "-d",
-        "-1",
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-6", None, &script);
     assert_eq!(
         dir.wait_env(30).get("new_ip6_address").map(String::as_str),
         Some("fd10:0:2::2")

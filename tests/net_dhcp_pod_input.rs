@@ -342,19 +342,7 @@ fn search_entries_that_are_not_dns_names_are_dropped_with_one_warning() {
     let capture = Capture::start(&vm);
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-4",
-        "-d",
-        "-1",
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-4", None, &script);
     let env = dir.wait_env(20);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let opts = ack(&capture.stop(68));
@@ -468,19 +456,7 @@ fn dhcpv6_reply_carries_dns_and_the_same_search_list() {
     let capture = Capture::start(&vm);
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-6",
-        "-d",
-        "-1",
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-6", None, &script);
     let env = dir.wait_env(30);
     std::thread::sleep(std::time::Duration::from_millis(200));
     let reply = capture

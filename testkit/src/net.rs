@@ -213,6 +213,32 @@ impl ClientDir {
         p
     }
 
+    /// Spawns ISC `dhclient FAMILY -d -1 [-cf CONFIG] -sf SCRIPT` on the guest NIC `vmnic` inside
+    /// `vm` (`FAMILY` `-4` or `-6`; lease and pid files here), killed when the guard drops.
+    pub fn dhclient(
+        &self,
+        vm: &Netns,
+        family: &str,
+        config: Option<&std::path::Path>,
+        script: &std::path::Path,
+    ) -> crate::process::ChildGuard {
+        let (lease, pid) = (self.path("lease"), self.path("pid"));
+        let mut args = vec!["dhclient", family, "-d", "-1"];
+        if let Some(c) = config {
+            args.extend(["-cf", c.to_str().expect("utf-8 path")]);
+        }
+        args.extend([
+            "-sf",
+            script.to_str().expect("utf-8 path"),
+            "-lf",
+            lease.to_str().expect("utf-8 path"),
+            "-pf",
+            pid.to_str().expect("utf-8 path"),
+            "vmnic",
+        ]);
+        vm.spawn(&args)
+    }
+
     /// Waits up to `secs` for the hook's environment dump and parses it into `KEY=value` pairs.
     pub fn wait_env(&self, secs: u64) -> std::collections::BTreeMap<String, String> {
         let p = self.path("env");
