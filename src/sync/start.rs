@@ -24,7 +24,7 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
-use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
 use crate::sync::reconcile::disks::node_indices;
 use crate::sync::reconcile::media;
@@ -50,7 +50,7 @@ impl SyncVmi {
             .clone()
             .unwrap_or_else(|| "default".into());
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let mut domain = Domain::for_vmi(&namespace, &name, &uid);
+        let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
@@ -237,7 +237,7 @@ impl SyncVmi {
     async fn follow(
         &self,
         client: &QmpClient,
-        domain: Domain,
+        domain: ApiDomain,
         watcher: Qemu,
     ) -> Result<(), SyncError> {
         let events = client.events();
@@ -270,7 +270,7 @@ fn operator_qmp_arg(path: &Path) -> String {
 }
 
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
-fn push_interface(domain: &mut Domain, name: &str, mac: String) {
+fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
         interface_type: "ethernet".into(),
         mac: Some(Mac { mac }),
