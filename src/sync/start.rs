@@ -26,7 +26,7 @@ use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
-use crate::sync::reconcile::disks::node_indices;
+use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
@@ -108,11 +108,7 @@ impl SyncVmi {
         domain.spec.uuid = plan.uuid.clone();
         domain.spec.domain_type = "kvm".into();
         let argv = self.argv(&plan);
-        let next_node = argv
-            .iter()
-            .flat_map(|w| node_indices(w))
-            .max()
-            .map_or(1, |n| n + 1);
+        let next_node = next_node_index(&plan);
         let t_convert = t0.elapsed();
 
         let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);

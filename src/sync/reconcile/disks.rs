@@ -11,6 +11,7 @@ use std::collections::BTreeMap;
 
 use tracing::info;
 
+use crate::cmdline::plan::{Backend, DomainPlan, FirmwarePlan};
 use crate::cmdline::render;
 use crate::qmp::client::QmpClient;
 use crate::sync::state::Running;
@@ -114,6 +115,26 @@ pub(crate) async fn apply(
     Ok(())
 }
 
+/// The first block node index no node of `plan` uses: one more than the highest `N` of its
+/// `libvirt-N-*` node names (disk and cdrom chains; the firmware's `libvirt-pflash*` nodes carry
+/// none), 1 for a plan without disks.
+pub(crate) fn next_node_index(plan: &DomainPlan) -> u32 {
+    let devices = plan.devices.iter().filter_map(|d| match &d.backend {
+        Backend::Blockdevs(b) => Some(b.as_slice()),
+        _ => None,
+    });
+    let firmware = match &plan.firmware {
+        FirmwarePlan::Efi { blockdevs, .. } => Some(blockdevs.as_slice()),
+        _ => None,
+    };
+    devices
+        .chain(firmware)
+        .flatten()
+        .flat_map(|b| node_indices(b.node_name()))
+        .max()
+        .map_or(1, |n| n + 1)
+}
+
 /// The `N` of every `libvirt-N-` node name in `text`.
 pub(crate) fn node_indices(text: &str) -> Vec<u32> {
     text.split("libvirt-")
@@ -167,6 +188,11 @@ mod tests {
             device_del: serde_json::json!({"id": format!("ua-{name}")}),
             blockdev_del: vec![serde_json::json!({"node-name": "libvirt-1-storage"})],
         }
+    }
+
+    #[test]
+    fn a_plan_without_disks_starts_nodes_at_one() {
+        assert_eq!(next_node_index(&DomainPlan::default()), 1);
     }
 
     #[test]
