@@ -1,8 +1,8 @@
 //! virt-launcher's process plumbing: its flags, its directories, `STANDALONE_VMI`, the
-//! `--qemu-timeout` wait and the grace period, generic over a [`Domain`].
+//! `--qemu-timeout` wait and the grace period, generic over a [`SupervisedDomain`].
 //!
 //! Mirrors `cmd/virt-launcher/virt-launcher.go` of KubeVirt v1.9.0. The launcher's core (command
-//! server, SyncVMI, QMP) belongs to the sync module, which implements [`Domain`]; [`run`] then
+//! server, SyncVMI, QMP) belongs to the sync module, which implements [`SupervisedDomain`]; [`run`] then
 //! drives the lifecycle: wait for a domain (failing after `--qemu-timeout`), watch its QEMU, and
 //! on a stop request shut it down gracefully within `--grace-period-seconds`.
 use std::future::Future;
@@ -260,8 +260,11 @@ pub fn standalone_vmi(env_value: Option<&str>) -> Result<Option<serde_json::Valu
     }
 }
 
+/// The old name of [`SupervisedDomain`], kept while `src/cli/launcher.rs` imports it.
+pub use self::SupervisedDomain as Domain;
+
 /// What the launcher's lifecycle needs from the domain: the sync module implements it.
-pub trait Domain: DomainControl {
+pub trait SupervisedDomain: DomainControl {
     /// Resolves with the QEMU pid once a domain has been started (by a SyncVMI call or the
     /// standalone VMI). Stays pending while none is.
     fn started(&self) -> impl Future<Output = Result<i32, MonitorError>> + Send;
@@ -277,8 +280,8 @@ pub trait Domain: DomainControl {
 /// Runs the launcher's lifecycle after its servers are up: waits for a domain (at most
 /// `--qemu-timeout`), then supervises its QEMU ([`grace::supervise`]) until it is gone.
 /// Returns `None` when a stop request came before any domain started.
-/// Errors: [`MonitorError::QemuTimeout`], the domain's own errors, and [`Domain::check_exit`]'s.
-pub async fn run<D: Domain>(
+/// Errors: [`MonitorError::QemuTimeout`], the domain's own errors, and [`SupervisedDomain::check_exit`]'s.
+pub async fn run<D: SupervisedDomain>(
     config: &LauncherConfig,
     domain: &D,
     stop: watch::Receiver<bool>,

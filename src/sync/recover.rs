@@ -24,7 +24,7 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomList, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
-use crate::sync::domain::{Domain, DomainEventType};
+use crate::sync::domain::{ApiDomain, DomainEventType};
 use crate::sync::reconcile::disks::node_indices;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::SyncVmi;
@@ -159,7 +159,7 @@ impl SyncVmi {
         &self,
         found: Found,
         vmi: &Vmi,
-        domain: Domain,
+        domain: ApiDomain,
         mut running: Running,
     ) -> Result<Running, SyncError> {
         let Found { pid, client } = found;

@@ -24,9 +24,9 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
-use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
-use crate::sync::reconcile::disks::node_indices;
+use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
@@ -50,7 +50,7 @@ impl SyncVmi {
             .clone()
             .unwrap_or_else(|| "default".into());
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let mut domain = Domain::for_vmi(&namespace, &name, &uid);
+        let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
@@ -108,11 +108,7 @@ impl SyncVmi {
         domain.spec.uuid = plan.uuid.clone();
         domain.spec.domain_type = "kvm".into();
         let argv = self.argv(&plan);
-        let next_node = argv
-            .iter()
-            .flat_map(|w| node_indices(w))
-            .max()
-            .map_or(1, |n| n + 1);
+        let next_node = next_node_index(&plan);
         let t_convert = t0.elapsed();
 
         let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
@@ -237,7 +233,7 @@ impl SyncVmi {
     async fn follow(
         &self,
         client: &QmpClient,
-        domain: Domain,
+        domain: ApiDomain,
         watcher: Qemu,
     ) -> Result<(), SyncError> {
         let events = client.events();
@@ -270,7 +266,7 @@ fn operator_qmp_arg(path: &Path) -> String {
 }
 
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
-fn push_interface(domain: &mut Domain, name: &str, mac: String) {
+fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
         interface_type: "ethernet".into(),
         mac: Some(Mac { mac }),

@@ -19,7 +19,7 @@ use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Quit;
 use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
 use crate::sync::domain::{
-    Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
+    Alias, ApiDomain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
 use crate::sync::notify::Notifier;
 use crate::sync::reconcile::nics::{NicChanges, NicState};
@@ -48,7 +48,7 @@ pub(crate) struct Running {
 
 /// State shared with the event task.
 pub(crate) struct Shared {
-    pub(crate) domain: StdMutex<Option<Domain>>,
+    pub(crate) domain: StdMutex<Option<ApiDomain>>,
     pub(crate) status: StdMutex<DomainStatus>,
     pub(crate) notifier: Option<Notifier>,
     pub(crate) graceful: AtomicBool,
