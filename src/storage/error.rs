@@ -252,6 +252,16 @@ pub enum StorageError {
         #[source]
         source: io::Error,
     },
+    /// The per-VM EFI NVRAM file cannot be made from its template; nothing was left behind.
+    #[error("VMI {vmi}: NVRAM {path}: {source}")]
+    Nvram {
+        /// VMI name.
+        vmi: String,
+        /// The template or the NVRAM file, whichever failed.
+        path: PathBuf,
+        /// The I/O error (or `InvalidInput` with the rule broken).
+        source: io::Error,
+    },
     /// Inspecting an image (stat, open, read) for its facts failed.
     #[error("volume {volume}: probing {path} failed")]
     ProbeImage {
