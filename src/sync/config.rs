@@ -31,6 +31,9 @@ pub struct SyncConfig {
     pub qemu_log: PathBuf,
     /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
     pub runtime_uid: u32,
+    /// virt-launcher's `--ovmf-path`: where KubeVirt's file names of the EFI firmware are looked
+    /// up first, before Debian's `/usr/share/OVMF` pairs ([`crate::storage::detect_efi`]).
+    pub ovmf_dir: PathBuf,
 }
 
 impl SyncConfig {
@@ -66,6 +69,7 @@ impl SyncConfig {
             } else {
                 107
             },
+            ovmf_dir: "/usr/share/OVMF".into(),
         }
     }
 }

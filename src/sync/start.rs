@@ -99,6 +99,15 @@ impl SyncVmi {
                 m.path, m.reason,
             )));
         }
+        // EFI: the per-VM VARS file from its template (kept when it exists), as libvirt does.
+        let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+        let nvram_plan = plan.firmware.clone();
+        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        tokio::task::spawn_blocking(move || {
+            facts::storage::prepare_nvram(&nvram_plan, &vmi_name, owner)
+        })
+        .await
+        .map_err(|e| SyncError::Task(e.to_string()))??;
         nics.started(&plan);
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
