@@ -301,3 +301,54 @@ fn ephemeral_pvc_writes_land_in_the_overlay_and_the_pvc_is_unchanged() {
     );
     assert_eq!(sha256(&pvc), pvc_sum, "the PVC image changed");
 }
+
+/// GHSA-qv98-3369-g364: a containerDisk image recording its own backing file (`/etc/shadow`) is
+/// refused before QEMU starts, naming the volume, and no overlay is left behind.
+#[test]
+fn a_container_disk_with_a_hostile_backing_file_is_refused_before_qemu_starts() {
+    let tmp = short_tempdir();
+    let image = tmp.path().join("hostile.qcow2");
+    support::host(&[
+        "qemu-img",
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-u",
+        "-b",
+        "/etc/shadow",
+        "-F",
+        "raw",
+        &image.display().to_string(),
+        "16M",
+    ]);
+    let vmi = write_vmi(
+        tmp.path(),
+        &guest_vmi("hostile", serde_json::json!({}), serde_json::json!({})),
+    );
+    let root = tmp.path().join("r");
+    let disk = format!("rootdisk={}", image.display());
+    let pod = Pod::new();
+    let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
+    let status = run
+        .wait(STEP)
+        .unwrap_or_else(|| panic!("qlauncher run kept running:\n{}", run.output()));
+    assert!(!status.success(), "{}", run.output());
+    let out = run.output();
+    assert!(
+        out.contains("volume rootdisk") && out.contains("/etc/shadow"),
+        "{out}"
+    );
+    assert!(
+        !root
+            .join("var/run/kubevirt-ephemeral-disks/disk-data/rootdisk")
+            .exists(),
+        "an overlay was left behind"
+    );
+    let qemu_log = root.join("var/run/kubevirt-private/qlauncher/qemu.log");
+    assert!(
+        std::fs::read_to_string(&qemu_log).unwrap_or_default().is_empty(),
+        "QEMU was started"
+    );
+    assert!(pod.pids().is_empty(), "processes left in the pod");
+}
