@@ -347,8 +347,45 @@ fn a_container_disk_with_a_hostile_backing_file_is_refused_before_qemu_starts() 
     );
     let qemu_log = root.join("var/run/kubevirt-private/qlauncher/qemu.log");
     assert!(
-        std::fs::read_to_string(&qemu_log).unwrap_or_default().is_empty(),
+        std::fs::read_to_string(&qemu_log)
+            .unwrap_or_default()
+            .is_empty(),
         "QEMU was started"
     );
     assert!(pod.pids().is_empty(), "processes left in the pod");
+}
+
+/// A guest with ACPI off (`features.acpi.enabled: false`, so the power button does nothing) but
+/// a guest agent: SIGTERM to the launcher powers it off through the agent's `guest-shutdown`
+/// well within its grace period, instead of the kill when the period runs out.
+#[test]
+#[ignore = "needs a test guest whose agent obeys guest-shutdown: the busybox responder of \
+            /var/cache/qlauncher/guest answers CommandNotFound (the real qemu-guest-agent is \
+            coming with the guest rebuild)"]
+fn acpi_off_guest_with_an_agent_powers_off_through_the_agent() {
+    let images = GuestImages::locate();
+    let tmp = short_tempdir();
+    let mut vmi = guest_vmi("noacpi", serde_json::json!({}), serde_json::json!({}));
+    vmi["spec"]["terminationGracePeriodSeconds"] = serde_json::json!(120);
+    vmi["spec"]["domain"]["features"] = serde_json::json!({"acpi": {"enabled": false}});
+    let vmi = write_vmi(tmp.path(), &vmi);
+    let root = tmp.path().join("r");
+    let disk = format!("rootdisk={}", images.disk_qcow2.display());
+    let pod = Pod::new();
+    let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
+    let mut console = run.console();
+    console.wait_for_marker("agent ready", STEP).unwrap();
+    let t0 = Instant::now();
+    support::host(&["kill", "-TERM", &run.pid().to_string()]);
+    let status = run
+        .wait(Duration::from_secs(60))
+        .unwrap_or_else(|| panic!("not powered off within 60 s:\n{}", run.diagnostics()));
+    assert!(status.success(), "{}", run.output());
+    assert!(t0.elapsed() < Duration::from_secs(60));
+    assert!(
+        run.output()
+            .contains("guest-shutdown through the guest agent"),
+        "{}",
+        run.output()
+    );
 }
