@@ -34,6 +34,9 @@ pub struct SyncConfig {
     /// virt-launcher's `--ovmf-path`: where KubeVirt's file names of the EFI firmware are looked
     /// up first, before Debian's `/usr/share/OVMF` pairs ([`crate::storage::detect_efi`]).
     pub ovmf_dir: PathBuf,
+    /// The vhost-vsock device the launcher opens for a VMI with `status.VSOCKCID` and hands to
+    /// QEMU as `vhostfd` (libvirt's way, so an unprivileged QEMU needs no access to it).
+    pub vhost_vsock: PathBuf,
 }
 
 impl SyncConfig {
@@ -70,6 +73,7 @@ impl SyncConfig {
                 107
             },
             ovmf_dir: "/usr/share/OVMF".into(),
+            vhost_vsock: "/dev/vhost-vsock".into(),
         }
     }
 }
