@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::cmdline::context::{ImageFormat as CtxFormat, VolumeFacts};
+use crate::cmdline::context::VolumeFacts;
 use crate::cmdline::ConverterContext;
 use crate::storage;
 use crate::sync::SyncError;
@@ -30,10 +30,7 @@ pub(crate) fn add_hotplug_facts(vmi: &Vmi, ctx: &mut ConverterContext) -> Result
         ctx.volumes.insert(
             vol.name.clone(),
             VolumeFacts {
-                format: match facts.format {
-                    storage::ImageFormat::Raw => CtxFormat::Raw,
-                    storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
-                },
+                format: facts.format,
                 virtual_size: Some(facts.virtual_size),
                 ..VolumeFacts::default()
             },

@@ -67,6 +67,7 @@ pub(crate) fn net_configs(
                 runtime_uid,
                 hostname: hostname.clone(),
                 subdomain: vmi.spec.subdomain.clone(),
+                istio: net::config::istio_proxy_injection(vmi),
                 ..NetConfig::default()
             },
         ));

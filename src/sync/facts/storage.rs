@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
-use crate::cmdline::context::{Backing, ImageFormat as CtxFormat, PathRoots, VolumeFacts};
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::cmdline::plan::FirmwarePlan;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
@@ -44,11 +44,8 @@ pub(crate) fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    backing: Backing::File,
-                    format: match base_facts.format {
-                        storage::ImageFormat::Raw => CtxFormat::Raw,
-                        storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
-                    },
+                    kind: StorageKind::File,
+                    format: base_facts.format,
                     virtual_size: Some(base_facts.virtual_size),
                     direct_io,
                     preallocated: false,
@@ -73,7 +70,7 @@ pub(crate) fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    format: CtxFormat::Qcow2,
+                    format: storage::ImageFormat::Qcow2,
                     virtual_size: Some(size),
                     direct_io,
                     ..VolumeFacts::default()
@@ -226,8 +223,12 @@ pub(crate) fn ephemeral_overlay(
     let direct_io = direct_io(&vol.name, &[&spec.overlay, &base]);
     info!(volume = %vol.name, ?outcome, base = %base.display(), overlay = %spec.overlay.display(), direct_io, "ephemeral overlay");
     Ok(VolumeFacts {
-        backing: if block { Backing::Block } else { Backing::File },
-        format: CtxFormat::Raw,
+        kind: if block {
+            StorageKind::Block
+        } else {
+            StorageKind::File
+        },
+        format: storage::ImageFormat::Raw,
         virtual_size: Some(virtual_size),
         direct_io,
         preallocated: false,

@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
-use crate::cmdline::context::{Backing, PathRoots, VolumeFacts};
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
 use crate::sync::SyncError;
 use crate::vmi::{Vmi, Volume};
@@ -74,7 +74,7 @@ pub fn prepare(
         let direct_io = super::storage::direct_io(&vol.name, &[&device]);
         info!(volume = %vol.name, device = %device.display(), direct_io, "block PVC");
         return Ok(Some(VolumeFacts {
-            backing: Backing::Block,
+            kind: StorageKind::Block,
             direct_io,
             ..VolumeFacts::default()
         }));
