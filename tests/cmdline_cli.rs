@@ -128,3 +128,70 @@ fn compare_and_golden_subcommands_pass_on_the_kubevirt_test_vmi() {
     assert!(ok, "{out}{err}");
     assert!(out.ends_with(" differences, 0 unexpected\n"), "{out}");
 }
+
+/// A VMI whose name Kubernetes accepts (dots, 253 characters) with serials of KubeVirt's allowed
+/// lengths on every bus: `validate` and `convert` agree (one rule), and QEMU gets the serials
+/// whole; a serial over 256 is refused by both at the same field.
+#[test]
+fn kubernetes_names_and_serials_on_every_bus_pass_validate_and_convert_alike() {
+    let name = format!("{}.{}", "w".repeat(126), "p".repeat(126));
+    let dir = std::env::temp_dir().join(format!("qlauncher-cli-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |serial0: &str| {
+        let disks: Vec<serde_json::Value> = ["virtio", "sata", "scsi", "usb"]
+            .iter()
+            .enumerate()
+            .map(|(i, bus)| {
+                let serial = if i == 0 {
+                    serial0.to_string()
+                } else {
+                    format!("{bus}-{}", "s".repeat(35))
+                };
+                serde_json::json!({"name": format!("d{i}"), "disk": {"bus": bus}, "serial": serial})
+            })
+            .collect();
+        let volumes: Vec<serde_json::Value> = (0..4)
+            .map(|i| serde_json::json!({"name": format!("d{i}"), "containerDisk": {"image": "x"}}))
+            .collect();
+        let vmi = serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": name, "namespace": "ns", "uid": "0d6a3c1e-7f1b-4a5e-9c55-5b7d2a6c9e01"},
+            "spec": {"domain": {"devices": {"disks": disks}, "memory": {"guest": "128Mi"}},
+                     "volumes": volumes}
+        });
+        let path = dir.join(format!("vmi-{}.json", serial0.len()));
+        std::fs::write(&path, vmi.to_string()).unwrap();
+        path
+    };
+    let good = write(&"V".repeat(256));
+    let good = good.to_str().unwrap();
+    let (ok, _, err) = qlauncher(&["validate", good]);
+    assert!(ok, "{err}");
+    let (ok, out, err) = qlauncher(&["convert", good]);
+    assert!(ok, "{err}");
+    assert!(
+        out.contains(&format!("\"serial\":\"{}\"", "V".repeat(256))),
+        "{out}"
+    );
+    for bus in ["sata", "scsi", "usb"] {
+        assert!(
+            out.contains(&format!("\"serial\":\"{bus}-{}\"", "s".repeat(35))),
+            "{bus}"
+        );
+    }
+    assert!(out.contains(&format!("guest=ns_{name},")));
+
+    let bad = write(&"V".repeat(257));
+    let bad = bad.to_str().unwrap();
+    for cmd in ["validate", "convert"] {
+        let (ok, _, err) = qlauncher(&[cmd, bad]);
+        assert!(!ok, "{cmd} accepted a 257-character serial");
+        assert!(
+            err.contains(
+                "spec.domain.devices.disks[0].serial: must be at most 256 characters long"
+            ),
+            "{cmd}: {err}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -62,6 +62,65 @@ fn overlay_info(path: &Path) -> (String, u64, String, String) {
     )
 }
 
+/// GHSA-qv98-3369-g364: a containerDisk image that records its own backing file (here
+/// `/etc/shadow`) is refused by KubeVirt's default overlay spec before anything below the base is
+/// opened, naming the volume, and no overlay (nor its directory) is left behind. An overlay kept
+/// from an earlier run does not let a base swapped for a hostile one through either.
+#[test]
+fn a_container_disk_with_its_own_backing_file_is_refused() {
+    let l = layout("ov-hostile");
+    let base = l.bases.join("disk_0.img");
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-u",
+            "-b",
+            "/etc/shadow",
+            "-F",
+            "raw",
+            base.to_str().unwrap(),
+            "16M",
+        ],
+    );
+    let spec = OverlaySpec::at_kubevirt_path("containerdisk", &base, &l.ephemeral);
+    let err = create_overlay(&spec).unwrap_err();
+    match &err {
+        StorageError::BaseHasBackingFile {
+            volume,
+            path,
+            backing,
+        } => {
+            assert_eq!(
+                (volume.as_str(), path, backing.as_str()),
+                ("containerdisk", &base, "/etc/shadow")
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    let text = err.to_string();
+    assert!(
+        text.starts_with("volume containerdisk: ") && text.contains("/etc/shadow"),
+        "{text}"
+    );
+    assert!(!l.ephemeral.join("disk-data").exists());
+
+    // An overlay kept from an earlier run over a good base: the base is checked again.
+    let good = l.bases.join("disk_1.img");
+    raw_base(&good, MIB);
+    let spec = OverlaySpec::at_kubevirt_path("second", &good, &l.ephemeral);
+    assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Created);
+    std::fs::remove_file(&good).unwrap();
+    std::fs::copy(&base, &good).unwrap();
+    assert!(matches!(
+        create_overlay(&spec).unwrap_err(),
+        StorageError::BaseHasBackingFile { .. }
+    ));
+}
+
 #[test]
 fn overlay_over_qcow2_base_reads_through_and_never_writes_the_base() {
     let l = layout("ov-qcow2");
@@ -148,12 +207,21 @@ fn existing_overlay_is_kept_with_the_guest_writes() {
     assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Created);
     qemu_io(&spec.overlay, "qcow2", "write -P 0x5a 0 64k");
     let before = std::fs::read(&spec.overlay).unwrap();
-    assert_eq!(create_overlay(&spec).unwrap(), (Outcome::Kept, None));
+    let (outcome, facts) = create_overlay(&spec).unwrap();
+    assert_eq!(
+        (outcome, facts.map(|f| f.virtual_size)),
+        (Outcome::Kept, Some(MIB))
+    );
     assert!(std::fs::read(&spec.overlay).unwrap() == before);
     qemu_io(&spec.overlay, "qcow2", "read -P 0x5a 0 64k");
-    // Even a missing base does not matter once the overlay exists.
+    // The base is checked again on every run (QEMU opens it through the overlay): a missing
+    // base is an error naming the volume, and the overlay with the guest's writes stays.
     std::fs::remove_file(&base).unwrap();
-    assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Kept);
+    assert!(matches!(
+        create_overlay(&spec).unwrap_err(),
+        StorageError::MissingBase { .. }
+    ));
+    assert!(std::fs::read(&spec.overlay).unwrap() == before);
 }
 
 #[test]
@@ -272,7 +340,7 @@ fn chains_deeper_than_the_policy_are_rejected() {
     container.policy.max_depth = ChainPolicy::container_disk().max_depth;
     assert!(matches!(
         create_overlay(&container).unwrap_err(),
-        StorageError::ChainTooDeep { limit: 1, .. }
+        StorageError::BaseHasBackingFile { .. }
     ));
     let mut flat = spec(&l, "cd", &l.bases.join("b0.raw"));
     flat.policy.max_depth = ChainPolicy::container_disk().max_depth;

@@ -93,10 +93,14 @@ type Case = (
     &'static [(&'static str, &'static str)],
 );
 
+const SUBDOMAIN: &str = "must be a DNS-1123 subdomain (lowercase alphanumerics, '-' and '.', each dot-separated part starting and ending alphanumeric, at most 253 characters)";
 const DNS: &str = "must be a DNS-1123 label (lowercase alphanumerics and '-', starting and ending alphanumeric, at most 63 characters)";
 
 const CASES: &[Case] = &[
-    ("vmi name", |v| v.metadata.name = s("Bad_Name"), &[("metadata.name", DNS)]),
+    ("vmi name", |v| v.metadata.name = s("Bad_Name"), &[("metadata.name", SUBDOMAIN)]),
+    ("vmi name too long", |v| v.metadata.name = Some("a".repeat(254)), &[("metadata.name", SUBDOMAIN)]),
+    ("vmi name empty part", |v| v.metadata.name = s("a..b"), &[("metadata.name", SUBDOMAIN)]),
+    ("serial too long", |v| disk(v, 2).serial = Some("S".repeat(257)), &[("spec.domain.devices.disks[2].serial", "must be at most 256 characters long")]),
     ("vmi name missing", |v| v.metadata.name = None, &[("metadata.name", "is required")]),
     ("hostname", |v| v.spec.hostname = s("-host"), &[("spec.hostname", DNS)]),
     ("subdomain", |v| v.spec.subdomain = s("a..b"), &[("spec.subdomain", "must be a DNS-1123 subdomain")]),
@@ -196,6 +200,32 @@ const CASES: &[Case] = &[
     ("io threads policy", |v| v.spec.domain.io_threads_policy = s("dedicated"), &[("spec.domain.ioThreadsPolicy", "must be one of shared, auto, supplementalPool")]),
     ("sound model", |v| v.spec.domain.devices.sound = Some(SoundDevice { name: "snd".into(), model: s("sb16") }), &[("spec.domain.devices.sound.model", "must be one of ich9, ac97")]),
 ];
+
+/// Every name Kubernetes accepts for an object (a DNS-1123 subdomain: dots, up to 253
+/// characters, parts longer than 63) validates, and so does a serial of any length up to
+/// KubeVirt's 256 on every bus.
+#[test]
+fn kubernetes_names_and_kubevirt_serials_validate() {
+    let long_label = format!("a{}", "b".repeat(99));
+    let max = format!("{}.{}", "x".repeat(126), "y".repeat(126));
+    assert_eq!(max.len(), 253);
+    for name in [
+        "web.prod",
+        "a.b.c",
+        long_label.as_str(),
+        max.as_str(),
+        "0vm",
+    ] {
+        let mut v = base();
+        v.metadata.name = s(name);
+        assert_eq!(v.validate(), Ok(()), "{name}");
+    }
+    for serial in ["S".repeat(39), "x".repeat(256), "a.b+c_d-e".into()] {
+        let mut v = base();
+        disk(&mut v, 2).serial = Some(serial.clone());
+        assert_eq!(v.validate(), Ok(()), "{serial}");
+    }
+}
 
 #[test]
 fn base_vmi_is_valid() {

@@ -132,6 +132,7 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     c.qmp_socket = qlauncher_dir.join("monitor.sock");
     c.qemu_log = qlauncher_dir.join("qemu.log");
     c.operator_qmp_socket = std::env::var_os(OPERATOR_QMP_ENV).map(PathBuf::from);
+    c.ovmf_dir = config.ovmf_path.clone();
     let emulation = std::env::var(EMULATION_ENV).unwrap_or_default();
     let (kvm, allow_emulation) = choose_accel(config, &emulation, &c.qemu);
     c.kvm = kvm;

@@ -68,6 +68,22 @@ pub enum StorageError {
         /// The limit, [`crate::storage::ChainPolicy::max_depth`].
         limit: u32,
     },
+    /// A base that must be self-contained records a backing file of its own (KubeVirt
+    /// `VerifyQCOW2` refuses such containerDisk images: GHSA-qv98-3369-g364, a backing file name
+    /// such as `/etc/shadow` would make QEMU open a host file for the guest). Nothing is opened
+    /// below the base and nothing is written.
+    #[error(
+        "volume {volume}: image {path} has a backing file {backing:?} of its own; a disk image \
+         must be self-contained"
+    )]
+    BaseHasBackingFile {
+        /// Volume name.
+        volume: String,
+        /// The image that records the backing file.
+        path: PathBuf,
+        /// The backing file name as recorded in its header.
+        backing: String,
+    },
     /// An image or a backing file resolves outside every allowed root, or is not a local file.
     #[error(
         "volume {volume}: {what} {backing} (of {image}) is not a local file under the allowed \
@@ -234,6 +250,16 @@ pub enum StorageError {
         path: PathBuf,
         /// The I/O error.
         #[source]
+        source: io::Error,
+    },
+    /// The per-VM EFI NVRAM file cannot be made from its template; nothing was left behind.
+    #[error("VMI {vmi}: NVRAM {path}: {source}")]
+    Nvram {
+        /// VMI name.
+        vmi: String,
+        /// The template or the NVRAM file, whichever failed.
+        path: PathBuf,
+        /// The I/O error (or `InvalidInput` with the rule broken).
         source: io::Error,
     },
     /// Inspecting an image (stat, open, read) for its facts failed.

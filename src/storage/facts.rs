@@ -119,7 +119,8 @@ const OTHER_MAGICS: &[(usize, &[u8], &str)] = &[
 /// # Errors
 /// [`StorageError::MissingBase`] / [`StorageError::UnreadableBase`] for an image of the chain
 /// that does not exist or cannot be read, [`StorageError::OutsideAllowedRoots`],
-/// [`StorageError::ChainTooDeep`], [`StorageError::UnsupportedFormat`],
+/// [`StorageError::ChainTooDeep`] (or [`StorageError::BaseHasBackingFile`] when
+/// `policy.max_depth` is 0 and the image records a backing file), [`StorageError::UnsupportedFormat`],
 /// [`StorageError::MalformedImage`]; all name `volume`.
 pub fn probe_image(
     volume: &str,
@@ -143,6 +144,14 @@ pub fn probe_image(
     let mut next = facts.backing.clone();
     while let Some(backing) = next {
         depth += 1;
+        if policy.max_depth == 0 {
+            // A base that must stand alone: refuse before anything below it is opened.
+            return Err(StorageError::BaseHasBackingFile {
+                volume: volume.to_string(),
+                path: image,
+                backing: backing.name,
+            });
+        }
         if depth > policy.max_depth {
             return Err(StorageError::ChainTooDeep {
                 volume: volume.to_string(),

@@ -16,6 +16,8 @@
 //!   [`direct_io_supported`] for the converter context.
 //! - [`cloud_init`]: [`CloudInitSpec`] → `noCloud.iso` / `configdrive.iso` (`pkg/cloud-init`).
 //! - [`config_volume`]: [`ConfigVolumeSpec`] → config ISOs (`pkg/config`).
+//! - [`nvram`]: [`detect_efi`] (the OVMF files on the host) and [`NvramSpec`] → the per-VM
+//!   `<name>_VARS.fd` copied from its template (libvirt's NVRAM handling).
 //! - [`iso`]: the ISO9660 + Joliet + Rock Ridge writer shared by the last two (crate `hadris-iso`).
 //! - [`paths`]: KubeVirt's fixed directories and file names.
 //! - [`from_vmi`]: the specs above filled from `crate::vmi` types (the only `vmi` import).
@@ -31,6 +33,7 @@ pub mod facts;
 pub mod from_vmi;
 pub mod host_disk;
 pub mod iso;
+pub mod nvram;
 pub mod overlay;
 pub mod paths;
 mod qcow2;
@@ -47,6 +50,7 @@ pub use facts::{
     ImageFormat, StorageKind,
 };
 pub use host_disk::{prepare_host_disk, HostDiskSpec, HostDiskType};
+pub use nvram::{detect_efi, prepare_nvram, NvramSpec};
 pub use overlay::{create_overlay, OverlaySpec};
 
 /// What a create-if-missing step did: KubeVirt keeps an existing overlay, empty disk or host disk

@@ -45,24 +45,35 @@ pub struct OverlaySpec {
 
 impl OverlaySpec {
     /// A spec for `volume` over `base`, placed where KubeVirt puts it under `ephemeral_dir`
-    /// (normally [`paths::EPHEMERAL_DISK_DIR`]), owned by the qemu user, with the default policy.
+    /// (normally [`paths::EPHEMERAL_DISK_DIR`]), owned by the qemu user, with a self-contained
+    /// base: `policy.max_depth` 1 (the overlay over a base without a backing file of its own, as
+    /// KubeVirt's `VerifyQCOW2` demands of containerDisks and as ephemeral PVC bases are raw) and
+    /// no root restriction (the caller adds its roots when they are fixed).
     pub fn at_kubevirt_path(volume: &str, base: &Path, ephemeral_dir: &Path) -> OverlaySpec {
         OverlaySpec {
             volume: volume.to_string(),
             base: base.to_path_buf(),
             overlay: paths::overlay_path(ephemeral_dir, volume),
-            policy: ChainPolicy::default(),
+            policy: ChainPolicy {
+                allowed_roots: Vec::new(),
+                max_depth: 1,
+            },
             owner: Some(Owner::QEMU),
         }
     }
 }
 
-/// Creates the overlay unless a file is already at `spec.overlay` (then [`Outcome::Kept`], and
-/// neither base nor overlay is opened). Returns the outcome and the facts of the base.
+/// Creates the overlay unless a file is already at `spec.overlay` (then [`Outcome::Kept`]: the
+/// overlay is not opened, the base is probed again under the same policy, so a base swapped for
+/// a hostile one since is still refused). Returns the outcome and the facts of the base.
+///
+/// `spec.policy.max_depth` counts the overlay: 1 means the base must have no backing file
+/// ([`StorageError::BaseHasBackingFile`], refused before any file below the base is opened).
 ///
 /// # Errors
 /// [`StorageError::InvalidVolumeName`]; the base errors of [`probe_image`] (missing, unreadable,
-/// outside the roots, chain too deep, unsupported); [`StorageError::NoSpace`] or
+/// outside the roots, chain too deep, a backing file where none may be, unsupported);
+/// [`StorageError::NoSpace`] or
 /// [`StorageError::CreateOverlay`] when writing fails, in which case nothing is left at
 /// `spec.overlay` and no temporary file remains.
 pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>), StorageError> {
@@ -82,11 +93,11 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
             }
         }
     };
-    match std::fs::symlink_metadata(&spec.overlay) {
-        Ok(_) => return Ok((Outcome::Kept, None)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+    let exists = match std::fs::symlink_metadata(&spec.overlay) {
+        Ok(_) => true,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => false,
         Err(e) => return Err(fail(e)),
-    }
+    };
     if spec.base.is_relative() {
         // QEMU would resolve a relative name against the overlay's directory, not ours.
         return Err(fail(std::io::Error::new(
@@ -112,6 +123,9 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         },
         other => other,
     })?;
+    if exists {
+        return Ok((Outcome::Kept, Some(base)));
+    }
     let backing_name = spec.base.to_str().ok_or_else(|| {
         fail(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,

@@ -31,6 +31,12 @@ pub struct SyncConfig {
     pub qemu_log: PathBuf,
     /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
     pub runtime_uid: u32,
+    /// virt-launcher's `--ovmf-path`: where KubeVirt's file names of the EFI firmware are looked
+    /// up first, before Debian's `/usr/share/OVMF` pairs ([`crate::storage::detect_efi`]).
+    pub ovmf_dir: PathBuf,
+    /// The vhost-vsock device the launcher opens for a VMI with `status.VSOCKCID` and hands to
+    /// QEMU as `vhostfd` (libvirt's way, so an unprivileged QEMU needs no access to it).
+    pub vhost_vsock: PathBuf,
 }
 
 impl SyncConfig {
@@ -66,6 +72,8 @@ impl SyncConfig {
             } else {
                 107
             },
+            ovmf_dir: "/usr/share/OVMF".into(),
+            vhost_vsock: "/dev/vhost-vsock".into(),
         }
     }
 }

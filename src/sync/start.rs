@@ -94,6 +94,10 @@ impl SyncVmi {
 
         hotplug::add_hotplug_facts(vmi, &mut ctx)?;
         hardware::add_hardware_facts(vmi, &mut ctx);
+        let vsock = hardware::open_vhost_vsock(vmi, &self.config.vhost_vsock)?;
+        if vsock.is_some() {
+            ctx.vsock_fd = Some(hardware::VSOCK_FD);
+        }
         let plan =
             convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
         // Refuse before QEMU starts when host hardware the VMI asks for is not here.
@@ -102,6 +106,15 @@ impl SyncVmi {
                 m.path, m.reason,
             )));
         }
+        // EFI: the per-VM VARS file from its template (kept when it exists), as libvirt does.
+        let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+        let nvram_plan = plan.firmware.clone();
+        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+        tokio::task::spawn_blocking(move || {
+            facts::storage::prepare_nvram(&nvram_plan, &vmi_name, owner)
+        })
+        .await
+        .map_err(|e| SyncError::Task(e.to_string()))??;
         nics.started(&plan);
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
@@ -121,7 +134,8 @@ impl SyncVmi {
             self.start_agent_poll();
             return Ok(running);
         }
-        let (pid, watcher) = self.spawn_qemu(&argv, &plan)?;
+        let (pid, watcher) = self.spawn_qemu(&argv, &plan, vsock.as_ref())?;
+        drop(vsock);
         let client = self.connect(&watcher).await?;
         self.follow(&client, domain, watcher).await?;
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
@@ -179,7 +193,12 @@ impl SyncVmi {
 
     /// Spawns QEMU detached (a child of PID 1), its output appended to the QEMU log; returns its
     /// pid and a watcher of its exit.
-    fn spawn_qemu(&self, argv: &[String], plan: &DomainPlan) -> Result<(i32, Qemu), SyncError> {
+    fn spawn_qemu(
+        &self,
+        argv: &[String],
+        plan: &DomainPlan,
+        vsock: Option<&std::os::fd::OwnedFd>,
+    ) -> Result<(i32, Qemu), SyncError> {
         let qmp = &self.config.qmp_socket;
         if qmp.exists() {
             let _ = std::fs::remove_file(qmp);
@@ -207,7 +226,12 @@ impl SyncVmi {
         if let Ok(p) = std::env::var("PATH") {
             command.env("PATH", p);
         }
+        // Confinement first: it marks every inherited fd close-on-exec, so the vhost-vsock fd is
+        // placed after it (and after the switch to the runtime user: the fd was opened by us).
         privileges::confine_qemu(&mut command, self.config.runtime_uid);
+        if let Some(fd) = vsock {
+            hardware::inherit_fd(&mut command, fd, hardware::VSOCK_FD);
+        }
         let detached =
             crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
         let pid = detached.pid;

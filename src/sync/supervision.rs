@@ -14,6 +14,7 @@ use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::SyncError;
 
 impl SyncVmi {
     /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
@@ -66,12 +67,12 @@ impl DomainControl for SyncVmi {
     }
 
     async fn power_button(&self) -> Result<(), MonitorError> {
-        let client = self.client().map_err(|e| MonitorError::QemuExited {
-            reason: e.to_string(),
-        })?;
-        lifecycle::powerdown(&client)
-            .await
-            .map_err(|e| MonitorError::PowerButton(std::io::Error::other(e.to_string())))
+        self.graceful_shutdown().await.map_err(|e| match e {
+            SyncError::Qmp(e) => MonitorError::PowerButton(std::io::Error::other(e.to_string())),
+            other => MonitorError::QemuExited {
+                reason: other.to_string(),
+            },
+        })
     }
 }
 

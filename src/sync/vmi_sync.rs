@@ -32,6 +32,12 @@ pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long QEMU may take to answer on QMP after it was started.
 pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long the graceful shutdown waits for the agent to connect and sync before it presses the
+/// ACPI button instead (a guest without an agent costs this much of its grace period).
+pub(crate) const AGENT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long it listens for the agent refusing `guest-shutdown` (it says nothing when it obeys).
+pub(crate) const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);
+
 /// KubeVirt's SyncVMI over QEMU: implements the command server's [`DomainManager`] and the
 /// launcher's [`crate::monitor::launcher::SupervisedDomain`].
 pub struct SyncVmi {
@@ -87,6 +93,36 @@ impl SyncVmi {
     /// The QEMU pid once started.
     pub fn qemu_pid(&self) -> Option<i32> {
         *self.shared.pid.borrow()
+    }
+
+    /// The graceful shutdown of libvirt's default mode (`virDomainShutdown` without flags, what
+    /// KubeVirt's `SignalShutdownVMI` and its grace-period logic call): the guest agent's
+    /// `guest-shutdown` when an agent answers on the domain's channel, the ACPI power button
+    /// (QMP `system_powerdown`) when none does or it refuses. So a guest without ACPI handling
+    /// but with an agent still powers off within its grace period.
+    ///
+    /// # Errors
+    /// [`SyncError::Qmp`] when the power button cannot be pressed (no QMP connection).
+    pub(crate) async fn graceful_shutdown(&self) -> Result<(), SyncError> {
+        if self.info.agent.has_socket() {
+            match self
+                .info
+                .agent
+                .shutdown(AGENT_SHUTDOWN_TIMEOUT, AGENT_SHUTDOWN_ANSWER)
+                .await
+            {
+                Ok(()) => {
+                    info!("graceful shutdown: guest-shutdown through the guest agent");
+                    return Ok(());
+                }
+                Err(e) => {
+                    info!(reason = %e, "graceful shutdown: no agent shutdown, pressing the ACPI power button");
+                }
+            }
+        }
+        lifecycle::powerdown(&self.client()?)
+            .await
+            .map_err(SyncError::Qmp)
     }
 
     /// Starts the guest agent's interface poll of the domain just started or adopted; changes
@@ -175,9 +211,7 @@ impl DomainManager for SyncVmi {
 
     async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
         self.shared.graceful.store(true, Ordering::SeqCst);
-        lifecycle::powerdown(&self.client()?)
-            .await
-            .map_err(SyncError::Qmp)
+        self.graceful_shutdown().await
     }
 
     async fn kill_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {

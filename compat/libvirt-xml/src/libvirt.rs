@@ -7,12 +7,15 @@
 //! capability re-probing; measured here with libvirt 9.0 and QEMU 7.2): `DIR/etc/qemu.conf` sets
 //! `user = "root"` and `group = "root"` (so the probe runs as a user that can open `/dev/kvm` and
 //! its cached capabilities stay valid), and the same `DIR` is reused, so the capabilities cache
-//! under `DIR/cache` is probed once (about 4 s) and then read. The privileged embedded driver also
-//! resolves the compiled-in user `libvirt-qemu` before reading `qemu.conf`, so that user must
-//! exist (`useradd --system --user-group --no-create-home libvirt-qemu`; Debian's
-//! libvirt-daemon-system creates it). As root, `virsh` runs in fresh network and mount
-//! namespaces (`unshare -n -m`): domxml-to-native opens taps for `<interface type="ethernet">`,
-//! and hugepage domains need a hugetlbfs, mounted at `DIR/hugepages` inside that namespace only.
+//! under `DIR/cache` is probed once (about 4 s) and then read. As root, `virsh` runs in fresh
+//! network and mount namespaces (`unshare -n -m`): domxml-to-native opens taps for
+//! `<interface type="ethernet">`, and hugepage domains need a hugetlbfs, mounted at
+//! `DIR/hugepages` inside that namespace only. The privileged embedded driver also resolves its
+//! compiled-in user and group `libvirt-qemu` before it reads `qemu.conf` ("Failed to parse user
+//! 'libvirt-qemu'"); Debian's libvirt-daemon-system creates them, but we do not install the
+//! daemon and do not add users to the host: inside the same mount namespace `/etc/passwd` and
+//! `/etc/group` are bind-mounted over by copies (`DIR/etc/passwd`, `DIR/etc/group`) that add the
+//! entries when the host lacks them, so a freshly installed machine needs nothing else.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -58,6 +61,45 @@ fn run(
         });
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The user the privileged embedded QEMU driver resolves (Debian's `--with-qemu-user`); `nobody`'s
+/// ids, since `qemu.conf` makes QEMU run as root anyway.
+const LIBVIRT_QEMU_PASSWD: &str =
+    "libvirt-qemu:x:65534:65534:libvirt embedded driver (qlauncher compare):/nonexistent:/usr/sbin/nologin";
+/// Its group (Debian's `--with-qemu-group`).
+const LIBVIRT_QEMU_GROUP: &str = "libvirt-qemu:x:65534:";
+
+/// `db` (an `/etc/passwd` or `/etc/group` text) with `entry` appended unless an entry of the same
+/// name is there.
+fn with_entry(db: &str, entry: &str) -> String {
+    let name = entry.split(':').next().unwrap_or_default();
+    let mut out = db.to_string();
+    if !db.lines().any(|l| l.split(':').next() == Some(name)) {
+        if !out.is_empty() && !out.ends_with('\n') {
+            out.push('\n');
+        }
+        out.push_str(entry);
+        out.push('\n');
+    }
+    out
+}
+
+/// Writes `path` under a temporary name and renames it, so a concurrent `virsh` bind-mounting
+/// it never sees a half-written file.
+fn write_replacing(path: &Path, text: &str) -> Result<(), CompatError> {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(format!(".tmp.{}.{n}", std::process::id()));
+    let tmp = PathBuf::from(tmp);
+    write(&tmp, text)?;
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        CompatError::WriteTemp {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
 }
 
 /// A directory holding a domain XML file for the duration of one tool run; removed on drop.
@@ -136,6 +178,16 @@ impl EmbedRoot {
             conf.push_str(&format!("hugetlbfs_mount = \"{}\"\n", hugepages.display()));
         }
         write(&etc.join("qemu.conf"), &conf)?;
+        if is_root() {
+            for (file, entry) in [
+                ("passwd", LIBVIRT_QEMU_PASSWD),
+                ("group", LIBVIRT_QEMU_GROUP),
+            ] {
+                let host =
+                    std::fs::read_to_string(Path::new("/etc").join(file)).unwrap_or_default();
+                write_replacing(&etc.join(file), &with_entry(&host, entry))?;
+            }
+        }
         Ok(EmbedRoot {
             dir: dir.to_path_buf(),
             remove,
@@ -158,10 +210,18 @@ impl EmbedRoot {
             // A private network namespace (domxml-to-native opens taps for ethernet
             // interfaces) and mount namespace with a hugetlbfs for hugepage domains. The paths
             // are passed as arguments, never spliced into the script.
+            // `/etc/passwd` and `/etc/group` with `libvirt-qemu` (see the module docs), in this
+            // mount namespace only.
             let mut c = Command::new("unshare");
             c.args(["-n", "-m", "sh", "-c"])
-                .arg("mount -t hugetlbfs none \"$0\" 2>/dev/null; exec virsh \"$@\"")
-                .arg(self.dir.join("hugepages"));
+                .arg(
+                    "mount -t hugetlbfs none \"$0\" 2>/dev/null; \
+                     mount --bind \"$1\" /etc/passwd && mount --bind \"$2\" /etc/group || exit 125; \
+                     shift 2; exec virsh \"$@\"",
+                )
+                .arg(self.dir.join("hugepages"))
+                .arg(self.dir.join("etc/passwd"))
+                .arg(self.dir.join("etc/group"));
             c
         } else {
             Command::new("virsh")
@@ -229,4 +289,23 @@ pub fn installed_qemu() -> Option<qlauncher_core::cmdline::context::QemuVersion>
     let text = String::from_utf8_lossy(&out.stdout);
     let v = text.split_whitespace().nth(3)?;
     qlauncher_core::cmdline::context::QemuVersion::parse(v)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_libvirt_qemu_entry_is_added_once() {
+        let host = "root:x:0:0:root:/root:/bin/bash";
+        let added = with_entry(host, LIBVIRT_QEMU_PASSWD);
+        assert_eq!(added, format!("{host}\n{LIBVIRT_QEMU_PASSWD}\n"));
+        assert_eq!(with_entry(&added, LIBVIRT_QEMU_PASSWD), added);
+        let own = "libvirt-qemu:x:64055:64055::/var/lib/libvirt:/usr/sbin/nologin\n";
+        assert_eq!(with_entry(own, LIBVIRT_QEMU_PASSWD), own);
+        assert_eq!(
+            with_entry("", LIBVIRT_QEMU_GROUP),
+            format!("{LIBVIRT_QEMU_GROUP}\n")
+        );
+    }
 }

@@ -19,7 +19,8 @@ use crate::cmdline::ConverterContext;
 use crate::sync::SyncConfig;
 
 /// The converter context of `config` before any volume or interface is known: QEMU version,
-/// KVM, paths, the QMP socket, the runtime uid and the current time (seconds since the epoch).
+/// KVM, paths, the QMP socket, the runtime uid, the EFI firmware files found on the host and
+/// the current time (seconds since the epoch).
 pub(crate) fn base_context(config: &SyncConfig) -> ConverterContext {
     ConverterContext {
         qemu: config.qemu_version,
@@ -28,6 +29,10 @@ pub(crate) fn base_context(config: &SyncConfig) -> ConverterContext {
         paths: config.paths.clone(),
         monitor: MonitorSocket::Path(config.qmp_socket.display().to_string()),
         runtime_uid: config.runtime_uid,
+        efi: crate::storage::detect_efi(
+            &config.ovmf_dir,
+            std::path::Path::new(crate::storage::nvram::DEBIAN_OVMF_DIR),
+        ),
         now_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs() as i64)

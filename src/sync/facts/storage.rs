@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use tracing::info;
 
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
+use crate::cmdline::plan::FirmwarePlan;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
 };
@@ -38,17 +39,20 @@ pub(crate) fn prepare_storage(
                 None => storage::probe_image(&vol.name, &base, &spec.policy)
                     .map_err(SyncError::Storage)?,
             };
-            info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), "containerDisk overlay");
+            let direct_io = direct_io(&vol.name, &[&spec.overlay, &base]);
+            info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), direct_io, "containerDisk overlay");
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
                     kind: StorageKind::File,
                     format: base_facts.format,
                     virtual_size: Some(base_facts.virtual_size),
-                    direct_io: false,
+                    direct_io,
                     preallocated: false,
                 },
             );
+        } else if vol.ephemeral.is_some() {
+            facts.insert(vol.name.clone(), ephemeral_overlay(vol, paths, owner)?);
         } else if let Some(e) = &vol.empty_disk {
             let capacity = e
                 .capacity
@@ -61,12 +65,14 @@ pub(crate) fn prepare_storage(
                 EmptyDiskSpec::at_kubevirt_path(&vol.name, capacity, Path::new(&paths.empty_disks));
             spec.owner = owner;
             let (outcome, size) = storage::create_empty_disk(&spec).map_err(SyncError::Storage)?;
-            info!(volume = %vol.name, ?outcome, size, "emptyDisk");
+            let direct_io = direct_io(&vol.name, &[&spec.path]);
+            info!(volume = %vol.name, ?outcome, size, direct_io, "emptyDisk");
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
                     format: storage::ImageFormat::Qcow2,
                     virtual_size: Some(size),
+                    direct_io,
                     ..VolumeFacts::default()
                 },
             );
@@ -129,4 +135,102 @@ pub(crate) fn prepare_storage(
         }
     }
     Ok(facts)
+}
+
+/// The EFI NVRAM of `firmware`: `<nvram>/<name>_VARS.fd` copied from the plan's vars template
+/// when missing, kept when present ([`storage::prepare_nvram`], libvirt's NVRAM handling under
+/// KubeVirt's file name). Nothing for BIOS and stateless (ROM) firmware.
+///
+/// # Errors
+/// [`SyncError::Storage`] naming the VMI and the file (missing template, something other than a
+/// file at the NVRAM path, a failed copy).
+pub(crate) fn prepare_nvram(
+    firmware: &FirmwarePlan,
+    vmi_name: &str,
+    owner: Option<storage::Owner>,
+) -> Result<(), SyncError> {
+    let FirmwarePlan::Efi {
+        vars_template,
+        vars,
+        ..
+    } = firmware
+    else {
+        return Ok(());
+    };
+    let spec = storage::NvramSpec {
+        vmi: vmi_name.to_string(),
+        template: PathBuf::from(vars_template),
+        vars: PathBuf::from(vars),
+        owner,
+    };
+    let outcome = storage::prepare_nvram(&spec).map_err(SyncError::Storage)?;
+    info!(?outcome, vars = %vars, template = %vars_template, "EFI NVRAM");
+    Ok(())
+}
+
+/// KubeVirt's O_DIRECT check of a disk (`converter.go SetDriverCacheMode` with its
+/// `DirectIOChecker`): true when every file of `paths` (the disk's backend and, for an overlay,
+/// its backing file) can be opened with `O_DIRECT`. The converter then picks `cache=none` by
+/// default and accepts an explicit `none`; otherwise `writethrough`. A failed check counts as
+/// unsupported, as in KubeVirt, and is logged.
+pub(crate) fn direct_io(volume: &str, paths: &[&Path]) -> bool {
+    paths.iter().all(|p| match storage::direct_io_supported(p) {
+        Ok(supported) => supported,
+        Err(e) => {
+            tracing::warn!(volume, path = %p.display(), error = %e, "direct I/O check failed");
+            false
+        }
+    })
+}
+
+/// An `ephemeral` volume (KubeVirt `pkg/ephemeral-disk`): a qcow2 overlay at
+/// `<ephemeral>/disk-data/<volume>/disk.qcow2` over the PVC, which stays untouched: the block
+/// device `<dev>/<volume>` of a block-mode claim, else the filesystem claim's
+/// `<private>/vmi-disks/<volume>/disk.img` (`getBackingFilePath`), recorded as raw. The overlay is
+/// kept when it exists (a re-sync keeps the guest's writes); the base must be self-contained.
+///
+/// # Errors
+/// [`SyncError::Storage`]: the PVC is missing or unusable, or the overlay cannot be written.
+pub(crate) fn ephemeral_overlay(
+    vol: &crate::vmi::Volume,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    use std::os::unix::fs::FileTypeExt;
+    storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
+    let device = Path::new(&paths.dev).join(&vol.name);
+    let block = std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device());
+    let base = if block {
+        device
+    } else {
+        Path::new(&paths.private_dir)
+            .join("vmi-disks")
+            .join(&vol.name)
+            .join("disk.img")
+    };
+    let mut spec =
+        OverlaySpec::at_kubevirt_path(&vol.name, &base, Path::new(&paths.ephemeral_disks));
+    spec.owner = owner;
+    let (outcome, base_facts) = storage::create_overlay(&spec).map_err(SyncError::Storage)?;
+    let virtual_size = match base_facts {
+        Some(f) => f.virtual_size,
+        None => {
+            storage::probe_image(&vol.name, &base, &spec.policy)
+                .map_err(SyncError::Storage)?
+                .virtual_size
+        }
+    };
+    let direct_io = direct_io(&vol.name, &[&spec.overlay, &base]);
+    info!(volume = %vol.name, ?outcome, base = %base.display(), overlay = %spec.overlay.display(), direct_io, "ephemeral overlay");
+    Ok(VolumeFacts {
+        kind: if block {
+            StorageKind::Block
+        } else {
+            StorageKind::File
+        },
+        format: storage::ImageFormat::Raw,
+        virtual_size: Some(virtual_size),
+        direct_io,
+        preallocated: false,
+    })
 }

@@ -50,9 +50,12 @@ pub fn prepare(
         spec.owner = owner;
         create_parent(&spec.path)?;
         let (outcome, size) = storage::prepare_host_disk(&spec).map_err(SyncError::Storage)?;
-        info!(volume = %vol.name, ?outcome, size, path = %spec.path.display(), "hostDisk");
+        let (direct_io, preallocated) = cache_facts(&vol.name, &spec.path, size);
+        info!(volume = %vol.name, ?outcome, size, path = %spec.path.display(), direct_io, "hostDisk");
         return Ok(Some(VolumeFacts {
             virtual_size: Some(size),
+            direct_io,
+            preallocated,
             ..VolumeFacts::default()
         }));
     }
@@ -68,9 +71,11 @@ pub fn prepare(
     let device = Path::new(&paths.dev).join(&vol.name);
     storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
     if std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device()) {
-        info!(volume = %vol.name, device = %device.display(), "block PVC");
+        let direct_io = super::storage::direct_io(&vol.name, &[&device]);
+        info!(volume = %vol.name, device = %device.display(), direct_io, "block PVC");
         return Ok(Some(VolumeFacts {
             kind: StorageKind::Block,
+            direct_io,
             ..VolumeFacts::default()
         }));
     }
@@ -100,11 +105,25 @@ pub fn prepare(
         }
     };
     let size = crate::sync::reconcile::resize::expand_offline(vmi, &vol.name, &image, size);
-    info!(volume = %vol.name, size, image = %image.display(), "filesystem PVC");
+    let (direct_io, preallocated) = cache_facts(&vol.name, &image, size);
+    info!(volume = %vol.name, size, image = %image.display(), direct_io, preallocated, "filesystem PVC");
     Ok(Some(VolumeFacts {
         virtual_size: Some(size),
+        direct_io,
+        preallocated,
         ..VolumeFacts::default()
     }))
+}
+
+/// The cache facts of a disk image file of `size` bytes: O_DIRECT support
+/// ([`super::storage::direct_io`]) and KubeVirt's `IsPreAllocated` (the bytes allocated on the
+/// host cover the virtual size), which with `cache=none` makes the converter choose
+/// `io=native` (`SetOptimalIOMode`).
+fn cache_facts(volume: &str, image: &Path, size: u64) -> (bool, bool) {
+    let direct_io = super::storage::direct_io(volume, &[image]);
+    let preallocated = std::fs::metadata(image)
+        .is_ok_and(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512 >= size);
+    (direct_io, preallocated)
 }
 
 /// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.
@@ -136,6 +155,11 @@ fn create_parent(path: &Path) -> Result<(), SyncError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Whether the test directory's file system takes O_DIRECT (ext4, tmpfs since Linux 6.6).
+    fn dio(dir: &Path) -> bool {
+        storage::direct_io_supported(dir).unwrap()
+    }
 
     fn roots(dir: &Path) -> PathRoots {
         let r = |p: &str| dir.join(p).display().to_string();
@@ -183,6 +207,7 @@ mod tests {
             vec![
                 Ok(Some(VolumeFacts {
                     virtual_size: Some(8 << 20),
+                    direct_io: dio(dir.path()),
                     ..VolumeFacts::default()
                 })),
                 Ok(None),
@@ -195,6 +220,7 @@ mod tests {
             prepare_all(&v, &paths)[0],
             Ok(Some(VolumeFacts {
                 virtual_size: Some(8 << 20),
+                direct_io: dio(dir.path()),
                 ..VolumeFacts::default()
             }))
         );
@@ -235,6 +261,7 @@ mod tests {
                 Ok(Some(VolumeFacts::default())),
                 Ok(Some(VolumeFacts {
                     virtual_size: Some(2 << 20),
+                    direct_io: dio(dir.path()),
                     ..VolumeFacts::default()
                 })),
             ]

@@ -192,6 +192,76 @@ impl GuestAgent {
         }
     }
 
+    /// `guest-shutdown` with `mode: powerdown`, libvirt's agent shutdown (the first step of its
+    /// default shutdown mode, `virDomainShutdown` with no flags, which KubeVirt's graceful
+    /// shutdown calls). The agent answers this command only when it fails (QGA's
+    /// `success-response: false`), so after the sync it waits `answer_wait` for an answer: an
+    /// error answer is the agent's refusal, silence (or the channel closing as the guest goes
+    /// down) means the guest is shutting down.
+    ///
+    /// # Errors
+    /// As [`GuestAgent::command`] for the connection and the sync within `timeout` (no agent:
+    /// the caller falls back to the ACPI button); [`SyncError::AgentCommand`] when the agent
+    /// refuses (e.g. `CommandNotFound` from an agent without it).
+    pub async fn shutdown(
+        &self,
+        timeout: Duration,
+        answer_wait: Duration,
+    ) -> Result<(), SyncError> {
+        const SHUTDOWN: &str = "guest-shutdown";
+        let socket = self
+            .socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(SyncError::NoDomain)?;
+        let mut conn = self.conn.lock().await;
+        let sent = tokio::time::timeout(timeout, async {
+            if conn.is_none() {
+                let stream = UnixStream::connect(&socket).await.map_err(|source| {
+                    SyncError::AgentConnect {
+                        path: socket.clone(),
+                        source,
+                    }
+                })?;
+                *conn = Some(BufReader::new(stream));
+            }
+            let Some(stream) = conn.as_mut() else {
+                return Err(SyncError::NoDomain);
+            };
+            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+            sync(stream, id).await?;
+            send(
+                stream,
+                SHUTDOWN,
+                &json!({"execute": SHUTDOWN, "arguments": {"mode": "powerdown"}}),
+            )
+            .await
+        })
+        .await
+        .unwrap_or_else(|_| {
+            Err(SyncError::AgentTimeout {
+                command: SHUTDOWN.to_string(),
+                waited: timeout,
+            })
+        });
+        if let Err(e) = sent {
+            *conn = None;
+            return Err(e);
+        }
+        let Some(stream) = conn.as_mut() else {
+            return Err(SyncError::NoDomain);
+        };
+        let answer = tokio::time::timeout(answer_wait, read_answer(stream, SHUTDOWN)).await;
+        // The channel is not reused: the guest is going down or the agent said no.
+        *conn = None;
+        match answer {
+            Ok(Ok(answer)) => reply_value(SHUTDOWN, answer).map(drop),
+            // Silence or the port closing: the agent took it.
+            Ok(Err(_)) | Err(_) => Ok(()),
+        }
+    }
+
     /// The guest's interfaces as KubeVirt's agent poller reports them (`lo` left out; the first
     /// IPv4 address is the interface's `Ip`, else its first address).
     ///
@@ -480,6 +550,65 @@ mod tests {
         agent.set_socket(path);
         agent.ping(Duration::from_secs(5)).await.unwrap();
         peer.await.unwrap();
+    }
+
+    /// A peer playing QGA for `guest-shutdown`: answers the sync, then obeys silently
+    /// (`obey`) or refuses with `CommandNotFound` (the test guest's busybox responder).
+    async fn shutdown_against(obey: bool) -> (Result<(), SyncError>, Value) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("org.qemu.guest_agent.0");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let peer = tokio::spawn(async move {
+            let (s, _) = listener.accept().await.unwrap();
+            let mut s = BufReader::new(s);
+            let mut line = String::new();
+            s.read_line(&mut line).await.unwrap();
+            let req: Value = serde_json::from_str(&line).unwrap();
+            let mut b = vec![0xFF];
+            b.extend_from_slice(format!("{{\"return\": {}}}\n", req["arguments"]["id"]).as_bytes());
+            s.get_mut().write_all(&b).await.unwrap();
+            let mut line = String::new();
+            s.read_line(&mut line).await.unwrap();
+            if !obey {
+                s.get_mut()
+                    .write_all(b"{\"error\": {\"class\": \"CommandNotFound\", \"desc\": \"no\"}}\n")
+                    .await
+                    .unwrap();
+            }
+            // Keep the channel open a while, as a guest going down does.
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            serde_json::from_str::<Value>(&line).unwrap()
+        });
+        let agent = GuestAgent::new();
+        agent.set_socket(path);
+        let r = agent
+            .shutdown(Duration::from_secs(5), Duration::from_millis(300))
+            .await;
+        (r, peer.await.unwrap())
+    }
+
+    #[tokio::test]
+    async fn guest_shutdown_is_sent_with_powerdown_and_silence_means_obeyed() {
+        let (r, request) = shutdown_against(true).await;
+        r.unwrap();
+        assert_eq!(
+            request,
+            json!({"execute": "guest-shutdown", "arguments": {"mode": "powerdown"}})
+        );
+        let (r, _) = shutdown_against(false).await;
+        assert!(
+            matches!(r, Err(SyncError::AgentCommand { ref class, .. }) if class == "CommandNotFound"),
+            "{r:?}"
+        );
+        // No agent listening at all: a connect error, so the caller presses the ACPI button.
+        let agent = GuestAgent::new();
+        agent.set_socket("/nonexistent/org.qemu.guest_agent.0".into());
+        assert!(matches!(
+            agent
+                .shutdown(Duration::from_secs(1), Duration::from_millis(100))
+                .await,
+            Err(SyncError::AgentConnect { .. })
+        ));
     }
 
     #[tokio::test]

@@ -142,14 +142,62 @@ pub async fn set_vcpus(
         }
         VcpuChange::Unplug(ids) => {
             for id in ids {
-                hotplug::unplug_device(client, id, unplug_timeout)
-                    .await
-                    .map_err(SyncError::Qmp)?;
+                unplug_vcpu(client, id, unplug_timeout).await?;
                 info!(device = %id, "vCPU unplugged");
             }
         }
     }
     Ok(change)
+}
+
+/// Unplugs the hot-plugged vCPU `id` as libvirt does for `SetVcpusFlags` downwards:
+/// `device_del`, then waits up to `timeout` for the guest to eject it (ACPI) and QEMU to report
+/// `DEVICE_DELETED`. QEMU 7.2 reports an x86 vCPU's removal only by its child's path
+/// (`/machine/peripheral/<id>/lapic`, no `device` field), newer QEMU also by `device: <id>`; either
+/// counts, and the slot is then checked empty in `query-hotpluggable-cpus`.
+///
+/// # Errors
+/// [`SyncError::Qmp`]: `device_del` refused, no `DEVICE_DELETED` within `timeout` (a guest that
+/// does not eject the CPU, e.g. without ACPI CPU hot-remove), or the slot still occupied.
+pub async fn unplug_vcpu(client: &QmpClient, id: &str, timeout: Duration) -> Result<(), SyncError> {
+    let path = format!("/machine/peripheral/{id}");
+    let mut events = client.events();
+    client
+        .execute("device_del", Some(json!({ "id": id })))
+        .await
+        .map_err(SyncError::Qmp)?;
+    events
+        .wait_for("DEVICE_DELETED", id, timeout, |ev| {
+            ev.name == "DEVICE_DELETED"
+                && (ev.data["device"] == id
+                    || ev.data["path"].as_str().is_some_and(|p| {
+                        p == path
+                            || p.strip_prefix(path.as_str())
+                                .is_some_and(|r| r.starts_with('/'))
+                    }))
+        })
+        .await
+        .map_err(SyncError::Qmp)?;
+    // The child goes first; the CPU itself is gone right after it.
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let reply = client
+            .execute("query-hotpluggable-cpus", None)
+            .await
+            .map_err(SyncError::Qmp)?;
+        let present = cpu_slots(&reply)?
+            .iter()
+            .any(|s| s.qom_path.as_deref() == Some(path.as_str()));
+        if !present {
+            return Ok(());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(SyncError::Unsupported(format!(
+                "vCPU {id} is still plugged after DEVICE_DELETED"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The virtio-mem state of a running domain.

@@ -100,9 +100,9 @@ fn have(program: &str) -> bool {
 
 static SETUP: Once = Once::new();
 
-/// Installs libvirt's tools through `scripts/install-deps` when one is missing, and creates the
-/// `libvirt-qemu` system user the embedded QEMU driver resolves (Debian's libvirt-daemon-system
-/// would create it; we do not install the daemon). Needs root when something is missing.
+/// Installs libvirt's tools through `scripts/install-deps` when one is missing (needs root then).
+/// Nothing else: the embedded driver's `libvirt-qemu` user is provided by `EmbedRoot` itself,
+/// so no test relies on another having prepared the machine.
 pub fn ensure_libvirt_tools() {
     SETUP.call_once(|| {
         let driver =
@@ -112,24 +112,6 @@ pub fn ensure_libvirt_tools() {
                 .status()
                 .expect("run scripts/install-deps");
             assert!(status.success(), "scripts/install-deps failed");
-        }
-        let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-        if !passwd.lines().any(|l| l.starts_with("libvirt-qemu:")) {
-            let status = Command::new("useradd")
-                .args([
-                    "--system",
-                    "--user-group",
-                    "--no-create-home",
-                    "libvirt-qemu",
-                ])
-                .status()
-                .expect("run useradd");
-            // A parallel test binary may have created it meanwhile.
-            let passwd = std::fs::read_to_string("/etc/passwd").unwrap_or_default();
-            assert!(
-                status.success() || passwd.lines().any(|l| l.starts_with("libvirt-qemu:")),
-                "cannot create the libvirt-qemu user"
-            );
         }
     });
 }

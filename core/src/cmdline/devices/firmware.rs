@@ -84,7 +84,15 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
             } else {
                 (&ctx.efi.code, &ctx.efi.vars)
             };
-            let vars = format!("{}/{}_VARS.fd", ctx.paths.nvram, vmi_name(vmi)?);
+            let name = vmi_name(vmi)?;
+            // `<name>_VARS.fd` is one path component (KubeVirt's and libvirt's name too).
+            if name.len() + "_VARS.fd".len() > 255 {
+                return Err(ConvertError::invalid(
+                    FieldPath::new("metadata.name"),
+                    "with an EFI bootloader the NVRAM file <name>_VARS.fd must fit in 255 bytes, so the name may have at most 247 characters",
+                ));
+            }
+            let vars = format!("{}/{}_VARS.fd", ctx.paths.nvram, name);
             let blockdevs = vec![
                 Blockdev::Protocol(BlockdevProtocol {
                     driver: ProtocolDriver::File,

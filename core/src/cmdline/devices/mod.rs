@@ -138,7 +138,9 @@ pub(crate) fn vmi_name(vmi: &Vmi) -> Result<&str, ConvertError> {
         .name
         .as_deref()
         .ok_or_else(|| ConvertError::missing(path.clone(), "the VMI name"))?;
-    check_name(&path, name)?;
+    // Any Kubernetes object name (a DNS-1123 subdomain, up to 253); paths that must stay short
+    // (sockets) use the UID instead.
+    crate::cmdline::names::check_name_len(&path, name, 253)?;
     Ok(name)
 }
 

@@ -18,7 +18,9 @@ use std::fmt;
 
 use super::*;
 
-pub use syntax::{is_dns_label, is_dns_subdomain, is_mac_address, is_pci_address};
+pub use syntax::{
+    check_disk_serial, is_dns_label, is_dns_subdomain, is_mac_address, is_pci_address,
+};
 
 /// One validation failure: the JSON path of the field (`spec.domain.devices.disks[1].disk.bus`)
 /// and why it is rejected.

@@ -107,16 +107,8 @@ pub(super) fn validate_disks(spec: &VmiSpec, e: &mut Errors, boot: &mut BTreeMap
         }
         check_boot_order(e, boot, disk.boot_order, &p);
         if let Some(serial) = &disk.serial {
-            if !serial
-                .bytes()
-                .all(|c| c.is_ascii_alphanumeric() || b"_.+-".contains(&c))
-            {
-                e.add(
-                    format!("{p}.serial"),
-                    "must be made up of the characters [A-Za-z0-9_.+-]",
-                );
-            } else if serial.len() > MAX_SERIAL_LEN {
-                e.add(format!("{p}.serial"), "must be at most 256 characters long");
+            if let Err(reason) = check_disk_serial(serial) {
+                e.add(format!("{p}.serial"), reason);
             }
         }
         if !one_of(&disk.cache, &["none", "writethrough", "writeback"]) {

@@ -6,7 +6,9 @@ use super::*;
 
 pub(super) fn validate_metadata(vmi: &Vmi, e: &mut Errors) {
     match (&vmi.metadata.name, &vmi.metadata.generate_name) {
-        (Some(name), _) if !is_dns_label(name) => e.add("metadata.name", DNS_LABEL_REASON),
+        // Kubernetes object names are DNS-1123 subdomains (up to 253, dots allowed); the guest
+        // host name is derived from the first part (KubeVirt `dns.SanitizeHostname`).
+        (Some(name), _) if !is_dns_subdomain(name) => e.add("metadata.name", DNS_SUBDOMAIN_REASON),
         (None, None) => e.add("metadata.name", "is required"),
         _ => {}
     }

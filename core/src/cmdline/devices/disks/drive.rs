@@ -115,18 +115,12 @@ pub(super) fn options(
     };
     let serial = match d.serial.as_deref() {
         None => None,
+        // KubeVirt leaves an empty serial out of the domain.
+        Some("") => None,
         Some(s) => {
-            if s.is_empty()
-                || s.len() > 20
-                || !s
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"_.+-".contains(&b))
-            {
-                return Err(ConvertError::invalid(
-                    p.key("serial"),
-                    "a serial is 1 to 20 letters, digits, '_', '.', '+' or '-'",
-                ));
-            }
+            // The one serial rule validation applies (the same on every bus).
+            crate::vmi::validate::check_disk_serial(s)
+                .map_err(|reason| ConvertError::invalid(p.key("serial"), reason))?;
             Some(s.to_string())
         }
     };
