@@ -2,7 +2,7 @@
 //! virt-launcher: readiness by rename, version negotiation, Ping, VMI commands answered in-band,
 //! unsupported RPCs answered at once, concurrency, shutdown.
 
-use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
+use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::info::{cmd_info_client::CmdInfoClient, CmdInfoRequest};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
@@ -46,7 +46,7 @@ enum TestError {
 /// change its state, delete forgets it.
 #[derive(Default)]
 struct InMemoryManager {
-    domain: Mutex<Option<Domain>>,
+    domain: Mutex<Option<ApiDomain>>,
     syncs: AtomicUsize,
 }
 
@@ -72,7 +72,7 @@ impl DomainManager for InMemoryManager {
         let mut domain = self.domain.lock().unwrap();
         if domain.is_none() {
             let meta = vmi.metadata;
-            let mut new = Domain::for_vmi(&meta.namespace, &meta.name, &meta.uid);
+            let mut new = ApiDomain::for_vmi(&meta.namespace, &meta.name, &meta.uid);
             new.set_state(LifeCycle::Running, StateChangeReason::Unknown);
             *domain = Some(new);
         }
@@ -120,7 +120,7 @@ impl DomainManager for InMemoryManager {
             "no virtio-mem device",
         )))
     }
-    async fn get_domain(&self) -> Result<Option<Domain>, TestError> {
+    async fn get_domain(&self) -> Result<Option<ApiDomain>, TestError> {
         Ok(self.domain.lock().unwrap().clone())
     }
     async fn get_domain_stats(&self) -> Result<serde_json::Value, TestError> {
@@ -213,7 +213,7 @@ fn ok() -> cmd::Response {
     }
 }
 
-async fn current_domain(client: &mut CmdClient<Channel>) -> Option<Domain> {
+async fn current_domain(client: &mut CmdClient<Channel>) -> Option<ApiDomain> {
     let answer = client
         .get_domain(cmd::EmptyRequest {})
         .await
@@ -311,7 +311,7 @@ async fn vmi_commands_reach_the_manager_and_errors_come_back_in_band() {
         .unwrap()
         .into_inner();
     assert_eq!(answer, ok());
-    let mut expected = Domain::for_vmi("default", "testvmi", "0f1e2d3c-uid");
+    let mut expected = ApiDomain::for_vmi("default", "testvmi", "0f1e2d3c-uid");
     expected.set_state(LifeCycle::Running, StateChangeReason::Unknown);
     assert_eq!(current_domain(&mut client).await, Some(expected.clone()));
 

@@ -23,7 +23,7 @@ use testkit::notify::Received;
 use base64::Engine as _;
 use guest::GuestImages;
 use qlauncher::monitor::procfs;
-use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
+use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::uds;
@@ -206,8 +206,8 @@ async fn futures_join_all<T>(handles: impl Iterator<Item = tokio::task::JoinHand
 /// The notifications as `(event type, domain without guest-agent data)`, leaving out MODIFIED
 /// events that only carried new guest-agent data (the test guest runs an agent, whose interfaces
 /// arrive at a time of their own).
-fn domain_events(received: &Received) -> Vec<(String, Domain)> {
-    let mut out: Vec<(String, Domain)> = Vec::new();
+fn domain_events(received: &Received) -> Vec<(String, ApiDomain)> {
+    let mut out: Vec<(String, ApiDomain)> = Vec::new();
     for (t, d) in received.lock().unwrap().iter() {
         let d = without_agent_data(d);
         if out.last().is_some_and(|(lt, ld)| lt == t && *ld == d) {
@@ -227,13 +227,13 @@ fn state_events(received: &Received) -> Vec<(String, (LifeCycle, StateChangeReas
 }
 
 /// `d` without what the guest agent reports (it changes on its own schedule).
-fn without_agent_data(d: &Domain) -> Domain {
+fn without_agent_data(d: &ApiDomain) -> ApiDomain {
     let mut d = d.clone();
     d.status.interfaces.clear();
     d
 }
 
-fn state_of(d: &Domain) -> (LifeCycle, StateChangeReason, bool) {
+fn state_of(d: &ApiDomain) -> (LifeCycle, StateChangeReason, bool) {
     (
         d.status.status,
         d.status.reason,
@@ -328,7 +328,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
             .await
             .unwrap()
             .into_inner();
-        serde_json::from_str::<Domain>(&answer.domain).unwrap()
+        serde_json::from_str::<ApiDomain>(&answer.domain).unwrap()
     };
     let before = get_domain(client.clone()).await;
     assert_eq!(
@@ -697,7 +697,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .await
         .unwrap()
         .into_inner();
-    let domain: Domain = serde_json::from_str(&domain.domain).unwrap();
+    let domain: ApiDomain = serde_json::from_str(&domain.domain).unwrap();
     vmi["metadata"]["uid"] = domain.object_meta.uid.clone().into();
     vmi["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
     let answer = client

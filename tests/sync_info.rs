@@ -12,7 +12,7 @@ use testkit::guest;
 use testkit::notify;
 
 use guest::GuestImages;
-use qlauncher::sync::domain::Domain;
+use qlauncher::sync::domain::ApiDomain;
 use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
@@ -259,7 +259,7 @@ async fn scenario() {
             .await
             .unwrap()
             .into_inner();
-        let domain: Domain = serde_json::from_str(&answer.domain).unwrap();
+        let domain: ApiDomain = serde_json::from_str(&answer.domain).unwrap();
         if !domain.status.interfaces.is_empty() {
             break domain;
         }

@@ -1,7 +1,7 @@
 //! The notify client against a notify server playing virt-handler on a real Unix socket: order,
 //! retry when the server comes up late, the final delete notification, rejection, giving up.
 
-use qlauncher::sync::domain::{Domain, DomainEventType, LifeCycle, StateChangeReason};
+use qlauncher::sync::domain::{ApiDomain, DomainEventType, LifeCycle, StateChangeReason};
 use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::SyncError;
 use std::path::PathBuf;
@@ -12,8 +12,8 @@ fn socket_in(dir: &tempfile::TempDir) -> PathBuf {
     dir.path().join("domain-notify-pipe.sock")
 }
 
-fn domain_in(state: LifeCycle, reason: StateChangeReason) -> Domain {
-    let mut domain = Domain::for_vmi("default", "testvmi", "0f1e2d3c-uid");
+fn domain_in(state: LifeCycle, reason: StateChangeReason) -> ApiDomain {
+    let mut domain = ApiDomain::for_vmi("default", "testvmi", "0f1e2d3c-uid");
     domain.set_state(state, reason);
     domain
 }

@@ -96,16 +96,7 @@ async fn run_sync(
     result
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+use qlauncher::sys::error::error_chain;
 
 fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
     MonitorError::QemuExited {

@@ -260,9 +260,6 @@ pub fn standalone_vmi(env_value: Option<&str>) -> Result<Option<serde_json::Valu
     }
 }
 
-/// The old name of [`SupervisedDomain`], kept while `src/cli/launcher.rs` imports it.
-pub use self::SupervisedDomain as Domain;
-
 /// What the launcher's lifecycle needs from the domain: the sync module implements it.
 pub trait SupervisedDomain: DomainControl {
     /// Resolves with the QEMU pid once a domain has been started (by a SyncVMI call or the

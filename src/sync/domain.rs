@@ -12,9 +12,6 @@
 use serde::{Deserialize, Serialize};
 use std::time::SystemTime;
 
-/// The old name of [`ApiDomain`], kept while tests import it (`qlauncher::sync::domain::Domain`).
-pub type Domain = ApiDomain;
-
 /// KubeVirt's `api.Domain`: metadata, the domain spec and the live status.
 ///
 /// JSON shape: `{"ObjectMeta": {...}, "Spec": {...}, "Status": {...}}`.

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use qlauncher::sync::domain::Domain;
+use qlauncher::sync::domain::ApiDomain;
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::uds;
@@ -75,7 +75,7 @@ pub async fn try_sync(
 }
 
 /// GetDomain, parsed (`None` when the launcher has no domain).
-pub async fn get_domain(client: &mut Client) -> Option<Domain> {
+pub async fn get_domain(client: &mut Client) -> Option<ApiDomain> {
     let answer = client
         .get_domain(cmd::EmptyRequest {})
         .await

@@ -6,14 +6,14 @@
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use qlauncher::sync::domain::Domain;
+use qlauncher::sync::domain::ApiDomain;
 use qlauncher::sync::proto::notify::info as notify_info;
 use qlauncher::sync::proto::notify::v1 as notify;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
 /// What the notify server received: (event type, domain), in arrival order.
-pub type Received = Arc<Mutex<Vec<(String, Domain)>>>;
+pub type Received = Arc<Mutex<Vec<(String, ApiDomain)>>>;
 
 /// The Kubernetes events the notify server received (their JSON), in arrival order.
 pub type K8sEvents = Arc<Mutex<Vec<serde_json::Value>>>;
@@ -45,7 +45,7 @@ impl notify::notify_server::Notify for Handler {
         request: Request<notify::DomainEventRequest>,
     ) -> Result<Response<notify::Response>, Status> {
         let request = request.into_inner();
-        let domain: Domain = serde_json::from_slice(&request.domain_json)
+        let domain: ApiDomain = serde_json::from_slice(&request.domain_json)
             .map_err(|e| Status::invalid_argument(e.to_string()))?;
         self.received
             .lock()
@@ -141,7 +141,7 @@ impl NotifyServer {
     }
 
     /// The domain events so far.
-    pub fn events(&self) -> Vec<(String, Domain)> {
+    pub fn events(&self) -> Vec<(String, ApiDomain)> {
         self.received.lock().unwrap().clone()
     }
 }

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use qlauncher::monitor::grace::{DomainControl, Ending};
-use qlauncher::monitor::launcher::{self, Domain, LauncherConfig};
+use qlauncher::monitor::launcher::{self, LauncherConfig, SupervisedDomain};
 use qlauncher::monitor::qemu::spawn_detached;
 use qlauncher::monitor::MonitorError;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -79,7 +79,7 @@ impl DomainControl for StaticQemu {
     }
 }
 
-impl Domain for StaticQemu {
+impl SupervisedDomain for StaticQemu {
     async fn started(&self) -> Result<i32, MonitorError> {
         let (program, args) = self.argv.split_first().ok_or(MonitorError::ParseFlag {
             flag: STATIC_QEMU_ENV.into(),
