@@ -211,6 +211,32 @@ pub async fn attach(
     Ok(())
 }
 
+/// Plans, checks and plugs the SR-IOV devices: `desired` minus `present` (aliases), addresses
+/// from `pool`, each checked on the node under `sysfs` and `dev`, on the free root ports QOM
+/// reports. Returns what was plugged (nothing when all are present).
+///
+/// # Errors
+/// As [`plan`], [`check_present`] (before anything is plugged), [`attach`], and the QOM queries.
+pub async fn hotplug_sriov(
+    client: &QmpClient,
+    desired: &[SriovInterface],
+    pool: &BTreeMap<String, String>,
+    present: &BTreeSet<String>,
+    sysfs: &Path,
+    dev: &Path,
+) -> Result<Vec<HostDevicePlug>, CmdApiError> {
+    let plugs = plan(desired, pool, present)?;
+    if plugs.is_empty() {
+        return Ok(plugs);
+    }
+    for p in &plugs {
+        check_present(p, sysfs, dev)?;
+    }
+    let ports = crate::qmp::hotplug::free_root_ports(client).await?;
+    attach(client, &plugs, &ports).await?;
+    Ok(plugs)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
