@@ -68,3 +68,44 @@ impl CmdApiError {
         CmdApiError::Agent { message }
     }
 }
+
+use std::sync::{Arc, Mutex as StdMutex};
+
+use crate::sync::agent::GuestAgent;
+
+/// What one domain keeps for these RPCs: the agent store and its poller, the freeze timer, the
+/// memory-dump state, the dirty-rate cache and the `GetVMStats` agent caches.
+#[derive(Debug, Default)]
+pub struct CmdApiState {
+    /// What the agent poller learned.
+    pub store: Arc<guest_info::GuestStore>,
+    poller: StdMutex<Option<guest_info::AgentPoller>>,
+    /// Freeze / thaw and the auto-thaw timer.
+    pub freezer: Arc<freeze::Freezer>,
+    /// The memory dump.
+    pub dumper: Arc<memory_dump::MemoryDumper>,
+    /// `GetDomainDirtyRateStats`'s cache.
+    pub dirty_rate: dirty_rate::DirtyRate,
+    /// `GetVMStats`'s agent caches.
+    pub agent_replies: vm_stats::AgentReplyCache,
+}
+
+impl CmdApiState {
+    /// (Re)starts the agent poller with KubeVirt's intervals (domain started or adopted, agent
+    /// channel connected); `on_update` gets the OS-info and freeze-state changes.
+    pub fn start_poller(&self, agent: Arc<GuestAgent>, on_update: guest_info::OnAgentUpdate) {
+        let poller = guest_info::AgentPoller::start(
+            agent,
+            self.store.clone(),
+            guest_info::PollIntervals::default(),
+            on_update,
+        );
+        *self.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(poller);
+    }
+
+    /// Stops the agent poller (agent disconnected, domain paused or gone); the store keeps the
+    /// last data, as KubeVirt's does.
+    pub fn stop_poller(&self) {
+        self.poller.lock().unwrap_or_else(|e| e.into_inner()).take();
+    }
+}
