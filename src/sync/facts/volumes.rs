@@ -1,0 +1,250 @@
+//! Storage of the first sync beyond overlays, empty disks and cloud-init: config-volume ISOs,
+//! hostDisks and persistent volume claims, with the facts the converter needs for them.
+//!
+//! - configMap, secret, downwardAPI, serviceAccount and sysprep volumes become ISO images of their
+//!   mounted directories, as KubeVirt's config disks (`pkg/config/*.go`:
+//!   `<private>/config-map/<vol>` imaged into `<private>/config-map-disks/<vol>.iso`, ...).
+//! - hostDisk: `Disk` must exist, `DiskOrCreate` is created sparse with its capacity
+//!   (`pkg/host-disk/host-disk.go`), at `<private>/vmi-disks/<vol>/<file name of hostDisk.path>`.
+//! - persistentVolumeClaim / dataVolume (not hot-pluggable): a block-mode claim is the device
+//!   `<dev>/<vol>`; a filesystem claim is the file `<private>/vmi-disks/<vol>/disk.img`, created
+//!   with the claim's capacity (`status.volumeStatus[].persistentVolumeClaimInfo.capacity.storage`)
+//!   when missing, as KubeVirt turns filesystem PVCs into `DiskOrCreate` hostDisks
+//!   (`hostdisk.ReplacePVCByHostDisk`); an existing image shorter than the claim's usable size is
+//!   extended first ([`crate::sync::reconcile::resize::expand_offline`]).
+
+use std::os::unix::fs::FileTypeExt;
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
+use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
+use crate::sync::SyncError;
+use crate::vmi::{Vmi, Volume};
+
+/// Prepares `vol` if it is a config volume, a hostDisk or a (non-hotplug) PVC or DataVolume;
+/// returns its converter facts, or `None` for other kinds.
+///
+/// # Errors
+/// [`SyncError::Storage`] from the ISO writer or the hostDisk preparation;
+/// [`SyncError::InvalidVmi`] for a filesystem claim whose `disk.img` is missing and whose
+/// capacity the VMI status does not give.
+pub fn prepare(
+    vmi: &Vmi,
+    vol: &Volume,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<Option<VolumeFacts>, SyncError> {
+    let private = Path::new(&paths.private_dir);
+    if let Some(spec) = ConfigVolumeSpec::from_volume(vol, private) {
+        let mut spec = spec.map_err(SyncError::Storage)?;
+        spec.owner = owner;
+        storage::write_config_volume_iso(&spec).map_err(SyncError::Storage)?;
+        info!(volume = %vol.name, iso = %spec.iso.display(), "config volume ISO");
+        return Ok(Some(VolumeFacts::default()));
+    }
+    let vmi_disks = private.join("vmi-disks");
+    if let Some(spec) = HostDiskSpec::from_volume(vol, &vmi_disks) {
+        let mut spec = spec.map_err(SyncError::Storage)?;
+        spec.owner = owner;
+        create_parent(&spec.path)?;
+        let (outcome, size) = storage::prepare_host_disk(&spec).map_err(SyncError::Storage)?;
+        info!(volume = %vol.name, ?outcome, size, path = %spec.path.display(), "hostDisk");
+        return Ok(Some(VolumeFacts {
+            virtual_size: Some(size),
+            ..VolumeFacts::default()
+        }));
+    }
+    let claim = vol
+        .persistent_volume_claim
+        .as_ref()
+        .map(|p| p.hotpluggable)
+        .or(vol.data_volume.as_ref().map(|d| d.hotpluggable));
+    match claim {
+        None | Some(Some(true)) => return Ok(None),
+        Some(_) => {}
+    }
+    let device = Path::new(&paths.dev).join(&vol.name);
+    storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
+    if std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device()) {
+        info!(volume = %vol.name, device = %device.display(), "block PVC");
+        return Ok(Some(VolumeFacts {
+            kind: StorageKind::Block,
+            ..VolumeFacts::default()
+        }));
+    }
+    let image = vmi_disks.join(&vol.name).join("disk.img");
+    let size = match std::fs::metadata(&image) {
+        Ok(m) => m.len(),
+        Err(_) => {
+            let capacity = claim_capacity(vmi, &vol.name)?.ok_or_else(|| {
+                SyncError::InvalidVmi(format!(
+                    "volume {}: {} is missing and status.volumeStatus gives no PVC capacity",
+                    vol.name,
+                    image.display()
+                ))
+            })?;
+            let spec = HostDiskSpec {
+                volume: vol.name.clone(),
+                path: image.clone(),
+                kind: HostDiskType::DiskOrCreate { capacity },
+                tolerance_percent: storage::from_vmi::DEFAULT_TOLERANCE_PERCENT,
+                reserve_bytes: storage::from_vmi::DEFAULT_RESERVE_BYTES,
+                owner,
+            };
+            create_parent(&image)?;
+            storage::prepare_host_disk(&spec)
+                .map_err(SyncError::Storage)?
+                .1
+        }
+    };
+    let size = crate::sync::reconcile::resize::expand_offline(vmi, &vol.name, &image, size);
+    info!(volume = %vol.name, size, image = %image.display(), "filesystem PVC");
+    Ok(Some(VolumeFacts {
+        virtual_size: Some(size),
+        ..VolumeFacts::default()
+    }))
+}
+
+/// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.
+fn claim_capacity(vmi: &Vmi, name: &str) -> Result<Option<u64>, SyncError> {
+    let Some(q) = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.volume_status.as_ref())
+        .and_then(|list| list.iter().find(|v| v.name == name))
+        .and_then(|v| v.persistent_volume_claim_info.as_ref())
+        .and_then(|i| i.capacity.as_ref())
+        .and_then(|c| c.get("storage"))
+    else {
+        return Ok(None);
+    };
+    q.to_bytes()
+        .map(Some)
+        .map_err(|e| SyncError::InvalidVmi(format!("volume {name}: PVC capacity: {e}")))
+}
+
+fn create_parent(path: &Path) -> Result<(), SyncError> {
+    let dir: PathBuf = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    std::fs::create_dir_all(&dir).map_err(|source| SyncError::PrepareQemu {
+        what: format!("create {}", dir.display()),
+        source,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn roots(dir: &Path) -> PathRoots {
+        let r = |p: &str| dir.join(p).display().to_string();
+        PathRoots {
+            private_dir: r("private"),
+            dev: r("dev"),
+            ..PathRoots::default()
+        }
+    }
+
+    fn vmi(volumes: serde_json::Value, status: serde_json::Value) -> Vmi {
+        let json = serde_json::json!({
+            "metadata": {"name": "v", "namespace": "default"},
+            "spec": {"domain": {"devices": {}}, "volumes": volumes},
+            "status": status,
+        });
+        Vmi::from_json_or_yaml(&json.to_string()).unwrap()
+    }
+
+    fn prepare_all(vmi: &Vmi, paths: &PathRoots) -> Vec<Result<Option<VolumeFacts>, String>> {
+        vmi.spec
+            .volumes
+            .iter()
+            .flatten()
+            .map(|v| prepare(vmi, v, paths, None).map_err(|e| e.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn filesystem_pvc_is_created_with_the_claim_capacity() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = roots(dir.path());
+        let v = vmi(
+            serde_json::json!([
+                {"name": "data", "persistentVolumeClaim": {"claimName": "c1"}},
+                {"name": "hot", "persistentVolumeClaim": {"claimName": "c2", "hotpluggable": true}},
+                {"name": "other", "emptyDisk": {"capacity": "1Mi"}}
+            ]),
+            serde_json::json!({"volumeStatus": [{"name": "data", "target": "",
+                "persistentVolumeClaimInfo": {"capacity": {"storage": "8Mi"}}}]}),
+        );
+        let image = dir.path().join("private/vmi-disks/data/disk.img");
+        assert_eq!(
+            prepare_all(&v, &paths),
+            vec![
+                Ok(Some(VolumeFacts {
+                    virtual_size: Some(8 << 20),
+                    ..VolumeFacts::default()
+                })),
+                Ok(None),
+                Ok(None),
+            ]
+        );
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), 8 << 20);
+        // A second sync finds the image and keeps it.
+        assert_eq!(
+            prepare_all(&v, &paths)[0],
+            Ok(Some(VolumeFacts {
+                virtual_size: Some(8 << 20),
+                ..VolumeFacts::default()
+            }))
+        );
+    }
+
+    #[test]
+    fn a_missing_filesystem_pvc_without_capacity_names_the_volume() {
+        let dir = tempfile::tempdir().unwrap();
+        let v = vmi(
+            serde_json::json!([{"name": "data", "dataVolume": {"name": "dv"}}]),
+            serde_json::json!({}),
+        );
+        let err = prepare_all(&v, &roots(dir.path())).remove(0).unwrap_err();
+        assert!(
+            err.starts_with("invalid VMI: volume data: ") && err.ends_with("gives no PVC capacity"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn config_map_becomes_an_iso_and_host_disk_is_created() {
+        let dir = tempfile::tempdir().unwrap();
+        let paths = roots(dir.path());
+        let source = dir.path().join("private/config-map/cm");
+        std::fs::create_dir_all(&source).unwrap();
+        std::fs::write(source.join("key"), "value").unwrap();
+        let v = vmi(
+            serde_json::json!([
+                {"name": "cm", "configMap": {"name": "app"}},
+                {"name": "hd", "hostDisk": {"path": "/data/x.img", "type": "DiskOrCreate",
+                                            "capacity": "2Mi"}}
+            ]),
+            serde_json::json!({}),
+        );
+        assert_eq!(
+            prepare_all(&v, &paths),
+            vec![
+                Ok(Some(VolumeFacts::default())),
+                Ok(Some(VolumeFacts {
+                    virtual_size: Some(2 << 20),
+                    ..VolumeFacts::default()
+                })),
+            ]
+        );
+        assert!(dir.path().join("private/config-map-disks/cm.iso").is_file());
+        assert_eq!(
+            std::fs::metadata(dir.path().join("private/vmi-disks/hd/x.img"))
+                .unwrap()
+                .len(),
+            2 << 20
+        );
+    }
+}

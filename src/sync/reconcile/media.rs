@@ -1,0 +1,141 @@
+//! cdrom media changes by diff: KubeVirt's `syncDisks` "update" step (`manager.go`, v1.9.0), which
+//! sends libvirt `UpdateDeviceFlags` for a cdrom whose source changed; libvirt runs
+//! `blockdev-open-tray`, `blockdev-remove-medium`, `blockdev-add` of the new nodes,
+//! `blockdev-insert-medium`, `blockdev-close-tray`, then `blockdev-del` of the old nodes
+//! ([`crate::qmp::hotplug::change_cdrom`]). A cdrom whose volume appears gets the medium inserted;
+//! one whose volume goes away (or whose hotplug volume is no longer ready) is ejected.
+//!
+//! Only cdroms the converter did not mark hot-pluggable are handled here (a `scsi-cd` on a hotplug
+//! volume is attached and detached as a whole by the disk diff).
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde_json::Value;
+use tracing::info;
+
+use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
+use crate::cmdline::qemu::to_json;
+use crate::cmdline::render::{self, device_json};
+use crate::qmp::client::QmpClient;
+use crate::sync::reconcile::disks::renumber_nodes;
+use crate::sync::state::Running;
+use crate::sync::SyncError;
+
+/// The cdrom drives of `plan` that are not hot-pluggable, by device id (`ua-<name>`), each with
+/// the `blockdev-add` arguments of its medium, bottom node first (empty: no medium).
+pub fn cdroms(plan: &DomainPlan) -> BTreeMap<String, Vec<Value>> {
+    plan.devices
+        .iter()
+        .filter(|d| d.class == DeviceClass::Disk && !d.hotpluggable)
+        .filter(|d| {
+            matches!(
+                device_json(d)["driver"].as_str(),
+                Some("ide-cd") | Some("scsi-cd")
+            )
+        })
+        .map(|d| {
+            let medium = match &d.backend {
+                Backend::Blockdevs(bs) => bs.iter().map(to_json).collect(),
+                _ => Vec::new(),
+            };
+            (d.device.id().to_string(), medium)
+        })
+        .collect()
+}
+
+/// A medium without its node names (which differ between conversions): what the guest would see.
+fn without_node_names(medium: &[Value]) -> Vec<Value> {
+    let names: BTreeSet<&str> = medium
+        .iter()
+        .filter_map(|b| b["node-name"].as_str())
+        .collect();
+    medium
+        .iter()
+        .map(|b| {
+            let mut b = b.clone();
+            if let Some(o) = b.as_object_mut() {
+                o.remove("node-name");
+                o.retain(|_, v| !v.as_str().is_some_and(|s| names.contains(s)));
+            }
+            b
+        })
+        .collect()
+}
+
+/// True when the two media are the same image (same blockdev arguments but for node names).
+pub fn same_medium(a: &[Value], b: &[Value]) -> bool {
+    without_node_names(a) == without_node_names(b)
+}
+
+/// The node names of `medium`, top node first (the `blockdev-del` order).
+pub fn node_names_top_first(medium: &[Value]) -> Vec<String> {
+    medium
+        .iter()
+        .rev()
+        .filter_map(|b| b["node-name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Inserts, changes or ejects the media of the domain's cdrom drives as `plan` has them. A drive
+/// the new plan lacks (its hotplug volume went away) is ejected.
+pub(crate) async fn apply(
+    client: &QmpClient,
+    running: &mut Running,
+    plan: &DomainPlan,
+) -> Result<(), SyncError> {
+    let mut wanted = cdroms(plan);
+    for (id, current) in running.cdroms.iter_mut() {
+        let new = wanted.remove(id).unwrap_or_default();
+        if same_medium(current, &new) {
+            continue;
+        }
+        let carrier = render::DiskHotplug {
+            name: String::new(),
+            id: id.clone(),
+            target: None,
+            blockdevs: new,
+            device: serde_json::Value::Null,
+            device_del: serde_json::Value::Null,
+            blockdev_del: vec![],
+        };
+        let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+        let change = crate::qmp::hotplug::CdromChange {
+            device_id: id.clone(),
+            old_node_names: node_names_top_first(current),
+            new_blockdevs: new.clone(),
+        };
+        crate::qmp::hotplug::change_cdrom(client, &change)
+            .await
+            .map_err(SyncError::Qmp)?;
+        info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
+        *current = new;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn medium(n: u32, path: &str) -> Vec<Value> {
+        vec![
+            json!({"driver": "file", "filename": path, "node-name": format!("libvirt-{n}-storage"),
+                   "auto-read-only": true}),
+            json!({"driver": "raw", "file": format!("libvirt-{n}-storage"),
+                   "node-name": format!("libvirt-{n}-format"), "read-only": true}),
+        ]
+    }
+
+    #[test]
+    fn media_compare_without_node_names() {
+        assert!(same_medium(&medium(1, "/a.img"), &medium(7, "/a.img")));
+        assert!(!same_medium(&medium(1, "/a.img"), &medium(1, "/b.img")));
+        assert!(!same_medium(&medium(1, "/a.img"), &[]));
+        assert!(same_medium(&[], &[]));
+        assert_eq!(
+            node_names_top_first(&medium(3, "/a.img")),
+            vec!["libvirt-3-format", "libvirt-3-storage"]
+        );
+    }
+}
