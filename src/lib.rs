@@ -25,7 +25,3 @@ pub mod net;
 pub mod qmp;
 pub mod storage;
 pub mod sync;
-// KubeVirt's remaining cmd API RPCs; declared here until the sync split lands on main, then
-// under `sync` (and its QMP commands under `qmp`).
-#[path = "sync/cmdapi/mod.rs"]
-pub mod cmdapi;

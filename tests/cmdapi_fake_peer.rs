@@ -7,9 +7,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
-use qlauncher::cmdapi::host_devices::{self, SriovInterface};
-use qlauncher::cmdapi::sev;
 use qlauncher::qmp::QmpClient;
+use qlauncher::sync::cmdapi::host_devices::{self, SriovInterface};
+use qlauncher::sync::cmdapi::sev;
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;

@@ -6,12 +6,14 @@
 //!
 //! Layout:
 //! - [`client`]: the QMP wire protocol (QEMU's `docs/interop/qmp-spec.rst`) over a Unix socket.
+//! - [`commands`]: typed QMP commands (arguments and returns as structs).
 //! - [`launch`]: fork/exec of `qemu-system-*` with only the intended fds, then `cont`.
 //! - [`lifecycle`]: lifecycle commands and the pure event -> KubeVirt domain state mapping.
 //! - [`hotplug`]: disk, cdrom and NIC hotplug in the order libvirt issues the commands.
 //! - [`tap`]: opening an existing tap device by name (`TUNSETIFF`) for NIC hotplug.
 
 pub mod client;
+pub mod commands;
 pub mod hotplug;
 pub mod launch;
 pub mod lifecycle;

@@ -15,11 +15,14 @@
 //! - [`rpc`]: the wire layer: [`proto`] (generated from `proto/`), [`server`] (the command
 //!   server), [`notify`] (the notify client), [`uds`];
 //! - [`guest`]: the guest agent ([`agent`]), domain statistics ([`stats`]) and [`info`];
+//! - [`cmdapi`]: the guest-agent info, freeze, screenshot, memory-dump, dirty-rate, VM-stats,
+//!   host-device and SEV RPCs;
 //! - [`domain`]: the `api.Domain` JSON both carry.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod cmdapi;
 pub mod config;
 pub mod domain;
 pub mod facts;

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::Mutex;
 
 use super::CmdApiError;
-use crate::cmdapi::qmp_cmds::{run, CalcDirtyRate, QueryDirtyRate};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{run, CalcDirtyRate, QueryDirtyRate};
 
 /// Measurement length (KubeVirt `dirtyRateCalculationTime`, 1 s).
 pub const CALC_TIME: Duration = Duration::from_secs(1);

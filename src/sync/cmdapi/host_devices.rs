@@ -20,8 +20,8 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use super::CmdApiError;
-use crate::cmdapi::qmp_cmds::{run, VfioPciAdd};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{run, VfioPciAdd};
 
 /// The downward-API network-info file in the pod (KubeVirt `downwardapi.NetworkInfoVolumePath`).
 pub const NETWORK_INFO_PATH: &str = "/etc/podinfo/network-info";

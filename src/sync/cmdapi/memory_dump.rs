@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::CmdApiError;
-use crate::cmdapi::qmp_cmds::{run, Cont, DumpFormat, DumpGuestMemory, QueryStatus, Stop};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{run, Cont, DumpFormat, DumpGuestMemory, QueryStatus, Stop};
 
 /// `api.MemoryDumpMetadata` in the domain JSON (Go field names; nil timestamps are `null`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

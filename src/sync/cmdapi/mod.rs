@@ -24,10 +24,6 @@ pub mod screenshot;
 pub mod sev;
 pub mod vm_stats;
 
-/// The typed QMP commands these RPCs use (to move into `crate::qmp`).
-#[path = "../../qmp/cmdapi.rs"]
-pub mod qmp_cmds;
-
 use crate::qmp::QmpError;
 use crate::sync::SyncError;
 

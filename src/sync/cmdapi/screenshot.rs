@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::CmdApiError;
-use crate::cmdapi::qmp_cmds::{run, ImageFormat, Screendump};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{run, ImageFormat, Screendump};
 use crate::qmp::QmpError;
 
 /// MIME type of a PNG screenshot.

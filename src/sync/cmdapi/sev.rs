@@ -14,10 +14,10 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use super::CmdApiError;
-use crate::cmdapi::qmp_cmds::{
+use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{
     run, QuerySev, QuerySevCapabilities, QuerySevLaunchMeasure, SevInjectLaunchSecret,
 };
-use crate::qmp::client::QmpClient;
 
 /// The SEV device node (KubeVirt's `devices.kubevirt.io/sev` resource).
 pub const SEV_DEVICE: &str = "/dev/sev";

@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::qmp::client::QmpClient;
-use crate::qmp::QmpError;
+use super::client::QmpClient;
+use super::QmpError;
 
 /// A QMP command: its name, its arguments (the struct itself) and its `return` type.
 pub trait QmpCommand: Serialize {
