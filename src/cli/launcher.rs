@@ -202,6 +202,8 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     if config.run_as_nonroot {
         c.runtime_uid = launcher::QEMU_UID;
     }
+    c.vm_stats_collector = config.vm_stats_collector;
+    c.ovmf_dir = config.ovmf_path.clone();
     if let Some(v) = qemu_version(&c.qemu) {
         c.qemu_version = v;
     }

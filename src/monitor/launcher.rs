@@ -42,13 +42,14 @@ pub const LAUNCHER_FLAGS: &[(&str, FlagKind)] = &[
     ("v", FlagKind::Value),
     // qlauncher's own: moves `/var/run/kubevirt-private` (for `qlauncher run --root` and tests).
     ("private-dir", FlagKind::Value),
+    // `GetVMStats` (KubeVirt's VMStatsCollector feature gate).
+    ("vm-stats-collector", FlagKind::Bool),
     // Accepted, not used by qlauncher.
     ("allow-cross-arch-emulation", FlagKind::Bool),
     ("image-volume", FlagKind::Bool),
     ("libvirt-hook-server-and-client", FlagKind::Bool),
     ("upgrade-ordinal-ifaces", FlagKind::Bool),
     ("vgpu-dedicated-hook", FlagKind::Bool),
-    ("vm-stats-collector", FlagKind::Bool),
     ("firmware-auto-selection", FlagKind::Bool),
     ("simulate-crash", FlagKind::Bool),
     ("keep-after-failure", FlagKind::Bool),
@@ -109,6 +110,8 @@ pub struct LauncherConfig {
     pub allow_emulation: bool,
     /// `--run-as-nonroot`.
     pub run_as_nonroot: bool,
+    /// `--vm-stats-collector`: answer `GetVMStats`.
+    pub vm_stats_collector: bool,
     /// `--hook-sidecars`: number of hook sidecars to wait for (default 0).
     pub hook_sidecars: u32,
     /// `--ovmf-path` (default `/usr/share/edk2/ovmf`).
@@ -136,6 +139,7 @@ impl Default for LauncherConfig {
             grace_period: Duration::from_secs(30),
             allow_emulation: false,
             run_as_nonroot: false,
+            vm_stats_collector: false,
             hook_sidecars: 0,
             ovmf_path: "/usr/share/edk2/ovmf".into(),
             disk_memory_limit: 2000 * 1024 * 1024,
@@ -173,6 +177,7 @@ impl LauncherConfig {
             grace_period: Duration::from_secs(f.int("grace-period-seconds", 30u64)?),
             allow_emulation: f.bool("allow-emulation")?,
             run_as_nonroot: f.bool("run-as-nonroot")?,
+            vm_stats_collector: f.bool("vm-stats-collector")?,
             hook_sidecars: f.int("hook-sidecars", 0u32)?,
             ovmf_path: path_flag(&f, "ovmf-path", d.ovmf_path),
             disk_memory_limit: f.int("disk-memory-limit", d.disk_memory_limit)?,

@@ -31,6 +31,14 @@ pub struct SyncConfig {
     pub qemu_log: PathBuf,
     /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
     pub runtime_uid: u32,
+    /// `--vm-stats-collector`: `GetVMStats` answers (else it is a gRPC error, as KubeVirt's).
+    pub vm_stats_collector: bool,
+    /// `--ovmf-path`: where the SEV firmware (`OVMF_CODE.cc.fd`) is, for `GetLaunchMeasurement`.
+    pub ovmf_dir: PathBuf,
+    /// The downward-API network-info file (`/etc/podinfo/network-info`), SR-IOV PCI addresses.
+    pub network_info: PathBuf,
+    /// sysfs (`/sys`), where host PCI devices are looked up.
+    pub sysfs: PathBuf,
 }
 
 impl SyncConfig {
@@ -66,6 +74,10 @@ impl SyncConfig {
             } else {
                 107
             },
+            vm_stats_collector: false,
+            ovmf_dir: "/usr/share/OVMF".into(),
+            network_info: root.join("etc/podinfo/network-info"),
+            sysfs: root.join("sys"),
         }
     }
 }

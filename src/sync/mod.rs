@@ -200,6 +200,10 @@ pub enum SyncError {
     /// The operation is not supported by qlauncher.
     #[error("not supported by qlauncher: {0}")]
     Unsupported(String),
+    /// A guest-agent, freeze, screenshot, dump, dirty-rate, host-device or SEV RPC failed
+    /// ([`crate::cmdapi`]); its text is the RPC's message.
+    #[error(transparent)]
+    CmdApi(#[from] crate::sync::cmdapi::CmdApiError),
     /// Connecting to the guest agent's channel socket failed.
     #[error("cannot connect to the guest agent channel {path}")]
     AgentConnect {

@@ -87,6 +87,27 @@ impl Shared {
         self.publish(status, DomainEventType::Modified);
     }
 
+    /// Puts an agent poller update (OS info, freeze state) in the domain status and notifies
+    /// MODIFIED (KubeVirt's agent-updated event).
+    pub(crate) fn apply_agent_update(&self, update: crate::sync::cmdapi::guest_info::AgentUpdate) {
+        use crate::sync::cmdapi::guest_info::AgentUpdate;
+        self.modify(|d| match update {
+            AgentUpdate::OsInfo(os) => d.status.os_info = os,
+            AgentUpdate::FsFreeze(status) => d.status.fs_freeze_status.status = status,
+        });
+    }
+
+    /// Changes the domain with `f` and notifies MODIFIED (no domain: nothing happens).
+    pub(crate) fn modify(&self, f: impl FnOnce(&mut Domain)) {
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            f(d);
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+
     pub(crate) fn publish(&self, status: DomainStatus, event: DomainEventType) {
         let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
         let Some(d) = domain.as_mut() else { return };

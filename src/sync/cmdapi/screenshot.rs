@@ -21,7 +21,7 @@ pub const MIME_PPM: &str = "image/x-portable-pixmap";
 pub const SCREENDUMP_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// A screenshot: MIME type and image bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Screenshot {
     /// `image/png` (or `image/x-portable-pixmap` from an old QEMU).
     pub mime: String,
