@@ -21,7 +21,7 @@ mod guest;
 mod notify_server;
 
 use guest::GuestImages;
-use qlauncher::sync::domain::Domain;
+use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
 use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
@@ -561,8 +561,24 @@ async fn scenario() {
         .memory_dump
         .as_ref()
         .is_some_and(|m| m.completed && m.file_name == name)));
-    // The guest runs again.
+    // The guest was paused for the dump (Paused/Dump, not a user's pause) and runs again.
+    {
+        let events = received.lock().unwrap().clone();
+        let paused: Vec<_> = events
+            .iter()
+            .filter(|(_, d)| d.status.status == LifeCycle::Paused)
+            .map(|(_, d)| d.status.reason)
+            .collect();
+        assert!(
+            paused.contains(&StateChangeReason::Dump) && !paused.contains(&StateChangeReason::User),
+            "paused events: {paused:?}"
+        );
+    }
     assert_eq!(sh(&mut client, "echo alive").await, (0, "alive\n".into()));
+    assert_eq!(
+        get_domain(&mut client).await.status.status,
+        LifeCycle::Running
+    );
 
     // GetDomainDirtyRateStats while the guest rewrites 32 MiB of tmpfs in a loop.
     sh(

@@ -53,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) graceful: AtomicBool,
     pub(crate) pid: watch::Sender<Option<i32>>,
     pub(crate) client: StdMutex<Option<QmpClient>>,
+    /// A memory dump runs: its STOP is Paused/Dump, not a user's pause.
+    pub(crate) dumping: AtomicBool,
 }
 
 impl Shared {
@@ -66,7 +68,16 @@ impl Shared {
                 return *status;
             }
         }
-        let next = lifecycle::next_status(*status, input);
+        let mut next = lifecycle::next_status(*status, input);
+        if let LifecycleInput::Event(ev) = input {
+            if ev.name == "STOP"
+                && next.state == lifecycle::DomainState::Paused
+                && next.reason == lifecycle::StateReason::User
+                && self.dumping.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                next.reason = lifecycle::StateReason::Dump;
+            }
+        }
         let changed = (next.state, next.reason) != (status.state, status.reason);
         *status = next;
         if changed {

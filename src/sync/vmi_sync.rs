@@ -67,6 +67,7 @@ impl SyncVmi {
                 graceful: AtomicBool::new(false),
                 pid,
                 client: StdMutex::new(None),
+                dumping: AtomicBool::new(false),
             }),
             info: crate::sync::info::DomainInfo::default(),
             cmdapi: crate::sync::cmdapi::CmdApiState::default(),

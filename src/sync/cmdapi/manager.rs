@@ -62,7 +62,13 @@ impl SyncVmi {
         self.cmdapi.dumper.request(
             client,
             Path::new(dump_path),
-            Arc::new(move |m| shared.modify(|d| d.spec.metadata.kubevirt.memory_dump = Some(m))),
+            Arc::new(move |m| {
+                // The guest is paused for the dump (domain reason Dump) until it completed.
+                shared
+                    .dumping
+                    .store(!m.completed, std::sync::atomic::Ordering::SeqCst);
+                shared.modify(|d| d.spec.metadata.kubevirt.memory_dump = Some(m));
+            }),
         )?;
         Ok(())
     }
