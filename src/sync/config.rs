@@ -33,6 +33,9 @@ pub struct SyncConfig {
     pub runtime_uid: u32,
     /// `--vm-stats-collector`: `GetVMStats` answers (else it is a gRPC error, as KubeVirt's).
     pub vm_stats_collector: bool,
+    /// The guest agent poller's intervals (`--qemu-agent-*-interval`,
+    /// `--qemu-fsfreeze-status-interval`; KubeVirt's defaults).
+    pub agent_poll: crate::sync::cmdapi::guest_info::PollIntervals,
     /// `--ovmf-path`: where the SEV firmware (`OVMF_CODE.cc.fd`) is, for `GetLaunchMeasurement`.
     pub ovmf_dir: PathBuf,
     /// The downward-API network-info file (`/etc/podinfo/network-info`), SR-IOV PCI addresses.
@@ -75,6 +78,7 @@ impl SyncConfig {
                 107
             },
             vm_stats_collector: false,
+            agent_poll: Default::default(),
             ovmf_dir: "/usr/share/OVMF".into(),
             network_info: root.join("etc/podinfo/network-info"),
             sysfs: root.join("sys"),

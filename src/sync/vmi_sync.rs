@@ -107,6 +107,7 @@ impl SyncVmi {
         let shared = self.shared.clone();
         self.cmdapi.start_poller(
             self.info.agent.clone(),
+            self.config.agent_poll,
             Arc::new(move |update| shared.apply_agent_update(update)),
         );
     }

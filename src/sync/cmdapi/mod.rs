@@ -88,15 +88,16 @@ pub struct CmdApiState {
 }
 
 impl CmdApiState {
-    /// (Re)starts the agent poller with KubeVirt's intervals (domain started or adopted, agent
+    /// (Re)starts the agent poller with `intervals` (domain started or adopted, agent
     /// channel connected); `on_update` gets the OS-info and freeze-state changes.
-    pub fn start_poller(&self, agent: Arc<GuestAgent>, on_update: guest_info::OnAgentUpdate) {
-        let poller = guest_info::AgentPoller::start(
-            agent,
-            self.store.clone(),
-            guest_info::PollIntervals::default(),
-            on_update,
-        );
+    pub fn start_poller(
+        &self,
+        agent: Arc<GuestAgent>,
+        intervals: guest_info::PollIntervals,
+        on_update: guest_info::OnAgentUpdate,
+    ) {
+        let poller =
+            guest_info::AgentPoller::start(agent, self.store.clone(), intervals, on_update);
         *self.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(poller);
     }
 
