@@ -112,3 +112,50 @@ read_cidata() {
   done
   say "cidata none"
 }
+
+# mount_data: mounts the ext4 file system labelled qlgdata read-write on /data and prints
+# "QLG: data DEV mounted=/data" (or "QLG: data none" / "QLG: data failed DEV").
+mount_data() {
+  dev=$(findfs LABEL=qlgdata 2>/dev/null)
+  if [ -z "$dev" ]; then
+    say "data none"
+    return 0
+  fi
+  mkdir -p /data
+  if mount -t ext4 -o rw "$dev" /data; then
+    say "data $dev mounted=/data"
+  else
+    say "data failed $dev"
+  fi
+}
+
+# le32 N: the 4 little-endian bytes of N.
+le32() {
+  n=$1
+  for i in 0 1 2 3; do
+    printf "\\$(printf %03o $((n & 255)))"
+    n=$((n >> 8))
+  done
+}
+
+# field TEXT SIZE: TEXT padded with NUL bytes to SIZE bytes.
+field() {
+  printf '%s' "$1"
+  head -c $(($2 - ${#1})) /dev/zero
+}
+
+# write_utmp USER LINE: appends a USER_PROCESS record (glibc x86_64 struct utmp, 384 bytes) for
+# USER logged in on LINE now to /var/run/utmp.
+write_utmp() {
+  {
+    printf '\007\000\000\000'
+    le32 1
+    field "$2" 32
+    field "${2#tty}" 4
+    field "$1" 32
+    field "" 256
+    field "" 8
+    le32 "$(date +%s)"
+    field "" 40
+  } >>/var/run/utmp
+}

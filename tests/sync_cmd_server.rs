@@ -496,10 +496,14 @@ async fn unsupported_rpcs_answer_success_false_at_once() {
                 .into_inner()
         };
     }
+    // The in-memory manager implements none of the optional RPCs (the DomainManager defaults).
     let plain: Vec<(&str, cmd::Response)> = vec![
         (
             "FreezeVirtualMachine",
-            answer!(c.freeze_virtual_machine(cmd::FreezeRequest::default())),
+            answer!(c.freeze_virtual_machine(cmd::FreezeRequest {
+                vmi: v().vmi,
+                unfreeze_timeout_seconds: 0,
+            })),
         ),
         (
             "UnfreezeVirtualMachine",
@@ -525,11 +529,17 @@ async fn unsupported_rpcs_answer_success_false_at_once() {
         ("HotplugHostDevices", answer!(c.hotplug_host_devices(v()))),
         (
             "VirtualMachineMemoryDump",
-            answer!(c.virtual_machine_memory_dump(cmd::MemoryDumpRequest::default())),
+            answer!(c.virtual_machine_memory_dump(cmd::MemoryDumpRequest {
+                vmi: v().vmi,
+                dump_path: String::new(),
+            })),
         ),
         (
             "InjectLaunchSecret",
-            answer!(c.inject_launch_secret(cmd::InjectLaunchSecretRequest::default())),
+            answer!(c.inject_launch_secret(cmd::InjectLaunchSecretRequest {
+                vmi: v().vmi,
+                options: Vec::new(),
+            })),
         ),
         (
             "BackupVirtualMachine",

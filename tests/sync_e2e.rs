@@ -204,8 +204,8 @@ async fn futures_join_all<T>(handles: impl Iterator<Item = tokio::task::JoinHand
 }
 
 /// The notifications as `(event type, domain without guest-agent data)`, leaving out MODIFIED
-/// events that only carried new guest-agent data (the test guest runs an agent, whose interfaces
-/// arrive at a time of their own).
+/// events that only carried new guest-agent data (the test guest runs an agent, whose interfaces,
+/// OS info and freeze state arrive at a time of their own).
 fn domain_events(received: &Received) -> Vec<(String, ApiDomain)> {
     let mut out: Vec<(String, ApiDomain)> = Vec::new();
     for (t, d) in received.lock().unwrap().iter() {
@@ -230,6 +230,8 @@ fn state_events(received: &Received) -> Vec<(String, (LifeCycle, StateChangeReas
 fn without_agent_data(d: &ApiDomain) -> ApiDomain {
     let mut d = d.clone();
     d.status.interfaces.clear();
+    d.status.os_info = Default::default();
+    d.status.fs_freeze_status = Default::default();
     d
 }
 

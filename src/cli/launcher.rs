@@ -132,6 +132,15 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     if config.run_as_nonroot {
         c.runtime_uid = launcher::QEMU_UID;
     }
+    c.vm_stats_collector = config.vm_stats_collector;
+    c.agent_poll = qlauncher::sync::cmdapi::guest_info::PollIntervals {
+        version: config.agent_version_interval,
+        filesystems: config.agent_file_interval,
+        fsfreeze: config.fsfreeze_status_interval,
+        sys: config.agent_sys_interval,
+        users: config.agent_user_interval,
+    };
+    c.ovmf_dir = config.ovmf_path.clone();
     if let Some(v) = qemu_version(&c.qemu) {
         c.qemu_version = v;
     }

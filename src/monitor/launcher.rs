@@ -42,21 +42,23 @@ pub const LAUNCHER_FLAGS: &[(&str, FlagKind)] = &[
     ("v", FlagKind::Value),
     // qlauncher's own: moves `/var/run/kubevirt-private` (for `qlauncher run --root` and tests).
     ("private-dir", FlagKind::Value),
+    // `GetVMStats` (KubeVirt's VMStatsCollector feature gate).
+    ("vm-stats-collector", FlagKind::Bool),
+    // The guest agent poller's intervals (Go durations).
+    ("qemu-agent-sys-interval", FlagKind::Value),
+    ("qemu-agent-file-interval", FlagKind::Value),
+    ("qemu-agent-user-interval", FlagKind::Value),
+    ("qemu-agent-version-interval", FlagKind::Value),
+    ("qemu-fsfreeze-status-interval", FlagKind::Value),
     // Accepted, not used by qlauncher.
     ("allow-cross-arch-emulation", FlagKind::Bool),
     ("image-volume", FlagKind::Bool),
     ("libvirt-hook-server-and-client", FlagKind::Bool),
     ("upgrade-ordinal-ifaces", FlagKind::Bool),
     ("vgpu-dedicated-hook", FlagKind::Bool),
-    ("vm-stats-collector", FlagKind::Bool),
     ("firmware-auto-selection", FlagKind::Bool),
     ("simulate-crash", FlagKind::Bool),
     ("keep-after-failure", FlagKind::Bool),
-    ("qemu-agent-sys-interval", FlagKind::Value),
-    ("qemu-agent-file-interval", FlagKind::Value),
-    ("qemu-agent-user-interval", FlagKind::Value),
-    ("qemu-agent-version-interval", FlagKind::Value),
-    ("qemu-fsfreeze-status-interval", FlagKind::Value),
     ("libvirt-log-filters", FlagKind::Value),
 ];
 
@@ -109,6 +111,18 @@ pub struct LauncherConfig {
     pub allow_emulation: bool,
     /// `--run-as-nonroot`.
     pub run_as_nonroot: bool,
+    /// `--vm-stats-collector`: answer `GetVMStats`.
+    pub vm_stats_collector: bool,
+    /// `--qemu-agent-version-interval` (default 300 s).
+    pub agent_version_interval: Duration,
+    /// `--qemu-agent-file-interval` (default 300 s).
+    pub agent_file_interval: Duration,
+    /// `--qemu-fsfreeze-status-interval` (default 5 s).
+    pub fsfreeze_status_interval: Duration,
+    /// `--qemu-agent-sys-interval` (default 120 s).
+    pub agent_sys_interval: Duration,
+    /// `--qemu-agent-user-interval` (default 10 s).
+    pub agent_user_interval: Duration,
     /// `--hook-sidecars`: number of hook sidecars to wait for (default 0).
     pub hook_sidecars: u32,
     /// `--ovmf-path` (default `/usr/share/edk2/ovmf`).
@@ -136,6 +150,12 @@ impl Default for LauncherConfig {
             grace_period: Duration::from_secs(30),
             allow_emulation: false,
             run_as_nonroot: false,
+            vm_stats_collector: false,
+            agent_version_interval: Duration::from_secs(300),
+            agent_file_interval: Duration::from_secs(300),
+            fsfreeze_status_interval: Duration::from_secs(5),
+            agent_sys_interval: Duration::from_secs(120),
+            agent_user_interval: Duration::from_secs(10),
             hook_sidecars: 0,
             ovmf_path: "/usr/share/edk2/ovmf".into(),
             disk_memory_limit: 2000 * 1024 * 1024,
@@ -173,6 +193,14 @@ impl LauncherConfig {
             grace_period: Duration::from_secs(f.int("grace-period-seconds", 30u64)?),
             allow_emulation: f.bool("allow-emulation")?,
             run_as_nonroot: f.bool("run-as-nonroot")?,
+            vm_stats_collector: f.bool("vm-stats-collector")?,
+            agent_version_interval: f
+                .duration("qemu-agent-version-interval", d.agent_version_interval)?,
+            agent_file_interval: f.duration("qemu-agent-file-interval", d.agent_file_interval)?,
+            fsfreeze_status_interval: f
+                .duration("qemu-fsfreeze-status-interval", d.fsfreeze_status_interval)?,
+            agent_sys_interval: f.duration("qemu-agent-sys-interval", d.agent_sys_interval)?,
+            agent_user_interval: f.duration("qemu-agent-user-interval", d.agent_user_interval)?,
             hook_sidecars: f.int("hook-sidecars", 0u32)?,
             ovmf_path: path_flag(&f, "ovmf-path", d.ovmf_path),
             disk_memory_limit: f.int("disk-memory-limit", d.disk_memory_limit)?,
@@ -474,6 +502,22 @@ mod tests {
             ignored,
             args(&["--upgrade-ordinal-ifaces=true", "--brand-new-flag=x"])
         );
+    }
+
+    #[test]
+    fn agent_poll_intervals_are_go_durations() {
+        let (c, _) = LauncherConfig::from_args(
+            &args(&[
+                "--qemu-agent-sys-interval",
+                "30s",
+                "--qemu-fsfreeze-status-interval=1m",
+            ]),
+            None,
+        )
+        .unwrap();
+        assert_eq!(c.agent_sys_interval, Duration::from_secs(30));
+        assert_eq!(c.fsfreeze_status_interval, Duration::from_secs(60));
+        assert_eq!(c.agent_user_interval, Duration::from_secs(10));
     }
 
     #[test]

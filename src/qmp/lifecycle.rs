@@ -71,6 +71,8 @@ pub enum StateReason {
     Crashed,
     /// `Panicked`: the guest panicked (GUEST_PANICKED, pvpanic).
     Panicked,
+    /// `Dump`: paused while its memory is dumped (libvirt's core dump without `VIR_DUMP_LIVE`).
+    Dump,
 }
 
 impl StateReason {
@@ -87,6 +89,7 @@ impl StateReason {
             StateReason::Destroyed => "Destroyed",
             StateReason::Crashed => "Crashed",
             StateReason::Panicked => "Panicked",
+            StateReason::Dump => "Dump",
         }
     }
 }

@@ -32,11 +32,21 @@ pub struct SyncConfig {
     /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
     pub runtime_uid: u32,
     /// virt-launcher's `--ovmf-path`: where KubeVirt's file names of the EFI firmware are looked
-    /// up first, before Debian's `/usr/share/OVMF` pairs ([`crate::storage::detect_efi`]).
+    /// up first, before Debian's `/usr/share/OVMF` pairs ([`crate::storage::detect_efi`]); also
+    /// where the SEV firmware (`OVMF_CODE.cc.fd`) is, for `GetLaunchMeasurement`.
     pub ovmf_dir: PathBuf,
     /// The vhost-vsock device the launcher opens for a VMI with `status.VSOCKCID` and hands to
     /// QEMU as `vhostfd` (libvirt's way, so an unprivileged QEMU needs no access to it).
     pub vhost_vsock: PathBuf,
+    /// `--vm-stats-collector`: `GetVMStats` answers (else it is a gRPC error, as KubeVirt's).
+    pub vm_stats_collector: bool,
+    /// The guest agent poller's intervals (`--qemu-agent-*-interval`,
+    /// `--qemu-fsfreeze-status-interval`; KubeVirt's defaults).
+    pub agent_poll: crate::sync::cmdapi::guest_info::PollIntervals,
+    /// The downward-API network-info file (`/etc/podinfo/network-info`), SR-IOV PCI addresses.
+    pub network_info: PathBuf,
+    /// sysfs (`/sys`), where host PCI devices are looked up.
+    pub sysfs: PathBuf,
 }
 
 impl SyncConfig {
@@ -74,6 +84,10 @@ impl SyncConfig {
             },
             ovmf_dir: "/usr/share/OVMF".into(),
             vhost_vsock: "/dev/vhost-vsock".into(),
+            vm_stats_collector: false,
+            agent_poll: Default::default(),
+            network_info: root.join("etc/podinfo/network-info"),
+            sysfs: root.join("sys"),
         }
     }
 }

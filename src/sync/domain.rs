@@ -47,6 +47,7 @@ impl ApiDomain {
                     kubevirt: KubeVirtMetadata {
                         uid: vmi_uid.to_owned(),
                         grace_period: None,
+                        memory_dump: None,
                     },
                 },
                 ..ApiDomainSpec::default()
@@ -144,6 +145,13 @@ pub struct KubeVirtMetadata {
         skip_serializing_if = "Option::is_none"
     )]
     pub grace_period: Option<GracePeriodMetadata>,
+    /// The memory dump's progress, once one was requested (`VirtualMachineMemoryDump`).
+    #[serde(
+        rename = "MemoryDump",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub memory_dump: Option<crate::sync::cmdapi::memory_dump::MemoryDumpMetadata>,
 }
 
 /// `api.GracePeriodMetadata`.
@@ -177,6 +185,69 @@ pub struct Devices {
     /// Disks and CD-ROMs.
     #[serde(rename = "Disks", default)]
     pub disks: Vec<Disk>,
+    /// PCI host devices (SR-IOV VFs plugged by `HotplugHostDevices`).
+    #[serde(rename = "HostDevices", default, skip_serializing_if = "Vec::is_empty")]
+    pub host_devices: Vec<HostDevice>,
+}
+
+/// `api.HostDevice`, the fields an SR-IOV VF has.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostDevice {
+    /// `pci`.
+    #[serde(rename = "Type", default)]
+    pub device_type: String,
+    /// `no`: KubeVirt binds the VF to vfio-pci itself.
+    #[serde(rename = "Managed", default)]
+    pub managed: String,
+    /// The host address.
+    #[serde(rename = "Source", default)]
+    pub source: HostDeviceSource,
+    /// `sriov-<interface>` (the JSON form drops the `ua-` of the device id).
+    #[serde(rename = "Alias", default, skip_serializing_if = "Option::is_none")]
+    pub alias: Option<Alias>,
+}
+
+/// `api.HostDeviceSource`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct HostDeviceSource {
+    /// The host PCI address.
+    #[serde(rename = "Address", default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<PciAddress>,
+}
+
+/// `api.Address` of a PCI device (`0x0000`, `0x65`, `0x00`, `0x2`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[allow(missing_docs)]
+pub struct PciAddress {
+    #[serde(rename = "Type", default)]
+    pub address_type: String,
+    #[serde(rename = "Domain", default)]
+    pub domain: String,
+    #[serde(rename = "Bus", default)]
+    pub bus: String,
+    #[serde(rename = "Slot", default)]
+    pub slot: String,
+    #[serde(rename = "Function", default)]
+    pub function: String,
+}
+
+impl PciAddress {
+    /// From `DDDD:BB:SS.F`; `None` for anything else.
+    pub fn parse(bdf: &str) -> Option<PciAddress> {
+        let (domain, rest) = bdf.split_once(':')?;
+        let (bus, rest) = rest.split_once(':')?;
+        let (slot, function) = rest.split_once('.')?;
+        let hex = |s: &str, n: usize| {
+            (s.len() == n && s.chars().all(|c| c.is_ascii_hexdigit())).then(|| format!("0x{s}"))
+        };
+        Some(PciAddress {
+            address_type: "pci".into(),
+            domain: hex(domain, 4)?,
+            bus: hex(bus, 2)?,
+            slot: hex(slot, 2)?,
+            function: hex(function, 1)?,
+        })
+    }
 }
 
 /// `api.Interface`, the fields qlauncher fills.

@@ -15,11 +15,14 @@
 //! - [`rpc`]: the wire layer: [`proto`] (generated from `proto/`), [`server`] (the command
 //!   server), [`notify`] (the notify client), [`uds`];
 //! - [`guest`]: the guest agent ([`agent`]), domain statistics ([`stats`]) and [`info`];
+//! - [`cmdapi`]: the guest-agent info, freeze, screenshot, memory-dump, dirty-rate, VM-stats,
+//!   host-device and SEV RPCs;
 //! - [`domain`]: the `api.Domain` JSON both carry.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod cmdapi;
 pub mod config;
 pub mod domain;
 pub mod facts;
@@ -196,6 +199,10 @@ pub enum SyncError {
     /// The operation is not supported by qlauncher.
     #[error("not supported by qlauncher: {0}")]
     Unsupported(String),
+    /// A guest-agent, freeze, screenshot, dump, dirty-rate, host-device or SEV RPC failed
+    /// ([`crate::cmdapi`]); its text is the RPC's message.
+    #[error(transparent)]
+    CmdApi(#[from] crate::sync::cmdapi::CmdApiError),
     /// Connecting to the guest agent's channel socket failed.
     #[error("cannot connect to the guest agent channel {path}")]
     AgentConnect {

@@ -54,6 +54,8 @@ pub(crate) struct Shared {
     pub(crate) graceful: AtomicBool,
     pub(crate) pid: watch::Sender<Option<i32>>,
     pub(crate) client: StdMutex<Option<QmpClient>>,
+    /// A memory dump runs: its STOP is Paused/Dump, not a user's pause.
+    pub(crate) dumping: AtomicBool,
 }
 
 impl Shared {
@@ -67,7 +69,16 @@ impl Shared {
                 return *status;
             }
         }
-        let next = lifecycle::next_status(*status, input);
+        let mut next = lifecycle::next_status(*status, input);
+        if let LifecycleInput::Event(ev) = input {
+            if ev.name == "STOP"
+                && next.state == lifecycle::DomainState::Paused
+                && next.reason == lifecycle::StateReason::User
+                && self.dumping.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                next.reason = lifecycle::StateReason::Dump;
+            }
+        }
         let changed = (next.state, next.reason) != (status.state, status.reason);
         *status = next;
         if changed {
@@ -83,6 +94,27 @@ impl Shared {
             let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
             let Some(d) = domain.as_mut() else { return };
             d.status.interfaces = list;
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+
+    /// Puts an agent poller update (OS info, freeze state) in the domain status and notifies
+    /// MODIFIED (KubeVirt's agent-updated event).
+    pub(crate) fn apply_agent_update(&self, update: crate::sync::cmdapi::guest_info::AgentUpdate) {
+        use crate::sync::cmdapi::guest_info::AgentUpdate;
+        self.modify(|d| match update {
+            AgentUpdate::OsInfo(os) => d.status.os_info = os,
+            AgentUpdate::FsFreeze(status) => d.status.fs_freeze_status.status = status,
+        });
+    }
+
+    /// Changes the domain with `f` and notifies MODIFIED (no domain: nothing happens).
+    pub(crate) fn modify(&self, f: impl FnOnce(&mut ApiDomain)) {
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            f(d);
         }
         let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
         self.publish(status, DomainEventType::Modified);

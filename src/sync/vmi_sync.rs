@@ -17,10 +17,11 @@ use tracing::info;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle::{self, DomainStatus};
+use crate::sync::cmdapi::screenshot::Screenshot;
 use crate::sync::domain::ApiDomain;
 use crate::sync::facts::secondary;
 use crate::sync::notify::Notifier;
-use crate::sync::proto::cmd::v1::VirtualMachineOptions;
+use crate::sync::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
 use crate::sync::server::{DomainManager, ExecOutput};
 use crate::sync::state::{Running, Shared};
 use crate::sync::{SyncConfig, SyncError};
@@ -47,6 +48,8 @@ pub struct SyncVmi {
     pub(crate) shared: Arc<Shared>,
     /// Guest agent, stats names and start timings ([`crate::sync::info`]).
     pub(crate) info: crate::sync::info::DomainInfo,
+    /// Agent poller store, freeze, memory dump and caches ([`crate::sync::cmdapi`]).
+    pub(crate) cmdapi: crate::sync::cmdapi::CmdApiState,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -71,8 +74,10 @@ impl SyncVmi {
                 graceful: AtomicBool::new(false),
                 pid,
                 client: StdMutex::new(None),
+                dumping: AtomicBool::new(false),
             }),
             info: crate::sync::info::DomainInfo::default(),
+            cmdapi: crate::sync::cmdapi::CmdApiState::default(),
         }
     }
 
@@ -125,14 +130,22 @@ impl SyncVmi {
             .map_err(SyncError::Qmp)
     }
 
-    /// Starts the guest agent's interface poll of the domain just started or adopted; changes
-    /// land in the domain status with a MODIFIED event ([`crate::sync::info`]).
+    /// Starts the guest agent's polls of the domain just started or adopted: interfaces
+    /// ([`crate::sync::info`]) and the rest of KubeVirt's agent poller
+    /// ([`crate::sync::cmdapi::guest_info`]); changes land in the domain status with a MODIFIED
+    /// event.
     pub(crate) fn start_agent_poll(&self) {
         let Ok(client) = self.client() else { return };
         let shared = self.shared.clone();
         self.info.start_interface_poller(
             client,
             Arc::new(move |list| shared.set_guest_interfaces(list)),
+        );
+        let shared = self.shared.clone();
+        self.cmdapi.start_poller(
+            self.info.agent.clone(),
+            self.config.agent_poll,
+            Arc::new(move |update| shared.apply_agent_update(update)),
         );
     }
 
@@ -280,5 +293,68 @@ impl DomainManager for SyncVmi {
         timeout: Duration,
     ) -> Result<ExecOutput, SyncError> {
         self.info.agent.exec(&command, &args, timeout).await
+    }
+
+    async fn freeze_vmi(
+        &self,
+        _vmi: Vmi,
+        unfreeze_timeout: Duration,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.freeze(unfreeze_timeout).await)
+    }
+
+    async fn unfreeze_vmi(&self, _vmi: Vmi) -> Option<Result<(), SyncError>> {
+        Some(self.unfreeze().await)
+    }
+
+    async fn guest_info(&self) -> Option<String> {
+        Some(self.cmdapi.store.guest_info_json())
+    }
+
+    async fn guest_users(&self) -> Option<String> {
+        Some(self.cmdapi.store.users_json())
+    }
+
+    async fn guest_filesystems(&self) -> Option<String> {
+        Some(self.cmdapi.store.filesystems_json())
+    }
+
+    async fn screenshot(&self, _vmi: Vmi) -> Option<Result<Screenshot, SyncError>> {
+        Some(self.take_screenshot().await)
+    }
+
+    async fn memory_dump(&self, _vmi: Vmi, dump_path: String) -> Option<Result<(), SyncError>> {
+        Some(self.start_memory_dump(&dump_path))
+    }
+
+    async fn dirty_rate(&self) -> Option<Result<i64, SyncError>> {
+        Some(self.dirty_rate_mbs().await)
+    }
+
+    async fn vm_stats(
+        &self,
+        request: VmStatsRequest,
+    ) -> Option<Result<VmStatsResponse, SyncError>> {
+        Some(self.collect_vm_stats(request).await)
+    }
+
+    async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {
+        Some(self.hotplug_sriov(&vmi).await)
+    }
+
+    async fn sev_info(&self) -> Option<Result<Vec<u8>, SyncError>> {
+        Some(self.sev_platform_info().await)
+    }
+
+    async fn launch_measurement(&self, _vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
+        Some(self.sev_launch_measurement().await)
+    }
+
+    async fn inject_launch_secret(
+        &self,
+        _vmi: Vmi,
+        options: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.sev_inject_secret(&options).await)
     }
 }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::sync::domain::ApiDomain;
+use crate::sync::proto::cmd::v1 as cmd;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
 
 /// The message virt-launcher answers when `vmiJson` does not decode
@@ -98,4 +99,90 @@ pub trait DomainManager: Send + Sync + 'static {
         args: Vec<String>,
         timeout: Duration,
     ) -> impl Future<Output = Result<ExecOutput, Self::Error>> + Send;
+
+    // The RPCs below default to `None`: this manager does not implement them, answered
+    // "<Rpc> is not supported by qlauncher".
+
+    /// `FreezeVirtualMachine`: freeze the guest's file systems, thawing after `unfreeze_timeout`
+    /// unless it is zero.
+    fn freeze_vmi(
+        &self,
+        _vmi: Self::Vmi,
+        _unfreeze_timeout: Duration,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `UnfreezeVirtualMachine`.
+    fn unfreeze_vmi(
+        &self,
+        _vmi: Self::Vmi,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `GetGuestInfo`: the JSON of `VirtualMachineInstanceGuestAgentInfo`; always answers.
+    fn guest_info(&self) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
+    /// `GetUsers`: the JSON array of the guest's users; always answers.
+    fn guest_users(&self) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
+    /// `GetFilesystems`: the JSON array of the guest's file systems; always answers.
+    fn guest_filesystems(&self) -> impl Future<Output = Option<String>> + Send {
+        async { None }
+    }
+    /// `GetScreenshot`: MIME type and image bytes.
+    fn screenshot(
+        &self,
+        _vmi: Self::Vmi,
+    ) -> impl Future<Output = Option<Result<crate::sync::cmdapi::screenshot::Screenshot, Self::Error>>>
+           + Send {
+        async { None }
+    }
+    /// `VirtualMachineMemoryDump` to `dump_path` (returns at once; progress in the metadata).
+    fn memory_dump(
+        &self,
+        _vmi: Self::Vmi,
+        _dump_path: String,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `GetDomainDirtyRateStats`: MB/s.
+    fn dirty_rate(&self) -> impl Future<Output = Option<Result<i64, Self::Error>>> + Send {
+        async { None }
+    }
+    /// `GetVMStats`; an `Err` is a gRPC error (the flag is off), in-band failures are in the
+    /// response.
+    fn vm_stats(
+        &self,
+        _request: cmd::VmStatsRequest,
+    ) -> impl Future<Output = Option<Result<cmd::VmStatsResponse, Self::Error>>> + Send {
+        async { None }
+    }
+    /// `HotplugHostDevices`: plug the VMI's SR-IOV VFs.
+    fn hotplug_host_devices(
+        &self,
+        _vmi: Self::Vmi,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `GetSEVInfo`: the JSON of `SEVPlatformInfo`.
+    fn sev_info(&self) -> impl Future<Output = Option<Result<Vec<u8>, Self::Error>>> + Send {
+        async { None }
+    }
+    /// `GetLaunchMeasurement`: the JSON of `SEVMeasurementInfo`.
+    fn launch_measurement(
+        &self,
+        _vmi: Self::Vmi,
+    ) -> impl Future<Output = Option<Result<Vec<u8>, Self::Error>>> + Send {
+        async { None }
+    }
+    /// `InjectLaunchSecret` with the JSON `options` (`SEVSecretOptions`).
+    fn inject_launch_secret(
+        &self,
+        _vmi: Self::Vmi,
+        _options: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
 }

@@ -1,6 +1,8 @@
 //! The `kubevirt.cmd.v1.Cmd` service: decodes each request, dispatches it to the
 //! [`DomainManager`] and encodes the answer (`pkg/virt-launcher/virtwrap/cmd-server/server.go`,
-//! v1.9.0). Failures are in-band (`success=false`) except for `Exec` and `GuestPing`.
+//! v1.9.0). Failures are in-band (`success=false`) except for `Exec`, `GuestPing` and `GetVMStats`
+//! with its flag off. The RPCs a manager does not implement (for qlauncher: migration, backup,
+//! checkpoints) answer at once with `success=false` and a message saying so.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -81,6 +83,59 @@ impl<M: DomainManager> CmdService<M> {
         };
         Ok(tonic::Response::new(response))
     }
+
+    /// Runs one VMI command whose manager method may be unimplemented (`None`).
+    async fn optional_vmi_command<F, Fut>(
+        &self,
+        rpc: &'static str,
+        vmi: Option<cmd::Vmi>,
+        call: F,
+    ) -> RpcResult<cmd::Response>
+    where
+        F: FnOnce(Arc<M>, M::Vmi) -> Fut,
+        Fut: Future<Output = Option<Result<(), M::Error>>>,
+    {
+        let vmi = match decode_vmi::<M::Vmi>(vmi.as_ref()) {
+            Ok(vmi) => vmi,
+            Err(response) => return Ok(tonic::Response::new(response)),
+        };
+        Ok(tonic::Response::new(answer(
+            rpc,
+            call(Arc::clone(&self.manager), vmi).await,
+        )))
+    }
+}
+
+/// The in-band answer of an optional manager call.
+fn answer<E: std::error::Error + 'static>(
+    rpc: &str,
+    outcome: Option<Result<(), E>>,
+) -> cmd::Response {
+    match outcome {
+        None => unsupported(rpc),
+        Some(Ok(())) => ok(),
+        Some(Err(error)) => {
+            let message = error_message(&error);
+            tracing::error!(rpc, error = %message, "command failed");
+            failed(message)
+        }
+    }
+}
+
+/// The in-band answer and value of an optional manager call (`T::default()` on failure).
+fn answer_with<T: Default, E: std::error::Error + 'static>(
+    rpc: &str,
+    outcome: Option<Result<T, E>>,
+) -> (cmd::Response, T) {
+    match outcome {
+        Some(Ok(value)) => (ok(), value),
+        None => (unsupported(rpc), T::default()),
+        Some(Err(error)) => {
+            let message = error_message(&error);
+            tracing::error!(rpc, error = %message, "command failed");
+            (failed(message), T::default())
+        }
+    }
 }
 
 #[tonic::async_trait]
@@ -123,16 +178,26 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
 
     async fn freeze_virtual_machine(
         &self,
-        _: Request<cmd::FreezeRequest>,
+        request: Request<cmd::FreezeRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("FreezeVirtualMachine")))
+        let request = request.into_inner();
+        let timeout = seconds(request.unfreeze_timeout_seconds);
+        self.optional_vmi_command("FreezeVirtualMachine", request.vmi, |m, vmi| async move {
+            m.freeze_vmi(vmi, timeout).await
+        })
+        .await
     }
 
     async fn unfreeze_virtual_machine(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("UnfreezeVirtualMachine")))
+        self.optional_vmi_command(
+            "UnfreezeVirtualMachine",
+            request.into_inner().vmi,
+            |m, vmi| async move { m.unfreeze_vmi(vmi).await },
+        )
+        .await
     }
 
     async fn reset_virtual_machine(
@@ -231,8 +296,16 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
         )))
     }
 
-    async fn hotplug_host_devices(&self, _: Request<cmd::VmiRequest>) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("HotplugHostDevices")))
+    async fn hotplug_host_devices(
+        &self,
+        request: Request<cmd::VmiRequest>,
+    ) -> RpcResult<cmd::Response> {
+        self.optional_vmi_command(
+            "HotplugHostDevices",
+            request.into_inner().vmi,
+            |m, vmi| async move { m.hotplug_host_devices(vmi).await },
+        )
+        .await
     }
 
     async fn get_domain(&self, _: Request<cmd::EmptyRequest>) -> RpcResult<cmd::DomainResponse> {
@@ -268,9 +341,13 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> RpcResult<cmd::GuestInfoResponse> {
+        let (response, guest_info_response) = match self.manager.guest_info().await {
+            Some(json) => (ok(), json),
+            None => (unsupported("GetGuestInfo"), String::new()),
+        };
         Ok(tonic::Response::new(cmd::GuestInfoResponse {
-            response: Some(unsupported("GetGuestInfo")),
-            guest_info_response: String::new(),
+            response: Some(response),
+            guest_info_response,
         }))
     }
 
@@ -278,9 +355,13 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> RpcResult<cmd::GuestUserListResponse> {
+        let (response, guest_user_list_response) = match self.manager.guest_users().await {
+            Some(json) => (ok(), json),
+            None => (unsupported("GetUsers"), String::new()),
+        };
         Ok(tonic::Response::new(cmd::GuestUserListResponse {
-            response: Some(unsupported("GetUsers")),
-            guest_user_list_response: String::new(),
+            response: Some(response),
+            guest_user_list_response,
         }))
     }
 
@@ -288,9 +369,13 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> RpcResult<cmd::GuestFilesystemsResponse> {
+        let (response, guest_filesystems_response) = match self.manager.guest_filesystems().await {
+            Some(json) => (ok(), json),
+            None => (unsupported("GetFilesystems"), String::new()),
+        };
         Ok(tonic::Response::new(cmd::GuestFilesystemsResponse {
-            response: Some(unsupported("GetFilesystems")),
-            guest_filesystems_response: String::new(),
+            response: Some(response),
+            guest_filesystems_response,
         }))
     }
 
@@ -342,11 +427,16 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
 
     async fn virtual_machine_memory_dump(
         &self,
-        _: Request<cmd::MemoryDumpRequest>,
+        request: Request<cmd::MemoryDumpRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported(
+        let request = request.into_inner();
+        let path = request.dump_path;
+        self.optional_vmi_command(
             "VirtualMachineMemoryDump",
-        )))
+            request.vmi,
+            |m, vmi| async move { m.memory_dump(vmi, path).await },
+        )
+        .await
     }
 
     async fn get_qemu_version(
@@ -390,47 +480,81 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
     }
 
     async fn get_sev_info(&self, _: Request<cmd::EmptyRequest>) -> RpcResult<cmd::SevInfoResponse> {
+        let (response, sev_info) = answer_with("GetSEVInfo", self.manager.sev_info().await);
         Ok(tonic::Response::new(cmd::SevInfoResponse {
-            response: Some(unsupported("GetSEVInfo")),
-            sev_info: Vec::new(),
+            response: Some(response),
+            sev_info,
         }))
     }
 
     async fn get_launch_measurement(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::LaunchMeasurementResponse> {
+        let vmi = match decode_vmi::<M::Vmi>(request.into_inner().vmi.as_ref()) {
+            Ok(vmi) => vmi,
+            Err(response) => {
+                return Ok(tonic::Response::new(cmd::LaunchMeasurementResponse {
+                    response: Some(response),
+                    launch_measurement: Vec::new(),
+                }))
+            }
+        };
+        let (response, launch_measurement) = answer_with(
+            "GetLaunchMeasurement",
+            self.manager.launch_measurement(vmi).await,
+        );
         Ok(tonic::Response::new(cmd::LaunchMeasurementResponse {
-            response: Some(unsupported("GetLaunchMeasurement")),
-            launch_measurement: Vec::new(),
+            response: Some(response),
+            launch_measurement,
         }))
     }
 
     async fn inject_launch_secret(
         &self,
-        _: Request<cmd::InjectLaunchSecretRequest>,
+        request: Request<cmd::InjectLaunchSecretRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("InjectLaunchSecret")))
+        let request = request.into_inner();
+        let options = request.options;
+        self.optional_vmi_command("InjectLaunchSecret", request.vmi, |m, vmi| async move {
+            m.inject_launch_secret(vmi, options).await
+        })
+        .await
     }
 
     async fn get_domain_dirty_rate_stats(
         &self,
         _: Request<cmd::EmptyRequest>,
     ) -> RpcResult<cmd::DirtyRateStatsResponse> {
+        let (response, dirty_rate_mbs) = match self.manager.dirty_rate().await {
+            Some(Ok(rate)) => (ok(), rate),
+            None => (unsupported("GetDomainDirtyRateStats"), -1),
+            Some(Err(error)) => (failed(error_message(&error)), -1),
+        };
         Ok(tonic::Response::new(cmd::DirtyRateStatsResponse {
-            response: Some(unsupported("GetDomainDirtyRateStats")),
-            dirty_rate_mbs: 0,
+            response: Some(response),
+            dirty_rate_mbs,
         }))
     }
 
     async fn get_screenshot(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::ScreenshotResponse> {
+        let vmi = match decode_vmi::<M::Vmi>(request.into_inner().vmi.as_ref()) {
+            Ok(vmi) => vmi,
+            Err(response) => {
+                return Ok(tonic::Response::new(cmd::ScreenshotResponse {
+                    response: Some(response),
+                    ..cmd::ScreenshotResponse::default()
+                }))
+            }
+        };
+        let (response, shot) = answer_with("GetScreenshot", self.manager.screenshot(vmi).await);
         Ok(tonic::Response::new(cmd::ScreenshotResponse {
-            response: Some(unsupported("GetScreenshot")),
-            mime: String::new(),
-            data: Vec::new(),
+            response: Some(response),
+            mime: shot.mime,
+            data: shot.data,
         }))
     }
 
@@ -453,12 +577,16 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
 
     async fn get_vm_stats(
         &self,
-        _: Request<cmd::VmStatsRequest>,
+        request: Request<cmd::VmStatsRequest>,
     ) -> RpcResult<cmd::VmStatsResponse> {
-        Ok(tonic::Response::new(cmd::VmStatsResponse {
-            response: Some(unsupported("GetVMStats")),
-            ..cmd::VmStatsResponse::default()
-        }))
+        match self.manager.vm_stats(request.into_inner()).await {
+            Some(Ok(response)) => Ok(tonic::Response::new(response)),
+            Some(Err(error)) => Err(Status::unknown(error_message(&error))),
+            None => Ok(tonic::Response::new(cmd::VmStatsResponse {
+                response: Some(unsupported("GetVMStats")),
+                ..cmd::VmStatsResponse::default()
+            })),
+        }
     }
 }
 

@@ -1,0 +1,216 @@
+//! SEV attestation: `GetSEVInfo`, `GetLaunchMeasurement`, `InjectLaunchSecret` (`manager.go`
+//! `GetSEVInfo`, `GetLaunchMeasurement`, `InjectLaunchSecret`, v1.9.0; libvirt's
+//! `virNodeGetSEVInfo`, `virDomainGetLaunchSecurityInfo`, `virDomainSetLaunchSecurityState`).
+//!
+//! QMP underneath: `query-sev-capabilities` → `{"pdh", "certChain"}`; `query-sev-launch-measure`
+//! and `query-sev` → `{"measurement", "apiMajor", "apiMinor", "buildID", "policy", "loaderSHA"}`
+//! (the SHA-256, hex, of the SEV OVMF code file); `sev-inject-launch-secret {packet-header,
+//! secret}` with no `gpa`. A node without SEV (`/dev/sev` absent) is refused before QEMU is asked.
+
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sha2::Digest;
+
+use super::CmdApiError;
+use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{
+    QuerySev, QuerySevCapabilities, QuerySevLaunchMeasure, SevInjectLaunchSecret,
+};
+
+/// The SEV device node (KubeVirt's `devices.kubevirt.io/sev` resource).
+pub const SEV_DEVICE: &str = "/dev/sev";
+
+/// The SEV OVMF code file's name in KubeVirt's OVMF directory (`EFICode(false, SEV)`).
+pub const SEV_OVMF_CODE: &str = "OVMF_CODE.cc.fd";
+
+/// The options message of a bad `InjectLaunchSecret` request (KubeVirt's).
+pub const BAD_SECRET_OPTIONS: &str = "No valid secret options present in command server request";
+
+const QMP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// `v1.SEVPlatformInfo`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct SevPlatformInfo {
+    /// Platform Diffie-Hellman key, base64.
+    pub pdh: String,
+    /// Certificate chain, base64.
+    #[serde(rename = "certChain")]
+    pub cert_chain: String,
+}
+
+/// `v1.SEVMeasurementInfo` (all members omitted when empty).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SevMeasurementInfo {
+    /// The launch measurement, base64.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub measurement: String,
+    /// Firmware API major version.
+    #[serde(rename = "apiMajor", skip_serializing_if = "is_zero")]
+    pub api_major: u32,
+    /// Firmware API minor version.
+    #[serde(rename = "apiMinor", skip_serializing_if = "is_zero")]
+    pub api_minor: u32,
+    /// Firmware build id.
+    #[serde(rename = "buildID", skip_serializing_if = "is_zero")]
+    pub build_id: u32,
+    /// Guest policy.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub policy: u32,
+    /// SHA-256 (hex) of the SEV OVMF code file.
+    #[serde(rename = "loaderSHA", skip_serializing_if = "String::is_empty")]
+    pub loader_sha: String,
+}
+
+fn is_zero(v: &u32) -> bool {
+    *v == 0
+}
+
+/// `v1.SEVSecretOptions`, the JSON of `InjectLaunchSecret`'s options.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct SevSecretOptions {
+    /// Packet header, base64.
+    #[serde(default)]
+    pub header: String,
+    /// Secret, base64.
+    #[serde(default)]
+    pub secret: String,
+}
+
+/// Refuses when the node has no SEV device at `device`.
+///
+/// # Errors
+/// [`CmdApiError::Refused`] naming the missing device.
+pub fn check_device(device: &Path) -> Result<(), CmdApiError> {
+    if device.exists() {
+        Ok(())
+    } else {
+        Err(CmdApiError::Refused(format!(
+            "SEV is not available on this node: {} is absent",
+            device.display()
+        )))
+    }
+}
+
+/// `GetSEVInfo`'s JSON.
+///
+/// # Errors
+/// [`CmdApiError::Qmp`] when QEMU refuses (`SEV is not enabled in KVM`).
+pub async fn platform_info(client: &QmpClient) -> Result<Vec<u8>, CmdApiError> {
+    let caps = client
+        .run_timeout(&QuerySevCapabilities, QMP_TIMEOUT)
+        .await?;
+    let info = SevPlatformInfo {
+        pdh: caps.pdh,
+        cert_chain: caps.cert_chain,
+    };
+    Ok(serde_json::to_vec(&info).unwrap_or_default())
+}
+
+/// `GetLaunchMeasurement`'s JSON; `loader` is the SEV OVMF code file (its SHA-256 is left out
+/// when it cannot be read, as KubeVirt does).
+///
+/// # Errors
+/// [`CmdApiError::Qmp`] when QEMU refuses (not an SEV guest, not paused at launch).
+pub async fn launch_measurement(client: &QmpClient, loader: &Path) -> Result<Vec<u8>, CmdApiError> {
+    let measure = client
+        .run_timeout(&QuerySevLaunchMeasure, QMP_TIMEOUT)
+        .await?;
+    let sev = client.run_timeout(&QuerySev, QMP_TIMEOUT).await?;
+    let loader_sha = std::fs::read(loader)
+        .map(|b| {
+            sha2::Sha256::digest(&b)
+                .iter()
+                .map(|x| format!("{x:02x}"))
+                .collect::<String>()
+        })
+        .unwrap_or_default();
+    let info = SevMeasurementInfo {
+        measurement: measure.data,
+        api_major: sev.api_major,
+        api_minor: sev.api_minor,
+        build_id: sev.build_id,
+        policy: sev.policy,
+        loader_sha,
+    };
+    Ok(serde_json::to_vec(&info).unwrap_or_default())
+}
+
+/// Decodes and checks `InjectLaunchSecret`'s options JSON.
+///
+/// # Errors
+/// [`CmdApiError::Refused`] with KubeVirt's texts: [`BAD_SECRET_OPTIONS`], `Header is required`,
+/// `Secret is required`.
+pub fn secret_options(json: &[u8]) -> Result<SevSecretOptions, CmdApiError> {
+    let o: SevSecretOptions = serde_json::from_slice(json)
+        .map_err(|_| CmdApiError::Refused(BAD_SECRET_OPTIONS.into()))?;
+    if o.header.is_empty() {
+        return Err(CmdApiError::Refused("Header is required".into()));
+    }
+    if o.secret.is_empty() {
+        return Err(CmdApiError::Refused("Secret is required".into()));
+    }
+    Ok(o)
+}
+
+/// `InjectLaunchSecret`.
+///
+/// # Errors
+/// [`CmdApiError::Qmp`] when QEMU refuses.
+pub async fn inject_secret(
+    client: &QmpClient,
+    options: &SevSecretOptions,
+) -> Result<(), CmdApiError> {
+    let cmd = SevInjectLaunchSecret {
+        packet_header: options.header.clone(),
+        secret: options.secret.clone(),
+    };
+    client.run_timeout(&cmd, QMP_TIMEOUT).await.map(drop)?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn secret_options_follow_kubevirt_checks() {
+        assert_eq!(
+            secret_options(b"x").unwrap_err().to_string(),
+            BAD_SECRET_OPTIONS
+        );
+        assert_eq!(
+            secret_options(br#"{"secret":"s"}"#)
+                .unwrap_err()
+                .to_string(),
+            "Header is required"
+        );
+        assert_eq!(
+            secret_options(br#"{"header":"h"}"#)
+                .unwrap_err()
+                .to_string(),
+            "Secret is required"
+        );
+        assert_eq!(
+            secret_options(br#"{"header":"h","secret":"s"}"#).unwrap(),
+            SevSecretOptions {
+                header: "h".into(),
+                secret: "s".into()
+            }
+        );
+    }
+
+    #[test]
+    fn measurement_json_omits_empty_members() {
+        let m = SevMeasurementInfo {
+            measurement: "bWVhcw==".into(),
+            api_major: 1,
+            ..SevMeasurementInfo::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&m).unwrap(),
+            r#"{"measurement":"bWVhcw==","apiMajor":1}"#
+        );
+    }
+}

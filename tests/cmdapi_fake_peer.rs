@@ -1,0 +1,292 @@
+//! SR-IOV host-device hotplug and SEV attestation, which need hardware this machine lacks, against
+//! a scripted QMP peer: the exact QMP sequence qlauncher sends (as libvirt does for KubeVirt's
+//! `HotplugHostDevices`, `GetSEVInfo`, `GetLaunchMeasurement`, `InjectLaunchSecret`), what it
+//! answers, and the clear refusal when the device is absent.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+use std::time::Duration;
+
+use qlauncher::qmp::QmpClient;
+use qlauncher::sync::cmdapi::host_devices::{self, SriovInterface};
+use qlauncher::sync::cmdapi::sev;
+use serde_json::{json, Value};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+
+const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 1, "major": 10}, "package": "scripted"}, "capabilities": []}}"#;
+
+/// One scripted exchange: the command expected, and the reply (`{"return": ..}` or `{"error": ..}`).
+struct Step {
+    execute: &'static str,
+    reply: Value,
+}
+
+fn step(execute: &'static str, reply: Value) -> Step {
+    Step { execute, reply }
+}
+
+/// A QMP peer that answers `script` in order and returns every command it got (`execute` and
+/// `arguments`); a command out of script gets a `GenericError` and ends the script.
+async fn scripted(
+    dir: &Path,
+    script: Vec<Step>,
+) -> (QmpClient, tokio::task::JoinHandle<Vec<Value>>) {
+    let path = dir.join("qmp.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let peer = tokio::spawn(async move {
+        let (s, _) = listener.accept().await.unwrap();
+        let (r, mut w) = s.into_split();
+        let mut lines = BufReader::new(r).lines();
+        w.write_all(format!("{GREETING}\n").as_bytes())
+            .await
+            .unwrap();
+        let caps: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        assert_eq!(caps["execute"], "qmp_capabilities");
+        w.write_all(format!("{}\n", json!({"return": {}, "id": caps["id"]})).as_bytes())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        let mut script = script.into_iter();
+        while let Ok(Some(line)) = lines.next_line().await {
+            let cmd: Value = serde_json::from_str(&line).unwrap();
+            let mut seen = json!({"execute": cmd["execute"]});
+            if let Some(a) = cmd.get("arguments") {
+                seen["arguments"] = a.clone();
+            }
+            got.push(seen);
+            let mut reply = match script.next() {
+                Some(s) if s.execute == cmd["execute"] => s.reply,
+                _ => json!({"error": {"class": "GenericError", "desc": "not in the script"}}),
+            };
+            reply["id"] = cmd["id"].clone();
+            if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
+                break;
+            }
+        }
+        got
+    });
+    let client = QmpClient::connect(&path, Duration::from_secs(5))
+        .await
+        .unwrap();
+    (client, peer)
+}
+
+/// A node with one VF: `<root>/sys/bus/pci/devices/<addr>` with its IOMMU group, and
+/// `<root>/dev/vfio/<group>`.
+fn node_with_vf(root: &Path, addr: &str, group: &str) {
+    let groups = root.join("sys/kernel/iommu_groups").join(group);
+    std::fs::create_dir_all(&groups).unwrap();
+    let dev = root.join("sys/bus/pci/devices").join(addr);
+    std::fs::create_dir_all(&dev).unwrap();
+    std::os::unix::fs::symlink(&groups, dev.join("iommu_group")).unwrap();
+    std::fs::create_dir_all(root.join("dev/vfio")).unwrap();
+    std::fs::write(root.join("dev/vfio").join(group), b"").unwrap();
+}
+
+fn network_info() -> BTreeMap<String, String> {
+    host_devices::parse_network_info(
+        r#"{"interfaces":[{"network":"sriov1","deviceInfo":{"type":"pci","version":"1.1.0",
+        "pci":{"pci-address":"0000:65:00.2"}}}]}"#,
+    )
+}
+
+fn desired() -> Vec<SriovInterface> {
+    vec![SriovInterface {
+        name: "sriov1".into(),
+        boot_order: Some(3),
+    }]
+}
+
+#[tokio::test]
+async fn sriov_vf_is_plugged_on_the_first_free_root_port() {
+    let dir = tempfile::tempdir().unwrap();
+    node_with_vf(dir.path(), "0000:65:00.2", "42");
+    let script = vec![
+        step(
+            "qom-list",
+            json!({"return": [
+                {"name": "type", "type": "string"},
+                {"name": "pci.1", "type": "child<pcie-root-port>"},
+                {"name": "pci.2", "type": "child<pcie-root-port>"},
+                {"name": "ua-disk0", "type": "child<virtio-blk-pci>"}]}),
+        ),
+        step("qom-get", json!({"return": "/machine/q35/pcie.0"})),
+        step("qom-get", json!({"return": "/machine/q35/pcie.0"})),
+        step(
+            "qom-get",
+            json!({"return": "/machine/peripheral/pci.1/pci.1"}),
+        ),
+        step("qom-list", json!({"return": []})),
+        step("device_add", json!({"return": {}})),
+    ];
+    let (client, peer) = scripted(dir.path(), script).await;
+    let plugged = host_devices::hotplug_sriov(
+        &client,
+        &desired(),
+        &network_info(),
+        &BTreeSet::new(),
+        &dir.path().join("sys"),
+        &dir.path().join("dev"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(plugged.len(), 1);
+    assert_eq!(plugged[0].alias(), "sriov-sriov1");
+    drop(client);
+    let got = peer.await.unwrap();
+    assert_eq!(
+        got,
+        vec![
+            json!({"execute": "qom-list", "arguments": {"path": "/machine/peripheral"}}),
+            json!({"execute": "qom-get", "arguments": {"path": "/machine/peripheral/pci.1", "property": "parent_bus"}}),
+            json!({"execute": "qom-get", "arguments": {"path": "/machine/peripheral/pci.2", "property": "parent_bus"}}),
+            json!({"execute": "qom-get", "arguments": {"path": "/machine/peripheral/ua-disk0", "property": "parent_bus"}}),
+            json!({"execute": "qom-list", "arguments": {"path": "/machine/peripheral-anon"}}),
+            json!({"execute": "device_add", "arguments": {"driver": "vfio-pci",
+                "host": "0000:65:00.2", "id": "ua-sriov-sriov1", "bus": "pci.2", "addr": "0x0",
+                "bootindex": 3}}),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn sriov_hotplug_refuses_an_absent_vf_and_skips_a_present_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let (client, peer) = scripted(dir.path(), vec![]).await;
+    let err = host_devices::hotplug_sriov(
+        &client,
+        &desired(),
+        &network_info(),
+        &BTreeSet::new(),
+        &dir.path().join("sys"),
+        &dir.path().join("dev"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("host device 0000:65:00.2 of SR-IOV interface sriov1 is absent"),
+        "{err}"
+    );
+    // The VF exists but its VFIO node was not given to the pod.
+    node_with_vf(dir.path(), "0000:65:00.2", "42");
+    std::fs::remove_file(dir.path().join("dev/vfio/42")).unwrap();
+    let err = host_devices::hotplug_sriov(
+        &client,
+        &desired(),
+        &network_info(),
+        &BTreeSet::new(),
+        &dir.path().join("sys"),
+        &dir.path().join("dev"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("has no VFIO device node"), "{err}");
+    // No network-info entry at all: KubeVirt's message.
+    let err = host_devices::hotplug_sriov(
+        &client,
+        &desired(),
+        &BTreeMap::new(),
+        &BTreeSet::new(),
+        &dir.path().join("sys"),
+        &dir.path().join("dev"),
+    )
+    .await
+    .unwrap_err()
+    .to_string();
+    assert_eq!(err, host_devices::NO_PCI_MAPPING);
+    // Already in the domain: nothing to do.
+    let none = host_devices::hotplug_sriov(
+        &client,
+        &desired(),
+        &network_info(),
+        &BTreeSet::from(["sriov-sriov1".to_string()]),
+        &dir.path().join("sys"),
+        &dir.path().join("dev"),
+    )
+    .await
+    .unwrap();
+    assert!(none.is_empty());
+    drop(client);
+    assert_eq!(
+        peer.await.unwrap(),
+        Vec::<Value>::new(),
+        "no QMP command sent"
+    );
+}
+
+#[tokio::test]
+async fn sev_info_measurement_and_secret_follow_libvirts_qmp() {
+    let dir = tempfile::tempdir().unwrap();
+    let loader = dir.path().join("OVMF_CODE.cc.fd");
+    std::fs::write(&loader, b"ovmf").unwrap();
+    let script = vec![
+        step(
+            "query-sev-capabilities",
+            json!({"return": {"pdh": "cGRo", "cert-chain": "Y2VydHM=", "cpu0-id": "aWQ=",
+                "cbitpos": 47, "reduced-phys-bits": 1}}),
+        ),
+        step(
+            "query-sev-launch-measure",
+            json!({"return": {"data": "bWVhc3VyZQ=="}}),
+        ),
+        step(
+            "query-sev",
+            json!({"return": {"enabled": true, "api-major": 1, "api-minor": 55, "build-id": 21,
+                "policy": 1, "state": "launch-secret", "handle": 1, "sev-type": "sev"}}),
+        ),
+        step("sev-inject-launch-secret", json!({"return": {}})),
+        step(
+            "query-sev-capabilities",
+            json!({"error": {"class": "GenericError", "desc": "SEV feature is not available"}}),
+        ),
+    ];
+    let (client, peer) = scripted(dir.path(), script).await;
+
+    let info: Value = serde_json::from_slice(&sev::platform_info(&client).await.unwrap()).unwrap();
+    assert_eq!(info, json!({"pdh": "cGRo", "certChain": "Y2VydHM="}));
+
+    let m: Value =
+        serde_json::from_slice(&sev::launch_measurement(&client, &loader).await.unwrap()).unwrap();
+    let sha: String = sha2::Digest::finalize(sha2::Digest::chain_update(
+        <sha2::Sha256 as sha2::Digest>::new(),
+        b"ovmf",
+    ))
+    .iter()
+    .map(|b| format!("{b:02x}"))
+    .collect();
+    assert_eq!(
+        m,
+        json!({"measurement": "bWVhc3VyZQ==", "apiMajor": 1, "apiMinor": 55, "buildID": 21,
+            "policy": 1, "loaderSHA": sha})
+    );
+
+    let options = sev::secret_options(br#"{"header":"aGVhZGVy","secret":"c2VjcmV0"}"#).unwrap();
+    sev::inject_secret(&client, &options).await.unwrap();
+
+    // QEMU without SEV: its error passes through.
+    let err = sev::platform_info(&client).await.unwrap_err().to_string();
+    assert!(err.contains("SEV feature is not available"), "{err}");
+
+    // A node without /dev/sev is refused before QEMU is asked.
+    let err = sev::check_device(&dir.path().join("dev/sev"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("SEV is not available on this node"), "{err}");
+
+    drop(client);
+    let got = peer.await.unwrap();
+    assert_eq!(
+        got,
+        vec![
+            json!({"execute": "query-sev-capabilities"}),
+            json!({"execute": "query-sev-launch-measure"}),
+            json!({"execute": "query-sev"}),
+            json!({"execute": "sev-inject-launch-secret",
+                "arguments": {"packet-header": "aGVhZGVy", "secret": "c2VjcmV0"}}),
+            json!({"execute": "query-sev-capabilities"}),
+        ]
+    );
+}
