@@ -25,6 +25,7 @@ pub mod domain;
 pub mod facts;
 pub mod guest;
 pub(crate) mod mac;
+pub mod migration;
 pub mod privileges;
 pub mod reconcile;
 pub mod recover;
