@@ -15,6 +15,53 @@ use serde::Deserialize;
 
 pub mod metadata;
 pub mod protocol;
+pub mod source;
+pub mod target;
+
+/// Errors of a migration. [`MigrationError::failure_reason`] is the text recorded in the
+/// migration metadata.
+#[derive(Debug, thiserror::Error)]
+pub enum MigrationError {
+    /// The control channel failed or the peer refused.
+    #[error("migration control channel")]
+    Protocol(#[from] protocol::ProtocolError),
+    /// A QMP command failed.
+    #[error("QMP")]
+    Qmp(#[from] crate::qmp::QmpError),
+    /// The peer launcher reported a failure.
+    #[error("migration peer failed: {0}")]
+    Peer(String),
+    /// QEMU reported the migration failed.
+    #[error("QEMU migration failed: {0}")]
+    Qemu(String),
+    /// A deadline passed (progress, completion, or a peer's answer); the migration was aborted.
+    #[error("migration aborted: {0}")]
+    Timeout(String),
+    /// The migration was cancelled (CancelVirtualMachineMigration, or the peer's abort).
+    #[error("migration canceled by client")]
+    Aborted,
+    /// virt-handler's options are invalid.
+    #[error("invalid migration options: {0}")]
+    Options(String),
+}
+
+impl MigrationError {
+    /// The `FailureReason` KubeVirt records: [`metadata::ABORTED_REASON`] for a cancel (libvirt's
+    /// "canceled by client"), else the error and its causes joined by `": "`.
+    pub fn failure_reason(&self) -> String {
+        if matches!(self, MigrationError::Aborted) {
+            return metadata::ABORTED_REASON.to_owned();
+        }
+        let mut message = self.to_string();
+        let mut source = std::error::Error::source(self);
+        while let Some(cause) = source {
+            message.push_str(": ");
+            message.push_str(&cause.to_string());
+            source = cause.source();
+        }
+        message
+    }
+}
 
 /// The TCP role of the QEMU migration stream (`LibvirtDirectMigrationPort`).
 pub const DIRECT_MIGRATION_PORT: u16 = 49152;
