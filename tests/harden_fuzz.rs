@@ -391,8 +391,8 @@ proptest! {
     }
 }
 
-/// Regression (libFuzzer, `dhcp_v6`): a status-code option (13) of length 0 makes dhcproto
-/// panic while decoding; `v6::respond` catches it and reports the datagram as malformed.
+/// Regression (libFuzzer, `dhcp_v6`): a status-code option (13) of length 0 made dhcproto
+/// panic while decoding; `v6::respond` now rejects it before dhcproto sees it, as malformed.
 #[test]
 fn dhcp_v6_empty_status_code_option_is_malformed() {
     let input = [

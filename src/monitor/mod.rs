@@ -29,7 +29,7 @@ pub mod istio;
 pub mod kvm_probe;
 pub mod launcher;
 pub mod pid1;
-pub mod procfs;
+pub use crate::sys::procfs;
 pub mod qemu;
 pub mod reaper;
 

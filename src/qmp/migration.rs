@@ -5,47 +5,32 @@
 //! issues them in is in `src/qemu/qemu_migration.c`).
 //!
 //! Every command here exists in QEMU 7.2 and 10.1 with the same arguments. Commands are plain
-//! structs; [`run`] turns one into JSON at the client's edge and decodes its typed reply.
+//! structs implementing [`Command`]; `QmpClient::run` turns one into JSON at the client's
+//! edge and decodes its typed reply.
 
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use crate::qmp::{QmpClient, QmpError};
+use crate::qmp::commands::{Command, Empty};
 
-/// A QMP command: its name, its arguments (the struct itself) and its reply type.
-pub trait Command: Serialize {
-    /// The command's `execute` name.
-    const NAME: &'static str;
-    /// The decoded `return` value.
-    type Reply: DeserializeOwned;
-}
-
-/// Runs `command` on `client` and decodes its reply. A reply that does not decode is
-/// [`QmpError::Reply`].
-pub async fn run<C: Command>(client: &QmpClient, command: &C) -> Result<C::Reply, QmpError> {
-    let arguments = match serde_json::to_value(command) {
-        Ok(Value::Object(m)) if m.is_empty() => None,
-        Ok(v @ Value::Object(_)) => Some(v),
-        Ok(Value::Null) => None,
-        Ok(other) => Some(other),
-        Err(e) => {
-            return Err(QmpError::Reply {
-                command: C::NAME.into(),
-                reason: format!("cannot encode the arguments: {e}"),
-            })
+/// Declares `$ty` the command `$name` replying `$reply` ([`Command`]); its fields are the
+/// arguments, a unit struct sends none.
+macro_rules! command {
+    ($ty:ty, $name:literal, $reply:ty) => {
+        impl Command for $ty {
+            type Reply = $reply;
+            fn name(&self) -> &str {
+                $name
+            }
+            fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
+                match serde_json::to_value(self)? {
+                    Value::Null => Ok(None),
+                    v => Ok(Some(v)),
+                }
+            }
         }
     };
-    let reply = client.execute(C::NAME, arguments).await?;
-    serde_json::from_value(reply).map_err(|e| QmpError::Reply {
-        command: C::NAME.into(),
-        reason: e.to_string(),
-    })
 }
-
-/// An empty reply (`{}`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
-pub struct Empty {}
 
 /// A migration capability QEMU names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -98,10 +83,7 @@ impl MigrateSetCapabilities {
     }
 }
 
-impl Command for MigrateSetCapabilities {
-    const NAME: &'static str = "migrate-set-capabilities";
-    type Reply = Empty;
-}
+command!(MigrateSetCapabilities, "migrate-set-capabilities", Empty);
 
 /// `migrate-set-parameters`; unset fields are left as they are.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
@@ -121,10 +103,7 @@ pub struct MigrateSetParameters {
     pub multifd_compression: Option<String>,
 }
 
-impl Command for MigrateSetParameters {
-    const NAME: &'static str = "migrate-set-parameters";
-    type Reply = Empty;
-}
+command!(MigrateSetParameters, "migrate-set-parameters", Empty);
 
 /// `migrate` to a URI (`unix:<path>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -133,10 +112,7 @@ pub struct Migrate {
     pub uri: String,
 }
 
-impl Command for Migrate {
-    const NAME: &'static str = "migrate";
-    type Reply = Empty;
-}
+command!(Migrate, "migrate", Empty);
 
 /// `migrate-incoming` on a QEMU started with `-incoming defer`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -145,10 +121,7 @@ pub struct MigrateIncoming {
     pub uri: String,
 }
 
-impl Command for MigrateIncoming {
-    const NAME: &'static str = "migrate-incoming";
-    type Reply = Empty;
-}
+command!(MigrateIncoming, "migrate-incoming", Empty);
 
 /// `migrate-continue` out of a paused migration state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -166,37 +139,25 @@ impl MigrateContinue {
     }
 }
 
-impl Command for MigrateContinue {
-    const NAME: &'static str = "migrate-continue";
-    type Reply = Empty;
-}
+command!(MigrateContinue, "migrate-continue", Empty);
 
 /// `migrate_cancel`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct MigrateCancel {}
+pub struct MigrateCancel;
 
-impl Command for MigrateCancel {
-    const NAME: &'static str = "migrate_cancel";
-    type Reply = Empty;
-}
+command!(MigrateCancel, "migrate_cancel", Empty);
 
 /// `migrate-start-postcopy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct MigrateStartPostcopy {}
+pub struct MigrateStartPostcopy;
 
-impl Command for MigrateStartPostcopy {
-    const NAME: &'static str = "migrate-start-postcopy";
-    type Reply = Empty;
-}
+command!(MigrateStartPostcopy, "migrate-start-postcopy", Empty);
 
 /// `query-migrate`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct QueryMigrate {}
+pub struct QueryMigrate;
 
-impl Command for QueryMigrate {
-    const NAME: &'static str = "query-migrate";
-    type Reply = MigrationInfo;
-}
+command!(QueryMigrate, "query-migrate", MigrationInfo);
 
 /// `MigrationInfo`, the fields a launcher reads.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -276,19 +237,13 @@ pub struct NbdServerStart {
     pub addr: SocketAddressLegacy,
 }
 
-impl Command for NbdServerStart {
-    const NAME: &'static str = "nbd-server-start";
-    type Reply = Empty;
-}
+command!(NbdServerStart, "nbd-server-start", Empty);
 
 /// `nbd-server-stop` (target, at Finish).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct NbdServerStop {}
+pub struct NbdServerStop;
 
-impl Command for NbdServerStop {
-    const NAME: &'static str = "nbd-server-stop";
-    type Reply = Empty;
-}
+command!(NbdServerStop, "nbd-server-stop", Empty);
 
 /// `block-export-add` of type nbd, writable (target).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -320,10 +275,7 @@ impl BlockExportAddNbd {
     }
 }
 
-impl Command for BlockExportAddNbd {
-    const NAME: &'static str = "block-export-add";
-    type Reply = Empty;
-}
+command!(BlockExportAddNbd, "block-export-add", Empty);
 
 /// `blockdev-add` of an NBD client node (source): the mirror's target.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -339,10 +291,7 @@ pub struct BlockdevAddNbd {
     pub export: String,
 }
 
-impl Command for BlockdevAddNbd {
-    const NAME: &'static str = "blockdev-add";
-    type Reply = Empty;
-}
+command!(BlockdevAddNbd, "blockdev-add", Empty);
 
 /// `blockdev-del`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -352,10 +301,7 @@ pub struct BlockdevDel {
     pub node_name: String,
 }
 
-impl Command for BlockdevDel {
-    const NAME: &'static str = "blockdev-del";
-    type Reply = Empty;
-}
+command!(BlockdevDel, "blockdev-del", Empty);
 
 /// `blockdev-mirror` with `sync: top` (the disk's top image only; the target has the same
 /// backing file), as libvirt runs it for KubeVirt's non-shared incremental block migration.
@@ -377,10 +323,7 @@ pub struct BlockdevMirror {
     pub auto_finalize: bool,
 }
 
-impl Command for BlockdevMirror {
-    const NAME: &'static str = "blockdev-mirror";
-    type Reply = Empty;
-}
+command!(BlockdevMirror, "blockdev-mirror", Empty);
 
 /// `block-job-cancel`: on a READY mirror, completes it gracefully (not `force`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -391,19 +334,13 @@ pub struct BlockJobCancel {
     pub force: bool,
 }
 
-impl Command for BlockJobCancel {
-    const NAME: &'static str = "block-job-cancel";
-    type Reply = Empty;
-}
+command!(BlockJobCancel, "block-job-cancel", Empty);
 
 /// `query-block-jobs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct QueryBlockJobs {}
+pub struct QueryBlockJobs;
 
-impl Command for QueryBlockJobs {
-    const NAME: &'static str = "query-block-jobs";
-    type Reply = Vec<BlockJobInfo>;
-}
+command!(QueryBlockJobs, "query-block-jobs", Vec<BlockJobInfo>);
 
 /// `BlockJobInfo`, the fields a launcher reads.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

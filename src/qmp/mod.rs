@@ -6,6 +6,7 @@
 //!
 //! Layout:
 //! - [`client`]: the QMP wire protocol (QEMU's `docs/interop/qmp-spec.rst`) over a Unix socket.
+//! - [`commands`]: typed QMP commands and replies, run with [`QmpClient::run`].
 //! - [`launch`]: fork/exec of `qemu-system-*` with only the intended fds, then `cont`.
 //! - [`lifecycle`]: lifecycle commands and the pure event -> KubeVirt domain state mapping.
 //! - [`hotplug`]: disk, cdrom and NIC hotplug in the order libvirt issues the commands.
@@ -13,6 +14,7 @@
 //! - [`tap`]: opening an existing tap device by name (`TUNSETIFF`) for NIC hotplug.
 
 pub mod client;
+pub mod commands;
 pub mod hotplug;
 pub mod launch;
 pub mod lifecycle;

@@ -24,7 +24,6 @@ pub mod config;
 pub mod domain;
 pub mod facts;
 pub mod guest;
-pub(crate) mod mac;
 pub mod migration;
 pub mod privileges;
 pub mod reconcile;

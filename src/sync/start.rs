@@ -18,9 +18,11 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::cmdline::context::{IfaceFacts, TapSource};
+use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
@@ -30,7 +32,8 @@ use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::{SyncVmi, QMP_CONNECT_TIMEOUT};
-use crate::sync::{mac, privileges, recover, SyncError};
+use crate::sync::{privileges, recover, SyncError};
+use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
 impl SyncVmi {
@@ -67,7 +70,7 @@ impl SyncVmi {
         for (iface, cfg) in network::net_configs(vmi, self.config.runtime_uid)? {
             let plan =
                 network::setup_network(&self.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
-            let mac = mac::format_mac(plan.guest_mac);
+            let mac = MacAddr(plan.guest_mac).to_string();
             push_interface(&mut domain, &iface, mac.clone());
             ctx.interfaces.insert(
                 iface,
@@ -148,10 +151,8 @@ impl SyncVmi {
     fn argv(&self, plan: &DomainPlan) -> Vec<String> {
         let mut argv = render::argv(plan);
         if let Some(p) = &self.config.operator_qmp_socket {
-            // QEMU's option syntax: a comma in a value is written twice.
-            let path = p.display().to_string().replace(',', ",,");
             argv.push("-qmp".into());
-            argv.push(format!("unix:{path},server=on,wait=off"));
+            argv.push(operator_qmp_arg(p));
         }
         argv
     }
@@ -258,6 +259,16 @@ impl SyncVmi {
     }
 }
 
+/// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,
+/// commas of the path doubled (QEMU's option syntax).
+fn operator_qmp_arg(path: &Path) -> String {
+    let head = ["unix:", &path.display().to_string()].concat();
+    KeyVal::with_head(&head)
+        .on_off("server", true)
+        .on_off("wait", false)
+        .finish()
+}
+
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
 fn push_interface(domain: &mut Domain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
@@ -300,13 +311,14 @@ async fn start_up(
     paused: bool,
 ) -> Result<(), SyncError> {
     for step in &qmp_plan.startup {
-        client
-            .execute(step.execute, Some(step.arguments.clone()))
-            .await
-            .map_err(SyncError::Qmp)?;
+        let step = Planned {
+            execute: step.execute,
+            arguments: &step.arguments,
+        };
+        client.run(&step).await.map_err(SyncError::Qmp)?;
     }
     if !paused {
-        client.execute("cont", None).await.map_err(SyncError::Qmp)?;
+        client.run(&Cont).await.map_err(SyncError::Qmp)?;
     }
     Ok(())
 }
@@ -332,4 +344,23 @@ pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_qmp_socket_argument() {
+        let cases = [
+            ("/run/q/op.sock", "unix:/run/q/op.sock,server=on,wait=off"),
+            (
+                "/tmp/a,b/op.sock",
+                "unix:/tmp/a,,b/op.sock,server=on,wait=off",
+            ),
+        ];
+        for (path, want) in cases {
+            assert_eq!(operator_qmp_arg(Path::new(path)), want);
+        }
+    }
 }

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 
 use crate::cmdline::{render, ConverterContext};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::Quit;
 use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
 use crate::sync::domain::{
     Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
@@ -157,7 +158,7 @@ pub(crate) async fn follow_events(
                 if is_shutdown {
                     // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
                     let c = client.clone();
-                    tokio::spawn(async move { let _ = c.execute("quit", None).await; });
+                    tokio::spawn(async move { let _ = c.run(&Quit).await; });
                 }
             }
             _ = qemu.exited() => break,

@@ -15,6 +15,7 @@ use tokio::sync::{watch, Mutex};
 use tracing::info;
 
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle::{self, DomainStatus};
 use crate::sync::domain::Domain;
 use crate::sync::facts::secondary;
@@ -222,13 +223,15 @@ impl DomainManager for SyncVmi {
     }
 
     async fn qemu_version(&self) -> Result<String, SyncError> {
-        let client = self.client()?;
-        let v = client
-            .execute("query-version", None)
+        let v = self
+            .client()?
+            .run(&QueryVersion)
             .await
             .map_err(SyncError::Qmp)?;
-        let q = &v["qemu"];
-        Ok(format!("{}.{}.{}", q["major"], q["minor"], q["micro"]))
+        Ok(format!(
+            "{}.{}.{}",
+            v.qemu.major, v.qemu.minor, v.qemu.micro
+        ))
     }
 
     async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {

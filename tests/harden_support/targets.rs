@@ -115,6 +115,7 @@ pub fn v6_config() -> DhcpV6Config {
             .parse::<Ipv6Addr>()
             .unwrap_or(Ipv6Addr::LOCALHOST),
         dns: vec![Ipv6Addr::LOCALHOST],
+        search: vec!["default.svc.cluster.local".into()],
     }
 }
 
@@ -175,4 +176,105 @@ pub fn image_facts(dir: &Path, data: &[u8]) {
         ..ChainPolicy::default()
     };
     let _ = probe_image("fuzz", &path, &policy);
+}
+
+/// Pod input (resolv.conf text, then pod routes) through the resolv.conf parser, planning and
+/// the DHCP option builders, for both bindings; `data`: byte 0 picks the binding and whether
+/// `spec.subdomain` is set, then resolv.conf text up to the first NUL, then 9-byte routes
+/// (destination, prefix length, router; router 0.0.0.0 is on-link). Nothing in it may make
+/// planning or the servers fail, and the guest's DISCOVER and SOLICIT get replies that decode,
+/// fit 576 bytes and carry options 119 and 121 of at most 255 bytes.
+pub fn pod_dns(data: &[u8]) {
+    use qlauncher::net::discover::{PodFacts, PodIface, RouteV4};
+    use qlauncher::net::{parse_resolv_conf, plan, Binding, NetConfig};
+    let Some((&mode, rest)) = data.split_first() else {
+        return;
+    };
+    let (text, routes) = match rest.iter().position(|b| *b == 0) {
+        Some(i) => (&rest[..i], &rest[i + 1..]),
+        None => (rest, &[][..]),
+    };
+    let resolv = parse_resolv_conf(&String::from_utf8_lossy(text));
+    let mut iface = PodIface {
+        name: "eth0".into(),
+        index: 2,
+        mac: [0x0a, 0x58, 0x0a, 0xf4, 0, 5],
+        mtu: 1450,
+        ipv4: vec!["10.244.0.5/24".parse().expect("net")],
+        ipv6: vec!["fd00:10:244::5/64".parse().expect("net")],
+        ..Default::default()
+    };
+    for r in routes.chunks_exact(9) {
+        let dst = Ipv4Addr::new(r[0], r[1], r[2], r[3]);
+        let Ok(destination) = ipnet::Ipv4Net::new(dst, r[4] % 33) else {
+            continue;
+        };
+        let gw = Ipv4Addr::new(r[5], r[6], r[7], r[8]);
+        let gateway = (!gw.is_unspecified()).then_some(gw);
+        if destination.prefix_len() == 0 {
+            iface.gateway_v4 = gateway;
+        }
+        iface.routes_v4.push(RouteV4 {
+            destination,
+            gateway,
+            protocol: 4,
+        });
+    }
+    let facts = PodFacts { iface, resolv };
+    let cfg = NetConfig {
+        binding: if mode & 1 == 0 {
+            Binding::Masquerade
+        } else {
+            Binding::Bridge
+        },
+        subdomain: (mode & 2 != 0).then(|| "mysub".to_string()),
+        hostname: "fuzz".into(),
+        ..Default::default()
+    };
+    let p = plan(&cfg, &facts).expect("pod input never fails planning");
+    let v4 = p.dhcp_v4.clone().expect("DHCPv4 planned");
+    let server = DhcpV4Server::new(v4.clone()).expect("pod input never fails the DHCPv4 server");
+    let mac = v4.client_mac.unwrap_or([2, 0, 0, 0, 0, 9]);
+    for prl in [&[][..], &[1, 3, 6, 15, 119, 121][..]] {
+        let discover = qlauncher::net::dhcp::v4::client_message(
+            dhcproto::v4::MessageType::Discover,
+            mac,
+            1,
+            None,
+            None,
+            prl,
+        );
+        let Outcome::Reply { bytes, .. } = server.respond(&discover) else {
+            panic!("no reply to DISCOVER");
+        };
+        assert!(bytes.len() + 28 <= 576, "reply of {} bytes", bytes.len());
+        let m = qlauncher::net::dhcp::v4::decode(&bytes).expect("reply decodes");
+        for code in [119u8, 121] {
+            let mut i = 240;
+            let mut total = 0usize;
+            while i + 1 < bytes.len() && bytes[i] != 255 {
+                if bytes[i] == 0 {
+                    i += 1;
+                    continue;
+                }
+                if bytes[i] == code {
+                    total += usize::from(bytes[i + 1]);
+                }
+                i += 2 + usize::from(bytes[i + 1]);
+            }
+            assert!(total <= 255, "option {code} of {total} bytes");
+        }
+        let _ = m;
+    }
+    if let Some(v6cfg) = &p.dhcp_v6 {
+        let mut solicit = vec![1, 0, 0, 7, 0, 1, 0, 10, 0, 3, 0, 1, 2, 0, 0, 0, 0, 9];
+        solicit.extend_from_slice(&[0, 3, 0, 12, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0]);
+        let from = SocketAddrV6::new(Ipv6Addr::LOCALHOST, 546, 0, 2);
+        match v6::respond(v6cfg, &solicit, from) {
+            Outcome::Reply { bytes, .. } => {
+                v6::decode_client_message(&bytes).expect("Advertise decodes");
+            }
+            other => panic!("no Advertise: {other:?}"),
+        }
+    }
 }

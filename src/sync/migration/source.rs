@@ -18,7 +18,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
 use crate::qmp::migration::{
-    self as cmd, BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
+    BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
     MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters, QueryBlockJobs,
     QueryMigrate, SocketAddress,
 };
@@ -198,15 +198,12 @@ async fn migrate(
         .options
         .max_bandwidth()
         .map_err(MigrationError::Options)?;
-    cmd::run(qmp, &MigrateSetCapabilities::enable(caps)).await?;
-    cmd::run(
-        qmp,
-        &MigrateSetParameters {
-            max_bandwidth: Some(bandwidth),
-            multifd_channels: domain.multifd_channels,
-            ..Default::default()
-        },
-    )
+    qmp.run(&MigrateSetCapabilities::enable(caps)).await?;
+    qmp.run(&MigrateSetParameters {
+        max_bandwidth: Some(bandwidth),
+        multifd_channels: domain.multifd_channels,
+        ..Default::default()
+    })
     .await?;
 
     // Block migration: one NBD client node and one top mirror per copied disk.
@@ -218,33 +215,27 @@ async fn migrate(
             )));
         }
         let node = format!("migration-{i}");
-        cmd::run(
-            qmp,
-            &BlockdevAddNbd {
-                driver: "nbd",
-                node_name: node.clone(),
-                server: SocketAddress::Unix {
-                    path: plan.nbd.display().to_string(),
-                },
-                export: disk.export.clone(),
+        qmp.run(&BlockdevAddNbd {
+            driver: "nbd",
+            node_name: node.clone(),
+            server: SocketAddress::Unix {
+                path: plan.nbd.display().to_string(),
             },
-        )
+            export: disk.export.clone(),
+        })
         .await?;
         mirrors.push(Mirror {
             node: node.clone(),
             job: disk.export.clone(),
         });
-        cmd::run(
-            qmp,
-            &BlockdevMirror {
-                job_id: disk.export.clone(),
-                device: disk.node.clone(),
-                target: node,
-                sync: "top",
-                speed: None,
-                auto_finalize: true,
-            },
-        )
+        qmp.run(&BlockdevMirror {
+            job_id: disk.export.clone(),
+            device: disk.node.clone(),
+            target: node,
+            sync: "top",
+            speed: None,
+            auto_finalize: true,
+        })
         .await?;
     }
 
@@ -261,7 +252,7 @@ async fn migrate(
         if *abort.borrow() {
             return Err(MigrationError::Aborted);
         }
-        let jobs = cmd::run(qmp, &QueryBlockJobs {}).await?;
+        let jobs = qmp.run(&QueryBlockJobs).await?;
         let mirror_left: u64 = jobs
             .iter()
             .filter(|j| mirrors.iter().any(|m| m.job == j.device))
@@ -287,7 +278,7 @@ async fn migrate(
             }
         }
         let info = if started {
-            cmd::run(qmp, &QueryMigrate {}).await?
+            qmp.run(&QueryMigrate).await?
         } else {
             Default::default()
         };
@@ -311,7 +302,7 @@ async fn migrate(
             Some("cancelled") => return Err(MigrationError::Aborted),
             Some("pre-switchover") => {
                 complete_mirrors(qmp, mirrors).await?;
-                cmd::run(qmp, &MigrateContinue::pre_switchover()).await?;
+                qmp.run(&MigrateContinue::pre_switchover()).await?;
             }
             _ => {}
         }
@@ -340,12 +331,9 @@ async fn migrate(
 }
 
 async fn start_stream(qmp: &QmpClient, plan: &SourcePlan) -> Result<(), MigrationError> {
-    cmd::run(
-        qmp,
-        &Migrate {
-            uri: format!("unix:{}", plan.stream.display()),
-        },
-    )
+    qmp.run(&Migrate {
+        uri: format!("unix:{}", plan.stream.display()),
+    })
     .await?;
     Ok(())
 }
@@ -357,18 +345,15 @@ async fn complete_mirrors(
     mirrors: &mut Vec<Mirror>,
 ) -> Result<(), MigrationError> {
     for m in mirrors.iter() {
-        cmd::run(
-            qmp,
-            &BlockJobCancel {
-                device: m.job.clone(),
-                force: false,
-            },
-        )
+        qmp.run(&BlockJobCancel {
+            device: m.job.clone(),
+            force: false,
+        })
         .await?;
     }
     let t0 = Instant::now();
     loop {
-        let jobs = cmd::run(qmp, &QueryBlockJobs {}).await?;
+        let jobs = qmp.run(&QueryBlockJobs).await?;
         if !jobs
             .iter()
             .any(|j| mirrors.iter().any(|m| m.job == j.device))
@@ -383,7 +368,7 @@ async fn complete_mirrors(
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for m in mirrors.drain(..) {
-        cmd::run(qmp, &BlockdevDel { node_name: m.node }).await?;
+        qmp.run(&BlockdevDel { node_name: m.node }).await?;
     }
     Ok(())
 }
@@ -392,19 +377,17 @@ async fn complete_mirrors(
 /// NBD nodes and resumes the source if it ran before. Best effort: each step is tried.
 async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
     for m in mirrors {
-        let _ = cmd::run(
-            qmp,
-            &BlockJobCancel {
+        let _ = qmp
+            .run(&BlockJobCancel {
                 device: m.job.clone(),
                 force: true,
-            },
-        )
-        .await;
+            })
+            .await;
     }
-    let _ = cmd::run(qmp, &MigrateCancel {}).await;
+    let _ = qmp.run(&MigrateCancel).await;
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(30) {
-        let settled = match cmd::run(qmp, &QueryMigrate {}).await {
+        let settled = match qmp.run(&QueryMigrate).await {
             Ok(info) => !matches!(
                 info.status.as_deref(),
                 Some("cancelling")
@@ -415,7 +398,8 @@ async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
             ),
             Err(_) => true,
         };
-        let jobs_left = cmd::run(qmp, &QueryBlockJobs {})
+        let jobs_left = qmp
+            .run(&QueryBlockJobs)
             .await
             .map(|j| j.iter().any(|j| mirrors.iter().any(|m| m.job == j.device)))
             .unwrap_or(false);
@@ -425,13 +409,11 @@ async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for m in mirrors {
-        let _ = cmd::run(
-            qmp,
-            &BlockdevDel {
+        let _ = qmp
+            .run(&BlockdevDel {
                 node_name: m.node.clone(),
-            },
-        )
-        .await;
+            })
+            .await;
     }
     if was_running {
         if let Ok((status, _)) = crate::qmp::lifecycle::query_status(qmp).await {

@@ -14,8 +14,8 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::qmp::migration::{
-    self as cmd, BlockExportAddNbd, Capability, MigrateIncoming, MigrateSetCapabilities,
-    MigrateSetParameters, NbdServerStart, NbdServerStop, QueryMigrate, SocketAddressLegacy,
+    BlockExportAddNbd, Capability, MigrateIncoming, MigrateSetCapabilities, MigrateSetParameters,
+    NbdServerStart, NbdServerStop, QueryMigrate, SocketAddressLegacy,
 };
 use crate::qmp::QmpClient;
 use crate::sync::migration::protocol::{
@@ -142,41 +142,33 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
                 caps.push(c);
             }
         }
-        cmd::run(qmp, &MigrateSetCapabilities::enable(&caps)).await?;
+        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
         if let Some(n) = self.domain.multifd_channels {
-            cmd::run(
-                qmp,
-                &MigrateSetParameters {
-                    multifd_channels: Some(n),
-                    ..Default::default()
-                },
-            )
+            qmp.run(&MigrateSetParameters {
+                multifd_channels: Some(n),
+                ..Default::default()
+            })
             .await?;
         }
         let mut exports = Vec::new();
         if !self.domain.copied_disks.is_empty() {
             let _ = std::fs::remove_file(&sockets.nbd);
-            cmd::run(
-                qmp,
-                &NbdServerStart {
-                    addr: SocketAddressLegacy::Unix {
-                        path: sockets.nbd.display().to_string(),
-                    },
+            qmp.run(&NbdServerStart {
+                addr: SocketAddressLegacy::Unix {
+                    path: sockets.nbd.display().to_string(),
                 },
-            )
+            })
             .await?;
             for d in &self.domain.copied_disks {
-                cmd::run(qmp, &BlockExportAddNbd::writable(&d.node, &d.export)).await?;
+                qmp.run(&BlockExportAddNbd::writable(&d.node, &d.export))
+                    .await?;
                 exports.push(d.export.clone());
             }
         }
         let _ = std::fs::remove_file(&sockets.stream);
-        cmd::run(
-            qmp,
-            &MigrateIncoming {
-                uri: format!("unix:{}", sockets.stream.display()),
-            },
-        )
+        qmp.run(&MigrateIncoming {
+            uri: format!("unix:{}", sockets.stream.display()),
+        })
         .await?;
         Ok(Ready {
             nbd_exports: exports,
@@ -192,7 +184,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
             Message::Outcome(o) if o.completed => {
                 wait_incoming_completed(qmp).await?;
                 if !self.domain.copied_disks.is_empty() {
-                    cmd::run(qmp, &NbdServerStop {}).await?;
+                    qmp.run(&NbdServerStop).await?;
                 }
                 if !self.domain.paused {
                     crate::qmp::lifecycle::resume(qmp).await?;
@@ -233,7 +225,7 @@ fn target_capability(name: &str) -> Option<Capability> {
 async fn wait_incoming_completed(qmp: &QmpClient) -> Result<(), MigrationError> {
     let t0 = Instant::now();
     loop {
-        let info = cmd::run(qmp, &QueryMigrate {}).await?;
+        let info = qmp.run(&QueryMigrate).await?;
         match info.status.as_deref() {
             Some("completed") => return Ok(()),
             Some("failed") | Some("cancelled") => {

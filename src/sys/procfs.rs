@@ -1,4 +1,5 @@
-//! Reading `/proc`: a process's parent, state and name, its children, QEMU recognition and RSS.
+//! Reading `/proc`: a process's parent, state and name, its CPU times, its children, QEMU
+//! recognition and RSS.
 //!
 //! The monitor finds a leftover QEMU the way virt-handler does (`pkg/hypervisor/kvm/runtime.go`,
 //! `pkg/hypervisor/common/process.go` of KubeVirt v1.9.0): among the direct children of PID 1, a
@@ -41,6 +42,15 @@ pub fn parse_stat(text: &str) -> Option<ProcStat> {
         state,
         ppid,
     })
+}
+
+/// `utime` and `stime` (clock ticks) of a `/proc/<pid>/stat` line.
+pub fn stat_times(stat: &str) -> Option<(u64, u64)> {
+    // The command name may hold spaces and parentheses: fields start after the last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(3) ppid(4) ... utime(14) stime(15): indices 11 and 12 here.
+    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
 }
 
 /// Reads `/proc/<pid>/stat`; `None` when the process is gone.
