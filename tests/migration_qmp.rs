@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use qlauncher::qmp::QmpClient;
 use qlauncher::sync::migration::protocol::{CopiedDisk, RunningDomain};
-use qlauncher::sync::migration::source::{run_source, SourcePlan};
-use qlauncher::sync::migration::target::{TargetEnd, TargetSession, TargetSockets};
+use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
+use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::{MigrationError, MigrationOptions};
 use qmp_support::{q35_args, TestVm};
 use serde_json::json;
@@ -96,6 +96,7 @@ struct Pair {
     target_dir: tempfile::TempDir,
     base_dir: tempfile::TempDir,
     _source_dir: tempfile::TempDir,
+    source_argv: Vec<String>,
 }
 
 async fn source_vm() -> Pair {
@@ -109,20 +110,44 @@ async fn source_vm() -> Pair {
     qemu_io(&src_overlay, "write -P 0xab 1M 64k", "wrote 65536/65536");
     let mut args = q35_args();
     args.extend(disk_args(&src_overlay));
-    let source = TestVm::launch(args).await.map_err(|(e, _)| e).unwrap();
+    let source = TestVm::launch(args.clone())
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
     Pair {
         source,
         target_dir,
         base_dir,
         _source_dir: src_dir,
+        source_argv: args,
     }
+}
+
+/// The overlay path in the source's argv (each pod has its own; the test's pods share a
+/// filesystem, so the paths differ).
+fn theirs_overlay(d: &RunningDomain) -> String {
+    d.argv
+        .iter()
+        .find_map(|w| {
+            let v: serde_json::Value = serde_json::from_str(w).ok()?;
+            Some(v["filename"].as_str()?.to_owned())
+        })
+        .unwrap_or_default()
+}
+
+/// The source's running definition: its argv and resolved machine type.
+async fn definition_of(pair: &Pair, copied: bool) -> RunningDomain {
+    let mut d = definition(copied);
+    d.machine = resolved_machine(pair.source.client()).await.unwrap();
+    d.argv = pair.source_argv.clone();
+    d
 }
 
 fn definition(copied: bool) -> RunningDomain {
     RunningDomain {
         vmi_uid: "vmi-1".into(),
         migration_uid: "mig-1".into(),
-        machine: "pc-q35-7.2".into(),
+        machine: String::new(),
         argv: Vec::new(),
         hotplugged: Vec::new(),
         copied_disks: if copied {
@@ -154,9 +179,18 @@ async fn target(
         Err(e) => return (Err(e), None),
     };
     let ov = overlay(&dir, &base);
-    let mut args = q35_args();
-    args.extend(disk_args(&ov));
-    args.extend(["-incoming".into(), "defer".into()]);
+    // The target's own conversion (same devices, its own overlay path), checked against the
+    // source's argv and given the source's resolved machine type.
+    let mut local = q35_args();
+    local.extend(disk_args(&ov));
+    let mut theirs = session.domain.clone();
+    theirs.argv = theirs
+        .argv
+        .iter()
+        .map(|w| w.replace(&theirs_overlay(&theirs), &ov.display().to_string()))
+        .collect();
+    let args = incoming_argv(&local, &theirs).expect("same device model");
+    assert!(args.contains(&"pc-q35-7.2".to_owned()), "{args:?}");
     let vm = TestVm::launch_with(args, |s| s.start = false)
         .await
         .map_err(|(e, _)| e)
@@ -198,7 +232,13 @@ async fn block_migration_moves_the_overlay_and_the_vm_runs_on_the_target() {
     let (_abort_tx, abort) = watch::channel(false);
     let end = tokio::time::timeout(
         Duration::from_secs(300),
-        run_source(conn, pair.source.client(), definition(true), &plan, abort),
+        run_source(
+            conn,
+            pair.source.client(),
+            definition_of(&pair, true).await,
+            &plan,
+            abort,
+        ),
     )
     .await
     .expect("source finished")
@@ -257,7 +297,13 @@ async fn cancel_before_switchover_leaves_the_source_running_and_tells_the_target
     });
     let result = tokio::time::timeout(
         Duration::from_secs(300),
-        run_source(conn, pair.source.client(), definition(false), &plan, abort),
+        run_source(
+            conn,
+            pair.source.client(),
+            definition_of(&pair, false).await,
+            &plan,
+            abort,
+        ),
     )
     .await
     .expect("source finished");

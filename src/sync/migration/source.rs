@@ -423,3 +423,20 @@ async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
         }
     }
 }
+
+/// The versioned machine type the QEMU behind `qmp` runs (`qom-get /machine type`, e.g.
+/// `pc-q35-7.2-machine` → `pc-q35-7.2`): what the target must start with, as libvirt resolves
+/// an alias such as `q35` once and keeps the result in the live XML.
+pub async fn resolved_machine(qmp: &QmpClient) -> Result<String, MigrationError> {
+    let v = qmp
+        .run(&crate::qmp::commands::QomGet {
+            path: "/machine".into(),
+            property: "type".into(),
+        })
+        .await?;
+    let t = v.as_str().unwrap_or_default();
+    t.strip_suffix("-machine")
+        .filter(|m| !m.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| MigrationError::Qemu(format!("unexpected machine type {t:?}")))
+}

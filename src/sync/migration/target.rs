@@ -245,3 +245,104 @@ async fn wait_incoming_completed(qmp: &QmpClient) -> Result<(), MigrationError> 
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// QEMU's argv for the incoming side: the target's own conversion of the VMI (`local`, trusted:
+/// the target never runs argv words it received), with the machine type replaced by the
+/// source's resolved one and `-incoming defer` appended (`local` already holds `-S`).
+///
+/// When the source sent its argv, it must equal `local` word for word apart from the machine
+/// type: a different device model (another qlauncher version rendering differently, or a VMI
+/// spec changed since the source started) cannot take the source's device state, so the
+/// migration is refused naming the first difference.
+pub fn incoming_argv(
+    local: &[String],
+    domain: &RunningDomain,
+) -> Result<Vec<String>, MigrationError> {
+    let valid_machine = !domain.machine.is_empty()
+        && domain
+            .machine
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
+    if !valid_machine {
+        return Err(MigrationError::Peer(format!(
+            "invalid machine type {:?} in the source's definition",
+            domain.machine
+        )));
+    }
+    let with_machine = |argv: &[String]| -> Vec<String> {
+        let mut out = argv.to_vec();
+        for i in 1..out.len() {
+            if out[i - 1] == "-machine" {
+                let rest = out[i].find(',').map_or("", |p| &out[i][p..]).to_owned();
+                out[i] = format!("{}{rest}", domain.machine);
+            }
+        }
+        out
+    };
+    let mut argv = with_machine(local);
+    if argv.iter().any(|w| w == "-incoming") {
+        return Err(MigrationError::Peer(
+            "the local argv already has -incoming".into(),
+        ));
+    }
+    if !domain.argv.is_empty() {
+        let theirs = with_machine(&domain.argv);
+        if let Some(i) = (0..argv.len().max(theirs.len())).find(|&i| argv.get(i) != theirs.get(i)) {
+            return Err(MigrationError::Peer(format!(
+                "the target's QEMU definition differs from the source's at word {i}: target {:?}, \
+                 source {:?}",
+                argv.get(i),
+                theirs.get(i)
+            )));
+        }
+    }
+    argv.extend(["-incoming".to_owned(), "defer".to_owned()]);
+    Ok(argv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split(' ').map(str::to_owned).collect()
+    }
+
+    fn domain(machine: &str, argv: &str) -> RunningDomain {
+        RunningDomain {
+            vmi_uid: "u".into(),
+            migration_uid: "m".into(),
+            machine: machine.into(),
+            argv: if argv.is_empty() { vec![] } else { words(argv) },
+            hotplugged: vec![],
+            copied_disks: vec![],
+            capabilities: vec![],
+            multifd_channels: None,
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn the_machine_is_the_sources_and_incoming_is_deferred() {
+        let local = words("-name guest=x -S -machine q35,usb=off -m 128");
+        let argv = incoming_argv(&local, &domain("pc-q35-7.2", "")).unwrap();
+        assert_eq!(
+            argv,
+            words("-name guest=x -S -machine pc-q35-7.2,usb=off -m 128 -incoming defer")
+        );
+        // The source's argv (alias or resolved) matching ours is accepted.
+        let same = domain("pc-q35-7.2", "-name guest=x -S -machine q35,usb=off -m 128");
+        assert!(incoming_argv(&local, &same).is_ok());
+    }
+
+    #[test]
+    fn a_different_device_model_or_a_bad_machine_is_refused() {
+        let local = words("-name guest=x -S -machine q35,usb=off -m 128");
+        let other = domain("pc-q35-7.2", "-name guest=x -S -machine q35,usb=off -m 256");
+        let e = incoming_argv(&local, &other).unwrap_err().to_string();
+        assert!(e.contains("word 6") && e.contains("\"256\""), "{e}");
+        for bad in ["", "q35,accel=kvm", "pc q35", "x;y"] {
+            assert!(incoming_argv(&local, &domain(bad, "")).is_err(), "{bad:?}");
+        }
+    }
+}
