@@ -47,6 +47,7 @@ impl Domain {
                     kubevirt: KubeVirtMetadata {
                         uid: vmi_uid.to_owned(),
                         grace_period: None,
+                        migration: None,
                     },
                 },
                 ..DomainSpec::default()
@@ -144,6 +145,10 @@ pub struct KubeVirtMetadata {
         skip_serializing_if = "Option::is_none"
     )]
     pub grace_period: Option<GracePeriodMetadata>,
+    /// The migration record, once a migration of this domain was accepted
+    /// (`spec.metadata.kubevirt.migration`, [`crate::sync::migration::metadata`]).
+    #[serde(rename = "Migration", default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<crate::sync::migration::metadata::MigrationMetadata>,
 }
 
 /// `api.GracePeriodMetadata`.

@@ -200,3 +200,30 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod domain_tests {
+    use super::*;
+    use crate::sync::domain::Domain;
+
+    #[test]
+    fn the_domain_carries_the_record_under_metadata_kubevirt_migration() {
+        let mut d = Domain::for_vmi("ns", "vm", "vmi-uid");
+        assert!(
+            serde_json::to_value(&d).unwrap()["Spec"]["Metadata"]["KubeVirt"]
+                .get("Migration")
+                .is_none(),
+            "absent before any migration"
+        );
+        let now = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_800_000_000);
+        MigrationMetadata::start(&mut d.spec.metadata.kubevirt.migration, "mig", now);
+        let v = serde_json::to_value(&d).unwrap();
+        assert_eq!(v["Spec"]["Metadata"]["KubeVirt"]["Migration"]["UID"], "mig");
+        assert_eq!(
+            v["Spec"]["Metadata"]["KubeVirt"]["Migration"]["Mode"],
+            "PreCopy"
+        );
+        let back: Domain = serde_json::from_value(v).unwrap();
+        assert_eq!(back, d);
+    }
+}
