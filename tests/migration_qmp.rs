@@ -172,6 +172,7 @@ async fn target(
     dir: std::path::PathBuf,
     base: std::path::PathBuf,
     sockets: TargetSockets,
+    incoming_pid: Option<tokio::sync::oneshot::Sender<i32>>,
 ) -> (Result<TargetEnd, MigrationError>, Option<TestVm>) {
     let (conn, _) = listener.accept().await.unwrap();
     let mut session = match TargetSession::accept(conn, "vmi-1").await {
@@ -198,6 +199,9 @@ async fn target(
     if let Err(e) = session.incoming(vm.client(), &sockets).await {
         return (Err(e), Some(vm));
     }
+    if let Some(tx) = incoming_pid {
+        let _ = tx.send(vm.pid);
+    }
     let end = session.finish(vm.client()).await;
     (end, Some(vm))
 }
@@ -217,6 +221,7 @@ async fn block_migration_moves_the_overlay_and_the_vm_runs_on_the_target() {
         pair.target_dir.path().to_owned(),
         pair.base_dir.path().join("base.img"),
         sockets.clone(),
+        None,
     ));
     let conn = UnixStream::connect(&control).await.unwrap();
     let plan = SourcePlan {
@@ -272,6 +277,7 @@ async fn cancel_before_switchover_leaves_the_source_running_and_tells_the_target
         pair.target_dir.path().to_owned(),
         pair.base_dir.path().join("base.img"),
         sockets.clone(),
+        None,
     ));
     let conn = UnixStream::connect(&control).await.unwrap();
     let plan = SourcePlan {
@@ -313,4 +319,73 @@ async fn cancel_before_switchover_leaves_the_source_running_and_tells_the_target
     assert_eq!(status(pair.source.client()).await, "running");
     let (t_end, _vm) = target.await.unwrap();
     assert!(matches!(t_end.unwrap(), TargetEnd::Failed { reason } if reason.contains("aborted")));
+}
+
+#[tokio::test]
+async fn target_killed_mid_copy_fails_the_migration_and_the_source_keeps_running() {
+    let pair = source_vm().await;
+    let sock_dir = tempfile::tempdir().unwrap();
+    let control = sock_dir.path().join("control.sock");
+    let sockets = TargetSockets {
+        stream: sock_dir.path().join("u-49152-source.sock"),
+        nbd: sock_dir.path().join("u-49153-source.sock"),
+    };
+    let listener = UnixListener::bind(&control).unwrap();
+    let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
+    let target = tokio::spawn(target(
+        listener,
+        pair.target_dir.path().to_owned(),
+        pair.base_dir.path().join("base.img"),
+        sockets.clone(),
+        Some(pid_tx),
+    ));
+    let conn = UnixStream::connect(&control).await.unwrap();
+    let plan = SourcePlan {
+        stream: sockets.stream.clone(),
+        nbd: sockets.nbd.clone(),
+        // 1 MiB/s: the copy is still running when the target dies.
+        options: MigrationOptions::from_json(br#"{"Bandwidth":"1Mi"}"#).unwrap(),
+        data_bytes: 128 << 20,
+    };
+    let client = pair.source.client().clone();
+    let killer = tokio::spawn(async move {
+        let pid = pid_rx.await.unwrap();
+        loop {
+            let info = client.execute("query-migrate", None).await.unwrap();
+            if info["status"] == "active" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // SAFETY: kill(2) on the target QEMU this test started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    });
+    let (_abort_tx, abort) = watch::channel(false);
+    let result = tokio::time::timeout(
+        Duration::from_secs(300),
+        run_source(
+            conn,
+            pair.source.client(),
+            definition_of(&pair, true).await,
+            &plan,
+            abort,
+        ),
+    )
+    .await
+    .expect("source finished");
+    killer.await.unwrap();
+    let e = result.unwrap_err();
+    assert!(matches!(e, MigrationError::Qemu(_)), "{e:?}");
+    assert!(!e.failure_reason().is_empty());
+    assert_eq!(status(pair.source.client()).await, "running");
+    // No mirror or NBD client node is left on the source.
+    let jobs = pair
+        .source
+        .client()
+        .execute("query-block-jobs", None)
+        .await
+        .unwrap();
+    assert_eq!(jobs, json!([]));
+    let (t_end, _vm) = target.await.unwrap();
+    assert!(matches!(t_end.unwrap(), TargetEnd::Failed { .. }));
 }
