@@ -16,12 +16,8 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "harden_support/launcher.rs"]
-mod launcher;
-#[path = "common/notify_server.rs"]
-mod notify_server;
+use testkit::guest;
+use testkit::launcher;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -138,7 +134,7 @@ fn network_state(pod: &Pod) -> String {
     };
     format!(
         "{}\n--\n{}\n--\n{}\n--\n{}",
-        ns.exec(&["nft", "-s", "list", "ruleset"]),
+        ns.sh(&["nft", "-s", "list", "ruleset"]),
         volatile(ns.ip(&["-d", "-o", "link", "show"])),
         volatile(ns.ip(&["-o", "-4", "addr", "show"])),
         volatile(ns.ip(&["-4", "route", "show", "table", "all"])),

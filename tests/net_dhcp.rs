@@ -2,10 +2,9 @@
 //! v6) on a veth attached to the bridge get 10.0.2.2 and every option; traffic from the client
 //! is masqueraded to the node; a connection to the pod IP on a listed port is DNATed to it.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{DhcpExtraOptions, NetConfig, Port, Protocol};
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:01";
 
@@ -97,9 +96,7 @@ fn udhcpc_gets_lease_and_options_and_traffic_is_natted() {
         ])
     );
     // Masquerade: the node sees the pod IP as the source.
-    let node_listener = listen(&net.node, "10.244.0.1:8080");
-    send_from(&vm, "10.244.0.1:8080", "from-guest").unwrap();
-    let (peer, msg) = accept_one(&node_listener);
+    let (peer, msg) = tcp_once(&net.node, &vm, "10.244.0.1:8080", "from-guest");
     assert_eq!(
         (peer.ip().to_string(), msg.as_str()),
         ("10.244.0.5".to_string(), "from-guest")

@@ -5,13 +5,12 @@
 //! serving a real client (dhclient -6) afterwards. The inputs in `fuzz/regressions/dhcp_v6/` are
 //! checked to be reported malformed.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::dhcp::Outcome;
 use qlauncher::net::NetConfig;
 use std::net::{Ipv6Addr, SocketAddrV6};
 use std::time::Duration;
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:04";
 const CLIENT_ID: &[u8] = &[0, 1, 0, 10, 0, 3, 0, 1, 2, 0, 0, 0xaa, 0xbb, 4];

@@ -5,14 +5,14 @@
 //! socket and options 6, 15, 119 and 121 (DHCPv6 23 and 24) compared byte for byte; the client
 //! (busybox udhcpc, ISC dhclient -4/-6) must take the lease; each warning is logged exactly once.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{Binding, NetConfig};
 use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
+use testkit::names::unique;
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:03";
 

@@ -5,12 +5,11 @@
 //! stay in the pod: a connection from the pod to 127.0.0.1:15021 reaches a listener in the pod,
 //! while other loopback ports still reach the guest.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::config::istio_proxy_injection;
 use qlauncher::net::NetConfig;
 use qlauncher::vmi::Vmi;
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:02";
 

@@ -2,11 +2,10 @@
 //! text and pod routes, from real pod files mutated with the tokens that broke KubeVirt and
 //! qlauncher (overlong search lists, IP addresses and `_` in search entries, several addresses
 //! on a nameserver line, on-link and host routes), through `parse_resolv_conf`, `plan` and the
-//! DHCPv4/DHCPv6 option builders. Body in `tests/harden_support/targets.rs`; every input that
+//! DHCPv4/DHCPv6 option builders. Body in `testkit/src/fuzz.rs`; every input that
 //! ever failed it lives in `fuzz/regressions/pod_dns/` and is replayed first.
 
-#[path = "harden_support/targets.rs"]
-mod targets;
+use testkit::fuzz as targets;
 
 use proptest::prelude::*;
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 //! Pod input (resolv.conf, routes) through planning into the DHCP option builders and replies.
 #![no_main]
-#[path = "../../tests/harden_support/targets.rs"]
+#[path = "../../testkit/src/fuzz.rs"]
 mod targets;
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     targets::pod_dns(data);

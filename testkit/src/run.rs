@@ -6,154 +6,67 @@
 //! Cleanup never depends on the test passing: dropping a [`Pod`] kills every process left in its
 //! namespace (the monitor, the launcher, QEMU) and then deletes both namespaces and
 //! `/etc/netns/<pod>`. Names carry the test process id and a counter, so tests run in parallel.
-#![allow(dead_code)]
 
-use crate::guest::Console;
+use crate::guest::{Console, GuestImages};
+pub use crate::netns::KUBELET_RESOLV_CONF as RESOLV_CONF;
+use crate::netns::{PodNet, PodNetSpec};
+use crate::process::run as host;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 /// How long a TCG guest may take from `qlauncher run` to its shell prompt, and to stop.
 pub const STEP: Duration = Duration::from_secs(240);
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// `<pid>-<counter>`: unique among the tests of every test binary running now.
-pub fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// Runs a host command and returns its stdout; panics with its stderr when it fails.
-pub fn host(args: &[&str]) -> String {
-    let o = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// The pod's resolv.conf, as the kubelet writes it.
-pub const RESOLV_CONF: &str = "search default.svc.cluster.local svc.cluster.local cluster.local\n\
-                               nameserver 10.96.0.10\noptions ndots:5\n";
-
 /// A pod network namespace with `eth0` 10.244.0.5/24 (MTU 1450, default route via 10.244.0.1) on a
-/// veth to a node namespace's `vpod` 10.244.0.1/24, and `/etc/netns/<pod>/resolv.conf`.
+/// veth to a node namespace's `vpod` 10.244.0.1/24, and `/etc/netns/<pod>/resolv.conf`
+/// ([`RESOLV_CONF`]). Dropping it kills every process left in the pod namespace first.
 pub struct Pod {
-    /// Name of the pod namespace.
-    pub name: String,
-    /// Name of the node namespace.
-    pub node: String,
+    /// The namespaces.
+    pub net: PodNet,
+}
+
+impl Default for Pod {
+    fn default() -> Self {
+        Pod::new()
+    }
 }
 
 impl Pod {
     /// Creates both namespaces and the veth pair.
     pub fn new() -> Pod {
-        let id = unique();
-        let pod = Pod {
-            name: format!("qle-pod-{id}"),
-            node: format!("qle-node-{id}"),
-        };
-        host(&["ip", "netns", "add", &pod.node]);
-        host(&["ip", "netns", "add", &pod.name]);
-        pod.ip(&["link", "set", "lo", "up"]);
-        pod.node_ip(&["link", "set", "lo", "up"]);
-        pod.node_ip(&[
-            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
-        ]);
-        pod.node_ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
-        pod.node_ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
-        pod.ip(&[
-            "link",
-            "set",
-            "eth0",
-            "address",
-            "0a:58:0a:f4:00:05",
-            "mtu",
-            "1450",
-            "up",
-        ]);
-        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
-        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
-        std::fs::create_dir_all(pod.etc()).unwrap();
-        std::fs::write(pod.etc().join("resolv.conf"), RESOLV_CONF).unwrap();
-        pod
+        Pod {
+            net: PodNet::with(&PodNetSpec {
+                resolv_conf: Some(RESOLV_CONF.into()),
+                ..PodNetSpec::default()
+            }),
+        }
     }
 
     /// `ip -n <pod> ARGS...`.
     pub fn ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.name];
-        v.extend_from_slice(args);
-        host(&v)
+        self.net.pod.ip(args)
     }
 
     /// `ip -n <node> ARGS...`.
     pub fn node_ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.node];
-        v.extend_from_slice(args);
-        host(&v)
-    }
-
-    fn etc(&self) -> PathBuf {
-        PathBuf::from("/etc/netns").join(&self.name)
+        self.net.node.ip(args)
     }
 
     /// A command run inside the pod namespace (`ip netns exec <pod> PROGRAM`).
     pub fn command(&self, program: impl AsRef<std::ffi::OsStr>) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.name]).arg(program);
-        c
+        self.net.pod.command(program)
     }
 
     /// Pids of the processes in the pod namespace.
     pub fn pids(&self) -> Vec<u32> {
-        Command::new("ip")
-            .args(["netns", "pids", &self.name])
-            .output()
-            .map(|o| {
-                String::from_utf8_lossy(&o.stdout)
-                    .split_whitespace()
-                    .filter_map(|p| p.parse().ok())
-                    .collect()
-            })
-            .unwrap_or_default()
-    }
-
-    /// SIGKILLs every process in the pod namespace, until none is left (at most 10 s).
-    pub fn kill_all(&self) {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let pids = self.pids();
-            if pids.is_empty() || Instant::now() >= deadline {
-                return;
-            }
-            for pid in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
-                    nix::sys::signal::Signal::SIGKILL,
-                );
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.net.pod.pids()
     }
 }
 
 impl Drop for Pod {
     fn drop(&mut self) {
-        self.kill_all();
-        let _ = std::fs::remove_dir_all(self.etc());
-        for ns in [&self.name, &self.node] {
-            let _ = Command::new("ip").args(["netns", "del", ns]).output();
-        }
+        self.net.pod.kill_all();
     }
 }
 
@@ -189,7 +102,7 @@ impl Run {
     /// Starts `qlauncher run VMI --root ROOT --emulation on EXTRA...` in `pod`, logging to
     /// `ROOT.log` (next to the root, so the root holds only what qlauncher writes).
     pub fn start(pod: &Pod, vmi: &Path, root: &Path, extra: &[&str]) -> Run {
-        let mut c = pod.command(env!("CARGO_BIN_EXE_qlauncher"));
+        let mut c = pod.command(crate::qlauncher_bin());
         c.arg("run")
             .arg(vmi)
             .arg("--root")
@@ -197,6 +110,13 @@ impl Run {
             .args(["--emulation", "on"])
             .args(extra);
         Run::spawn(c, root, &root.with_extension("log"))
+    }
+
+    /// Starts `qlauncher run examples/NAME --root ROOT` in `pod` with the test guest's qcow2 as the
+    /// containerDisk `rootdisk` (what the e2e tests boot).
+    pub fn start_example(pod: &Pod, name: &str, root: &Path) -> Run {
+        let disk = format!("rootdisk={}", GuestImages::locate().disk_qcow2.display());
+        Run::start(pod, &example(name), root, &["--container-disk", &disk])
     }
 
     /// The pid of `qlauncher run`, i.e. of the monitor it became.
@@ -301,20 +221,10 @@ impl Run {
 
     /// Waits up to `timeout` for `qlauncher run` to exit.
     pub fn wait(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if let Some(s) = self.exit {
-                return Some(s);
-            }
-            if let Ok(Some(s)) = self.child.try_wait() {
-                self.exit = Some(s);
-                return Some(s);
-            }
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        if self.exit.is_none() {
+            self.exit = crate::process::wait_timeout(&mut self.child, timeout);
         }
+        self.exit
     }
 
     /// SIGTERM to `qlauncher run` (the kubelet stopping the pod): the guest gets the ACPI power
@@ -349,15 +259,13 @@ impl Drop for Run {
 /// the 107 bytes of a unix socket path), removed on drop.
 pub fn short_tempdir() -> tempfile::TempDir {
     tempfile::Builder::new()
-        .prefix(&format!("q{}-", unique()))
+        .prefix(&format!("q{}-", crate::unique()))
         .rand_bytes(4)
         .tempdir_in("/tmp")
         .unwrap()
 }
 
-/// Reads the example VMI `examples/NAME`.
+/// The path of the example VMI `examples/NAME`.
 pub fn example(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("examples")
-        .join(name)
+    crate::repo_root().join("examples").join(name)
 }

@@ -1,4 +1,6 @@
-//! Starting QEMU: fork/exec with a clean environment and only the intended fds, then QMP.
+//! Starting a QEMU under test: fork/exec with a clean environment and only the intended fds, then
+//! QMP. (The launcher starts its QEMU in `qlauncher::sync`; this is the qmp tests' and the qmp
+//! bench's way of getting one, with the same fd and credential handling.)
 //!
 //! Mirrors what libvirt's `qemuProcessLaunch` does for KubeVirt: QEMU starts paused (`-S`), the QMP
 //! monitor is a listening socket created by the launcher and inherited as an fd
@@ -21,8 +23,52 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use super::client::QmpClient;
-use super::QmpError;
+use qlauncher::qmp::{QmpClient, QmpError};
+
+/// A launch that failed. Variants are named after the failing step.
+#[derive(Debug, thiserror::Error)]
+pub enum LaunchError {
+    /// Preparing the launch (QMP listener, log file, argv) failed.
+    #[error("cannot prepare QEMU launch: {what}")]
+    PrepareLaunch {
+        /// Which preparation step.
+        what: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// fork/exec of QEMU failed.
+    #[error("cannot spawn {qemu}")]
+    SpawnQemu {
+        /// QEMU binary path.
+        qemu: String,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// QEMU exited before it was running (bad argv, missing file, ...).
+    #[error("QEMU exited early ({status}); last stderr lines:\n{stderr_tail}")]
+    QemuExited {
+        /// Exit status as text (`exit status: 1`, `signal: 9`).
+        status: String,
+        /// The last lines QEMU wrote to its log.
+        stderr_tail: String,
+    },
+    /// Signalling or waiting for the QEMU process failed.
+    #[error("cannot {action} QEMU pid {pid}")]
+    Process {
+        /// What was attempted (`send SIGTERM to`, `wait for`).
+        action: String,
+        /// QEMU's pid.
+        pid: i32,
+        /// Cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A QMP exchange during the launch failed.
+    #[error(transparent)]
+    Qmp(#[from] QmpError),
+}
 
 /// A file descriptor QEMU inherits at a fixed number (the `fd=N` of its argv).
 #[derive(Debug)]
@@ -72,23 +118,23 @@ pub struct QemuProcess {
 
 /// Creates the QMP listening socket at `path` (an existing socket file there is replaced), to be
 /// inherited by QEMU as `fd=N` with `server=on,wait=off`.
-pub fn bind_qmp_listener(path: &Path) -> Result<UnixListener, QmpError> {
+pub fn bind_qmp_listener(path: &Path) -> Result<UnixListener, LaunchError> {
     if path.exists() {
-        std::fs::remove_file(path).map_err(|source| QmpError::PrepareLaunch {
+        std::fs::remove_file(path).map_err(|source| LaunchError::PrepareLaunch {
             what: format!("remove stale socket {}", path.display()),
             source,
         })?;
     }
-    UnixListener::bind(path).map_err(|source| QmpError::PrepareLaunch {
+    UnixListener::bind(path).map_err(|source| LaunchError::PrepareLaunch {
         what: format!("bind QMP socket {}", path.display()),
         source,
     })
 }
 
 /// Spawns QEMU as described, connects to QMP, runs the pre-start commands and (if `spec.start`)
-/// `cont`. Errors: [`QmpError::SpawnQemu`], [`QmpError::QemuExited`] with QEMU's last stderr lines
+/// `cont`. Errors: [`LaunchError::SpawnQemu`], [`LaunchError::QemuExited`] with QEMU's last stderr lines
 /// if it exits before QMP is up or during the pre-start commands, and QMP errors.
-pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
+pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, LaunchError> {
     let LaunchSpec {
         qemu,
         argv,
@@ -104,7 +150,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
     } = spec;
     for f in &fds {
         if f.target < 3 {
-            return Err(QmpError::PrepareLaunch {
+            return Err(LaunchError::PrepareLaunch {
                 what: format!("fd target {} (must be >= 3)", f.target),
                 source: std::io::Error::from(std::io::ErrorKind::InvalidInput),
             });
@@ -114,14 +160,14 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
         .create(true)
         .append(true)
         .open(&log)
-        .map_err(|source| QmpError::PrepareLaunch {
+        .map_err(|source| LaunchError::PrepareLaunch {
             what: format!("open log {}", log.display()),
             source,
         })?;
     let log_offset = log_file.metadata().map(|m| m.len()).unwrap_or(0);
     let log_err = log_file
         .try_clone()
-        .map_err(|source| QmpError::PrepareLaunch {
+        .map_err(|source| LaunchError::PrepareLaunch {
             what: "duplicate log fd".into(),
             source,
         })?;
@@ -143,7 +189,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
     }
     let mut tcmd = tokio::process::Command::from(cmd);
     tcmd.kill_on_drop(false);
-    let mut child = tcmd.spawn().map_err(|source| QmpError::SpawnQemu {
+    let mut child = tcmd.spawn().map_err(|source| LaunchError::SpawnQemu {
         qemu: qemu.display().to_string(),
         source,
     })?;
@@ -154,7 +200,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
         if let Err(source) = write_pid_file(path, pid) {
             let _ = child.start_kill();
             let _ = child.wait().await;
-            return Err(QmpError::PrepareLaunch {
+            return Err(LaunchError::PrepareLaunch {
                 what: format!("write pid file {}", path.display()),
                 source,
             });
@@ -165,7 +211,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
         let connect = connect_retry(&qmp_socket, timeout);
         tokio::pin!(connect);
         tokio::select! {
-            r = &mut connect => r,
+            r = &mut connect => r.map_err(LaunchError::from),
             st = child.wait() => Err(exited(st, &log, log_offset).await),
         }
     };
@@ -188,7 +234,7 @@ pub async fn launch(spec: LaunchSpec) -> Result<QemuProcess, QmpError> {
             let run = proc.client.execute(&command, args);
             tokio::pin!(run);
             tokio::select! {
-                r = &mut run => r.map(drop),
+                r = &mut run => r.map(drop).map_err(LaunchError::from),
                 st = proc.child.wait() => Err(exited(st, &log, log_offset).await),
             }
         };
@@ -214,11 +260,11 @@ fn write_pid_file(path: &Path, pid: i32) -> std::io::Result<()> {
 /// means it is exiting), its exit and stderr are the better error; otherwise it is killed.
 async fn fail_launch(
     child: &mut tokio::process::Child,
-    err: QmpError,
+    err: LaunchError,
     log: &Path,
     offset: u64,
-) -> QmpError {
-    if matches!(err, QmpError::QemuExited { .. }) {
+) -> LaunchError {
+    if matches!(err, LaunchError::QemuExited { .. }) {
         return err;
     }
     match tokio::time::timeout(Duration::from_secs(2), child.wait()).await {
@@ -254,12 +300,12 @@ async fn exited(
     status: std::io::Result<std::process::ExitStatus>,
     log: &Path,
     offset: u64,
-) -> QmpError {
+) -> LaunchError {
     let status = match status {
         Ok(s) => s.to_string(),
         Err(e) => format!("unknown status: {e}"),
     };
-    QmpError::QemuExited {
+    LaunchError::QemuExited {
         status,
         stderr_tail: log_tail(log, offset, 20),
     }
@@ -341,19 +387,22 @@ impl QemuProcess {
     }
 
     /// Waits for QEMU to exit; returns its exit status.
-    pub async fn wait(&mut self) -> Result<std::process::ExitStatus, QmpError> {
-        self.child.wait().await.map_err(|source| QmpError::Process {
-            action: "wait for".into(),
-            pid: self.pid,
-            source,
-        })
+    pub async fn wait(&mut self) -> Result<std::process::ExitStatus, LaunchError> {
+        self.child
+            .wait()
+            .await
+            .map_err(|source| LaunchError::Process {
+                action: "wait for".into(),
+                pid: self.pid,
+                source,
+            })
     }
 
     /// Waits up to `timeout` for QEMU to exit; `None` if it is still running.
     pub async fn wait_timeout(
         &mut self,
         timeout: Duration,
-    ) -> Result<Option<std::process::ExitStatus>, QmpError> {
+    ) -> Result<Option<std::process::ExitStatus>, LaunchError> {
         match tokio::time::timeout(timeout, self.wait()).await {
             Ok(r) => r.map(Some),
             Err(_) => Ok(None),
@@ -362,7 +411,7 @@ impl QemuProcess {
 
     /// Kills QEMU like libvirt's destroy: SIGTERM, then SIGKILL if it has not exited after
     /// `grace`. Returns the exit status.
-    pub async fn kill(&mut self, grace: Duration) -> Result<std::process::ExitStatus, QmpError> {
+    pub async fn kill(&mut self, grace: Duration) -> Result<std::process::ExitStatus, LaunchError> {
         if let Ok(Some(st)) = self.child.try_wait() {
             return Ok(st);
         }
@@ -375,14 +424,14 @@ impl QemuProcess {
     }
 
     /// Sends `sig` to QEMU; a no-op once QEMU has been reaped (its pid may be reused).
-    pub fn signal(&self, sig: libc::c_int) -> Result<(), QmpError> {
+    pub fn signal(&self, sig: libc::c_int) -> Result<(), LaunchError> {
         let Some(pid) = self.child.id() else {
             return Ok(());
         };
         // SAFETY: kill(2) on our own child's pid, which is not reaped while `child.id()` is Some.
         let r = unsafe { libc::kill(pid as libc::pid_t, sig) };
         if r < 0 {
-            return Err(QmpError::Process {
+            return Err(LaunchError::Process {
                 action: format!("send signal {sig} to"),
                 pid: self.pid,
                 source: std::io::Error::last_os_error(),

@@ -5,132 +5,53 @@
 //! `domain-notify-pipe.sock`. Everything (launchers, the QEMU they started, namespaces, files) is
 //! removed on drop.
 
-#![allow(dead_code)]
-
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
-use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::uds;
+use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
+use qlauncher::sync::SyncVmi;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+use crate::handler::Client;
+pub use crate::handler::{get_domain, sync, try_sync};
+use crate::netns::{PodNet, PodNetSpec};
+pub use crate::notify::Received;
 
-/// `<pid>-<counter>`: unique among parallel tests.
-pub fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+/// Kills the QEMU of an in-process [`SyncVmi`] (detached from the test: it would outlive it) when
+/// the guard drops, however the test ends.
+pub struct KillQemu(pub std::sync::Arc<SyncVmi>);
 
-/// Runs a command that must succeed; returns its stdout.
-pub fn run(args: &[&str]) -> String {
-    let o = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run command");
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A named network namespace, deleted on drop (with its `/etc/netns/<name>` directory).
-pub struct Netns {
-    /// The namespace name.
-    pub name: String,
-}
-
-impl Netns {
-    fn new(role: &str) -> Netns {
-        let name = format!("qlh-{role}-{}", unique());
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    /// `ip -n <ns> ARGS`.
-    pub fn ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.name];
-        v.extend_from_slice(args);
-        run(&v)
-    }
-
-    /// `ip netns exec <ns> ARGS` (must succeed).
-    pub fn exec(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "netns", "exec", &self.name];
-        v.extend_from_slice(args);
-        run(&v)
-    }
-
-    fn etc(&self) -> PathBuf {
-        PathBuf::from("/etc/netns").join(&self.name)
-    }
-}
-
-impl Drop for Netns {
+impl Drop for KillQemu {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.etc());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
+        if let Some(pid) = self.0.qemu_pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
     }
 }
 
-/// The pod: `eth0` 10.244.0.5/24 on a veth to the node's `vpod` 10.244.0.1, a resolv.conf.
-pub struct PodNet {
-    /// The node side.
-    pub node: Netns,
-    /// The pod (the launcher's namespace).
-    pub pod: Netns,
+/// The pod network of a launcher pod: no MTU or service route, a short resolv.conf.
+fn pod_net() -> PodNet {
+    PodNet::with(&PodNetSpec {
+        mtu: None,
+        resolv_conf: Some("search default.svc.cluster.local\nnameserver 10.96.0.10\n".into()),
+        ..PodNetSpec::default()
+    })
 }
 
-impl PodNet {
-    fn new() -> PodNet {
-        let node = Netns::new("node");
-        let pod = Netns::new("pod");
-        node.ip(&[
-            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
-        ]);
-        node.ip(&["link", "set", "vpod", "up"]);
-        node.ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
-        pod.ip(&["link", "set", "eth0", "address", "0a:58:0a:f4:00:05", "up"]);
-        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
-        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
-        std::fs::create_dir_all(pod.etc()).unwrap();
-        std::fs::write(
-            pod.etc().join("resolv.conf"),
-            "search default.svc.cluster.local\nnameserver 10.96.0.10\n",
-        )
-        .unwrap();
-        PodNet { node, pod }
-    }
-}
-
-pub use super::notify_server::Received;
-
-/// The test VMI: the guest disk as containerDisk, a NoCloud ISO, a masquerade interface. It
-/// carries `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once).
-/// The firmware UUID is the VMI uid's last group repeated into a UUID.
-pub fn vmi(uid: &str) -> serde_json::Value {
+/// A VMI `default/<name>` with the test guest's disk as containerDisk (virtio), a NoCloud ISO
+/// and a masquerade interface on the pod network, 128 MiB.
+pub fn guest_vmi(name: &str, uid: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
-        "metadata": {"name": "hv", "namespace": "default", "uid": uid},
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
         "spec": {
-            "terminationGracePeriodSeconds": 5,
             "domain": {
                 "resources": {"requests": {"memory": "128Mi"}},
-                "firmware": {"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])},
                 "devices": {
                     "disks": [
                         {"name": "rootdisk", "disk": {"bus": "virtio"}},
@@ -146,6 +67,17 @@ pub fn vmi(uid: &str) -> serde_json::Value {
             ]
         }
     })
+}
+
+/// The launcher pod's VMI: [`guest_vmi`] `hv` with a 5 s grace period. It carries
+/// `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once): the VMI
+/// uid's last group repeated into a UUID.
+pub fn vmi(uid: &str) -> serde_json::Value {
+    let mut v = guest_vmi("hv", uid);
+    v["spec"]["terminationGracePeriodSeconds"] = 5.into();
+    v["spec"]["domain"]["firmware"] =
+        serde_json::json!({"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])});
+    v
 }
 
 /// One pod: its network, its directories, its notify server, and the launchers started in it.
@@ -167,7 +99,7 @@ pub struct Pod {
 impl Pod {
     /// Makes the pod (call inside a tokio runtime: the notify server runs on it).
     pub fn new(guest_qcow2: &Path, nonroot: bool) -> Pod {
-        let id = unique();
+        let id = crate::unique();
         let root = PathBuf::from(format!("/tmp/qlh{id}"));
         std::fs::create_dir_all(&root).unwrap();
         // QEMU may run as 107: every directory above its files must be searchable.
@@ -176,7 +108,7 @@ impl Pod {
         let mut pod = Pod {
             root,
             uid,
-            net: PodNet::new(),
+            net: pod_net(),
             received: Received::default(),
             nonroot,
             launchers: Vec::new(),
@@ -185,7 +117,7 @@ impl Pod {
         let disks = pod.share().join("container-disks");
         std::fs::create_dir_all(&disks).unwrap();
         std::os::unix::fs::symlink(guest_qcow2, disks.join("disk_0.img")).unwrap();
-        let stop = super::notify_server::start_into(
+        let stop = crate::notify::start_into(
             &pod.share().join("domain-notify-pipe.sock"),
             pod.received.clone(),
         );
@@ -275,7 +207,7 @@ impl Pod {
         }
         let child = command
             .args(["netns", "exec", &self.net.pod.name])
-            .arg(env!("CARGO_BIN_EXE_qlauncher"))
+            .arg(crate::qlauncher_bin())
             .args(&args)
             .env("QLAUNCHER_ROOT", &self.root)
             .env("QLAUNCHER_EMULATION", "on")
@@ -321,27 +253,13 @@ impl Pod {
         std::fs::read_to_string(self.launcher_log(n)).unwrap_or_default()
     }
 
-    /// A command client on `launcher-sock`, once the (current) launcher serves it.
-    pub async fn client(&self, n: usize) -> CmdClient<tonic::transport::Channel> {
+    /// A command client on `launcher-sock`, once the (current) launcher serves it (60 s).
+    pub async fn client(&self, n: usize) -> Client {
         let sock = self.share().join("sockets/launcher-sock");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if sock.exists() {
-                if let Ok(c) = uds::connect(&sock, Duration::from_secs(5)).await {
-                    let mut client = CmdClient::new(c);
-                    if client.ping(cmd::EmptyRequest {}).await.is_ok() {
-                        return client;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "launcher {n} does not serve {}; log:\n{}",
-                sock.display(),
-                self.log(n)
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        crate::handler::connect(&sock, Duration::from_secs(60), || {
+            format!("launcher {n}: {}", self.log(n))
+        })
+        .await
     }
 
     /// The live QEMU processes whose command line names this pod's root.
@@ -469,49 +387,4 @@ fn uuid_for(id: &str) -> String {
         "aaaaaaaa-0000-4000-8000-{:0>12}",
         &digits[..digits.len().min(12)]
     )
-}
-
-/// One SyncVirtualMachine call: (success, message).
-pub async fn sync(
-    client: &mut CmdClient<tonic::transport::Channel>,
-    vmi: &serde_json::Value,
-) -> (bool, String) {
-    let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(vmi).unwrap(),
-            }),
-            options: Some(cmd::VirtualMachineOptions::default()),
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    (answer.success, answer.message)
-}
-
-/// One SyncVirtualMachine call that may fail at the transport (the launcher is killed under it).
-pub async fn try_sync(
-    client: &mut CmdClient<tonic::transport::Channel>,
-    vmi: &serde_json::Value,
-) -> Result<(bool, String), tonic::Status> {
-    let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(vmi).unwrap(),
-            }),
-            options: Some(cmd::VirtualMachineOptions::default()),
-        })
-        .await?
-        .into_inner();
-    Ok((answer.success, answer.message))
-}
-
-/// GetDomain, parsed (`None` when the launcher has no domain).
-pub async fn get_domain(client: &mut CmdClient<tonic::transport::Channel>) -> Option<Domain> {
-    let answer = client
-        .get_domain(cmd::EmptyRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    (!answer.domain.is_empty()).then(|| serde_json::from_str(&answer.domain).unwrap())
 }

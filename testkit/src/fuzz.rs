@@ -1,9 +1,9 @@
-//! The fuzz target bodies, shared by `fuzz/fuzz_targets/*.rs` (cargo-fuzz, libFuzzer) and
-//! `tests/harden_fuzz.rs` (proptest, bounded, in CI). Each takes arbitrary bytes and must return
-//! without panicking, hanging or allocating without bound; anything it checks beyond "no panic"
-//! is an invariant of the code under test, asserted here.
-
-#![allow(dead_code)]
+//! The fuzz target bodies, shared by `fuzz/fuzz_targets/*.rs` (cargo-fuzz, libFuzzer; they include
+//! this file as a module, the fuzz crate being outside the workspace) and `tests/harden_fuzz.rs`
+//! (proptest, bounded, in CI). Each takes arbitrary bytes and must return without panicking,
+//! hanging or allocating without bound; anything it checks beyond "no panic" is an invariant of
+//! the code under test, asserted here. Uses only qlauncher, std and tokio, so that it compiles in
+//! either crate.
 
 use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};

@@ -1,7 +1,7 @@
-//! Shared helpers for the cmdline tests: fixture VMIs from `tests/fixtures/cmdline/` with the
-//! pod facts each one is converted with (`NAME.facts.json` beside `NAME.yaml`, read as
-//! [`FactsFile`]; `FactsFile::context` is the snapshot context).
-#![allow(dead_code)]
+//! The converter's fixtures for the cmdline tests: fixture VMIs from `tests/fixtures/cmdline/`
+//! with the pod facts each one is converted with (`NAME.facts.json` beside `NAME.yaml`, read as
+//! [`FactsFile`]; `FactsFile::context` is the snapshot context), and the context for starting a
+//! fixture under the real QEMU here.
 
 use std::path::{Path, PathBuf};
 
@@ -11,8 +11,9 @@ use qlauncher::cmdline::context::{
 use qlauncher::cmdline::FactsFile;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 
+/// `tests/fixtures/cmdline` of the repository.
 pub fn fixture_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cmdline")
+    crate::repo_root().join("tests/fixtures/cmdline")
 }
 
 /// Every fixture: (name, defaulted VMI, facts), sorted by name.

@@ -1,35 +1,30 @@
 //! Shared helpers of the storage integration tests: temporary directories, tmpfs mounts and the
 //! real image tools (`qemu-img`, `qemu-io`, `isoinfo`, `blkid`), each guarded so it cleans up on
 //! failure and is safe to run in parallel (names carry the pid and a counter).
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A unique name stem: `<prefix>-<pid>-<n>`.
 pub fn unique(prefix: &str) -> String {
-    format!(
-        "{prefix}-{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+    format!("{prefix}-{}", crate::unique())
 }
 
 /// A temporary directory removed on drop (after clearing immutable flags set by a test).
 pub struct Scratch {
+    /// The directory.
     pub path: PathBuf,
 }
 
 impl Scratch {
+    /// Creates `<tmp>/qlauncher-<prefix>-<pid>-<n>`.
     pub fn new(prefix: &str) -> Scratch {
         let path = std::env::temp_dir().join(unique(&format!("qlauncher-{prefix}")));
         std::fs::create_dir_all(&path).expect("create scratch dir");
         Scratch { path }
     }
 
+    /// `<dir>/<rel>` (not created).
     pub fn join(&self, rel: &str) -> PathBuf {
         self.path.join(rel)
     }
@@ -55,6 +50,7 @@ impl Drop for Scratch {
 
 /// A tmpfs of `size` mounted on a fresh directory; unmounted and removed on drop.
 pub struct Tmpfs {
+    /// The mount point.
     pub path: PathBuf,
 }
 
@@ -71,6 +67,7 @@ impl Tmpfs {
         guard
     }
 
+    /// A tmpfs of `size` (`mount -o size=`, e.g. `4M`), mode 0755.
     pub fn new(size: &str) -> Tmpfs {
         let path = std::env::temp_dir().join(unique("qlauncher-tmpfs"));
         std::fs::create_dir_all(&path).expect("create mount point");
@@ -117,10 +114,12 @@ impl Drop for Tmpfs {
 
 /// A loop device over `file`; detached on drop.
 pub struct LoopDevice {
+    /// `/dev/loopN`.
     pub path: PathBuf,
 }
 
 impl LoopDevice {
+    /// Attaches `file` read-only (`losetup -f --show -r`).
     pub fn new(file: &Path) -> LoopDevice {
         let out = run("losetup", &["-f", "--show", "-r", file.to_str().unwrap()]);
         LoopDevice {
@@ -135,12 +134,9 @@ impl Drop for LoopDevice {
     }
 }
 
-/// Runs a tool, panics with its stderr unless it succeeds, returns its stdout.
+/// Runs a tool, panics with its output unless it succeeds, returns its stdout.
 pub fn run(program: &str, args: &[&str]) -> String {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
+    let out = crate::process::output(&argv(program, args));
     assert!(
         out.status.success(),
         "{program} {args:?} failed: {}{}",
@@ -152,18 +148,13 @@ pub fn run(program: &str, args: &[&str]) -> String {
 
 /// Runs a tool and returns (success, stdout + stderr).
 pub fn try_run(program: &str, args: &[&str]) -> (bool, String) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {program}: {e}"));
-    (
-        out.status.success(),
-        format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    )
+    crate::process::try_run(&argv(program, args))
+}
+
+fn argv<'a>(program: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+    std::iter::once(program)
+        .chain(args.iter().copied())
+        .collect()
 }
 
 /// `qemu-img info --output=json` as JSON.

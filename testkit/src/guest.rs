@@ -1,11 +1,5 @@
-//! Shared test support for the qlauncher test guest (built by `scripts/build-guest`, documented in
-//! `guest/README.md`).
+//! The qlauncher test guest (built by `scripts/build-guest`, documented in `guest/README.md`).
 //!
-//! Include it from a test crate with
-//! `#[path = "common/guest.rs"] mod guest;` (no `tests/common/mod.rs`, so that every area can keep
-//! its own support files without touching a shared one).
-//!
-//! What it offers:
 //! - [`GuestImages::locate`]: the guest's files under `QLAUNCHER_GUEST_DIR`
 //!   (default `/var/cache/qlauncher/guest`), or a panic telling to run `scripts/build-guest`.
 //! - [`Console`]: a client of a serial console on a unix socket; it collects the `QLG: ` markers
@@ -13,7 +7,6 @@
 //! - [`Qmp`]: a small synchronous QMP client (greeting, `qmp_capabilities`, one command).
 //! - [`Vm`]: a plain `qemu-system-x86_64 -accel tcg` process with its serial console and QMP socket
 //!   in a private temporary directory; dropping it kills QEMU and removes the directory.
-#![allow(dead_code)]
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
@@ -53,35 +46,55 @@ impl GuestImages {
     ///
     /// Panics with a message telling to run `scripts/build-guest` when a file is missing.
     pub fn locate() -> GuestImages {
+        GuestImages::try_locate().unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Like [`GuestImages::locate`], with the message as an error (a benchmark skips the guest).
+    pub fn try_locate() -> Result<GuestImages, String> {
         let dir = std::env::var_os("QLAUNCHER_GUEST_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| PathBuf::from(DEFAULT_GUEST_DIR));
         let file = |name: &str| {
             let p = dir.join(name);
-            assert!(
-                p.is_file(),
-                "test guest file {} is missing: run scripts/build-guest (it builds into \
-                 $QLAUNCHER_GUEST_DIR, default {DEFAULT_GUEST_DIR})",
-                p.display()
-            );
-            p
+            if p.is_file() {
+                Ok(p)
+            } else {
+                Err(format!(
+                    "test guest file {} is missing: run scripts/build-guest (it builds into \
+                     $QLAUNCHER_GUEST_DIR, default {DEFAULT_GUEST_DIR})",
+                    p.display()
+                ))
+            }
         };
-        let env = std::fs::read_to_string(file("guest.env")).unwrap_or_default();
-        let value = |key: &str| -> u64 {
+        let env = std::fs::read_to_string(file("guest.env")?).unwrap_or_default();
+        let value = |key: &str| -> Result<u64, String> {
             env.lines()
                 .find_map(|l| l.strip_prefix(key)?.strip_prefix('='))
                 .and_then(|v| v.trim().parse().ok())
-                .unwrap_or_else(|| panic!("{key} missing in guest.env: run scripts/build-guest"))
+                .ok_or_else(|| format!("{key} missing in guest.env: run scripts/build-guest"))
         };
-        GuestImages {
-            vmlinuz: file("vmlinuz"),
-            initrd: file("initrd.img"),
-            disk_raw: file("disk.raw"),
-            disk_qcow2: file("disk.qcow2"),
-            scratch_offset: value("SCRATCH_OFFSET"),
-            scratch_size: value("SCRATCH_SIZE"),
+        Ok(GuestImages {
+            vmlinuz: file("vmlinuz")?,
+            initrd: file("initrd.img")?,
+            disk_raw: file("disk.raw")?,
+            disk_qcow2: file("disk.qcow2")?,
+            scratch_offset: value("SCRATCH_OFFSET")?,
+            scratch_size: value("SCRATCH_SIZE")?,
             dir,
-        }
+        })
+    }
+
+    /// QEMU's arguments for booting the guest from its kernel and initramfs with the console on
+    /// ttyS0 (`-kernel VMLINUZ -initrd INITRD -append console=ttyS0`).
+    pub fn kernel_boot_args(&self) -> Vec<String> {
+        vec![
+            "-kernel".into(),
+            self.vmlinuz.display().to_string(),
+            "-initrd".into(),
+            self.initrd.display().to_string(),
+            "-append".into(),
+            "console=ttyS0".into(),
+        ]
     }
 }
 
@@ -100,6 +113,31 @@ pub fn marker_fields(marker: &str) -> (Vec<String>, BTreeMap<String, String>) {
         }
     }
     (words, fields)
+}
+
+/// Waits until the serial console log file `log` (QEMU's `logfile=`, written from the guest's
+/// first byte on) holds a line with a marker starting with `prefix` (which includes `QLG: `, e.g.
+/// `"QLG: lease eth0"`); returns the line from `QLG: ` on. Polls every 200 ms; panics with the log
+/// after `timeout`.
+pub async fn wait_log_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let text = std::fs::read_to_string(log).unwrap_or_default();
+        // A marker may follow the shell prompt on the same line.
+        if let Some(line) = text.lines().find_map(|l| {
+            let at = l.find("QLG: ")?;
+            let m = l[at..].trim_end();
+            m.starts_with(prefix).then(|| m.to_string())
+        }) {
+            return line;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {prefix:?} within {timeout:?} (a guest without `QLG: agent` markers predates \
+             guest/qga: run scripts/build-guest); serial log:\n{text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Removes ANSI escape sequences (`ESC [ ... letter`) and carriage returns from a console line.
@@ -451,6 +489,72 @@ impl Qmp {
     }
 }
 
+/// A `qemu-system-x86_64` started from a rendered argv (stdout null, stderr piped), killed and
+/// reaped on drop; for tests that check what QEMU made of a command line.
+pub struct QemuChild {
+    child: Child,
+    argv: Vec<String>,
+}
+
+impl QemuChild {
+    /// Spawns `qemu-system-x86_64 ARGV` with `envs` added to the environment.
+    pub fn spawn(argv: &[String], envs: &[(String, String)]) -> QemuChild {
+        let child = Command::new("qemu-system-x86_64")
+            .args(argv)
+            .envs(envs.iter().cloned())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn QEMU");
+        QemuChild {
+            child,
+            argv: argv.to_vec(),
+        }
+    }
+
+    /// QEMU's pid.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Connects to QEMU's QMP socket `sock` (its `-qmp`/`-chardev` path), waiting up to `timeout`
+    /// for it, and negotiates; panics with QEMU's stderr and argv when QEMU exits first or sends
+    /// no greeting.
+    pub fn qmp(&mut self, sock: &Path, timeout: Duration) -> Qmp {
+        let deadline = Instant::now() + timeout;
+        while UnixStream::connect(sock).is_err() {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("QEMU exited {st}: {}\nargv: {:?}", self.stderr(), self.argv);
+            }
+            assert!(Instant::now() < deadline, "no QMP socket");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        match Qmp::connect(sock, timeout) {
+            Ok(q) => q,
+            Err(e) => {
+                let _ = self.child.wait();
+                panic!("{e}: {}\nargv: {:?}", self.stderr(), self.argv)
+            }
+        }
+    }
+
+    fn stderr(&mut self) -> String {
+        let mut err = String::new();
+        if let Some(e) = self.child.stderr.as_mut() {
+            let _ = e.read_to_string(&mut err);
+        }
+        err
+    }
+}
+
+impl Drop for QemuChild {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
 static VM_COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// A plain `qemu-system-x86_64 -accel tcg` process with a serial console and a QMP socket in a
@@ -578,6 +682,19 @@ impl Vm {
         if let Err(e) = self.console.wait_for_prompt(BOOT_TIMEOUT) {
             panic!("{e}");
         }
+    }
+
+    /// Presses the ACPI power button (QMP `system_powerdown`), waits for the guest's
+    /// `QLG: poweroff` and for QEMU to exit, each up to `timeout`; returns QEMU's exit status.
+    /// Panics when a step fails or times out.
+    pub fn power_off(&mut self, timeout: Duration) -> ExitStatus {
+        self.qmp()
+            .unwrap()
+            .execute("system_powerdown", serde_json::json!({}))
+            .unwrap();
+        self.console.wait_for_marker("poweroff", timeout).unwrap();
+        self.wait_exit(timeout)
+            .expect("QEMU exits after the guest powers off")
     }
 
     /// Waits until QEMU exits, up to `timeout`; returns its status, or None when still running.

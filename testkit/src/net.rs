@@ -1,193 +1,17 @@
-//! Throwaway network namespaces for the net tests: a "node" netns and a "pod" netns joined by a
-//! veth that is `eth0` in the pod, plus a "vm" netns whose veth plays the guest NIC. Names carry
-//! the pid and a counter; every namespace and child process is removed in Drop.
-#![allow(dead_code)]
+//! qlauncher's pod network code run inside a test namespace: discover, plan and apply
+//! ([`setup`]), reapply, tear down, and the DHCP servers ([`Servers`]); a DHCP client on the
+//! guest NIC stand-in ([`udhcpc`], [`ClientDir`]); TCP probes across namespaces.
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::process::Output;
+use std::sync::Arc;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
+use qlauncher::net::dhcp::{self, DhcpStats};
+use qlauncher::net::{self, Applied, NetConfig, NetError, NetPlan};
 
-/// A unique suffix: `<pid>-<counter>`.
-pub fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
-}
+use crate::netns::Netns;
 
-/// A named network namespace, deleted on drop.
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    pub fn new(role: &str) -> Netns {
-        let name = format!("qln-{role}-{}", unique());
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    pub fn path(&self) -> PathBuf {
-        PathBuf::from(format!("/run/netns/{}", self.name))
-    }
-
-    /// `ip -n <ns> <args>`, panicking with stderr on failure.
-    pub fn ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.name];
-        v.extend_from_slice(args);
-        run(&v)
-    }
-
-    /// Runs a command inside the namespace and returns its output (no status check).
-    pub fn exec(&self, args: &[&str]) -> Output {
-        Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .output()
-            .expect("run ip netns exec")
-    }
-
-    /// Runs a command inside the namespace, panicking on failure, returning stdout.
-    pub fn sh(&self, args: &[&str]) -> String {
-        let o = self.exec(args);
-        assert!(
-            o.status.success(),
-            "{args:?} in {}: {}",
-            self.name,
-            String::from_utf8_lossy(&o.stderr)
-        );
-        String::from_utf8_lossy(&o.stdout).into_owned()
-    }
-
-    /// Spawns a command inside the namespace; it is killed on drop of the guard.
-    pub fn spawn(&self, args: &[&str]) -> ChildGuard {
-        let child = Command::new("ip")
-            .args(["netns", "exec", &self.name])
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn in netns");
-        ChildGuard(Some(child))
-    }
-
-    pub fn nft_ruleset(&self) -> String {
-        self.sh(&["nft", "-s", "list", "ruleset"])
-    }
-
-    pub fn sysctl(&self, key: &str) -> String {
-        self.sh(&["sysctl", "-n", key]).trim().to_string()
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
-/// A child process killed and reaped on drop.
-pub struct ChildGuard(pub Option<Child>);
-
-impl ChildGuard {
-    /// Waits for the child to exit and returns its output.
-    pub fn wait(mut self) -> Output {
-        self.0
-            .take()
-            .expect("child")
-            .wait_with_output()
-            .expect("wait")
-    }
-}
-
-impl Drop for ChildGuard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-pub fn run(args: &[&str]) -> String {
-    let o = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run command");
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-pub const POD_MAC: &str = "0a:58:0a:f4:00:05";
-pub const POD_MAC_BYTES: [u8; 6] = [0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x05];
-
-/// A node netns and a pod netns joined by a veth (`eth0` in the pod, MAC [`POD_MAC`], MTU 1450,
-/// 10.244.0.5/24 and fd00:10:244::5/64 when `ipv6`, default routes via the node's .1 / ::1).
-pub struct PodNet {
-    pub node: Netns,
-    pub pod: Netns,
-}
-
-impl PodNet {
-    pub fn new(ipv6: bool) -> PodNet {
-        let node = Netns::new("node");
-        let pod = Netns::new("pod");
-        node.ip(&[
-            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
-        ]);
-        node.ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
-        node.ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
-        pod.ip(&[
-            "link", "set", "eth0", "address", POD_MAC, "mtu", "1450", "up",
-        ]);
-        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
-        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
-        pod.ip(&["route", "add", "10.96.0.0/12", "via", "10.244.0.1"]);
-        if ipv6 {
-            node.ip(&["addr", "add", "fd00:10:244::1/64", "dev", "vpod", "nodad"]);
-            pod.ip(&["addr", "add", "fd00:10:244::5/64", "dev", "eth0", "nodad"]);
-            pod.ip(&["-6", "route", "add", "default", "via", "fd00:10:244::1"]);
-        }
-        PodNet { node, pod }
-    }
-
-    /// A "vm" netns with a veth `vmnic` (MAC `mac`) whose peer `vmport<n>` is a port of `bridge` in
-    /// the pod netns.
-    pub fn attach_vm(&self, bridge: &str, mac: &str) -> Netns {
-        let vm = Netns::new("vm");
-        let port = format!("vmport{}", COUNTER.fetch_add(1, Ordering::Relaxed));
-        vm.ip(&[
-            "link",
-            "add",
-            "vmnic",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &port,
-            "netns",
-            &self.pod.name,
-        ]);
-        vm.sh(&["sysctl", "-qw", "net.ipv6.conf.vmnic.accept_dad=0"]);
-        vm.ip(&["link", "set", "vmnic", "address", mac, "mtu", "1450", "up"]);
-        self.pod
-            .ip(&["link", "set", &port, "mtu", "1450", "master", bridge, "up"]);
-        vm
-    }
-}
-
-/// A resolv.conf fixture as a Kubernetes pod has it.
+/// A dual-stack pod's resolv.conf as the kubelet writes it.
 pub const RESOLV_CONF: &str = "search default.svc.cluster.local svc.cluster.local cluster.local\n\
 nameserver 10.96.0.10\nnameserver fd00:10:96::a\noptions ndots:5\n";
 
@@ -197,8 +21,6 @@ pub fn resolv_conf() -> tempfile::NamedTempFile {
     std::fs::write(f.path(), RESOLV_CONF).expect("write resolv.conf");
     f
 }
-
-use qlauncher::net::{self, Applied, NetConfig, NetError, NetPlan};
 
 /// Discovers the pod, plans and applies `cfg` inside `pod` (on a thread in that netns).
 pub fn setup(
@@ -232,19 +54,20 @@ pub fn teardown(pod: &Netns, plan: &NetPlan, applied: &Applied) -> Result<Vec<St
     })?
 }
 
-use qlauncher::net::dhcp::{self, DhcpStats};
-use std::sync::Arc;
-
 /// DHCP servers (v4, and v6 when planned) running on a thread inside the pod netns; stopped
 /// and joined on drop.
 pub struct Servers {
     stop: Option<tokio::sync::watch::Sender<bool>>,
     thread: Option<std::thread::JoinHandle<()>>,
+    /// The DHCPv4 server's counters.
     pub stats_v4: Arc<DhcpStats>,
+    /// The DHCPv6 server's counters.
     pub stats_v6: Arc<DhcpStats>,
 }
 
 impl Servers {
+    /// Binds and serves `plan`'s DHCPv4 (required), DHCPv6 and router advertisement inside `pod`;
+    /// returns once the sockets are bound. Panics when binding fails.
     pub fn start(pod: &Netns, plan: &NetPlan) -> Servers {
         let v4cfg = plan.dhcp_v4.clone().expect("plan has DHCPv4");
         let v6cfg = plan.dhcp_v6.clone();
@@ -347,16 +170,25 @@ pub fn udhcpc(vm: &Netns, script: &std::path::Path, tries: u32, options: &[&str]
 
 /// A temporary directory holding client scripts and their output.
 pub struct ClientDir {
+    /// The directory.
     pub dir: tempfile::TempDir,
 }
 
+impl Default for ClientDir {
+    fn default() -> Self {
+        ClientDir::new()
+    }
+}
+
 impl ClientDir {
+    /// A fresh temporary directory.
     pub fn new() -> ClientDir {
         ClientDir {
             dir: tempfile::tempdir().expect("temp dir"),
         }
     }
 
+    /// `<dir>/<name>`.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
@@ -415,6 +247,19 @@ pub fn send_from(ns: &Netns, addr: &str, msg: &'static str) -> std::io::Result<(
         s.write_all(msg.as_bytes())
     })
     .expect("netns")
+}
+
+/// One TCP connection from `from` to `addr` (a listener bound in `server` first), carrying `msg`:
+/// returns the peer address the server saw and what it received.
+pub fn tcp_once(
+    server: &Netns,
+    from: &Netns,
+    addr: &str,
+    msg: &'static str,
+) -> (std::net::SocketAddr, String) {
+    let l = listen(server, addr);
+    send_from(from, addr, msg).unwrap();
+    accept_one(&l)
 }
 
 /// Accepts one connection (5 s timeout) and returns the peer address and what it sent.

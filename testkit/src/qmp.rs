@@ -1,31 +1,24 @@
-//! Shared helpers of the qmp tests: a QEMU launched through `qmp::launch` with a QMP listener
-//! handed over as an fd, in a private temp dir, killed and reaped on drop.
-#![allow(dead_code)]
+//! The qmp tests' QEMU: launched through [`crate::qemu_launch`] with a QMP listener handed over
+//! as an fd, in a private temp dir, killed and reaped on drop; block-node queries.
 
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use qlauncher::qmp::{bind_qmp_listener, launch, InheritFd, LaunchSpec, QemuProcess, QmpClient};
+use qlauncher::qmp::QmpClient;
 use serde_json::Value;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-/// A name unique to this process and call (`<prefix><pid><n>`), at most 15 bytes when the prefix
-/// is at most 4 bytes (fits a tap name).
-pub fn unique(prefix: &str) -> String {
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    format!("{prefix}{}x{n}", std::process::id() % 100_000)
-}
+pub use crate::names::short as unique;
+use crate::qemu_launch::{
+    bind_qmp_listener, launch, InheritFd, LaunchError, LaunchSpec, QemuProcess,
+};
 
 /// The QMP monitor fd number QEMU gets.
 pub const MONITOR_FD: i32 = 3;
 
-/// Machine arguments for a hotplug-capable q35 without a guest: four root ports, virtio-scsi
-/// with an empty cdrom.
-pub fn q35_args() -> Vec<String> {
-    let mut a: Vec<String> = [
+/// A paused q35 under TCG with 128 MiB, no default devices and no display.
+pub fn machine_args() -> Vec<String> {
+    [
         "-machine",
         "q35",
         "-accel",
@@ -37,11 +30,17 @@ pub fn q35_args() -> Vec<String> {
         "-display",
         "none",
         "-S",
-        "-no-shutdown",
     ]
     .iter()
     .map(|s| s.to_string())
-    .collect();
+    .collect()
+}
+
+/// Machine arguments for a hotplug-capable q35 without a guest ([`machine_args`] and
+/// `-no-shutdown`): four root ports, virtio-scsi with an empty cdrom.
+pub fn q35_args() -> Vec<String> {
+    let mut a = machine_args();
+    a.push("-no-shutdown".into());
     for (i, func) in (1..=4).zip(0..) {
         let mf = if func == 0 { ",multifunction=on" } else { "" };
         a.push("-device".into());
@@ -61,18 +60,53 @@ pub fn q35_args() -> Vec<String> {
     a
 }
 
+/// The QMP monitor on the inherited listener [`MONITOR_FD`] (libvirt's `charmonitor`).
+pub fn monitor_args() -> Vec<String> {
+    vec![
+        "-chardev".to_string(),
+        format!("socket,id=charmonitor,fd={MONITOR_FD},server=on,wait=off"),
+        "-mon".to_string(),
+        "chardev=charmonitor,id=monitor,mode=control".to_string(),
+    ]
+}
+
+/// The launch of `/usr/bin/qemu-system-x86_64 ARGV` (which must hold [`monitor_args`]) with its
+/// QMP listener bound at `<dir>/monitor.sock` and inherited as [`MONITOR_FD`], its log at
+/// `<dir>/qemu.log`, `PATH` only, started (`cont`), 20 s to greet.
+pub fn launch_spec(argv: Vec<String>, dir: &Path) -> LaunchSpec {
+    let sock = dir.join("monitor.sock");
+    let listener = bind_qmp_listener(&sock).expect("bind QMP listener");
+    LaunchSpec {
+        qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
+        argv,
+        fds: vec![InheritFd {
+            fd: OwnedFd::from(listener),
+            target: MONITOR_FD,
+        }],
+        qmp_socket: sock,
+        user: None,
+        log: dir.join("qemu.log"),
+        env: vec![("PATH".into(), "/usr/bin:/bin".into())],
+        pre_start: vec![],
+        start: true,
+        timeout: Duration::from_secs(20),
+        pid_file: None,
+    }
+}
+
 /// A QEMU under test. Dropping it kills QEMU and removes its directory.
 pub struct TestVm {
+    /// The QEMU process (taken on drop).
     pub proc: Option<QemuProcess>,
+    /// Its private directory (QMP socket, log, images a test puts there).
     pub dir: tempfile::TempDir,
+    /// QEMU's pid.
     pub pid: i32,
 }
 
 impl TestVm {
     /// Launches QEMU with `args` plus the QMP monitor on an inherited listener.
-    pub async fn launch(
-        args: Vec<String>,
-    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+    pub async fn launch(args: Vec<String>) -> Result<TestVm, (LaunchError, tempfile::TempDir)> {
         Self::launch_with(args, |_| {}).await
     }
 
@@ -80,35 +114,13 @@ impl TestVm {
     pub async fn launch_with(
         mut args: Vec<String>,
         adjust: impl FnOnce(&mut LaunchSpec),
-    ) -> Result<TestVm, (qlauncher::qmp::QmpError, tempfile::TempDir)> {
+    ) -> Result<TestVm, (LaunchError, tempfile::TempDir)> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("qmp-test-{}-", std::process::id()))
             .tempdir()
             .expect("temp dir");
-        let sock = dir.path().join("monitor.sock");
-        let listener = bind_qmp_listener(&sock).expect("bind QMP listener");
-        args.extend([
-            "-chardev".to_string(),
-            format!("socket,id=charmonitor,fd={MONITOR_FD},server=on,wait=off"),
-            "-mon".to_string(),
-            "chardev=charmonitor,id=monitor,mode=control".to_string(),
-        ]);
-        let mut spec = LaunchSpec {
-            qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-            argv: args,
-            fds: vec![InheritFd {
-                fd: OwnedFd::from(listener),
-                target: MONITOR_FD,
-            }],
-            qmp_socket: sock,
-            user: None,
-            log: dir.path().join("qemu.log"),
-            env: vec![("PATH".into(), "/usr/bin:/bin".into())],
-            pre_start: vec![],
-            start: true,
-            timeout: Duration::from_secs(20),
-            pid_file: None,
-        };
+        args.extend(monitor_args());
+        let mut spec = launch_spec(args, dir.path());
         adjust(&mut spec);
         match launch(spec).await {
             Ok(p) => Ok(TestVm {
@@ -120,14 +132,17 @@ impl TestVm {
         }
     }
 
+    /// The connected QMP client.
     pub fn client(&self) -> &QmpClient {
         self.proc.as_ref().expect("running").client()
     }
 
+    /// The running QEMU.
     pub fn proc(&mut self) -> &mut QemuProcess {
         self.proc.as_mut().expect("running")
     }
 
+    /// `<dir>/<name>`.
     pub fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
