@@ -5,8 +5,6 @@
 //! NBD to a same-size overlay on the target, the switchover happens at `pre-switchover`, and the
 //! target runs the VM with the data written on the source.
 
-mod qmp_support;
-
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -16,8 +14,8 @@ use qlauncher::sync::migration::protocol::{CopiedDisk, RunningDomain};
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::{MigrationError, MigrationOptions};
-use qmp_support::{q35_args, TestVm};
 use serde_json::json;
+use testkit::qmp::{q35_args, TestVm};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
