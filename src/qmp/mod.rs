@@ -9,12 +9,14 @@
 //! - [`commands`]: typed QMP commands and replies, run with [`QmpClient::run`].
 //! - [`lifecycle`]: lifecycle commands and the pure event -> KubeVirt domain state mapping.
 //! - [`hotplug`]: disk, cdrom and NIC hotplug in the order libvirt issues the commands.
+//! - [`migration`]: typed commands of a live migration (capabilities, NBD, mirrors).
 //! - [`tap`]: opening an existing tap device by name (`TUNSETIFF`) for NIC hotplug.
 
 pub mod client;
 pub mod commands;
 pub mod hotplug;
 pub mod lifecycle;
+pub mod migration;
 pub mod tap;
 
 pub use client::{Event, EventStream, QmpClient};

@@ -48,6 +48,7 @@ impl ApiDomain {
                         uid: vmi_uid.to_owned(),
                         grace_period: None,
                         memory_dump: None,
+                        migration: None,
                     },
                 },
                 ..ApiDomainSpec::default()
@@ -152,6 +153,10 @@ pub struct KubeVirtMetadata {
         skip_serializing_if = "Option::is_none"
     )]
     pub memory_dump: Option<crate::sync::cmdapi::memory_dump::MemoryDumpMetadata>,
+    /// The migration record, once a migration of this domain was accepted
+    /// (`spec.metadata.kubevirt.migration`, [`crate::sync::migration::metadata`]).
+    #[serde(rename = "Migration", default, skip_serializing_if = "Option::is_none")]
+    pub migration: Option<crate::sync::migration::metadata::MigrationMetadata>,
 }
 
 /// `api.GracePeriodMetadata`.

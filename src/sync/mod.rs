@@ -27,6 +27,7 @@ pub mod config;
 pub mod domain;
 pub mod facts;
 pub mod guest;
+pub mod migration;
 pub mod privileges;
 pub mod reconcile;
 pub mod recover;

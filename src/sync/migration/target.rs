@@ -1,0 +1,348 @@
+//! The target launcher's half of a migration, on the QMP and control-channel level: accept the
+//! source's hello and definition, prepare the incoming QEMU (capabilities, parameters, NBD
+//! exports, `migrate-incoming`), answer ready, and finish: wait until the incoming side
+//! completed, stop the NBD server and `cont` unless the VMI was paused.
+//!
+//! The order follows libvirt's Prepare and Finish phases (`qemuMigrationDstPrepare`,
+//! `qemuMigrationDstFinish` in `src/qemu/qemu_migration.c`), which KubeVirt's target launcher
+//! relies on (`live-migration-target.go`, v1.9.0). Starting the QEMU process itself (with
+//! `-S -incoming defer`, from [`RunningDomain::argv`]) is the caller's: it owns the process.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::qmp::migration::{
+    BlockExportAddNbd, Capability, MigrateIncoming, MigrateSetCapabilities, MigrateSetParameters,
+    NbdServerStart, NbdServerStop, QueryMigrate, SocketAddressLegacy,
+};
+use crate::qmp::QmpClient;
+use crate::sync::migration::protocol::{
+    hello_as_target, read_message, write_message, Message, ProtocolError, Ready, RunningDomain,
+};
+use crate::sync::migration::MigrationError;
+
+/// Where the target's QEMU listens: the migration proxy's stream and NBD sockets in this pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetSockets {
+    /// The QEMU migration stream (`<uid>-49152-source.sock`).
+    pub stream: PathBuf,
+    /// The NBD server for copied disks (`<uid>-49153-source.sock`).
+    pub nbd: PathBuf,
+}
+
+/// How the target's part ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TargetEnd {
+    /// The domain runs here (or stays paused for a user-paused VMI).
+    Completed {
+        /// The domain was left paused.
+        paused: bool,
+    },
+    /// The source reported a failure or an abort; the caller stops its QEMU.
+    Failed {
+        /// The source's reason.
+        reason: String,
+    },
+}
+
+/// How long the target waits for the incoming side to report `completed` after the source did.
+pub const INCOMING_COMPLETION_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// One incoming migration on an accepted control connection.
+pub struct TargetSession<S> {
+    control: S,
+    /// The source's running-domain definition.
+    pub domain: RunningDomain,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
+    /// Runs the hello (refusing another protocol version) and reads the source's definition.
+    /// Errors: [`MigrationError::Protocol`]; a definition for another VMI is refused with
+    /// [`MigrationError::Peer`] after telling the source.
+    pub async fn accept(mut control: S, vmi_uid: &str) -> Result<TargetSession<S>, MigrationError> {
+        hello_as_target(&mut control).await?;
+        let domain = match read_message(&mut control).await? {
+            Message::Prepare(d) => *d,
+            Message::Abort => return Err(MigrationError::Aborted),
+            other => {
+                return Err(ProtocolError::Unexpected {
+                    expected: "Prepare",
+                    got: other.kind(),
+                }
+                .into())
+            }
+        };
+        if domain.vmi_uid != vmi_uid {
+            let reason = format!(
+                "the target pod is prepared for VMI {vmi_uid}, the source sent VMI {}",
+                domain.vmi_uid
+            );
+            let _ = write_message(
+                &mut control,
+                &Message::Failed {
+                    reason: reason.clone(),
+                },
+            )
+            .await;
+            return Err(MigrationError::Peer(reason));
+        }
+        Ok(TargetSession { control, domain })
+    }
+
+    /// Tells the source that preparing failed (QEMU did not start, an image is missing).
+    pub async fn fail(&mut self, reason: &str) {
+        let _ = write_message(
+            &mut self.control,
+            &Message::Failed {
+                reason: reason.to_owned(),
+            },
+        )
+        .await;
+    }
+
+    /// Prepares the incoming QEMU `qmp` (started `-S -incoming defer` from the definition):
+    /// capabilities (`events`, `return-path`, `late-block-activate` and the source's),
+    /// `multifd-channels`, the NBD server with one writable export per copied disk, then
+    /// `migrate-incoming unix:<stream>`; answers Ready.
+    pub async fn incoming(
+        &mut self,
+        qmp: &QmpClient,
+        sockets: &TargetSockets,
+    ) -> Result<(), MigrationError> {
+        let result = self.prepare_incoming(qmp, sockets).await;
+        match result {
+            Ok(ready) => {
+                write_message(&mut self.control, &Message::Ready(ready)).await?;
+                Ok(())
+            }
+            Err(e) => {
+                self.fail(&e.to_string()).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn prepare_incoming(
+        &self,
+        qmp: &QmpClient,
+        sockets: &TargetSockets,
+    ) -> Result<Ready, MigrationError> {
+        let mut caps = vec![
+            Capability::Events,
+            Capability::ReturnPath,
+            Capability::LateBlockActivate,
+        ];
+        for c in &self.domain.capabilities {
+            let c = target_capability(c).ok_or_else(|| {
+                MigrationError::Peer(format!("the source asks for unknown capability {c:?}"))
+            })?;
+            if !caps.contains(&c) {
+                caps.push(c);
+            }
+        }
+        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
+        if let Some(n) = self.domain.multifd_channels {
+            qmp.run(&MigrateSetParameters {
+                multifd_channels: Some(n),
+                ..Default::default()
+            })
+            .await?;
+        }
+        let mut exports = Vec::new();
+        if !self.domain.copied_disks.is_empty() {
+            let _ = std::fs::remove_file(&sockets.nbd);
+            qmp.run(&NbdServerStart {
+                addr: SocketAddressLegacy::Unix {
+                    path: sockets.nbd.display().to_string(),
+                },
+            })
+            .await?;
+            for d in &self.domain.copied_disks {
+                qmp.run(&BlockExportAddNbd::writable(&d.node, &d.export))
+                    .await?;
+                exports.push(d.export.clone());
+            }
+        }
+        let _ = std::fs::remove_file(&sockets.stream);
+        qmp.run(&MigrateIncoming {
+            uri: format!("unix:{}", sockets.stream.display()),
+        })
+        .await?;
+        Ok(Ready {
+            nbd_exports: exports,
+        })
+    }
+
+    /// Waits for the source's outcome. On success: waits until the incoming side reports
+    /// `completed` (within [`INCOMING_COMPLETION_TIMEOUT`]), stops the NBD server, `cont`s unless
+    /// the definition says paused, and answers Done. On failure or abort: answers Done and
+    /// returns [`TargetEnd::Failed`] (the caller stops QEMU).
+    pub async fn finish(&mut self, qmp: &QmpClient) -> Result<TargetEnd, MigrationError> {
+        let end = match read_message(&mut self.control).await? {
+            Message::Outcome(o) if o.completed => {
+                wait_incoming_completed(qmp).await?;
+                if !self.domain.copied_disks.is_empty() {
+                    qmp.run(&NbdServerStop).await?;
+                }
+                if !self.domain.paused {
+                    crate::qmp::lifecycle::resume(qmp).await?;
+                }
+                TargetEnd::Completed {
+                    paused: self.domain.paused,
+                }
+            }
+            Message::Outcome(o) => TargetEnd::Failed {
+                reason: o
+                    .reason
+                    .unwrap_or_else(|| "the source's migration failed".into()),
+            },
+            Message::Abort => TargetEnd::Failed {
+                reason: super::metadata::ABORTED_REASON.into(),
+            },
+            Message::Failed { reason } => TargetEnd::Failed { reason },
+            other => {
+                return Err(ProtocolError::Unexpected {
+                    expected: "Outcome",
+                    got: other.kind(),
+                }
+                .into())
+            }
+        };
+        let _ = write_message(&mut self.control, &Message::Done).await;
+        Ok(end)
+    }
+}
+
+/// The capabilities the source may ask the target to mirror.
+fn target_capability(name: &str) -> Option<Capability> {
+    serde_json::from_value::<Capability>(serde_json::Value::String(name.to_owned()))
+        .ok()
+        .filter(|c| matches!(c, Capability::Multifd | Capability::PostcopyRam))
+}
+
+async fn wait_incoming_completed(qmp: &QmpClient) -> Result<(), MigrationError> {
+    let t0 = Instant::now();
+    loop {
+        let info = qmp.run(&QueryMigrate).await?;
+        match info.status.as_deref() {
+            Some("completed") => return Ok(()),
+            Some("failed") | Some("cancelled") => {
+                return Err(MigrationError::Qemu(
+                    info.error_desc
+                        .unwrap_or_else(|| "the incoming migration failed".into()),
+                ))
+            }
+            _ => {}
+        }
+        if t0.elapsed() > INCOMING_COMPLETION_TIMEOUT {
+            return Err(MigrationError::Timeout(format!(
+                "the incoming migration did not complete within {INCOMING_COMPLETION_TIMEOUT:?} \
+                 after the source's"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// QEMU's argv for the incoming side: the target's own conversion of the VMI (`local`, trusted:
+/// the target never runs argv words it received), with the machine type replaced by the
+/// source's resolved one and `-incoming defer` appended (`local` already holds `-S`).
+///
+/// When the source sent its argv, it must equal `local` word for word apart from the machine
+/// type: a different device model (another qlauncher version rendering differently, or a VMI
+/// spec changed since the source started) cannot take the source's device state, so the
+/// migration is refused naming the first difference.
+pub fn incoming_argv(
+    local: &[String],
+    domain: &RunningDomain,
+) -> Result<Vec<String>, MigrationError> {
+    let valid_machine = !domain.machine.is_empty()
+        && domain
+            .machine
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_');
+    if !valid_machine {
+        return Err(MigrationError::Peer(format!(
+            "invalid machine type {:?} in the source's definition",
+            domain.machine
+        )));
+    }
+    let with_machine = |argv: &[String]| -> Vec<String> {
+        let mut out = argv.to_vec();
+        for i in 1..out.len() {
+            if out[i - 1] == "-machine" {
+                let rest = out[i].find(',').map_or("", |p| &out[i][p..]).to_owned();
+                out[i] = format!("{}{rest}", domain.machine);
+            }
+        }
+        out
+    };
+    let mut argv = with_machine(local);
+    if argv.iter().any(|w| w == "-incoming") {
+        return Err(MigrationError::Peer(
+            "the local argv already has -incoming".into(),
+        ));
+    }
+    if !domain.argv.is_empty() {
+        let theirs = with_machine(&domain.argv);
+        if let Some(i) = (0..argv.len().max(theirs.len())).find(|&i| argv.get(i) != theirs.get(i)) {
+            return Err(MigrationError::Peer(format!(
+                "the target's QEMU definition differs from the source's at word {i}: target {:?}, \
+                 source {:?}",
+                argv.get(i),
+                theirs.get(i)
+            )));
+        }
+    }
+    argv.extend(["-incoming".to_owned(), "defer".to_owned()]);
+    Ok(argv)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split(' ').map(str::to_owned).collect()
+    }
+
+    fn domain(machine: &str, argv: &str) -> RunningDomain {
+        RunningDomain {
+            vmi_uid: "u".into(),
+            migration_uid: "m".into(),
+            machine: machine.into(),
+            argv: if argv.is_empty() { vec![] } else { words(argv) },
+            hotplugged: vec![],
+            copied_disks: vec![],
+            capabilities: vec![],
+            multifd_channels: None,
+            paused: false,
+        }
+    }
+
+    #[test]
+    fn the_machine_is_the_sources_and_incoming_is_deferred() {
+        let local = words("-name guest=x -S -machine q35,usb=off -m 128");
+        let argv = incoming_argv(&local, &domain("pc-q35-7.2", "")).unwrap();
+        assert_eq!(
+            argv,
+            words("-name guest=x -S -machine pc-q35-7.2,usb=off -m 128 -incoming defer")
+        );
+        // The source's argv (alias or resolved) matching ours is accepted.
+        let same = domain("pc-q35-7.2", "-name guest=x -S -machine q35,usb=off -m 128");
+        assert!(incoming_argv(&local, &same).is_ok());
+    }
+
+    #[test]
+    fn a_different_device_model_or_a_bad_machine_is_refused() {
+        let local = words("-name guest=x -S -machine q35,usb=off -m 128");
+        let other = domain("pc-q35-7.2", "-name guest=x -S -machine q35,usb=off -m 256");
+        let e = incoming_argv(&local, &other).unwrap_err().to_string();
+        assert!(e.contains("word 6") && e.contains("\"256\""), "{e}");
+        for bad in ["", "q35,accel=kvm", "pc q35", "x;y"] {
+            assert!(incoming_argv(&local, &domain(bad, "")).is_err(), "{bad:?}");
+        }
+    }
+}
