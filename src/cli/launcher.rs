@@ -116,11 +116,12 @@ async fn run_sync(
     stop: watch::Receiver<bool>,
 ) -> Result<(), MonitorError> {
     let sync_config = sync_config(config);
+    // virt-handler creates the notify pipe only after its first call on `launcher-sock`, so the
+    // notifier is always started: it dials when it sends and keeps the latest domain state until
+    // the pipe appears (KubeVirt's notify-client).
     let notify_socket = notify_socket_in_share_dir(&config.kubevirt_share_dir);
-    let notifier = notify_socket
-        .exists()
-        .then(|| Notifier::start(notify_socket, NotifyTiming::KUBEVIRT));
-    let manager = Arc::new(SyncVmi::new(sync_config, notifier));
+    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
+    let manager = Arc::new(SyncVmi::new(sync_config, Some(notifier.clone())));
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = CmdServer::start(
         manager.clone(),
@@ -152,7 +153,13 @@ async fn run_sync(
             reason: format!("standalone VMI sync failed: {reason}"),
         }),
     };
-    manager.final_notify(Duration::from_secs(10)).await;
+    // Without virt-handler's pipe (`qlauncher run`) nobody awaits the final notification.
+    let final_wait = if notifier.socket_present() {
+        Duration::from_secs(10)
+    } else {
+        Duration::ZERO
+    };
+    manager.final_notify(final_wait).await;
     let _ = server_stop_tx.send(());
     let _ = server.wait().await;
     result
