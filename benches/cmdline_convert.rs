@@ -5,11 +5,11 @@
 use std::path::Path;
 
 use criterion::{criterion_group, criterion_main, Criterion};
-use qlauncher::cmdline::context::{IfaceFacts, TapSource};
-use qlauncher::cmdline::{convert, render, ConverterContext};
-use qlauncher::vmi::Vmi;
+use qlauncher::cmdline::{convert, render, ConverterContext, FactsFile};
+use qlauncher::vmi::{DefaultsConfig, Vmi};
 
-fn fixtures() -> Vec<(String, Vmi)> {
+/// Every fixture VMI, defaulted as virt-api would, with the context its `NAME.facts.json` gives.
+fn fixtures() -> Vec<(String, Vmi, ConverterContext)> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/cmdline");
     let mut paths: Vec<_> = std::fs::read_dir(dir)
         .expect("fixture dir")
@@ -21,51 +21,21 @@ fn fixtures() -> Vec<(String, Vmi)> {
         .into_iter()
         .filter_map(|p| {
             let name = p.file_stem()?.to_string_lossy().to_string();
-            let vmi = Vmi::from_json_or_yaml(&std::fs::read_to_string(&p).ok()?).ok()?;
-            Some((name, vmi))
+            let mut vmi = Vmi::from_json_or_yaml(&std::fs::read_to_string(&p).ok()?).ok()?;
+            vmi.apply_defaults(&DefaultsConfig::for_manifest(&vmi, &name));
+            let facts = match std::fs::read_to_string(p.with_extension("facts.json")) {
+                Ok(text) => FactsFile::from_json(&text).ok()?,
+                Err(_) => FactsFile::default(),
+            };
+            let ctx = facts.context(&vmi);
+            Some((name, vmi, ctx))
         })
         .collect()
 }
 
-fn context(vmi: &Vmi) -> ConverterContext {
-    let mut ctx = ConverterContext::default();
-    let queues = if vmi.spec.domain.devices.network_interface_multi_queue == Some(true) {
-        qlauncher::cmdline::devices::vcpus(vmi).unwrap_or(1) as i32
-    } else {
-        1
-    };
-    for (i, iface) in vmi
-        .spec
-        .domain
-        .devices
-        .interfaces
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .enumerate()
-    {
-        let virtio = matches!(iface.model.as_deref(), None | Some("virtio"));
-        let n = if virtio { queues } else { 1 };
-        let base = 10 + 10 * i as i32;
-        ctx.interfaces.insert(
-            iface.name.clone(),
-            IfaceFacts {
-                mac: None,
-                mtu: Some(1500),
-                tap: TapSource::Fds {
-                    fds: (base..base + n).collect(),
-                    vhostfds: vec![],
-                },
-            },
-        );
-    }
-    ctx
-}
-
 fn bench(c: &mut Criterion) {
     let mut group = c.benchmark_group("convert+render");
-    for (name, vmi) in fixtures() {
-        let ctx = context(&vmi);
+    for (name, vmi, ctx) in fixtures() {
         if convert(&vmi, &ctx).is_err() {
             continue;
         }

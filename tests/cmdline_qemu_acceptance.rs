@@ -199,7 +199,7 @@ fn ids(v: &Value, key: &str, out: &mut BTreeSet<String>) {
     }
 }
 
-fn accept(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &cmdline_support::Facts) {
+fn accept(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::FactsFile) {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let tmp = tempfile::Builder::new().prefix("qlc").tempdir().unwrap();
     let root = tmp.path();
@@ -312,7 +312,7 @@ fn qemu_starts_every_fixture_paused_with_every_planned_device() {
 /// Starts QEMU without the plan's hot-pluggable disks and NICs, then adds each one with the QMP
 /// plan's own argument objects (`blockdev-add` bottom first + `device_add`; `netdev_add` +
 /// `device_add`; QEMU opens the tap by name here, so no `getfd`), and checks QEMU shows them.
-fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &cmdline_support::Facts) -> usize {
+fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::FactsFile) -> usize {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let tmp = tempfile::Builder::new().prefix("qlh").tempdir().unwrap();
     let root = tmp.path();

@@ -13,7 +13,7 @@ fn every_fixture_matches_its_snapshot() {
     let fixtures = cmdline_support::fixtures();
     assert!(fixtures.len() >= 40, "only {} fixtures", fixtures.len());
     for (name, vmi, facts) in fixtures {
-        let ctx = cmdline_support::snapshot_context(&vmi, &facts);
+        let ctx = facts.context(&vmi);
         let value = match convert(&vmi, &ctx) {
             Ok(plan) => {
                 assert!(!facts.rejected, "{name}: expected a rejection");
@@ -47,7 +47,7 @@ fn every_fixture_matches_its_snapshot() {
 #[test]
 fn converting_twice_gives_the_same_plan() {
     for (name, vmi, facts) in cmdline_support::fixtures() {
-        let ctx = cmdline_support::snapshot_context(&vmi, &facts);
+        let ctx = facts.context(&vmi);
         assert_eq!(convert(&vmi, &ctx), convert(&vmi, &ctx), "{name}");
     }
 }

@@ -9,8 +9,9 @@
 use std::path::PathBuf;
 
 use anyhow::Context;
-use qlauncher::cmdline::context::{IfaceFacts, QemuVersion, TapSource};
-use qlauncher::cmdline::{convert, devices, render, ConverterContext};
+use qlauncher::cmdline::context::{MonitorSocket, QemuVersion};
+use qlauncher::cmdline::facts_file::{FactsFile, FdLayout};
+use qlauncher::cmdline::{convert, render};
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 
 /// Output formats.
@@ -78,44 +79,20 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         anyhow::bail!("invalid VMI:\n  {}", list.join("\n  "));
     }
-    let mut ctx = ConverterContext::default();
+    // Placeholder pod facts: tap fds 3, 4, ... (one per interface and queue), MTU 1500, QMP on
+    // the default socket path.
+    let facts = FactsFile {
+        tcg: args.tcg,
+        ..Default::default()
+    };
+    let layout = FdLayout {
+        monitor: MonitorSocket::default(),
+        first_tap_fd: 3,
+        first_vhost_fd: 3,
+    };
+    let mut ctx = facts.context_with(&vmi, &layout);
     if let Some(v) = &args.qemu_version {
         ctx.qemu = QemuVersion::parse(v).with_context(|| format!("bad QEMU version {v:?}"))?;
-    }
-    if args.tcg {
-        ctx.kvm = false;
-        ctx.allow_emulation = true;
-    }
-    let mut next_fd = 3;
-    let multiqueue = vmi.spec.domain.devices.network_interface_multi_queue == Some(true);
-    let queues = if multiqueue {
-        devices::vcpus(&vmi).map(|n| n.min(256)).unwrap_or(1) as usize
-    } else {
-        1
-    };
-    for iface in vmi
-        .spec
-        .domain
-        .devices
-        .interfaces
-        .as_deref()
-        .unwrap_or_default()
-    {
-        let virtio = matches!(iface.model.as_deref(), None | Some("") | Some("virtio"));
-        let n = if virtio { queues } else { 1 };
-        let fds: Vec<i32> = (next_fd..next_fd + n as i32).collect();
-        next_fd += n as i32;
-        ctx.interfaces.insert(
-            iface.name.clone(),
-            IfaceFacts {
-                mac: None,
-                mtu: Some(1500),
-                tap: TapSource::Fds {
-                    fds,
-                    vhostfds: vec![],
-                },
-            },
-        );
     }
     let plan = convert(&vmi, &ctx).context("cannot convert the VMI")?;
     match args.format {

@@ -16,38 +16,7 @@ use serde::{Deserialize, Serialize};
 use super::qcow2::{self, HeaderError};
 use super::{paths, StorageError};
 
-/// Image format, as QEMU's `format` driver names it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ImageFormat {
-    /// Raw bytes; the virtual size is the length.
-    #[default]
-    Raw,
-    /// qcow2 (version 2 or 3).
-    Qcow2,
-}
-
-impl ImageFormat {
-    /// QEMU's driver name: `"raw"` or `"qcow2"` (what `-F` / `backing-fmt` take).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImageFormat::Raw => "raw",
-            ImageFormat::Qcow2 => "qcow2",
-        }
-    }
-}
-
-/// Whether an image lives in a regular file or on a block device (libvirt `type='file'` vs
-/// `type='block'`, QEMU `file` vs `host_device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum StorageKind {
-    /// A regular file.
-    #[default]
-    File,
-    /// A block device node.
-    Block,
-}
+pub use crate::cmdline::context::{ImageFormat, StorageKind};
 
 /// The backing file recorded in a qcow2 image.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -36,8 +36,7 @@ use tokio::sync::{watch, Mutex};
 use tracing::{info, warn};
 
 use crate::cmdline::context::{
-    Backing, IfaceFacts, ImageFormat as CtxFormat, MonitorSocket, PathRoots, QemuVersion,
-    TapSource, VolumeFacts,
+    IfaceFacts, MonitorSocket, PathRoots, QemuVersion, StorageKind, TapSource, VolumeFacts,
 };
 use crate::cmdline::{convert, render, ConverterContext};
 use crate::monitor::grace::{DomainControl, Ending};
@@ -876,11 +875,8 @@ fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    backing: Backing::File,
-                    format: match base_facts.format {
-                        storage::ImageFormat::Raw => CtxFormat::Raw,
-                        storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
-                    },
+                    kind: StorageKind::File,
+                    format: base_facts.format,
                     virtual_size: Some(base_facts.virtual_size),
                     direct_io: false,
                     preallocated: false,
@@ -902,7 +898,7 @@ fn prepare_storage(
             facts.insert(
                 vol.name.clone(),
                 VolumeFacts {
-                    format: CtxFormat::Qcow2,
+                    format: storage::ImageFormat::Qcow2,
                     virtual_size: Some(size),
                     ..VolumeFacts::default()
                 },
@@ -1051,10 +1047,7 @@ fn add_hotplug_facts(vmi: &Vmi, ctx: &mut ConverterContext) -> Result<(), SyncEr
         ctx.volumes.insert(
             vol.name.clone(),
             VolumeFacts {
-                format: match facts.format {
-                    storage::ImageFormat::Raw => CtxFormat::Raw,
-                    storage::ImageFormat::Qcow2 => CtxFormat::Qcow2,
-                },
+                format: facts.format,
                 virtual_size: Some(facts.virtual_size),
                 ..VolumeFacts::default()
             },

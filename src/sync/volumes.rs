@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
-use crate::cmdline::context::{Backing, PathRoots, VolumeFacts};
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
 use crate::sync::SyncError;
 use crate::vmi::{Vmi, Volume};
@@ -70,7 +70,7 @@ pub fn prepare(
     if std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device()) {
         info!(volume = %vol.name, device = %device.display(), "block PVC");
         return Ok(Some(VolumeFacts {
-            backing: Backing::Block,
+            kind: StorageKind::Block,
             ..VolumeFacts::default()
         }));
     }

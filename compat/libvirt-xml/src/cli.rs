@@ -12,10 +12,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use qlauncher_core::cmdline::context::QemuVersion;
-use qlauncher_core::cmdline::{convert, render, ConverterContext, DomainPlan};
+use qlauncher_core::cmdline::{convert, render, ConverterContext, DomainPlan, FactsFile};
 use qlauncher_core::vmi::Vmi;
 
-use crate::context::{apply_webhook_defaults, context, Facts};
+use crate::context::{apply_webhook_defaults, context};
 use crate::libvirt::EmbedRoot;
 use crate::{argv, export, golden, harness, libvirt, to_xml};
 
@@ -70,10 +70,10 @@ pub fn load(c: &Common, installed: bool) -> anyhow::Result<(Vmi, ConverterContex
         }
     }
     let facts_path = facts_path(&c.file);
-    let mut facts: Facts = match facts_path.as_deref().filter(|p| p.exists()) {
-        Some(p) => serde_json::from_str(&std::fs::read_to_string(p)?)
+    let mut facts = match facts_path.as_deref().filter(|p| p.exists()) {
+        Some(p) => FactsFile::from_json(&std::fs::read_to_string(p)?)
             .with_context(|| format!("cannot read {}", p.display()))?,
-        None => Facts::default(),
+        None => FactsFile::default(),
     };
     if c.tcg {
         facts.tcg = true;

@@ -1006,7 +1006,7 @@ fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         None => ("block", None),
     };
     let backing_store = match top.map(|f| &f.backing) {
-        Some(qlauncher_core::cmdline::qemu::Backing::Node(node)) => {
+        Some(qlauncher_core::cmdline::qemu::BackingNode::Node(node)) => {
             let bf = format(node).ok_or_else(|| chain_err(node))?;
             let bs = storage(&bf.file).ok_or_else(|| chain_err(&bf.file))?;
             let (t, s) = source_of(bs);

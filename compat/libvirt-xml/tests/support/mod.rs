@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Once;
 
+use qlauncher_core::cmdline::FactsFile;
 use qlauncher_core::cmdline::{convert, ConverterContext, DomainPlan};
 use qlauncher_core::vmi::Vmi;
-use qlauncher_libvirt_xml::context::{apply_webhook_defaults, context, Facts};
+use qlauncher_libvirt_xml::context::{apply_webhook_defaults, context};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
@@ -38,11 +39,11 @@ pub fn load(
     let mut vmi = Vmi::from_json_or_yaml(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
     apply_webhook_defaults(&mut vmi, &name);
     let fp = yaml.with_file_name(format!("{name}.facts.json"));
-    let facts: Facts = if fp.exists() {
-        serde_json::from_str(&std::fs::read_to_string(&fp).unwrap())
+    let facts = if fp.exists() {
+        FactsFile::from_json(&std::fs::read_to_string(&fp).unwrap())
             .unwrap_or_else(|e| panic!("{name} facts: {e}"))
     } else {
-        Facts::default()
+        FactsFile::default()
     };
     if facts.rejected || needs_host_hardware(&vmi) {
         return None;

@@ -54,31 +54,50 @@ impl QemuVersion {
     }
 }
 
-/// Whether an image is a regular file or a block device (decides `file` vs `host_device`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Backing {
-    /// Regular file.
+/// Whether an image lives in a regular file or on a block device (libvirt `type='file'` vs
+/// `type='block'`, QEMU's `file` vs `host_device` protocol driver). `storage` probes it and
+/// re-exports this type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum StorageKind {
+    /// A regular file.
     #[default]
     File,
-    /// Block device.
+    /// A block device node.
     Block,
 }
 
-/// Image format as probed (`qemu-img info` equivalent done natively by `storage`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+/// Image format, as QEMU's `format` driver names it; `storage` probes it natively (the
+/// `qemu-img info` equivalent) and re-exports this type.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum ImageFormat {
-    /// Raw.
+    /// Raw bytes; the virtual size is the length.
     #[default]
     Raw,
-    /// qcow2.
+    /// qcow2 (version 2 or 3).
     Qcow2,
+}
+
+impl ImageFormat {
+    /// QEMU's driver name: `"raw"` or `"qcow2"` (what `-F` / `backing-fmt` take).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ImageFormat::Raw => "raw",
+            ImageFormat::Qcow2 => "qcow2",
+        }
+    }
 }
 
 /// Facts about one volume, keyed by volume name.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct VolumeFacts {
     /// File or block device (PVCs: block mode or filesystem mode).
-    pub backing: Backing,
+    pub kind: StorageKind,
     /// Format of the base image (containerDisk image, ephemeral PVC).
     pub format: ImageFormat,
     /// Virtual size in bytes, when known.

@@ -178,7 +178,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                     .map(|t| format!("iothread{t}")),
                 num_queues: multiqueue.then_some(queues),
                 hotplug: it.hotplug,
-                backing: it.facts.backing,
+                storage: it.facts.kind,
             })?;
             plan.devices.push(PlannedDevice {
                 class: DeviceClass::Disk,

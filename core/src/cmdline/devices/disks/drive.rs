@@ -6,10 +6,11 @@
 
 use super::buses::Kind;
 use super::sources::Layer;
-use crate::cmdline::context::{Backing as FileOrBlock, VolumeFacts};
+use crate::cmdline::context::{StorageKind, VolumeFacts};
 use crate::cmdline::error::{ConvertError, FieldPath};
 use crate::cmdline::qemu::{
-    Aio, Backing, Blockdev, BlockdevCache, BlockdevFormat, BlockdevProtocol, FormatDriver, OnError,
+    Aio, BackingNode, Blockdev, BlockdevCache, BlockdevFormat, BlockdevProtocol, FormatDriver,
+    OnError,
 };
 use crate::vmi::Disk;
 
@@ -81,7 +82,7 @@ pub(super) fn options(
     }
     let aio = match d.io.as_deref() {
         None => (cache == Some(Cache::None)
-            && (facts.backing == FileOrBlock::Block || facts.preallocated))
+            && (facts.kind == StorageKind::Block || facts.preallocated))
             .then_some(Aio::Native),
         Some("native") => {
             if cache != Some(Cache::None) {
@@ -202,9 +203,9 @@ pub(super) fn chain(
             discard: Some("unmap"),
         }));
         let backing = match (layer.format, &below) {
-            (FormatDriver::Qcow2, Some(b)) => Backing::Node(b.clone()),
-            (FormatDriver::Qcow2, None) => Backing::Null,
-            (FormatDriver::Raw, _) => Backing::Absent,
+            (FormatDriver::Qcow2, Some(b)) => BackingNode::Node(b.clone()),
+            (FormatDriver::Qcow2, None) => BackingNode::Null,
+            (FormatDriver::Raw, _) => BackingNode::Absent,
         };
         let read_only = if is_top { top_read_only } else { true };
         blockdevs.push(Blockdev::Format(BlockdevFormat {

@@ -6,7 +6,7 @@
 
 use super::buses::{sata_bus, scsi_lun, Bus, Kind};
 use super::drive::DriveOptions;
-use crate::cmdline::context::Backing as FileOrBlock;
+use crate::cmdline::context::StorageKind;
 use crate::cmdline::devices::virtio_driver;
 use crate::cmdline::error::{ConvertError, FieldPath};
 use crate::cmdline::plan::Placement;
@@ -42,7 +42,7 @@ pub(super) struct Frontend<'a> {
     /// The volume is a hotplug volume.
     pub(super) hotplug: bool,
     /// File or block device (a LUN on a block device is `scsi-block`).
-    pub(super) backing: FileOrBlock,
+    pub(super) storage: StorageKind,
 }
 
 /// The frontend device, its placement and whether it is hot-pluggable.
@@ -117,7 +117,7 @@ pub(super) fn device(f: Frontend<'_>) -> Result<(Device, Placement, bool), Conve
         Bus::Scsi => {
             let driver = match f.kind {
                 Kind::Cdrom => "scsi-cd",
-                Kind::Lun if f.backing == FileOrBlock::Block => "scsi-block",
+                Kind::Lun if f.storage == StorageKind::Block => "scsi-block",
                 _ => "scsi-hd",
             };
             let passthrough = driver == "scsi-block";

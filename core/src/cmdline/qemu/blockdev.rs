@@ -88,13 +88,13 @@ pub struct BlockdevFormat {
     pub file: String,
     /// qcow2 only: the node name of the backing format node; libvirt always names it so QEMU
     /// never opens a backing file by itself. `None` on a qcow2 base means `"backing": null`.
-    #[serde(skip_serializing_if = "Backing::is_absent")]
-    pub backing: Backing,
+    #[serde(skip_serializing_if = "BackingNode::is_absent")]
+    pub backing: BackingNode,
 }
 
 /// The `backing` member of a qcow2 node.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub enum Backing {
+pub enum BackingNode {
     /// Not written (raw nodes).
     #[default]
     Absent,
@@ -104,17 +104,17 @@ pub enum Backing {
     Node(String),
 }
 
-impl Backing {
+impl BackingNode {
     fn is_absent(&self) -> bool {
-        matches!(self, Backing::Absent)
+        matches!(self, BackingNode::Absent)
     }
 }
 
-impl Serialize for Backing {
+impl Serialize for BackingNode {
     fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         match self {
-            Backing::Absent | Backing::Null => s.serialize_none(),
-            Backing::Node(n) => s.serialize_str(n),
+            BackingNode::Absent | BackingNode::Null => s.serialize_none(),
+            BackingNode::Node(n) => s.serialize_str(n),
         }
     }
 }

@@ -2,7 +2,7 @@
 //! (`Convert_v1_Volume_To_api_Disk`, `converter.go:567-616`), bottom first, and whether a
 //! hotplug volume is ready to be attached (`converter.go:1170-1178`).
 
-use crate::cmdline::context::{Backing as FileOrBlock, ConverterContext, ImageFormat, VolumeFacts};
+use crate::cmdline::context::{ConverterContext, ImageFormat, StorageKind, VolumeFacts};
 use crate::cmdline::devices::{vmi_name, vmi_namespace};
 use crate::cmdline::error::{ConvertError, FieldPath};
 use crate::cmdline::names::check_name_len;
@@ -19,9 +19,9 @@ pub(super) struct Layer {
 }
 
 fn file_or_block(f: &VolumeFacts) -> ProtocolDriver {
-    match f.backing {
-        FileOrBlock::File => ProtocolDriver::File,
-        FileOrBlock::Block => ProtocolDriver::HostDevice,
+    match f.kind {
+        StorageKind::File => ProtocolDriver::File,
+        StorageKind::Block => ProtocolDriver::HostDevice,
     }
 }
 
@@ -72,20 +72,20 @@ pub(super) fn layers(
     };
     let pvc = || {
         if hotplug {
-            match facts.backing {
-                FileOrBlock::Block => raw(
+            match facts.kind {
+                StorageKind::Block => raw(
                     ProtocolDriver::HostDevice,
                     format!("{}/{name}", p.hotplug_disks),
                 ),
-                FileOrBlock::File => raw(
+                StorageKind::File => raw(
                     ProtocolDriver::File,
                     format!("{}/{name}.img", p.hotplug_disks),
                 ),
             }
         } else {
-            match facts.backing {
-                FileOrBlock::Block => raw(ProtocolDriver::HostDevice, format!("{}/{name}", p.dev)),
-                FileOrBlock::File => raw(
+            match facts.kind {
+                StorageKind::Block => raw(ProtocolDriver::HostDevice, format!("{}/{name}", p.dev)),
+                StorageKind::File => raw(
                     ProtocolDriver::File,
                     format!("{}/vmi-disks/{name}/disk.img", p.private_dir),
                 ),

@@ -15,7 +15,7 @@ use super::super::error::{ConvertError, FieldPath};
 use super::super::names::{check_name_len, check_text};
 use super::super::plan::{DomainPlan, FirmwarePlan, GlobalProp, KernelBootPlan};
 use super::super::qemu::{
-    Backing, Blockdev, BlockdevFormat, BlockdevProtocol, FormatDriver, ProtocolDriver,
+    BackingNode, Blockdev, BlockdevFormat, BlockdevProtocol, FormatDriver, ProtocolDriver,
 };
 use super::vmi_name;
 use crate::vmi::Vmi;
@@ -102,7 +102,7 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
                     cache: None,
                     driver: FormatDriver::Raw,
                     file: "libvirt-pflash0-storage".into(),
-                    backing: Backing::Absent,
+                    backing: BackingNode::Absent,
                 }),
                 Blockdev::Protocol(BlockdevProtocol {
                     driver: ProtocolDriver::File,

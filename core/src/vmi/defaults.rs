@@ -101,6 +101,18 @@ impl DefaultsConfig {
             ..Default::default()
         }
     }
+
+    /// [`DefaultsConfig::for_vmi`] for a manifest read from disk: without an owner reference the
+    /// VM name is `name` (the manifest's file stem), so the firmware UUID KubeVirt derives from
+    /// the VM name is stable, as a VM's would be. The converter's fixtures and
+    /// `qlauncher-compat convert` use it.
+    pub fn for_manifest(vmi: &Vmi, name: &str) -> Self {
+        let mut cfg = Self::for_vmi(vmi);
+        if cfg.vm_name.is_none() {
+            cfg.vm_name = Some(name.to_string());
+        }
+        cfg
+    }
 }
 
 fn n(v: Option<u32>) -> u32 {

@@ -6,7 +6,8 @@
 //! plan into a QEMU command line (QEMU 7.2 and 10.x) and a QMP device plan for hotplug. Nothing here
 //! touches the file system, spawns a process or uses tokio.
 //!
-//! Layout: `context.rs` (facts in), `plan.rs` (the typed plan), `qemu/` (one struct per QEMU
+//! Layout: `context.rs` (facts in), `facts_file.rs` (`NAME.facts.json`, facts written down for
+//! fixtures and `convert`), `plan.rs` (the typed plan), `qemu/` (one struct per QEMU
 //! device/blockdev/netdev/object, QEMU's property names, and the one key=value writer),
 //! `devices/` (configurators, one file per family), `convert.rs` (the ordered configurator list),
 //! `passes/` (cross-cutting work after the configurators), `render/` (argv, shell, QMP plan),
@@ -14,6 +15,7 @@
 
 pub mod context;
 pub mod error;
+pub mod facts_file;
 pub mod passes;
 pub mod plan;
 pub mod qemu;
@@ -21,6 +23,7 @@ pub mod render;
 
 pub use context::ConverterContext;
 pub use error::{ConvertError, FieldPath};
+pub use facts_file::FactsFile;
 pub use plan::DomainPlan;
 pub mod convert;
 pub mod devices;
