@@ -1,35 +1,43 @@
 //! SyncVMI and the command server: the one orchestrator.
 //!
-//! Serialised, idempotent syncs that prepare storage and network, convert, launch QEMU or hotplug by
-//! diff; the gRPC server on `launcher-sock` wire-compatible with KubeVirt's `kubevirt.cmd.v1` API; and
-//! the notify client that reports domain events to virt-handler.
+//! Laid out as KubeVirt's `SyncVMI` reads (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0):
 //!
-//! The wire layer lives in [`proto`] (generated from `proto/`), [`server`] (the command server
-//! dispatching to a [`server::DomainManager`]), [`notify`] (the notify client) and [`domain`] (the
-//! `api.Domain` JSON both carry). [`nic_hotplug`] applies the NIC part of a sync's diff;
-//! [`media`] its cdrom media changes; [`resize`] its growth of claim-backed disks; [`resources`] the vCPU and memory hotplug of
-//! SyncVirtualMachineCPUs/Memory.
+//! - [`vmi_sync`]: [`SyncVmi`], one serialised, idempotent sync at a time, and the
+//!   [`server::DomainManager`] impl (each RPC a few lines);
+//! - [`facts`]: gathering what the converter needs (storage, pod network, secondary interfaces,
+//!   hotplug volumes, host hardware), KubeVirt's `generateConverterContext`;
+//! - [`start`]: the first sync: facts, convert, spawn QEMU, connect, start-up, `cont`;
+//!   [`recover`]: adopting a QEMU an earlier launcher of the pod left;
+//! - [`state`]: the running domain, the state shared with the QMP event task, `api.Domain`
+//!   events; [`supervision`]: the launcher's and the grace period's view of the domain;
+//! - [`reconcile`]: later syncs applied by diff (disks, media, resize, NICs) and the vCPU and
+//!   memory RPCs;
+//! - [`rpc`]: the wire layer: [`proto`] (generated from `proto/`), [`server`] (the command
+//!   server), [`notify`] (the notify client), [`uds`];
+//! - [`guest`]: the guest agent ([`agent`]), domain statistics ([`stats`]) and [`info`];
+//! - [`domain`]: the `api.Domain` JSON both carry.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-pub mod agent;
+pub mod config;
 pub mod domain;
-pub mod info;
-pub mod media;
-pub mod nic_hotplug;
-pub mod notify;
+pub mod facts;
+pub mod guest;
+pub(crate) mod mac;
 pub mod privileges;
-pub mod proto;
-pub mod resize;
-pub mod resources;
-pub mod server;
-pub mod stats;
-pub mod uds;
+pub mod reconcile;
+pub mod recover;
+pub mod rpc;
+pub mod start;
+pub mod state;
+pub mod supervision;
 pub mod vmi_sync;
-pub mod volumes;
 
-pub use vmi_sync::{SyncConfig, SyncVmi};
+pub use config::SyncConfig;
+pub use guest::{agent, info, stats};
+pub use rpc::{notify, proto, server, uds};
+pub use vmi_sync::SyncVmi;
 
 /// Errors of the sync module. Each variant names the step that failed; the cause is its source.
 #[derive(Debug, thiserror::Error)]

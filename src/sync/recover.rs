@@ -12,20 +12,21 @@
 //! that socket (still in `prelaunch`, not answering, another UUID, or several) is killed and
 //! waited for, and the sync starts a fresh one.
 //!
-//! This is a child module of [`super`] (`vmi_sync.rs`): adopting fills the same private state a
-//! fresh start does.
+//! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
 
 use std::path::Path;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::{follow_events, node_indices, Running, SyncVmi};
 use crate::monitor::procfs;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Domain, DomainEventType};
+use crate::sync::reconcile::disks::node_indices;
+use crate::sync::state::{follow_events, Running};
+use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
@@ -47,7 +48,7 @@ const ADOPTABLE: &[&str] = &[
 ];
 
 /// A running QEMU found for the domain, connected on QMP.
-pub(super) struct Found {
+pub(crate) struct Found {
     pid: i32,
     client: QmpClient,
 }
@@ -91,7 +92,7 @@ fn names_path(arg: &str, path: &str) -> bool {
 
 /// Looks for a QEMU of this domain (see the module doc). Returns the one to adopt, or `None`
 /// after removing every other QEMU of `qmp_socket` (nothing found: `None` at once).
-pub(super) async fn find(qmp_socket: &Path, uuid: &str) -> Option<Found> {
+pub(crate) async fn find(qmp_socket: &Path, uuid: &str) -> Option<Found> {
     let pids = qemu_processes(qmp_socket);
     if pids.is_empty() {
         return None;
@@ -161,7 +162,7 @@ impl SyncVmi {
     /// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
     /// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
     /// new block nodes are numbered after QEMU's highest.
-    pub(super) async fn adopt(
+    pub(crate) async fn adopt(
         &self,
         found: Found,
         vmi: &Vmi,

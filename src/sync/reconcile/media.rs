@@ -11,10 +11,15 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use serde_json::Value;
+use tracing::info;
 
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
 use crate::cmdline::qemu::to_json;
-use crate::cmdline::render::device_json;
+use crate::cmdline::render::{self, device_json};
+use crate::qmp::client::QmpClient;
+use crate::sync::reconcile::disks::renumber_nodes;
+use crate::sync::state::Running;
+use crate::sync::SyncError;
 
 /// The cdrom drives of `plan` that are not hot-pluggable, by device id (`ua-<name>`), each with
 /// the `blockdev-add` arguments of its medium, bottom node first (empty: no medium).
@@ -69,6 +74,43 @@ pub fn node_names_top_first(medium: &[Value]) -> Vec<String> {
         .rev()
         .filter_map(|b| b["node-name"].as_str().map(str::to_string))
         .collect()
+}
+
+/// Inserts, changes or ejects the media of the domain's cdrom drives as `plan` has them. A drive
+/// the new plan lacks (its hotplug volume went away) is ejected.
+pub(crate) async fn apply(
+    client: &QmpClient,
+    running: &mut Running,
+    plan: &DomainPlan,
+) -> Result<(), SyncError> {
+    let mut wanted = cdroms(plan);
+    for (id, current) in running.cdroms.iter_mut() {
+        let new = wanted.remove(id).unwrap_or_default();
+        if same_medium(current, &new) {
+            continue;
+        }
+        let carrier = render::DiskHotplug {
+            name: String::new(),
+            id: id.clone(),
+            target: None,
+            blockdevs: new,
+            device: serde_json::Value::Null,
+            device_del: serde_json::Value::Null,
+            blockdev_del: vec![],
+        };
+        let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+        let change = crate::qmp::hotplug::CdromChange {
+            device_id: id.clone(),
+            old_node_names: node_names_top_first(current),
+            new_blockdevs: new.clone(),
+        };
+        crate::qmp::hotplug::change_cdrom(client, &change)
+            .await
+            .map_err(SyncError::Qmp)?;
+        info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
+        *current = new;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

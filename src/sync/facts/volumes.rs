@@ -11,7 +11,7 @@
 //!   with the claim's capacity (`status.volumeStatus[].persistentVolumeClaimInfo.capacity.storage`)
 //!   when missing, as KubeVirt turns filesystem PVCs into `DiskOrCreate` hostDisks
 //!   (`hostdisk.ReplacePVCByHostDisk`); an existing image shorter than the claim's usable size is
-//!   extended first ([`crate::sync::resize::expand_offline`]).
+//!   extended first ([`crate::sync::reconcile::resize::expand_offline`]).
 
 use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
@@ -99,7 +99,7 @@ pub fn prepare(
                 .1
         }
     };
-    let size = crate::sync::resize::expand_offline(vmi, &vol.name, &image, size);
+    let size = crate::sync::reconcile::resize::expand_offline(vmi, &vol.name, &image, size);
     info!(volume = %vol.name, size, image = %image.display(), "filesystem PVC");
     Ok(Some(VolumeFacts {
         virtual_size: Some(size),

@@ -1,0 +1,90 @@
+//! The launcher's settings for SyncVMI: KubeVirt's paths, the QEMU binary and version, KVM.
+
+use std::path::{Path, PathBuf};
+
+use crate::cmdline::context::{PathRoots, QemuVersion};
+
+/// Everything a `SyncVmi` needs from the launcher: where KubeVirt's paths are, which QEMU to run,
+/// whether KVM is used.
+#[derive(Debug, Clone)]
+pub struct SyncConfig {
+    /// The converter's path roots (every KubeVirt path the VMI's devices use).
+    pub paths: PathRoots,
+    /// The QEMU binary (`qemu-system-x86_64`, looked up in `PATH` when relative).
+    pub qemu: PathBuf,
+    /// QEMU's version (chooses renderer details).
+    pub qemu_version: QemuVersion,
+    /// Use KVM.
+    pub kvm: bool,
+    /// `--allow-emulation`: TCG when KVM is not used.
+    pub allow_emulation: bool,
+    /// The pod's resolv.conf (`/etc/resolv.conf`), read for the DHCP server's DNS options.
+    pub resolv_conf: PathBuf,
+    /// Where QEMU binds its QMP socket.
+    pub qmp_socket: PathBuf,
+    /// A second QMP monitor socket for an operator's tools (`qlauncher qmp`, `qlauncher
+    /// hotplug`), or None. QEMU serves one client per monitor and the launcher holds
+    /// [`SyncConfig::qmp_socket`] for the domain's lifetime, so those tools need their own.
+    /// `qlauncher run` sets it; a pod's launcher does not (KubeVirt's QEMU has only libvirt's).
+    pub operator_qmp_socket: Option<PathBuf>,
+    /// QEMU's stdout and stderr (appended).
+    pub qemu_log: PathBuf,
+    /// The uid QEMU's files and tap belong to (107 non-root, 0 root).
+    pub runtime_uid: u32,
+}
+
+impl SyncConfig {
+    /// KubeVirt's paths under `root` (`/` in a pod): `<root>/var/run/kubevirt-private`, ...;
+    /// QMP socket `<private>/qlauncher/monitor.sock`, QEMU log `<private>/qlauncher/qemu.log`.
+    pub fn under_root(root: &Path) -> SyncConfig {
+        let r = |p: &str| root.join(p.trim_start_matches('/')).display().to_string();
+        let d = PathRoots::default();
+        let paths = PathRoots {
+            private_dir: r(&d.private_dir),
+            ephemeral_disks: r(&d.ephemeral_disks),
+            container_disks: r(&d.container_disks),
+            hotplug_disks: r(&d.hotplug_disks),
+            empty_disks: r(&d.empty_disks),
+            cloud_init: r(&d.cloud_init),
+            dev: r(&d.dev),
+            nvram: r(&d.nvram),
+            virtiofs: r(&d.virtiofs),
+        };
+        let private = PathBuf::from(&paths.private_dir).join("qlauncher");
+        SyncConfig {
+            paths,
+            qemu: "qemu-system-x86_64".into(),
+            qemu_version: QemuVersion { major: 7, minor: 2 },
+            kvm: false,
+            allow_emulation: true,
+            resolv_conf: "/etc/resolv.conf".into(),
+            qmp_socket: private.join("monitor.sock"),
+            operator_qmp_socket: None,
+            qemu_log: private.join("qemu.log"),
+            runtime_uid: if nix::unistd::geteuid().is_root() {
+                0
+            } else {
+                107
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_under_root() {
+        let c = SyncConfig::under_root(Path::new("/tmp/r"));
+        assert_eq!(
+            c.paths.container_disks,
+            "/tmp/r/var/run/kubevirt/container-disks"
+        );
+        assert_eq!(c.paths.empty_disks, "/tmp/r/var/run/libvirt/empty-disks");
+        assert_eq!(
+            c.qmp_socket,
+            PathBuf::from("/tmp/r/var/run/kubevirt-private/qlauncher/monitor.sock")
+        );
+    }
+}

@@ -1,0 +1,37 @@
+//! Gathering everything the converter needs before QEMU starts: the role of KubeVirt's
+//! `generateConverterContext` (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0), plus the
+//! preparation libvirt or virt-handler would do (overlays, ISOs, the pod network).
+//!
+//! In start order: [`base_context`] (the launcher's settings), [`storage::prepare_storage`]
+//! (volumes), [`network`] (the pod network binding and its DHCP servers), [`secondary`] (Multus
+//! interfaces), [`hotplug::add_hotplug_facts`] (hotplug volumes, also on every later sync) and
+//! [`hardware::add_hardware_facts`] (VFIO devices, virtiofsd sockets).
+
+pub mod hardware;
+pub mod hotplug;
+pub mod network;
+pub mod secondary;
+pub mod storage;
+pub mod volumes;
+
+use crate::cmdline::context::MonitorSocket;
+use crate::cmdline::ConverterContext;
+use crate::sync::SyncConfig;
+
+/// The converter context of `config` before any volume or interface is known: QEMU version,
+/// KVM, paths, the QMP socket, the runtime uid and the current time (seconds since the epoch).
+pub(crate) fn base_context(config: &SyncConfig) -> ConverterContext {
+    ConverterContext {
+        qemu: config.qemu_version,
+        kvm: config.kvm,
+        allow_emulation: config.allow_emulation,
+        paths: config.paths.clone(),
+        monitor: MonitorSocket::Path(config.qmp_socket.display().to_string()),
+        runtime_uid: config.runtime_uid,
+        now_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs() as i64)
+            .unwrap_or(0),
+        ..ConverterContext::default()
+    }
+}

@@ -1,0 +1,132 @@
+//! Storage preparation before QEMU starts: containerDisk overlays, emptyDisk images, the
+//! cloud-init NoCloud or ConfigDrive ISO, and (through [`super::volumes`]) config-volume ISOs,
+//! hostDisks and PVCs. Each yields the converter's [`VolumeFacts`] of its volume.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tracing::info;
+
+use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
+use crate::storage::{
+    self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
+};
+use crate::sync::SyncError;
+use crate::vmi::Vmi;
+
+/// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
+/// ([`crate::sync::volumes`]); returns the converter's volume facts.
+pub(crate) fn prepare_storage(
+    vmi: &Vmi,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+    name: &str,
+    namespace: &str,
+) -> Result<BTreeMap<String, VolumeFacts>, SyncError> {
+    let mut facts = BTreeMap::new();
+    let ephemeral = PathBuf::from(&paths.ephemeral_disks);
+    let mut cloud_init_done = false;
+    for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
+        if vol.container_disk.is_some() {
+            let base = PathBuf::from(&paths.container_disks).join(format!("disk_{index}.img"));
+            let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, &base, &ephemeral);
+            spec.owner = owner;
+            let (outcome, base_facts) =
+                storage::create_overlay(&spec).map_err(SyncError::Storage)?;
+            let base_facts = match base_facts {
+                Some(f) => f,
+                None => storage::probe_image(&vol.name, &base, &spec.policy)
+                    .map_err(SyncError::Storage)?,
+            };
+            info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), "containerDisk overlay");
+            facts.insert(
+                vol.name.clone(),
+                VolumeFacts {
+                    kind: StorageKind::File,
+                    format: base_facts.format,
+                    virtual_size: Some(base_facts.virtual_size),
+                    direct_io: false,
+                    preallocated: false,
+                },
+            );
+        } else if let Some(e) = &vol.empty_disk {
+            let capacity = e
+                .capacity
+                .as_ref()
+                .map(|q| q.to_bytes())
+                .transpose()
+                .map_err(|err| SyncError::InvalidVmi(format!("volume {}: {err}", vol.name)))?
+                .unwrap_or(0);
+            let mut spec =
+                EmptyDiskSpec::at_kubevirt_path(&vol.name, capacity, Path::new(&paths.empty_disks));
+            spec.owner = owner;
+            let (outcome, size) = storage::create_empty_disk(&spec).map_err(SyncError::Storage)?;
+            info!(volume = %vol.name, ?outcome, size, "emptyDisk");
+            facts.insert(
+                vol.name.clone(),
+                VolumeFacts {
+                    format: storage::ImageFormat::Qcow2,
+                    virtual_size: Some(size),
+                    ..VolumeFacts::default()
+                },
+            );
+        } else if let Some((kind, src)) = vol
+            .cloud_init_no_cloud
+            .as_ref()
+            .map(|s| (CloudInitKind::NoCloud, s))
+            .or_else(|| {
+                vol.cloud_init_config_drive
+                    .as_ref()
+                    .map(|s| (CloudInitKind::ConfigDrive, s))
+            })
+        {
+            if cloud_init_done {
+                continue;
+            }
+            cloud_init_done = true;
+            let spec = CloudInitSpec {
+                volume: vol.name.clone(),
+                kind: Some(kind),
+                user_data: src.user_data.clone(),
+                user_data_base64: src.user_data_base64.clone(),
+                user_data_secret_ref: src.user_data_secret_ref.as_ref().map(|r| r.name.clone()),
+                network_data: src.network_data.clone(),
+                network_data_base64: src.network_data_base64.clone(),
+                network_data_secret_ref: src
+                    .network_data_secret_ref
+                    .as_ref()
+                    .map(|r| r.name.clone()),
+            };
+            let identity = VmiIdentity {
+                name: name.to_string(),
+                namespace: namespace.to_string(),
+                hostname: vmi.spec.hostname.clone(),
+                // NoCloud's instance-id (KubeVirt: the firmware UUID, stable for a VM's VMIs).
+                firmware_uuid: vmi
+                    .spec
+                    .domain
+                    .firmware
+                    .as_ref()
+                    .and_then(|f| f.uuid.clone()),
+                ..VmiIdentity::default()
+            };
+            let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
+            let data = CloudInitData::resolve(&spec, &identity, &secret_dir)
+                .map_err(SyncError::Storage)?;
+            let iso = storage::cloud_init::cloud_init_iso_path(&ephemeral, &identity, kind)
+                .map_err(SyncError::Storage)?;
+            if let Some(dir) = iso.parent() {
+                std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
+                    what: format!("create {}", dir.display()),
+                    source,
+                })?;
+            }
+            storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
+            info!(volume = %vol.name, iso = %iso.display(), "cloud-init ISO");
+            facts.insert(vol.name.clone(), VolumeFacts::default());
+        } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
+            facts.insert(vol.name.clone(), f);
+        }
+    }
+    Ok(facts)
+}

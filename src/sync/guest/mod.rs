@@ -1,0 +1,6 @@
+//! The guest side: the QEMU guest agent ([`agent`]), domain statistics ([`stats`]) and the domain
+//! information the cmd API's info RPCs read ([`info`]).
+
+pub mod agent;
+pub mod info;
+pub mod stats;

@@ -1,0 +1,95 @@
+//! Applying a sync's diff to the running domain, KubeVirt's `SyncVMI` on a running domain
+//! (`manager.go`, v1.9.0). The VMI is converted again against the running domain's facts and the
+//! new plan compared with what runs, in this order:
+//!
+//! 1. [`disks`]: hot-pluggable disks attached and detached;
+//! 2. [`media`]: cdrom media inserted, changed, ejected;
+//! 3. [`resize`]: claim-backed disks grown;
+//! 4. [`nics`]: NICs on Multus networks plugged and unplugged, link states set.
+//!
+//! vCPUs and memory change through their own RPCs ([`resources`]). Other changes are logged and
+//! left for a restart.
+
+pub mod disks;
+pub mod media;
+pub mod nics;
+pub mod resize;
+pub mod resources;
+
+use crate::cmdline::{convert, render};
+use crate::sync::facts::hotplug::add_hotplug_facts;
+use crate::sync::facts::secondary;
+use crate::sync::state::Running;
+use crate::sync::vmi_sync::{SyncVmi, HOTPLUG_TIMEOUT};
+use crate::sync::SyncError;
+use crate::vmi::Vmi;
+
+impl SyncVmi {
+    /// Applies the difference between the running domain and `vmi` (see the module doc).
+    pub(crate) async fn hotplug(&self, running: &mut Running, vmi: &Vmi) -> Result<(), SyncError> {
+        let client = self.client()?;
+        let mut ctx = running.ctx.clone();
+        add_hotplug_facts(vmi, &mut ctx)?;
+        let secondary = secondary::secondary_ifaces(vmi, self.config.runtime_uid)?;
+        running
+            .nics
+            .prepare(&secondary, &mut ctx, &self.config.resolv_conf)
+            .await?;
+        let plan =
+            convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
+        let qmp_plan = render::qmp_plan(&plan);
+        disks::apply(&client, running, &qmp_plan.disks).await?;
+        media::apply(&client, running, &plan).await?;
+        resize::grow_disks(&client, vmi, &plan).await;
+        let nics = running
+            .nics
+            .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
+            .await;
+        running.ctx = ctx;
+        self.shared.publish_nic_changes(&nics?);
+        Ok(())
+    }
+
+    /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs until the domain has as many as `vmi` asks.
+    pub(crate) async fn apply_vcpus(&self, vmi: Vmi) -> Result<(), SyncError> {
+        let running = self.running.lock().await;
+        let r = running.as_ref().ok_or(SyncError::NoDomain)?;
+        let plan = self.resource_plan(r, vmi)?;
+        resources::set_vcpus(&self.client()?, plan.smp.cpus, HOTPLUG_TIMEOUT).await?;
+        Ok(())
+    }
+
+    /// SyncVirtualMachineMemory: sizes the virtio-mem device to the memory `vmi` asks for.
+    pub(crate) async fn apply_memory(&self, vmi: Vmi) -> Result<(), SyncError> {
+        let mut running = self.running.lock().await;
+        let r = running.as_mut().ok_or(SyncError::NoDomain)?;
+        let plan = self.resource_plan(r, vmi)?;
+        r.memory =
+            resources::set_memory(&self.client()?, &r.memory, &plan, plan.memory.size).await?;
+        Ok(())
+    }
+
+    /// The converter's plan of `vmi` (defaults applied, validated) against the running domain's
+    /// facts: the vCPU and memory sizes a CPU or memory sync aims at.
+    fn resource_plan(
+        &self,
+        running: &Running,
+        mut vmi: Vmi,
+    ) -> Result<crate::cmdline::DomainPlan, SyncError> {
+        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
+        vmi.apply_defaults(&cfg);
+        if let Err(errors) = vmi.validate() {
+            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
+            return Err(SyncError::InvalidVmi(text.join("; ")));
+        }
+        let mut ctx = running.ctx.clone();
+        add_hotplug_facts(&vmi, &mut ctx)?;
+        let secondary = secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
+        let pending: Vec<secondary::SecondaryIface> = secondary
+            .into_iter()
+            .filter(|s| !ctx.interfaces.contains_key(&s.name))
+            .map(|s| secondary::SecondaryIface { ready: false, ..s })
+            .collect();
+        convert(&secondary::convert_view(&vmi, &pending), &ctx).map_err(SyncError::Convert)
+    }
+}

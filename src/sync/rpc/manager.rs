@@ -1,0 +1,101 @@
+//! The launcher behaviour behind the command server ([`DomainManager`]), KubeVirt's
+//! `virtwrap.DomainManager` (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0).
+
+use std::future::Future;
+use std::time::Duration;
+
+use serde::de::DeserializeOwned;
+
+use crate::sync::domain::Domain;
+use crate::sync::proto::cmd::v1::VirtualMachineOptions;
+
+/// The message virt-launcher answers when `vmiJson` does not decode
+/// (`cmd-server/server.go`, `getVMIFromRequest`).
+pub const INVALID_VMI_MESSAGE: &str = "No valid vmi object present in command server request";
+
+/// What `Exec` reports of a guest command that ran: its exit code and standard output. A non-zero
+/// exit code is a successful RPC (KubeVirt's `agent.ExecExitCode`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ExecOutput {
+    /// The command's exit code.
+    pub exit_code: i32,
+    /// The command's standard output, as text.
+    pub stdout: String,
+}
+
+/// The launcher behaviour behind the command server: KubeVirt's `virtwrap.DomainManager`, reduced to
+/// the operations qlauncher implements. The orchestrator implements it; the server only decodes,
+/// dispatches and encodes.
+///
+/// `Vmi` is the type the request's `vmiJson` is decoded into (a request whose JSON does not decode
+/// is answered with [`INVALID_VMI_MESSAGE`] without calling the manager). An `Err` becomes
+/// `success=false` with the error and its sources joined by `": "` as the message.
+///
+/// Calls arrive concurrently (virt-handler may sync while it reads the domain); serialising
+/// domain changes (KubeVirt's `domainModifyLock`) is the manager's job.
+pub trait DomainManager: Send + Sync + 'static {
+    /// The VirtualMachineInstance type decoded from `VMI.vmiJson`.
+    type Vmi: DeserializeOwned + Send + 'static;
+    /// The manager's error.
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// `SyncVirtualMachine`: define, start and reconcile the domain (KubeVirt `SyncVMI`).
+    fn sync_vmi(
+        &self,
+        vmi: Self::Vmi,
+        options: Option<VirtualMachineOptions>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `PauseVirtualMachine`: pause the vCPUs on user request.
+    fn pause_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `UnpauseVirtualMachine`: resume vCPUs paused on user request.
+    fn unpause_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `ResetVirtualMachine`: hard reset.
+    fn reset_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `SoftRebootVirtualMachine`: reboot through the guest agent, else the ACPI power button.
+    fn soft_reboot_vmi(
+        &self,
+        vmi: Self::Vmi,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `ShutdownVirtualMachine`: signal a graceful (ACPI) shutdown (KubeVirt `SignalShutdownVMI`).
+    fn shutdown_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `KillVirtualMachine`: stop QEMU now.
+    fn kill_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `DeleteVirtualMachine`: forget the stopped domain.
+    fn delete_vmi(&self, vmi: Self::Vmi) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `SyncVirtualMachineCPUs`: vCPU hotplug to the VMI's socket count (KubeVirt `UpdateVCPUs`).
+    fn sync_vcpus(
+        &self,
+        vmi: Self::Vmi,
+        options: Option<VirtualMachineOptions>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `SyncVirtualMachineMemory`: memory hotplug (KubeVirt `UpdateGuestMemory`).
+    fn sync_memory(
+        &self,
+        vmi: Self::Vmi,
+        options: Option<VirtualMachineOptions>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `GetDomain`: the current domain with the guest agent's OS info and interfaces merged into
+    /// its status, as KubeVirt's `GetDomain` does; `None` when there is none (answered as an empty
+    /// string, which virt-handler reads as "no domain").
+    fn get_domain(&self) -> impl Future<Output = Result<Option<Domain>, Self::Error>> + Send;
+    /// `GetDomainStats`: KubeVirt's `stats.DomainStats` as a JSON value.
+    fn get_domain_stats(
+        &self,
+    ) -> impl Future<Output = Result<serde_json::Value, Self::Error>> + Send;
+    /// `GetQemuVersion`: the QEMU version string, e.g. `7.2.0`.
+    fn qemu_version(&self) -> impl Future<Output = Result<String, Self::Error>> + Send;
+    /// `GuestPing`: ping the guest agent of `domain_name` within `timeout`.
+    fn guest_ping(
+        &self,
+        domain_name: String,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send;
+    /// `Exec`: run `command args...` in the guest through the agent within `timeout`.
+    fn exec(
+        &self,
+        domain_name: String,
+        command: String,
+        args: Vec<String>,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<ExecOutput, Self::Error>> + Send;
+}

@@ -1,0 +1,10 @@
+//! The gRPC wire layer of KubeVirt's handler <-> launcher API (`pkg/handler-launcher-com`):
+//! [`proto`] (generated), [`server`] (the command server on `launcher-sock`), [`notify`] (the
+//! client of virt-handler's notify server) and [`uds`] (Unix socket transport).
+
+pub mod manager;
+pub mod notify;
+pub mod proto;
+pub mod server;
+pub(crate) mod service;
+pub mod uds;

@@ -1,0 +1,335 @@
+//! Starting the domain on the first sync of a VMI, step by step as KubeVirt's `SyncVMI` does when
+//! no domain exists (`manager.go`, v1.9.0): gather the facts (storage, pod network, secondary
+//! interfaces, hotplug volumes, host hardware; [`crate::sync::facts`]), convert
+//! ([`crate::cmdline::convert`]), start QEMU with `-S` (or adopt the QEMU an earlier launcher of
+//! this pod left; [`crate::sync::recover`]), connect on QMP, run the plan's start-up commands and
+//! `cont` unless `spec.startStrategy` is `Paused`.
+//!
+//! QEMU is started with [`crate::monitor::qemu::spawn_detached`] (double fork plus `setsid`), so
+//! that it becomes a child of PID 1 of the compute container (the monitor, a child subreaper),
+//! where virt-handler looks for it, as libvirt's daemonized QEMU is. It inherits no fds: the QMP
+//! monitor is a socket path QEMU binds (`MonitorSocket::Path`) and the tap is opened by name
+//! (`TapSource::Ifname`).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::cmdline::context::{IfaceFacts, TapSource};
+use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
+use crate::monitor::qemu::Qemu;
+use crate::qmp::client::QmpClient;
+use crate::qmp::lifecycle;
+use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::facts::{self, hardware, hotplug, network, secondary};
+use crate::sync::reconcile::disks::node_indices;
+use crate::sync::reconcile::media;
+use crate::sync::reconcile::nics::NicState;
+use crate::sync::reconcile::resources;
+use crate::sync::state::{follow_events, Running};
+use crate::sync::vmi_sync::{SyncVmi, QMP_CONNECT_TIMEOUT};
+use crate::sync::{mac, privileges, recover, SyncError};
+use crate::vmi::Vmi;
+
+impl SyncVmi {
+    /// Starts (or adopts) the domain of `vmi`; `spec` is what later syncs compare against.
+    pub(crate) async fn start(
+        &self,
+        vmi: &Vmi,
+        spec: serde_json::Value,
+    ) -> Result<Running, SyncError> {
+        let name = vmi.metadata.name.clone().unwrap_or_default();
+        let namespace = vmi
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        let uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let mut domain = Domain::for_vmi(&namespace, &name, &uid);
+
+        let t0 = Instant::now();
+        let mut ctx = facts::base_context(&self.config);
+        // Storage (blocking file work on a blocking thread).
+        let storage_vmi = vmi.clone();
+        let paths = self.config.paths.clone();
+        let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+        ctx.volumes = tokio::task::spawn_blocking(move || {
+            facts::storage::prepare_storage(&storage_vmi, &paths, owner, &name, &namespace)
+        })
+        .await
+        .map_err(|e| SyncError::Task(e.to_string()))??;
+        let t_storage = t0.elapsed();
+
+        // Network, in this (the pod's) network namespace.
+        let (dhcp_stop, dhcp_rx) = watch::channel(false);
+        for (iface, cfg) in network::net_configs(vmi, self.config.runtime_uid)? {
+            let plan =
+                network::setup_network(&self.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
+            let mac = mac::format_mac(plan.guest_mac);
+            push_interface(&mut domain, &iface, mac.clone());
+            ctx.interfaces.insert(
+                iface,
+                IfaceFacts {
+                    mac: Some(mac),
+                    mtu: Some(plan.mtu),
+                    tap: TapSource::Ifname(plan.tap.clone()),
+                },
+            );
+        }
+        let secondary = secondary::secondary_ifaces(vmi, self.config.runtime_uid)?;
+        let mut nics = NicState::default();
+        for (iface, mac, facts) in nics
+            .setup_at_boot(&secondary, &self.config.resolv_conf)
+            .await?
+        {
+            push_interface(&mut domain, &iface, mac);
+            ctx.interfaces.insert(iface, facts);
+        }
+        let t_network = t0.elapsed();
+
+        hotplug::add_hotplug_facts(vmi, &mut ctx)?;
+        hardware::add_hardware_facts(vmi, &mut ctx);
+        let plan =
+            convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
+        // Refuse before QEMU starts when host hardware the VMI asks for is not here.
+        if let Some(m) = plan.missing_hardware().into_iter().next() {
+            return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
+                m.path, m.reason,
+            )));
+        }
+        nics.started(&plan);
+        self.info.remember_plan(&plan, &ctx);
+        let qmp_plan = render::qmp_plan(&plan);
+        domain.spec.uuid = plan.uuid.clone();
+        domain.spec.domain_type = "kvm".into();
+        let argv = self.argv(&plan);
+        let next_node = argv
+            .iter()
+            .flat_map(|w| node_indices(w))
+            .max()
+            .map_or(1, |n| n + 1);
+        let t_convert = t0.elapsed();
+
+        let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+        self.prepare_qemu_dirs()?;
+        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
+        if let Some(found) = recover::find(&self.config.qmp_socket, &plan.uuid).await {
+            // What the plan says the adopted QEMU was started with; devices hot-plugged into it
+            // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
+            let running = self.adopt(found, vmi, domain, running).await?;
+            self.start_agent_poll();
+            return Ok(running);
+        }
+        let (pid, watcher) = self.spawn_qemu(&argv, &plan)?;
+        let client = self.connect(&watcher).await?;
+        self.follow(&client, domain, watcher).await?;
+        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
+        start_up(&client, &qmp_plan, paused).await?;
+
+        let t_running = t0.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        info!(
+            storage_ms = ms(t_storage),
+            network_ms = ms(t_network - t_storage),
+            convert_ms = ms(t_convert - t_network),
+            qemu_ms = ms(t_running - t_convert),
+            total_ms = ms(t_running),
+            "domain started (sync received to cont acknowledged)"
+        );
+        self.info
+            .set_timings(t_storage, t_network, t_convert, t_running);
+        self.shared.pid.send_replace(Some(pid));
+        Ok(running)
+    }
+
+    /// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
+    fn argv(&self, plan: &DomainPlan) -> Vec<String> {
+        let mut argv = render::argv(plan);
+        if let Some(p) = &self.config.operator_qmp_socket {
+            // QEMU's option syntax: a comma in a value is written twice.
+            let path = p.display().to_string().replace(',', ",,");
+            argv.push("-qmp".into());
+            argv.push(format!("unix:{path},server=on,wait=off"));
+        }
+        argv
+    }
+
+    /// Creates the directories of the QMP socket and the QEMU log and gives the socket's to the
+    /// runtime user.
+    fn prepare_qemu_dirs(&self) -> Result<(), SyncError> {
+        let qmp = &self.config.qmp_socket;
+        for dir in [qmp.parent(), self.config.qemu_log.parent()]
+            .into_iter()
+            .flatten()
+        {
+            std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
+                what: format!("create {}", dir.display()),
+                source,
+            })?;
+        }
+        if let Some(dir) = qmp.parent() {
+            privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(|source| {
+                SyncError::PrepareQemu {
+                    what: format!("give {} to the runtime user", dir.display()),
+                    source,
+                }
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Spawns QEMU detached (a child of PID 1), its output appended to the QEMU log; returns its
+    /// pid and a watcher of its exit.
+    fn spawn_qemu(&self, argv: &[String], plan: &DomainPlan) -> Result<(i32, Qemu), SyncError> {
+        let qmp = &self.config.qmp_socket;
+        if qmp.exists() {
+            let _ = std::fs::remove_file(qmp);
+        }
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.config.qemu_log)
+            .map_err(|source| SyncError::PrepareQemu {
+                what: format!("open {}", self.config.qemu_log.display()),
+                source,
+            })?;
+        let log_err = log.try_clone().map_err(|source| SyncError::PrepareQemu {
+            what: "duplicate the log fd".into(),
+            source,
+        })?;
+        let mut command = std::process::Command::new(&self.config.qemu);
+        command
+            .args(argv)
+            .env_clear()
+            .envs(plan.env.iter().cloned())
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log_err);
+        if let Ok(p) = std::env::var("PATH") {
+            command.env("PATH", p);
+        }
+        privileges::confine_qemu(&mut command, self.config.runtime_uid);
+        let detached =
+            crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
+        let pid = detached.pid;
+        info!(pid, "QEMU started");
+        let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
+        Ok((pid, watcher))
+    }
+
+    /// Connects to QEMU's QMP socket; fails with the log's tail when QEMU exits first.
+    async fn connect(&self, watcher: &Qemu) -> Result<QmpClient, SyncError> {
+        let connect = connect_retry(&self.config.qmp_socket, QMP_CONNECT_TIMEOUT);
+        tokio::pin!(connect);
+        tokio::select! {
+            c = &mut connect => c,
+            _ = watcher.exited() => Err(SyncError::QemuExitedEarly {
+                log_tail: log_tail(&self.config.qemu_log),
+            }),
+        }
+    }
+
+    /// Records the domain's initial state and client, notifies ADDED, and starts the guest agent
+    /// poll and the event follower.
+    async fn follow(
+        &self,
+        client: &QmpClient,
+        domain: Domain,
+        watcher: Qemu,
+    ) -> Result<(), SyncError> {
+        let events = client.events();
+        let (_, initial) = lifecycle::query_status(client)
+            .await
+            .map_err(SyncError::Qmp)?;
+        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
+        *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+        *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
+        self.shared.publish(initial, DomainEventType::Added);
+        self.start_agent_poll();
+        tokio::spawn(follow_events(
+            self.shared.clone(),
+            events,
+            client.clone(),
+            watcher,
+        ));
+        Ok(())
+    }
+}
+
+/// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
+fn push_interface(domain: &mut Domain, name: &str, mac: String) {
+    domain.spec.devices.interfaces.push(DomainIface {
+        interface_type: "ethernet".into(),
+        mac: Some(Mac { mac }),
+        alias: Some(Alias::user_defined(name)),
+    });
+}
+
+/// What a domain started (or adopted) from `plan` holds.
+fn running_at_boot(
+    spec: serde_json::Value,
+    ctx: ConverterContext,
+    plan: &DomainPlan,
+    qmp_plan: &render::QmpPlan,
+    nics: NicState,
+    next_node: u32,
+    dhcp_stop: watch::Sender<bool>,
+) -> Running {
+    Running {
+        spec,
+        ctx,
+        disks: qmp_plan
+            .disks
+            .iter()
+            .map(|d| (d.id.clone(), d.clone()))
+            .collect(),
+        nics,
+        cdroms: media::cdroms(plan),
+        memory: resources::MemoryState::at_boot(plan),
+        next_node,
+        _dhcp_stop: dhcp_stop,
+    }
+}
+
+/// The plan's start-up commands, then `cont` unless the VMI starts paused.
+async fn start_up(
+    client: &QmpClient,
+    qmp_plan: &render::QmpPlan,
+    paused: bool,
+) -> Result<(), SyncError> {
+    for step in &qmp_plan.startup {
+        client
+            .execute(step.execute, Some(step.arguments.clone()))
+            .await
+            .map_err(SyncError::Qmp)?;
+    }
+    if !paused {
+        client.execute("cont", None).await.map_err(SyncError::Qmp)?;
+    }
+    Ok(())
+}
+
+/// Connects to `path`, retrying every 20 ms until `timeout`.
+async fn connect_retry(path: &Path, timeout: Duration) -> Result<QmpClient, SyncError> {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        match QmpClient::connect(path, timeout).await {
+            Ok(c) => return Ok(c),
+            Err(e) => {
+                if tokio::time::Instant::now() >= deadline {
+                    return Err(SyncError::Qmp(e));
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// The last 10 lines of QEMU's log.
+pub(crate) fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(10)..].join("\n")
+}

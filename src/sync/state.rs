@@ -1,0 +1,189 @@
+//! The running domain and its events: what a started domain holds ([`Running`]), the state shared
+//! with the QMP event task ([`Shared`]: the `api.Domain`, the lifecycle status, the notifier), and
+//! the task that follows QEMU's events ([`follow_events`]).
+//!
+//! The domain state follows QMP events through [`crate::qmp::lifecycle::next_status`] and is
+//! published as KubeVirt's `api.Domain` with `ADDED` (first sync) and `MODIFIED` (every change)
+//! notifications. QEMU runs with `-no-shutdown`, so a guest shutdown leaves it stopped; as libvirt
+//! does, the launcher then ends QEMU (`quit`).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::cmdline::{render, ConverterContext};
+use crate::qmp::client::QmpClient;
+use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
+use crate::sync::domain::{
+    Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
+};
+use crate::sync::notify::Notifier;
+use crate::sync::reconcile::nics::{NicChanges, NicState};
+use crate::sync::reconcile::resources;
+
+/// The running domain and what was set up for it.
+pub(crate) struct Running {
+    /// The VMI as last synced (`spec` compared on the next sync).
+    pub(crate) spec: serde_json::Value,
+    /// The converter context of the running domain (hotplug conversions reuse it).
+    pub(crate) ctx: ConverterContext,
+    /// The hot-pluggable disks present, by device id.
+    pub(crate) disks: BTreeMap<String, render::DiskHotplug>,
+    /// NICs plugged by diff and link states.
+    pub(crate) nics: NicState,
+    /// The media of the cdrom drives (not hot-pluggable), by device id, bottom node first.
+    pub(crate) cdroms: BTreeMap<String, Vec<serde_json::Value>>,
+    /// Boot memory, maxGuest and the virtio-mem request.
+    pub(crate) memory: resources::MemoryState,
+    /// The next free `libvirt-<N>-` block node index (libvirt numbers nodes per domain, never
+    /// reusing one; the converter numbers them per plan, so hotplugged disks are renumbered).
+    pub(crate) next_node: u32,
+    /// Stops the DHCP servers.
+    pub(crate) _dhcp_stop: watch::Sender<bool>,
+}
+
+/// State shared with the event task.
+pub(crate) struct Shared {
+    pub(crate) domain: StdMutex<Option<Domain>>,
+    pub(crate) status: StdMutex<DomainStatus>,
+    pub(crate) notifier: Option<Notifier>,
+    pub(crate) graceful: AtomicBool,
+    pub(crate) pid: watch::Sender<Option<i32>>,
+    pub(crate) client: StdMutex<Option<QmpClient>>,
+}
+
+impl Shared {
+    /// Applies a lifecycle input, updates the `api.Domain` and notifies MODIFIED on change.
+    pub(crate) fn apply(&self, input: &LifecycleInput) -> DomainStatus {
+        let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        // The `quit` that ends QEMU after a guest shutdown emits a second SHUTDOWN (host origin);
+        // the first origin names the final reason.
+        if let LifecycleInput::Event(ev) = input {
+            if ev.name == "SHUTDOWN" && status.shutdown.is_some() {
+                return *status;
+            }
+        }
+        let next = lifecycle::next_status(*status, input);
+        let changed = (next.state, next.reason) != (status.state, status.reason);
+        *status = next;
+        if changed {
+            self.publish(next, DomainEventType::Modified);
+        }
+        next
+    }
+
+    /// Puts the guest agent's interfaces in the domain status and notifies MODIFIED (KubeVirt's
+    /// agent-updated event).
+    pub(crate) fn set_guest_interfaces(&self, list: Vec<crate::sync::domain::InterfaceStatus>) {
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            d.status.interfaces = list;
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+
+    pub(crate) fn publish(&self, status: DomainStatus, event: DomainEventType) {
+        let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = domain.as_mut() else { return };
+        let (state, reason) = kubevirt_state(status);
+        d.set_state(state, reason);
+        if let Some(n) = &self.notifier {
+            if let Err(e) = n.send(event, d) {
+                warn!(
+                    error = &e as &dyn std::error::Error,
+                    "cannot queue a domain event"
+                );
+            }
+        }
+    }
+
+    /// Records plugged and unplugged NICs in the domain's interfaces and notifies MODIFIED, as
+    /// libvirt's device-added/removed events make KubeVirt do.
+    pub(crate) fn publish_nic_changes(&self, changes: &NicChanges) {
+        if changes.added.is_empty() && changes.removed.is_empty() {
+            return;
+        }
+        {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            let Some(d) = domain.as_mut() else { return };
+            let ifaces = &mut d.spec.devices.interfaces;
+            ifaces.retain(|i| {
+                !changes
+                    .removed
+                    .iter()
+                    .any(|n| i.alias.as_ref() == Some(&Alias::user_defined(n)))
+            });
+            for (name, mac) in &changes.added {
+                ifaces.push(DomainIface {
+                    interface_type: "ethernet".into(),
+                    mac: Some(Mac { mac: mac.clone() }),
+                    alias: Some(Alias::user_defined(name)),
+                });
+            }
+        }
+        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        self.publish(status, DomainEventType::Modified);
+    }
+}
+
+/// Maps the QMP lifecycle status to `api.LifeCycle` and `api.StateChangeReason` (same names).
+pub(crate) fn kubevirt_state(s: DomainStatus) -> (LifeCycle, StateChangeReason) {
+    let state = serde_json::from_value(serde_json::Value::String(s.state.as_str().into()))
+        .unwrap_or(LifeCycle::NoState);
+    let reason = serde_json::from_value(serde_json::Value::String(s.reason.as_str().into()))
+        .unwrap_or(StateChangeReason::Unknown);
+    (state, reason)
+}
+
+/// Follows QMP events until QEMU is gone: state changes, `quit` after a shutdown (QEMU runs with
+/// `-no-shutdown`), and the final Shutoff.
+pub(crate) async fn follow_events(
+    shared: Arc<Shared>,
+    mut events: crate::qmp::client::EventStream,
+    client: QmpClient,
+    qemu: crate::monitor::qemu::Qemu,
+) {
+    loop {
+        tokio::select! {
+            ev = events.recv() => {
+                let Some(ev) = ev else { break };
+                let is_shutdown = ev.name == "SHUTDOWN";
+                shared.apply(&LifecycleInput::Event(ev));
+                if is_shutdown {
+                    // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
+                    let c = client.clone();
+                    tokio::spawn(async move { let _ = c.execute("quit", None).await; });
+                }
+            }
+            _ = qemu.exited() => break,
+        }
+    }
+    qemu.exited().await;
+    info!(pid = qemu.pid(), "QEMU exited");
+    shared.apply(&LifecycleInput::QemuExited);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn qmp_states_map_to_kubevirt_names() {
+        use crate::qmp::lifecycle::{DomainState, StateReason};
+        let s = DomainStatus::new(DomainState::Paused, StateReason::StartingUp);
+        assert_eq!(
+            kubevirt_state(s),
+            (LifeCycle::Paused, StateChangeReason::StartingUp)
+        );
+        let s = DomainStatus::new(DomainState::Shutoff, StateReason::Shutdown);
+        assert_eq!(
+            kubevirt_state(s),
+            (LifeCycle::Shutoff, StateChangeReason::Shutdown)
+        );
+    }
+}

@@ -1,0 +1,110 @@
+//! The domain as the launcher's supervision sees it: the monitor's grace-period control
+//! ([`DomainControl`]: graceful shutdown mark, ACPI power button), its process view
+//! ([`LauncherDomain`]: QEMU's pid, whether its exit was expected), and KubeVirt's final
+//! notification when the domain is gone.
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tracing::warn;
+
+use crate::monitor::grace::{DomainControl, Ending};
+use crate::monitor::launcher::Domain as LauncherDomain;
+use crate::monitor::MonitorError;
+use crate::qmp::lifecycle;
+use crate::sync::start::log_tail;
+use crate::sync::vmi_sync::SyncVmi;
+
+impl SyncVmi {
+    /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
+    /// delivery. Without a notifier, does nothing.
+    pub async fn final_notify(&self, wait: Duration) {
+        let Some(n) = &self.shared.notifier else {
+            return;
+        };
+        // The event task records QEMU's exit as Shutoff first (it watches the same exit).
+        for _ in 0..40 {
+            let state = self
+                .shared
+                .status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .state;
+            if state == lifecycle::DomainState::Shutoff {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let Some(d) = self.domain() else { return };
+        match n.send_final_delete(&d, std::time::SystemTime::now()) {
+            Ok(delivery) => {
+                if tokio::time::timeout(wait, delivery).await.is_err() {
+                    warn!("final notification not delivered in time");
+                }
+            }
+            Err(e) => warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot queue the final notification"
+            ),
+        }
+    }
+}
+
+impl DomainControl for SyncVmi {
+    fn mark_graceful_shutdown(&self) {
+        self.shared.graceful.store(true, Ordering::SeqCst);
+        let mut domain = self.shared.domain.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = domain.as_mut() {
+            let gp = d
+                .spec
+                .metadata
+                .kubevirt
+                .grace_period
+                .get_or_insert_with(Default::default);
+            gp.marked_for_graceful_shutdown = Some(true);
+        }
+    }
+
+    async fn power_button(&self) -> Result<(), MonitorError> {
+        let client = self.client().map_err(|e| MonitorError::QemuExited {
+            reason: e.to_string(),
+        })?;
+        lifecycle::powerdown(&client)
+            .await
+            .map_err(|e| MonitorError::PowerButton(std::io::Error::other(e.to_string())))
+    }
+}
+
+impl LauncherDomain for SyncVmi {
+    async fn started(&self) -> Result<i32, MonitorError> {
+        let mut rx = self.shared.pid.subscribe();
+        let pid = match rx.wait_for(|p| p.is_some()).await {
+            Ok(p) => *p,
+            Err(_) => None,
+        };
+        match pid {
+            Some(pid) => Ok(pid),
+            None => std::future::pending().await,
+        }
+    }
+
+    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
+        if ending != Ending::ExitedOnItsOwn || self.shared.graceful.load(Ordering::SeqCst) {
+            return Ok(());
+        }
+        // Let the event task see the exit.
+        std::thread::sleep(Duration::from_millis(200));
+        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        match status.shutdown {
+            Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {
+                Ok(())
+            }
+            _ => Err(MonitorError::QemuExited {
+                reason: format!(
+                    "QEMU exited without a shutdown request: {}",
+                    log_tail(&self.config.qemu_log)
+                ),
+            }),
+        }
+    }
+}
