@@ -10,7 +10,6 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
-use qlauncher::cmdline::context::QemuVersion;
 use qlauncher::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
 use qlauncher::sync::{SyncConfig, SyncVmi};
@@ -153,8 +152,13 @@ async fn run_sync(
             reason: format!("standalone VMI sync failed: {reason}"),
         }),
     };
-    // Without virt-handler's pipe (`qlauncher run`) nobody awaits the final notification.
+    // KubeVirt's order: Shutoff is notified (the event task), the command server keeps serving
+    // until virt-handler's DeleteVirtualMachine or 15 s, then the final delete notification.
+    // Without virt-handler's pipe (`qlauncher run`) nobody calls or awaits either.
     let final_wait = if notifier.socket_present() {
+        if !manager.wait_deleted(Duration::from_secs(15)).await {
+            info!("no DeleteVirtualMachine within 15 s, sending the final notification");
+        }
         Duration::from_secs(10)
     } else {
         Duration::ZERO
@@ -209,9 +213,14 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     if config.run_as_nonroot {
         c.runtime_uid = launcher::QEMU_UID;
     }
-    if let Some(v) = qemu_version(&c.qemu) {
-        c.qemu_version = v;
-    }
+    // `qemu --version` runs once, in the background: the converter and GetQemuVersion (before a
+    // domain exists) wait for its answer, the command server does not.
+    let probe = qlauncher::sync::config::QemuProbe::new(c.qemu.clone());
+    let early = probe.clone();
+    tokio::spawn(async move {
+        early.answer().await;
+    });
+    c.qemu_probe = Some(probe);
     c
 }
 
@@ -259,19 +268,6 @@ fn choose_accel(config: &LauncherConfig, emulation: &str, qemu: &Path) -> (bool,
             (false, true)
         }
     }
-}
-
-/// `QEMU emulator version 7.2.19 (...)` → 7.2; `None` when QEMU does not answer.
-fn qemu_version(qemu: &std::path::Path) -> Option<QemuVersion> {
-    let out = std::process::Command::new(qemu)
-        .arg("--version")
-        .env_clear()
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = text.split_whitespace().nth(3)?;
-    QemuVersion::parse(v)
 }
 
 /// SIGINT, SIGHUP, SIGTERM and SIGQUIT set the stop flag (KubeVirt's `signalStopChan`).

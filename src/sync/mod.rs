@@ -22,6 +22,7 @@ use std::time::Duration;
 
 pub mod config;
 pub mod domain;
+pub(crate) mod domain_spec;
 pub mod facts;
 pub mod guest;
 pub(crate) mod mac;

@@ -23,6 +23,7 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain_spec;
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
 use crate::sync::reconcile::disks::node_indices;
 use crate::sync::reconcile::media;
@@ -51,6 +52,11 @@ impl SyncVmi {
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
+        if let Some(probe) = &self.config.qemu_probe {
+            if let Some((version, _)) = probe.answer().await {
+                ctx.qemu = version;
+            }
+        }
         // Storage (blocking file work on a blocking thread).
         let storage_vmi = vmi.clone();
         let paths = self.config.paths.clone();
@@ -91,8 +97,8 @@ impl SyncVmi {
 
         hotplug::add_hotplug_facts(vmi, &mut ctx)?;
         hardware::add_hardware_facts(vmi, &mut ctx);
-        let plan =
-            convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
+        let view = secondary::convert_view(vmi, &secondary);
+        let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
         // Refuse before QEMU starts when host hardware the VMI asks for is not here.
         if let Some(m) = plan.missing_hardware().into_iter().next() {
             return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
@@ -103,7 +109,7 @@ impl SyncVmi {
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         domain.spec.uuid = plan.uuid.clone();
-        domain.spec.domain_type = "kvm".into();
+        domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
         let argv = self.argv(&plan);
         let next_node = argv
             .iter()
@@ -243,6 +249,8 @@ impl SyncVmi {
         let (_, initial) = lifecycle::query_status(client)
             .await
             .map_err(SyncError::Qmp)?;
+        let mut domain = domain;
+        domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
         *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
         *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
@@ -264,6 +272,7 @@ fn push_interface(domain: &mut Domain, name: &str, mac: String) {
         interface_type: "ethernet".into(),
         mac: Some(Mac { mac }),
         alias: Some(Alias::user_defined(name)),
+        ..Default::default()
     });
 }
 
