@@ -13,8 +13,9 @@
 //! and [`crate::net::apply::teardown()`] removes nothing. Anything else is refused with
 //! [`NetError::IncompatibleSetup`] naming each difference.
 //!
-//! The `nat` tables of an adopted setup are checked for presence; their chains and rules are
-//! virt-handler's and are not compared.
+//! The `nat` tables of an adopted setup are checked for presence when they can be read (reading
+//! nftables needs `NET_ADMIN`; without it they are taken as virt-handler's); their chains and
+//! rules are virt-handler's and are not compared.
 
 use crate::net::apply::{addresses_of, link, LinkFacts};
 use crate::net::config::Binding;
@@ -57,17 +58,36 @@ fn tap_owner(tap: &str) -> Option<i64> {
 pub async fn adoption(handle: &Handle, plan: &NetPlan) -> Result<Adoption, NetError> {
     let mut foreign_tables = Vec::new();
     let mut absent_tables = Vec::new();
+    // Reading nftables needs NET_ADMIN, which the compute container does not have: then the
+    // tables cannot be checked, and are virt-handler's if its links are there.
+    let mut unreadable = None;
     for t in &plan.nat_tables {
-        match nft_netlink::table_state(t.family)? {
-            TableState::Foreign => foreign_tables.push(t.family.keyword()),
-            TableState::Absent => absent_tables.push(t.family.keyword()),
+        match nft_netlink::table_state(t.family) {
+            Ok(TableState::Foreign) => foreign_tables.push(t.family.keyword()),
+            Ok(TableState::Absent) => absent_tables.push(t.family.keyword()),
             // Made by an earlier qlauncher in this pod: ours to re-apply.
-            TableState::Ours(_) => return Ok(Adoption::Build),
+            Ok(TableState::Ours(_)) => return Ok(Adoption::Build),
+            Err(NetError::Nftables { step, source })
+                if source.raw_os_error() == Some(libc::EPERM) =>
+            {
+                unreadable = Some(NetError::Nftables { step, source });
+            }
+            Err(e) => return Err(e),
         }
     }
     let bridge = link(handle, &plan.bridge).await?;
     if bridge.is_none() && foreign_tables.is_empty() {
-        return Ok(Adoption::Build);
+        // Nothing set up: build it (which needs NET_ADMIN; without it the first step says so).
+        return match unreadable {
+            Some(e) => Err(e),
+            None => Ok(Adoption::Build),
+        };
+    }
+    if unreadable.is_some() {
+        absent_tables.clear();
+        tracing::info!(
+            "nftables not readable without NET_ADMIN: adopting the nat tables unchecked"
+        );
     }
     let mut differences = Vec::new();
     for table in &absent_tables {
