@@ -70,17 +70,19 @@ impl Drop for Netns {
     }
 }
 
-/// The launcher process tree (monitor, launcher, QEMU), killed on drop if still there.
-struct Launcher(Child);
+/// The launcher process tree (monitor, launcher, QEMU), killed on drop if still there. QEMU runs
+/// in its own session, so it is found by this test's root directory in its command line.
+struct Launcher(Child, std::path::PathBuf);
 
 impl Drop for Launcher {
     fn drop(&mut self) {
         if let Ok(None) = self.0.try_wait() {
-            let _ = Command::new("pkill")
-                .args(["-KILL", "-s", &self.0.id().to_string()])
-                .output();
             let _ = self.0.kill();
         }
+        let _ = Command::new("pkill")
+            .args(["-KILL", "-f"])
+            .arg(&self.1)
+            .output();
         let _ = self.0.wait();
     }
 }
@@ -369,7 +371,7 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
         .stderr(log)
         .spawn()
         .unwrap();
-    let mut launcher = Launcher(child);
+    let mut launcher = Launcher(child, r.to_path_buf());
     let launcher_log = || std::fs::read_to_string(r.join("launcher.log")).unwrap_or_default();
 
     // virt-handler: NewClient (Info) and Ping, then the notify pipe.
@@ -496,6 +498,15 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
             .into_inner(),
         "Unpause",
     );
+    let paused_at = received.lock().unwrap().len();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !received.lock().unwrap()[paused_at - 1..]
+        .iter()
+        .any(|(_, d)| d.status.status == LifeCycle::Running)
+    {
+        assert!(Instant::now() < deadline, "no Running after unpause");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     // Hotplug: the volume is mounted into the pod, then the sync with it Ready.
     let hp = share.join("hotplug-disks/hp1.img");
@@ -549,7 +560,8 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
         }
         assert!(
             Instant::now() < deadline,
-            "agent channel never connected: {agent:?}"
+            "agent channel never connected: {agent:?}\nlauncher log:\n{}",
+            launcher_log()
         );
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
