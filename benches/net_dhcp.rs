@@ -4,15 +4,13 @@
 //! masquerade bridge, and the sustained DISCOVER→OFFER rate with a window of outstanding
 //! requests. Run: `cargo bench --bench net_dhcp`.
 
-#[path = "../tests/net_support/mod.rs"]
-mod net_support;
-
 use dhcproto::v4::MessageType;
-use net_support::*;
 use qlauncher::net::dhcp::v4::{client_message, decode};
 use qlauncher::net::NetConfig;
 use std::net::{Ipv4Addr, SocketAddr, SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
+use testkit::net::*;
+use testkit::netns::*;
 
 const MAC: [u8; 6] = [0x02, 0, 0, 0xaa, 0xbb, 0x02];
 const SERVER: SocketAddrV4 = SocketAddrV4::new(Ipv4Addr::BROADCAST, 67);

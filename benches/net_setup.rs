@@ -8,13 +8,11 @@
 //! Run: `cargo bench --bench net_setup [-- ITERATIONS]` (default 10). Prints one line per side
 //! and a `net-setup` summary line (milliseconds: median min max) for `scripts/bench`.
 
-#[path = "../tests/net_support/mod.rs"]
-mod net_support;
-
-use net_support::{resolv_conf, setup, PodNet};
 use qlauncher::net::NetConfig;
-use std::process::Command;
 use std::time::{Duration, Instant};
+use testkit::net::{resolv_conf, setup};
+use testkit::netns::PodNet;
+use testkit::storage::run;
 
 /// The `nft` command lines KubeVirt runs for the default masquerade interface (all ports).
 fn kubevirt_nft() -> Vec<Vec<String>> {
@@ -79,20 +77,8 @@ fn split_words(line: &str) -> Vec<String> {
     out
 }
 
-fn run(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 /// The tools' way, run on a thread inside the pod namespace (children inherit it).
-fn with_tools(pod: &net_support::Netns) -> Duration {
+fn with_tools(pod: &testkit::netns::Netns) -> Duration {
     qlauncher::net::netns::run_in(&pod.path(), || {
         let t = Instant::now();
         for args in [

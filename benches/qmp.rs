@@ -4,33 +4,20 @@
 //! (device_del to DEVICE_DELETED) with the guest kernel releasing the device.
 //! Run with `cargo bench --bench qmp` (needs root for the taps). Prints one line per figure.
 
-use std::os::fd::OwnedFd;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use qlauncher::qmp::hotplug::{self, CdromChange, DiskAttach, DiskDetach, NicAttach};
-use qlauncher::qmp::{bind_qmp_listener, launch, tap, InheritFd, LaunchSpec, QemuProcess};
+use qlauncher::qmp::tap;
 use serde_json::json;
+use testkit::guest::GuestImages;
+use testkit::qemu_launch::{launch, QemuProcess};
+use testkit::qmp::{launch_spec, machine_args, monitor_args};
 
 const ROOT_PORTS: usize = 8;
 
-fn argv(dir: &Path) -> Vec<String> {
-    let mut a: Vec<String> = [
-        "-machine",
-        "q35",
-        "-accel",
-        "tcg",
-        "-m",
-        "128",
-        "-nodefaults",
-        "-no-user-config",
-        "-display",
-        "none",
-        "-S",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+fn argv() -> Vec<String> {
+    let mut a = machine_args();
     for i in 0..ROOT_PORTS {
         let mf = if i % 8 == 0 { ",multifunction=on" } else { "" };
         a.push("-device".into());
@@ -48,12 +35,8 @@ fn argv(dir: &Path) -> Vec<String> {
         "virtio-scsi-pci,id=scsi0,bus=pcie.0,addr=0x9".into(),
         "-device".into(),
         "scsi-cd,bus=scsi0.0,scsi-id=0,lun=0,id=ua-cdrom".into(),
-        "-chardev".into(),
-        "socket,id=charmonitor,fd=3,server=on,wait=off".into(),
-        "-mon".into(),
-        "chardev=charmonitor,id=monitor,mode=control".into(),
     ]);
-    let _ = dir;
+    a.extend(monitor_args());
     a
 }
 
@@ -62,28 +45,12 @@ async fn start(dir: &Path) -> QemuProcess {
 }
 
 async fn start_with(dir: &Path, extra: Vec<String>) -> QemuProcess {
-    let sock = dir.join("monitor.sock");
-    let listener = bind_qmp_listener(&sock).expect("bind");
-    let mut args = argv(dir);
+    let mut args = argv();
     args.extend(extra);
-    launch(LaunchSpec {
-        qemu: PathBuf::from("/usr/bin/qemu-system-x86_64"),
-        argv: args,
-        fds: vec![InheritFd {
-            fd: OwnedFd::from(listener),
-            target: 3,
-        }],
-        qmp_socket: sock,
-        user: None,
-        log: dir.join("qemu.log"),
-        env: vec![],
-        pre_start: vec![],
-        start: true,
-        timeout: Duration::from_secs(30),
-        pid_file: None,
-    })
-    .await
-    .expect("launch")
+    let mut spec = launch_spec(args, dir);
+    spec.env = vec![];
+    spec.timeout = Duration::from_secs(30);
+    launch(spec).await.expect("launch")
 }
 
 fn stats(name: &str, mut xs: Vec<Duration>) {
@@ -268,29 +235,21 @@ async fn main() {
 /// PCIe unplug with a booted guest: attach, wait until the guest reports the device, then time
 /// device_del .. DEVICE_DELETED (+ blockdev-del / netdev_del).
 async fn guest_unplug(dir: &Path) {
-    let guest = std::env::var_os("QLAUNCHER_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/qlauncher/guest"));
-    if !guest.join("vmlinuz").exists() {
-        println!(
-            "guest unplug: skipped, no test guest in {} (run scripts/build-guest)",
-            guest.display()
-        );
-        return;
-    }
+    let guest = match GuestImages::try_locate() {
+        Ok(g) => g,
+        Err(e) => {
+            println!("guest unplug: skipped, {e}");
+            return;
+        }
+    };
     let serial = dir.join("serial.log");
-    let extra = vec![
-        "-kernel".to_string(),
-        guest.join("vmlinuz").display().to_string(),
-        "-initrd".into(),
-        guest.join("initrd.img").display().to_string(),
-        "-append".into(),
-        "console=ttyS0".into(),
+    let mut extra = guest.kernel_boot_args();
+    extra.extend([
         "-chardev".into(),
         format!("file,id=charserial0,path={}", serial.display()),
         "-device".into(),
         "isa-serial,chardev=charserial0,id=serial0".into(),
-    ];
+    ]);
     let t = Instant::now();
     let mut p = start_with(dir, extra).await;
     let c = p.client().clone();

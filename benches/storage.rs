@@ -46,18 +46,6 @@ fn time<F: FnMut(u32)>(iterations: u32, mut f: F) -> Duration {
     start.elapsed() / iterations
 }
 
-fn spawn(program: &str, args: &[&str]) {
-    let out = Command::new(program)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{program}: {e}"));
-    assert!(
-        out.status.success(),
-        "{program} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
 fn report(what: &str, native: Duration, tool: &str, other: Duration) {
     println!(
         "{what:<28} native {:>9.3} ms   {tool:<22} {:>9.3} ms   ratio {:>6.1}x",
@@ -81,7 +69,7 @@ fn run(dir: &Path, iterations: u32) {
         .and_then(|f| f.set_len(1 << 30))
         .unwrap();
     let qcow = bases.join("disk_1.img");
-    spawn(
+    testkit::storage::run(
         "qemu-img",
         &["create", "-q", "-f", "qcow2", qcow.to_str().unwrap(), "1G"],
     );
@@ -99,7 +87,7 @@ fn run(dir: &Path, iterations: u32) {
         std::fs::create_dir_all(&tool_dir).unwrap();
         let tool = time(iterations, |i| {
             let out: PathBuf = tool_dir.join(format!("o{i}.qcow2"));
-            spawn(
+            testkit::storage::run(
                 "qemu-img",
                 &[
                     "create",
@@ -188,7 +176,9 @@ fn run(dir: &Path, iterations: u32) {
         } else {
             args.clone()
         };
-        let t = time(iterations, |_| spawn(tool, &quiet));
+        let t = time(iterations, |_| {
+            testkit::storage::run(tool, &quiet);
+        });
         report("cloud-init NoCloud ISO", native, tool, t);
     }
 
@@ -228,7 +218,9 @@ fn run(dir: &Path, iterations: u32) {
     args.append(&mut grafts);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     if tool_available("xorrisofs") {
-        let t = time(iterations, |_| spawn("xorrisofs", &args));
+        let t = time(iterations, |_| {
+            testkit::storage::run("xorrisofs", &args);
+        });
         report("ConfigMap ISO (20 keys)", native, "xorrisofs", t);
     }
 }

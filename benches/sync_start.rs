@@ -13,12 +13,10 @@
 //! to reuse the debug build; `QLAUNCHER_BENCH_RUNS` sets the number of runs (default 5).
 
 use qlauncher::sync::info::StartTimings;
-use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,44 +24,8 @@ use std::time::{Duration, Instant};
 const KUBEVIRT_DEFINED: f64 = 1.20;
 const KUBEVIRT_STARTED: f64 = 0.19;
 
-fn ip(args: &[&str]) -> Result<(), String> {
-    let o = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| e.to_string())?;
-    if o.status.success() {
-        Ok(())
-    } else {
-        Err(format!(
-            "ip {args:?}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        ))
-    }
-}
-
 fn vmi(uid: &str) -> serde_json::Value {
-    serde_json::json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "bench", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
-                    ],
-                    "interfaces": [{"name": "default", "masquerade": {}}]
-                }
-            },
-            "networks": [{"name": "default", "pod": {}}],
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}
-            ]
-        }
-    })
+    testkit::launcher::guest_vmi("bench", uid)
 }
 
 /// One start in a fresh network namespace; returns SyncVMI's split and the client-side latency.
@@ -71,24 +33,7 @@ fn one_run(disk: &Path, n: usize) -> Result<(StartTimings, Duration), String> {
     std::thread::spawn({
         let disk = disk.to_path_buf();
         move || {
-            nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET)
-                .map_err(|e| format!("unshare: {e}"))?;
-            ip(&["link", "set", "lo", "up"])?;
-            ip(&[
-                "link", "add", "eth0", "type", "veth", "peer", "name", "vpeer",
-            ])?;
-            ip(&["link", "set", "eth0", "up"])?;
-            ip(&["link", "set", "vpeer", "up"])?;
-            ip(&["addr", "add", "10.244.0.9/24", "dev", "eth0"])?;
-            ip(&[
-                "route",
-                "add",
-                "default",
-                "via",
-                "10.244.0.1",
-                "dev",
-                "eth0",
-            ])?;
+            testkit::netns::unshare_pod_eth0("10.244.0.9/24", None)?;
             tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(2)
                 .enable_all()
@@ -128,12 +73,7 @@ async fn start(disk: &Path, n: usize) -> Result<(StartTimings, Duration), String
     // The per-VMI directory (serial console, agent channel) the launcher creates at start.
     std::fs::create_dir_all(PathBuf::from(&manager_private).join(&uid))
         .map_err(|e| e.to_string())?;
-    let request = cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi(&uid)).map_err(|e| e.to_string())?,
-        }),
-        options: None,
-    };
+    let request = testkit::handler::vmi_only(&vmi(&uid));
     let t0 = Instant::now();
     let answer = client.sync_virtual_machine(request).await;
     let wall = t0.elapsed();

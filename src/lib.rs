@@ -25,3 +25,4 @@ pub mod net;
 pub mod qmp;
 pub mod storage;
 pub mod sync;
+pub mod sys;

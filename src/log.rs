@@ -165,14 +165,7 @@ impl Visit for FieldCollector {
     }
     fn record_error(&mut self, field: &Field, value: &(dyn std::error::Error + 'static)) {
         // The whole chain, one cause after the other, as KubeVirt's `reason` field shows it.
-        let mut text = value.to_string();
-        let mut source = value.source();
-        while let Some(cause) = source {
-            text.push_str(": ");
-            text.push_str(&cause.to_string());
-            source = cause.source();
-        }
-        self.put(field, Value::String(text));
+        self.put(field, Value::String(crate::sys::error::error_chain(value)));
     }
 }
 

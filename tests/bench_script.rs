@@ -2,26 +2,16 @@
 //! rendered from a stored results file (`tests/fixtures/bench/results.json`, a real run's
 //! `target/bench-results.json`), and its `--help` runs. The measuring itself is `scripts/bench`.
 
-use std::path::Path;
-use std::process::Command;
-
-fn script() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/bench")
+fn script() -> String {
+    testkit::repo_root()
+        .join("scripts/bench")
+        .display()
+        .to_string()
 }
 
 #[test]
 fn help_runs() {
-    let out = Command::new("python3")
-        .arg(script())
-        .arg("--help")
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = testkit::run(&["python3", &script(), "--help"]);
     assert!(text.contains("--skip-libvirt"), "{text}");
 }
 
@@ -29,20 +19,15 @@ fn help_runs() {
 fn report_renders_from_stored_results() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out_md = dir.path().join("BENCHMARKS.md");
-    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/bench/results.json");
-    let out = Command::new("python3")
-        .arg(script())
-        .arg("--render-from")
-        .arg(&fixture)
-        .arg("--out")
-        .arg(&out_md)
-        .output()
-        .expect("python3 runs");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let fixture = testkit::repo_root().join("tests/fixtures/bench/results.json");
+    testkit::run(&[
+        "python3",
+        &script(),
+        "--render-from",
+        fixture.to_str().unwrap(),
+        "--out",
+        out_md.to_str().unwrap(),
+    ]);
     let md = std::fs::read_to_string(&out_md).expect("report written");
     let headings: Vec<&str> = md.lines().filter(|l| l.starts_with("## ")).collect();
     assert_eq!(

@@ -4,10 +4,8 @@
 //! every JSON word parses to an object with the same keys, and every key=value word splits
 //! (QEMU's rules: `,,` is a literal comma) into the same keys.
 
-mod cmdline_support;
 // The converter context the fuzz targets use: a tap fd for every interface.
-#[path = "harden_support/targets.rs"]
-mod targets;
+use testkit::fuzz;
 
 use qlauncher::cmdline::{convert, render};
 use qlauncher::vmi::Vmi;
@@ -142,24 +140,12 @@ fn split_shape(s: &str) -> (String, Vec<String>) {
     }
 }
 
-const HOSTILE: &[&str] = &[
-    "a,b",
-    ",id=evil,x=y",
-    "a=b",
-    "q\"u'o`te",
-    "new\nline",
-    "../../etc/passwd",
-    "{\"driver\":\"x\"}",
-    "-device",
-    "",
-];
-
 #[test]
 fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let long = "x".repeat(5000);
     let benign_vmi: Vmi = serde_json::from_value(base()).unwrap();
     let benign_plan =
-        convert(&benign_vmi, &targets::context_for(&benign_vmi)).expect("benign VMI converts");
+        convert(&benign_vmi, &fuzz::context_for(&benign_vmi)).expect("benign VMI converts");
     let benign = shape(&render::argv(&benign_plan));
 
     // (pointers that get the hostile value, field paths an error may name)
@@ -325,14 +311,18 @@ fn hostile_values_are_rejected_with_their_path_or_rendered_harmlessly() {
     let mut rendered = 0;
     let mut rejected = 0;
     for (pointers, paths) in fields {
-        for hostile in HOSTILE.iter().copied().chain([long.as_str()]) {
+        for hostile in testkit::hostile::VALUES
+            .iter()
+            .copied()
+            .chain(["", long.as_str()])
+        {
             let mut v = base();
             for p in *pointers {
                 *v.pointer_mut(p).unwrap_or_else(|| panic!("pointer {p}")) = json!(hostile);
             }
             let vmi: Vmi = serde_json::from_value(v).unwrap();
             let label = format!("{pointers:?} = {:?}", &hostile[..hostile.len().min(40)]);
-            match convert(&vmi, &targets::context_for(&vmi)) {
+            match convert(&vmi, &fuzz::context_for(&vmi)) {
                 Err(e) => {
                     assert!(
                         paths.contains(&e.path().as_str()),

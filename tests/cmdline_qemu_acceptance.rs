@@ -6,8 +6,6 @@
 //! its top node, and `query-chardev` every planned chardev. A second test adds every
 //! hot-pluggable disk and NIC with the QMP plan's own argument objects.
 
-mod cmdline_support;
-
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::UnixStream;
@@ -204,7 +202,7 @@ fn accept(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fac
     let tmp = tempfile::Builder::new().prefix("qlc").tempdir().unwrap();
     let root = tmp.path();
     let tap_prefix = format!("qc{}x{n}n", std::process::id() % 100000);
-    let ctx = cmdline_support::acceptance_context(vmi, facts, root, &tap_prefix);
+    let ctx = testkit::cmdline::acceptance_context(vmi, facts, root, &tap_prefix);
     let plan = convert(vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
     prepare_files(&plan, root);
     let argv = render::argv(&plan);
@@ -292,7 +290,7 @@ fn accept(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fac
 fn qemu_starts_every_fixture_paused_with_every_planned_device() {
     let mut started = 0;
     let mut failed = Vec::new();
-    for (name, vmi, facts) in cmdline_support::fixtures() {
+    for (name, vmi, facts) in testkit::cmdline::fixtures() {
         if facts.rejected {
             continue;
         }
@@ -317,7 +315,7 @@ fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fa
     let tmp = tempfile::Builder::new().prefix("qlh").tempdir().unwrap();
     let root = tmp.path();
     let tap_prefix = format!("qh{}x{n}n", std::process::id() % 100000);
-    let ctx = cmdline_support::acceptance_context(vmi, facts, root, &tap_prefix);
+    let ctx = testkit::cmdline::acceptance_context(vmi, facts, root, &tap_prefix);
     let plan = convert(vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
     let qmp_plan = render::qmp_plan(&plan);
     if qmp_plan.disks.is_empty() && qmp_plan.nics.is_empty() {
@@ -374,7 +372,7 @@ fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fa
 #[test]
 fn qmp_plan_adds_every_hotpluggable_disk_and_nic() {
     let mut plugged = 0;
-    for (name, vmi, facts) in cmdline_support::fixtures() {
+    for (name, vmi, facts) in testkit::cmdline::fixtures() {
         if facts.rejected || facts.no_acceptance.is_some() {
             continue;
         }
@@ -405,7 +403,7 @@ fn virtiofs_filesystems_connect_to_real_virtiofsd() {
         "{} is missing: install qemu-system-common (scripts/install-deps)",
         virtiofsd.display()
     );
-    let (name, vmi, mut facts) = cmdline_support::fixtures()
+    let (name, vmi, mut facts) = testkit::cmdline::fixtures()
         .into_iter()
         .find(|(n, _, _)| n == "virtiofs")
         .expect("virtiofs fixture");
@@ -414,7 +412,7 @@ fn virtiofs_filesystems_connect_to_real_virtiofsd() {
     let n = COUNTER.fetch_add(1, Ordering::SeqCst);
     let tap_prefix = format!("qv{}x{n}n", std::process::id() % 100000);
     facts.virtiofs_ready.clear();
-    let mut ctx = cmdline_support::acceptance_context(&vmi, &facts, root, &tap_prefix);
+    let mut ctx = testkit::cmdline::acceptance_context(&vmi, &facts, root, &tap_prefix);
     ctx.paths.virtiofs = root.join("vfs").to_string_lossy().to_string();
     let names = ["data", "app-config"];
     let missing: Vec<String> = convert(&vmi, &ctx)

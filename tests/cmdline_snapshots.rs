@@ -3,14 +3,12 @@
 //! the error for fixtures that must be rejected. Each snapshot was reviewed by hand against
 //! libvirt's rendering of the equivalent domain and KubeVirt's converter rules.
 
-mod cmdline_support;
-
 use qlauncher::cmdline::{convert, render};
 use serde_json::json;
 
 #[test]
 fn every_fixture_matches_its_snapshot() {
-    let fixtures = cmdline_support::fixtures();
+    let fixtures = testkit::cmdline::fixtures();
     assert!(fixtures.len() >= 40, "only {} fixtures", fixtures.len());
     for (name, vmi, facts) in fixtures {
         let ctx = facts.context(&vmi);
@@ -46,7 +44,7 @@ fn every_fixture_matches_its_snapshot() {
 
 #[test]
 fn converting_twice_gives_the_same_plan() {
-    for (name, vmi, facts) in cmdline_support::fixtures() {
+    for (name, vmi, facts) in testkit::cmdline::fixtures() {
         let ctx = facts.context(&vmi);
         assert_eq!(convert(&vmi, &ctx), convert(&vmi, &ctx), "{name}");
     }

@@ -7,29 +7,15 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "e2e_support/mod.rs"]
-mod support;
-
-use guest::GuestImages;
 use serde_json::{json, Value};
 use std::path::Path;
-use support::{example, short_tempdir, Pod, Run, STEP};
+use testkit::run::{short_tempdir, Pod, Run, STEP};
 
 /// `qlauncher ARGS...` in the pod namespace; its stdout, or a panic with its stderr.
 fn qlauncher(pod: &Pod, args: &[&str]) -> String {
-    let out = pod
-        .command(env!("CARGO_BIN_EXE_qlauncher"))
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "qlauncher {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let mut argv = vec![env!("CARGO_BIN_EXE_qlauncher")];
+    argv.extend_from_slice(args);
+    pod.net.pod.sh(&argv)
 }
 
 /// Ids of the PCIe root ports with nothing plugged into them (`query-pci`).
@@ -57,17 +43,10 @@ fn free_root_ports(pod: &Pod, qmp: &Path) -> Vec<String> {
 
 #[test]
 fn guest_sees_disk_and_nic_hotplugged_through_the_operator_qmp_socket() {
-    let images = GuestImages::locate();
     let tmp = short_tempdir();
     let root = tmp.path().join("r");
-    let disk = format!("rootdisk={}", images.disk_qcow2.display());
     let pod = Pod::new();
-    let mut run = Run::start(
-        &pod,
-        &example("demo.yaml"),
-        &root,
-        &["--container-disk", &disk],
-    );
+    let mut run = Run::start_example(&pod, "demo.yaml", &root);
     let mut console = run.console();
     let qmp = run.operator_qmp_socket();
     let qmp_arg = qmp.to_str().unwrap();

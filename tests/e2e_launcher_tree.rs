@@ -11,15 +11,12 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "e2e_support/mod.rs"]
-mod support;
+use testkit::guest;
 
 use guest::GuestImages;
 use std::path::Path;
 use std::process::Command;
-use support::{short_tempdir, Pod, Run, RESOLV_CONF, STEP};
+use testkit::run::{short_tempdir, Pod, Run, RESOLV_CONF, STEP};
 
 /// The shell fragment (run by the test, outside the tree) that mounts a container's file systems
 /// into `$T` and then execs `chroot "$T" "$@"`.

@@ -12,17 +12,14 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "e2e_support/mod.rs"]
-mod support;
+use testkit::guest;
 
 use guest::GuestImages;
 use std::path::Path;
-use support::{example, short_tempdir, Pod, Run, STEP};
+use testkit::run::{example, short_tempdir, Pod, Run, STEP};
 
 fn sha256(path: &Path) -> String {
-    support::host(&["sha256sum", &path.display().to_string()])
+    testkit::run(&["sha256sum", &path.display().to_string()])
         .split_whitespace()
         .next()
         .unwrap()
@@ -94,7 +91,7 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     let root = tmp.path().join("r");
     let disk = format!("rootdisk={}", base.display());
     let vmi = example("demo.yaml");
-    let mark = format!("qle-mark-{}", support::unique());
+    let mark = format!("qle-mark-{}", testkit::unique());
 
     let pod = Pod::new();
     let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
@@ -109,7 +106,7 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     assert_eq!((rc, out), (0, String::new()));
     assert_eq!(meta_data(&mut run), expected_meta_data());
     // Guest to node through masquerade: the node sees the pod's address, not the guest's.
-    let server = node_http_server(&pod.node, 8080);
+    let server = node_http_server(&pod.net.node.name, 8080);
     let (rc, out) = console
         .run(
             "for i in $(seq 1 60); do wget -q -O - http://10.244.0.1:8080/from-guest \
@@ -160,17 +157,10 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
 
 #[test]
 fn empty_disk_example_gives_the_guest_a_1gib_disk() {
-    let images = GuestImages::locate();
     let tmp = short_tempdir();
     let root = tmp.path().join("r");
-    let disk = format!("rootdisk={}", images.disk_qcow2.display());
     let pod = Pod::new();
-    let mut run = Run::start(
-        &pod,
-        &example("empty-disk.yaml"),
-        &root,
-        &["--container-disk", &disk],
-    );
+    let mut run = Run::start_example(&pod, "empty-disk.yaml", &root);
     let mut console = run.console();
     assert_eq!(
         console.wait_for_marker("disk vdb ", STEP).unwrap(),

@@ -2,8 +2,7 @@
 //! `qemu-system-x86_64 -accel tcg`: kernelBoot pair and SeaBIOS disk boot, markers, shell, DHCP
 //! lease from QEMU's user network, cidata user-data, disk and NIC hotplug, ACPI power button.
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{marker_fields, GuestImages, Vm};
 use std::process::Command;
@@ -234,14 +233,7 @@ fn disk_boot_with_seabios_writes_land_in_the_overlay() {
         (0, String::new())
     );
 
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 
     // The write is in the overlay; the base image is unchanged.
@@ -304,13 +296,6 @@ fn disk_boot_with_ovmf() {
             .unwrap(),
         (0, "efi".to_string())
     );
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 }

@@ -2,8 +2,7 @@
 //! qlauncher, qemu-system-x86_64, their libraries and firmware and nothing else (no shell, ip, nft,
 //! qemu-img, xorriso, libvirt), and QEMU chrooted into it boots the test guest with SeaBIOS.
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{GuestImages, Vm};
 use std::path::{Path, PathBuf};
@@ -95,27 +94,15 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
         ["usr/bin/qemu-system-x86_64", "usr/bin/qlauncher"]
     );
 
-    let out = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/qemu-system-x86_64", "--version"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert!(String::from_utf8_lossy(&out.stdout).starts_with("QEMU emulator version "));
-    let out = Command::new("chroot")
-        .arg(&root)
-        .args(["/usr/bin/qlauncher", "--help"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let root_arg = root.to_str().unwrap();
+    let version = testkit::run(&[
+        "chroot",
+        root_arg,
+        "/usr/bin/qemu-system-x86_64",
+        "--version",
+    ]);
+    assert!(version.starts_with("QEMU emulator version "));
+    testkit::run(&["chroot", root_arg, "/usr/bin/qlauncher", "--help"]);
 
     // QEMU inside the tree boots the guest's disk with SeaBIOS (firmware, TCG module and the
     // virtio-net option ROM all come from the tree).
@@ -171,13 +158,6 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
         lease.starts_with("lease eth0 ip=10.0.2.15/24 router=10.0.2.2 "),
         "{lease}"
     );
-    vm.qmp()
-        .unwrap()
-        .execute("system_powerdown", serde_json::json!({}))
-        .unwrap();
-    vm.console.wait_for_marker("poweroff", STEP).unwrap();
-    let status = vm
-        .wait_exit(STEP)
-        .expect("QEMU exits after the guest powers off");
+    let status = vm.power_off(STEP);
     assert!(status.success(), "QEMU exit status {status}");
 }

@@ -3,8 +3,6 @@
 //! Disk-full during overlay/ISO creation is covered by `tests/storage_interrupted.rs`; 100
 //! concurrent gRPC calls by `tests/sync_cmd_server.rs`.
 
-mod qmp_support;
-
 use std::net::{Ipv4Addr, UdpSocket};
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
@@ -17,7 +15,7 @@ use qlauncher::net::DhcpExtraOptions;
 use qlauncher::qmp::client::QmpClient;
 use qlauncher::qmp::QmpError;
 use qlauncher::storage::{create_overlay, probe_image, ChainPolicy, OverlaySpec, StorageError};
-use qmp_support::{q35_args, TestVm};
+use testkit::qmp::{q35_args, TestVm};
 
 /// A QEMU frozen with SIGSTOP: every command times out after its own timeout (also several
 /// at once), nothing deadlocks, and after SIGCONT the same client works again. The QMP
@@ -195,7 +193,7 @@ impl Drop for TapGuard {
 /// NIC is still there (`query-rx-filter`), and link state changes on it still apply.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tap_deleted_under_a_running_qemu_keeps_it_running() {
-    let tap = qmp_support::unique("hqt");
+    let tap = testkit::qmp::unique("hqt");
     let guard = TapGuard(tap.clone());
     let mut args = q35_args();
     args.extend([
@@ -211,15 +209,7 @@ async fn tap_deleted_under_a_running_qemu_keeps_it_running() {
     let client = vm.client();
     client.execute("cont", None).await.expect("cont");
     assert!(std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
-    let out = std::process::Command::new("ip")
-        .args(["link", "del", &tap])
-        .output()
-        .expect("ip");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::run(&["ip", "link", "del", &tap]);
     assert!(!std::path::Path::new(&format!("/sys/class/net/{tap}")).exists());
     tokio::time::sleep(Duration::from_millis(300)).await;
 

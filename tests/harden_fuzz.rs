@@ -4,12 +4,11 @@
 //! `fuzz/corpus/` is not read here: it grows with every fuzzing run). Every input that ever
 //! crashed a target lives in `fuzz/regressions/<target>/` and is replayed first.
 //!
-//! Targets (bodies in `tests/harden_support/targets.rs`): `vmi_pipeline` (VMI JSON/YAML ->
+//! Targets (bodies in `testkit/src/fuzz.rs`): `vmi_pipeline` (VMI JSON/YAML ->
 //! defaults -> validation -> conversion -> argv), `dhcp_v4`, `dhcp_v6`, `qmp_reader`,
 //! `image_facts` (format magic, qcow2 header, backing chain).
 
-#[path = "harden_support/targets.rs"]
-mod targets;
+use testkit::fuzz;
 
 use std::path::{Path, PathBuf};
 
@@ -131,7 +130,7 @@ fn load_vmi_seeds() -> Vec<Vec<u8>> {
 #[test]
 fn vmi_pipeline_regressions() {
     for input in files(&repo().join("fuzz/regressions/vmi_pipeline")) {
-        targets::vmi_pipeline(&input);
+        fuzz::vmi_pipeline(&input);
     }
 }
 
@@ -140,10 +139,7 @@ fn vmi_pipeline_seeds_convert() {
     // The seeds are good VMIs: most of them must get all the way to an argv, so the mutations
     // below start from inputs that reach the converter.
     let seeds = vmi_seeds();
-    let rendered = seeds
-        .iter()
-        .filter(|s| targets::vmi_pipeline(s) == 3)
-        .count();
+    let rendered = seeds.iter().filter(|s| fuzz::vmi_pipeline(s) == 3).count();
     assert!(
         seeds.len() >= 20 && rendered * 2 > seeds.len(),
         "{rendered} of {} seeds rendered",
@@ -157,7 +153,7 @@ proptest! {
     fn vmi_pipeline_mutated(seed in any::<prop::sample::Index>(), e in edits(VMI_TOKENS)) {
         let seeds = vmi_seeds();
         let input = apply(&seeds[seed.index(seeds.len())], &e);
-        targets::vmi_pipeline(&input);
+        fuzz::vmi_pipeline(&input);
     }
 }
 
@@ -203,9 +199,9 @@ fn v4_seeds() -> Vec<Vec<u8>> {
 
 #[test]
 fn dhcp_v4_regressions() {
-    let server = DhcpV4Server::new(targets::v4_config()).expect("server");
+    let server = DhcpV4Server::new(fuzz::v4_config()).expect("server");
     for input in files(&repo().join("fuzz/regressions/dhcp_v4")) {
-        targets::dhcp_v4(&server, &input);
+        fuzz::dhcp_v4(&server, &input);
     }
 }
 
@@ -213,15 +209,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: cases(3000), failure_persistence: None, ..ProptestConfig::default() })]
     #[test]
     fn dhcp_v4_mutated(seed in any::<prop::sample::Index>(), e in edits(DHCP_TOKENS)) {
-        let server = DhcpV4Server::new(targets::v4_config()).expect("server");
+        let server = DhcpV4Server::new(fuzz::v4_config()).expect("server");
         let seeds = v4_seeds();
-        targets::dhcp_v4(&server, &apply(&seeds[seed.index(seeds.len())], &e));
+        fuzz::dhcp_v4(&server, &apply(&seeds[seed.index(seeds.len())], &e));
     }
 
     #[test]
     fn dhcp_v4_random(data in prop::collection::vec(any::<u8>(), 0..600)) {
-        let server = DhcpV4Server::new(targets::v4_config()).expect("server");
-        targets::dhcp_v4(&server, &data);
+        let server = DhcpV4Server::new(fuzz::v4_config()).expect("server");
+        fuzz::dhcp_v4(&server, &data);
     }
 }
 
@@ -253,9 +249,9 @@ fn v6_seeds() -> Vec<Vec<u8>> {
 
 #[test]
 fn dhcp_v6_regressions() {
-    let cfg = targets::v6_config();
+    let cfg = fuzz::v6_config();
     for input in files(&repo().join("fuzz/regressions/dhcp_v6")) {
-        targets::dhcp_v6(&cfg, &input);
+        fuzz::dhcp_v6(&cfg, &input);
     }
 }
 
@@ -264,7 +260,7 @@ proptest! {
     #[test]
     fn dhcp_v6_mutated(seed in any::<prop::sample::Index>(), e in edits(V6_TOKENS)) {
         let seeds = v6_seeds();
-        targets::dhcp_v6(&targets::v6_config(), &apply(&seeds[seed.index(seeds.len())], &e));
+        fuzz::dhcp_v6(&fuzz::v6_config(), &apply(&seeds[seed.index(seeds.len())], &e));
     }
 }
 
@@ -304,7 +300,7 @@ fn runtime() -> tokio::runtime::Runtime {
 fn qmp_reader_regressions() {
     let rt = runtime();
     for input in files(&repo().join("fuzz/regressions/qmp_reader")) {
-        targets::qmp_reader(&rt, &input);
+        fuzz::qmp_reader(&rt, &input);
     }
 }
 
@@ -313,7 +309,7 @@ proptest! {
     #[test]
     fn qmp_reader_mutated(seed in any::<prop::sample::Index>(), e in edits(QMP_TOKENS)) {
         let seeds = qmp_seeds();
-        targets::qmp_reader(&runtime(), &apply(&seeds[seed.index(seeds.len())], &e));
+        fuzz::qmp_reader(&runtime(), &apply(&seeds[seed.index(seeds.len())], &e));
     }
 }
 
@@ -371,7 +367,7 @@ fn image_facts_regressions() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("base.raw"), [0u8; 512]).expect("base");
     for input in files(&repo().join("fuzz/regressions/image_facts")) {
-        targets::image_facts(dir.path(), &input);
+        fuzz::image_facts(dir.path(), &input);
     }
 }
 
@@ -387,19 +383,19 @@ proptest! {
         let (head, tail) = seed.split_at(seed.len().min(1024));
         let mut input = apply(head, &e);
         input.extend_from_slice(tail);
-        targets::image_facts(dir.path(), &input);
+        fuzz::image_facts(dir.path(), &input);
     }
 }
 
-/// Regression (libFuzzer, `dhcp_v6`): a status-code option (13) of length 0 makes dhcproto
-/// panic while decoding; `v6::respond` catches it and reports the datagram as malformed.
+/// Regression (libFuzzer, `dhcp_v6`): a status-code option (13) of length 0 made dhcproto
+/// panic while decoding; `v6::respond` now rejects it before dhcproto sees it, as malformed.
 #[test]
 fn dhcp_v6_empty_status_code_option_is_malformed() {
     let input = [
         0x60, 0x00, 0x7a, 0x00, 0x00, 0x0d, 0x00, 0x00, 0x00, 0x00, 0x00,
     ];
     let from = std::net::SocketAddrV6::new(std::net::Ipv6Addr::LOCALHOST, 546, 0, 0);
-    let out = qlauncher::net::dhcp::v6::respond(&targets::v6_config(), &input, from);
+    let out = qlauncher::net::dhcp::v6::respond(&fuzz::v6_config(), &input, from);
     assert!(
         matches!(out, qlauncher::net::dhcp::Outcome::Malformed(_)),
         "{out:?}"

@@ -18,14 +18,11 @@
 //! Path fields get the value as a file name (`/` replaced by `_`) of a file the test creates.
 //! Needs the test guest's kernel and initrd (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
+use testkit::guest::{QemuChild, Qmp};
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qlauncher::cmdline::context::{MonitorSocket, QemuVersion};
@@ -33,23 +30,14 @@ use qlauncher::cmdline::{convert, render, ConverterContext};
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use serde_json::{json, Value};
 
-/// The hostile values (as in `tests/cmdline_hostile.rs`), the empty one left out (it means
-/// "unset" for most fields), plus a 5000-byte value.
+/// The hostile values ([`testkit::hostile::VALUES`], not the empty one: it means "unset" for
+/// most fields), plus non-ASCII separators and a 5000-byte value.
 fn corpus() -> Vec<String> {
-    let mut v: Vec<String> = [
-        "a,b",
-        ",id=evil,x=y",
-        "a=b",
-        "q\"u'o`te",
-        "new\nline",
-        "../../etc/passwd",
-        "{\"driver\":\"x\"}",
-        "-device",
-        "é,ü=ß",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    let mut v: Vec<String> = testkit::hostile::VALUES
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    v.push("é,ü=ß".into());
     v.push("x".repeat(5000));
     v
 }
@@ -200,86 +188,33 @@ fn plan_argv(env: &Env, v: &Value, sock: &Path) -> Result<Launch, String> {
     Ok((render::argv(&plan), plan.env.clone()))
 }
 
-struct Qemu(Child);
-
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-struct Qmp {
-    stream: UnixStream,
-    reader: BufReader<UnixStream>,
-}
-
-impl Qmp {
-    fn cmd(&mut self, execute: &str, arguments: Value) -> Value {
-        let mut c = json!({ "execute": execute });
-        if !arguments.is_null() {
-            c["arguments"] = arguments;
-        }
-        writeln!(self.stream, "{c}").expect("QMP write");
-        loop {
-            let mut line = String::new();
-            self.reader.read_line(&mut line).expect("QMP read");
-            assert!(!line.is_empty(), "QMP closed");
-            let v: Value = serde_json::from_str(&line).expect("QMP JSON");
-            if v.get("event").is_some() {
-                continue;
-            }
-            assert!(v.get("error").is_none(), "{execute}: {v}");
-            return v["return"].clone();
-        }
-    }
-
-    /// `size` bytes of guest memory at `addr` (`pmemsave` into a file).
-    fn memory(&mut self, dir: &Path, addr: u64, size: u64) -> Vec<u8> {
-        let file = dir.join("mem.bin");
-        self.cmd(
-            "pmemsave",
-            json!({"val": addr, "size": size, "filename": file.display().to_string()}),
-        );
-        let data = std::fs::read(&file).expect("pmemsave file");
-        let _ = std::fs::remove_file(&file);
-        data
-    }
-}
-
-fn start((argv, envs): &Launch, sock: &Path) -> (Qemu, Qmp) {
-    let child = Command::new("qemu-system-x86_64")
-        .args(argv)
-        .envs(envs.iter().cloned())
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn QEMU");
-    let mut q = Qemu(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let stream = loop {
-        if let Ok(s) = UnixStream::connect(sock) {
-            break s;
-        }
-        if let Ok(Some(st)) = q.0.try_wait() {
-            let mut err = String::new();
-            let _ = std::io::Read::read_to_string(q.0.stderr.as_mut().expect("stderr"), &mut err);
-            panic!("QEMU exited {st}: {err}\nargv: {argv:?}");
-        }
-        assert!(Instant::now() < deadline, "no QMP socket");
-        std::thread::sleep(Duration::from_millis(20));
+/// One QMP command that must succeed; its `return` value.
+fn cmd(qmp: &mut Qmp, execute: &str, arguments: Value) -> Value {
+    let arguments = if arguments.is_null() {
+        json!({})
+    } else {
+        arguments
     };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .expect("timeout");
-    let mut qmp = Qmp {
-        reader: BufReader::new(stream.try_clone().expect("clone")),
-        stream,
-    };
-    let mut greeting = String::new();
-    qmp.reader.read_line(&mut greeting).expect("greeting");
-    qmp.cmd("qmp_capabilities", Value::Null);
+    qmp.execute(execute, arguments)
+        .unwrap_or_else(|e| panic!("{execute}: {e}"))
+}
+
+/// `size` bytes of guest memory at `addr` (`pmemsave` into a file).
+fn memory(qmp: &mut Qmp, dir: &Path, addr: u64, size: u64) -> Vec<u8> {
+    let file = dir.join("mem.bin");
+    cmd(
+        qmp,
+        "pmemsave",
+        json!({"val": addr, "size": size, "filename": file.display().to_string()}),
+    );
+    let data = std::fs::read(&file).expect("pmemsave file");
+    let _ = std::fs::remove_file(&file);
+    data
+}
+
+fn start((argv, envs): &Launch, sock: &Path) -> (QemuChild, Qmp) {
+    let mut q = QemuChild::spawn(argv, envs);
+    let qmp = q.qmp(sock, Duration::from_secs(30));
     (q, qmp)
 }
 
@@ -287,7 +222,7 @@ fn start((argv, envs): &Launch, sock: &Path) -> (Qemu, Qmp) {
 fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(30);
     let (addr, len) = loop {
-        let seg = qmp.memory(dir, 0xf0000, 0x10000);
+        let seg = memory(qmp, dir, 0xf0000, 0x10000);
         let found = (0..seg.len().saturating_sub(32)).step_by(16).find_map(|i| {
             let e = &seg[i..];
             if e.starts_with(b"_SM3_") {
@@ -308,7 +243,7 @@ fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
         assert!(Instant::now() < deadline, "no SMBIOS entry point");
         std::thread::sleep(Duration::from_millis(100));
     };
-    let table = qmp.memory(dir, addr, len);
+    let table = memory(qmp, dir, addr, len);
     let mut out: BTreeMap<u8, Vec<String>> = BTreeMap::new();
     let mut i = 0;
     while i + 4 <= table.len() {
@@ -421,9 +356,9 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
         let _ = std::fs::remove_file(&sock);
         let (qemu, mut qmp) = start(&launch, &sock);
         // The plan starts QEMU paused (-S); SeaBIOS installs the SMBIOS tables once it runs.
-        qmp.cmd("cont", Value::Null);
+        cmd(&mut qmp, "cont", Value::Null);
         let smbios = smbios_strings(&mut qmp, root);
-        let peripheral = qmp.cmd("qom-list", json!({"path": "/machine/peripheral"}));
+        let peripheral = cmd(&mut qmp, "qom-list", json!({"path": "/machine/peripheral"}));
         let ids: Vec<&str> = peripheral
             .as_array()
             .expect("qom-list")
@@ -449,7 +384,8 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                     smbios.get(&3)
                 ),
                 Field::DiskSerial => {
-                    let serial = qmp.cmd(
+                    let serial = cmd(
+                        &mut qmp,
                         "qom-get",
                         json!({"path": format!("/machine/peripheral/{disk_id}"), "property": "serial"}),
                     );
@@ -457,7 +393,7 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                 }
                 Field::DiskName => assert!(ids.contains(&disk_id.as_str()), "{msg}: {ids:?}"),
                 Field::HostDiskPath => {
-                    let nodes = qmp.cmd("query-named-block-nodes", Value::Null);
+                    let nodes = cmd(&mut qmp, "query-named-block-nodes", Value::Null);
                     let want = env.host_disk(&volume, &disk_file).display().to_string();
                     assert!(
                         nodes
@@ -474,11 +410,15 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                     } else {
                         "initrd"
                     };
-                    let got = qmp.cmd("qom-get", json!({"path": "/machine", "property": prop}));
+                    let got = cmd(
+                        &mut qmp,
+                        "qom-get",
+                        json!({"path": "/machine", "property": prop}),
+                    );
                     assert_eq!(got, json!(env.kernel_boot(&file_name(&value))), "{msg}");
                 }
                 Field::Timezone => {
-                    let environ = std::fs::read(format!("/proc/{}/environ", qemu.0.id()))
+                    let environ = std::fs::read(format!("/proc/{}/environ", qemu.id()))
                         .expect("QEMU environ");
                     let want = format!("TZ={value}");
                     assert!(
@@ -488,7 +428,7 @@ fn hostile_values_arrive_whole_in_what_qemu_parsed() {
                     );
                 }
                 Field::Name | Field::Namespace => {
-                    let name = qmp.cmd("query-name", Value::Null);
+                    let name = cmd(&mut qmp, "query-name", Value::Null);
                     let (ns, n) = (
                         if accepted.contains(&Field::Namespace) {
                             value.as_str()

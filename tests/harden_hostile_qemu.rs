@@ -6,16 +6,14 @@
 //! into an extra option would fail to start or change these. Needs the test guest's kernel
 //! (`scripts/build-guest`).
 
-use std::io::{BufRead, BufReader, Write};
-use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
 use qlauncher::cmdline::context::{MonitorSocket, QemuVersion};
 use qlauncher::cmdline::{convert, render, ConverterContext};
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use serde_json::{json, Value};
+use testkit::guest::{GuestImages, QemuChild};
 
 /// Kernel arguments QEMU must pass through untouched.
 fn hostile_kernel_args() -> Vec<String> {
@@ -48,38 +46,6 @@ fn hostile_kernel_args() -> Vec<String> {
     .collect();
     v.push("k=v ".repeat(500));
     v
-}
-
-fn guest_kernel() -> PathBuf {
-    let dir = std::env::var("QLAUNCHER_GUEST_DIR")
-        .unwrap_or_else(|_| "/var/cache/qlauncher/guest".into());
-    let k = Path::new(&dir).join("vmlinuz");
-    assert!(
-        k.exists(),
-        "{} is missing: run scripts/build-guest",
-        k.display()
-    );
-    k
-}
-
-struct Qemu(Child);
-impl Drop for Qemu {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn qmp(stream: &mut UnixStream, reader: &mut BufReader<UnixStream>, cmd: Value) -> Value {
-    writeln!(stream, "{cmd}").expect("write");
-    loop {
-        let mut line = String::new();
-        assert!(reader.read_line(&mut line).expect("read") > 0, "QMP closed");
-        let v: Value = serde_json::from_str(&line).expect("QMP JSON");
-        if v.get("return").is_some() || v.get("error").is_some() {
-            return v;
-        }
-    }
 }
 
 /// Converts, starts QEMU paused, returns (`qom-get /machine append`, `query-name`).
@@ -118,52 +84,17 @@ fn start(vmi_json: &Value, kernel: &Path) -> Option<(Value, Value)> {
     if !argv.iter().any(|a| a == "-S") {
         argv.push("-S".into());
     }
-    let child = Command::new("qemu-system-x86_64")
-        .args(&argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn QEMU");
-    let mut q = Qemu(child);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut stream = loop {
-        if let Ok(s) = UnixStream::connect(&sock) {
-            break s;
-        }
-        if let Ok(Some(st)) = q.0.try_wait() {
-            let mut err = String::new();
-            let _ = std::io::Read::read_to_string(q.0.stderr.as_mut().expect("stderr"), &mut err);
-            panic!("QEMU exited {st}: {err}\nargv: {argv:?}");
-        }
-        assert!(Instant::now() < deadline, "no QMP socket");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    stream
-        .set_read_timeout(Some(Duration::from_secs(20)))
-        .expect("timeout");
-    let mut reader = BufReader::new(stream.try_clone().expect("clone"));
-    let mut greeting = String::new();
-    if reader.read_line(&mut greeting).is_err() {
-        let _ = q.0.wait();
-        let mut err = String::new();
-        let _ = std::io::Read::read_to_string(q.0.stderr.as_mut().expect("stderr"), &mut err);
-        panic!("no QMP greeting: {err}\nargv: {argv:?}");
-    }
-    qmp(
-        &mut stream,
-        &mut reader,
-        json!({"execute": "qmp_capabilities"}),
-    );
-    let status = qmp(&mut stream, &mut reader, json!({"execute": "query-status"}));
-    assert_eq!(status["return"]["status"], "prelaunch", "{status}");
-    let append = qmp(
-        &mut stream,
-        &mut reader,
-        json!({"execute": "qom-get", "arguments": {"path": "/machine", "property": "append"}}),
-    );
-    let name = qmp(&mut stream, &mut reader, json!({"execute": "query-name"}));
-    Some((append["return"].clone(), name["return"]["name"].clone()))
+    let mut q = QemuChild::spawn(&argv, &[]);
+    let mut qmp = q.qmp(&sock, Duration::from_secs(20));
+    let status = qmp
+        .execute("query-status", json!({}))
+        .expect("query-status");
+    assert_eq!(status["status"], "prelaunch", "{status}");
+    let append = qmp
+        .execute("qom-get", json!({"path": "/machine", "property": "append"}))
+        .unwrap_or_default();
+    let name = qmp.execute("query-name", json!({})).unwrap_or_default();
+    Some((append, name["name"].clone()))
 }
 
 fn vmi(args: &str) -> Value {
@@ -183,7 +114,7 @@ fn vmi(args: &str) -> Value {
 
 #[test]
 fn hostile_kernel_args_arrive_as_one_machine_property() {
-    let kernel = guest_kernel();
+    let kernel = GuestImages::locate().vmlinuz;
     let mut started = 0;
     let mut rejected = Vec::new();
     for args in hostile_kernel_args() {

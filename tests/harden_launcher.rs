@@ -16,12 +16,8 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "harden_support/launcher.rs"]
-mod launcher;
-#[path = "common/notify_server.rs"]
-mod notify_server;
+use testkit::guest;
+use testkit::launcher;
 
 use std::collections::BTreeSet;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -31,7 +27,6 @@ use std::time::Duration;
 use guest::GuestImages;
 use launcher::{get_domain, sync, vmi, Pod};
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
-use qlauncher::sync::proto::cmd::v1 as cmd;
 
 const START: Duration = Duration::from_secs(90);
 
@@ -138,7 +133,7 @@ fn network_state(pod: &Pod) -> String {
     };
     format!(
         "{}\n--\n{}\n--\n{}\n--\n{}",
-        ns.exec(&["nft", "-s", "list", "ruleset"]),
+        ns.sh(&["nft", "-s", "list", "ruleset"]),
         volatile(ns.ip(&["-d", "-o", "link", "show"])),
         volatile(ns.ip(&["-o", "-4", "addr", "show"])),
         volatile(ns.ip(&["-4", "route", "show", "table", "all"])),
@@ -250,12 +245,7 @@ async fn launcher_killed_mid_sync_restarts_without_a_second_qemu() {
     );
 
     // The adopted domain is the launcher's: pause, resume, and the stop path ends it.
-    let request = || cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi).unwrap(),
-        }),
-        options: None,
-    };
+    let request = || testkit::handler::vmi_only(&vmi);
     let answer = client.pause_virtual_machine(request()).await.unwrap();
     assert!(answer.into_inner().success);
     pod.wait_event((L::Paused, R::User), Duration::from_secs(10))

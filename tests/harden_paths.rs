@@ -212,25 +212,18 @@ fn backing_dotdot_and_symlinks_out_of_the_root_are_refused() {
 
     // A qcow2 inside the root whose backing file is `../outside.raw`.
     let img = root.join("top.qcow2");
-    let out = std::process::Command::new("qemu-img")
-        .args([
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-F",
-            "raw",
-            "-b",
-            "../outside.raw",
-        ])
-        .arg(&img)
-        .output()
-        .expect("qemu-img");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    testkit::run(&[
+        "qemu-img",
+        "create",
+        "-q",
+        "-f",
+        "qcow2",
+        "-F",
+        "raw",
+        "-b",
+        "../outside.raw",
+        img.to_str().unwrap(),
+    ]);
     let err = probe_image("vol", &img, &policy).expect_err("backing `..` out of the root");
     assert!(
         matches!(err, StorageError::OutsideAllowedRoots { .. }),

@@ -1,13 +1,12 @@
 //! The grace-period logic over a real QEMU: a QEMU without a guest ignores the ACPI power button
 //! and is killed when the grace period ends; a QEMU that stops by itself is reported as such.
-mod monitor_support;
 
 use std::time::{Duration, Instant};
 
-use monitor_support::idle_qemu_argv;
 use qlauncher::monitor::grace::{supervise, DomainControl, Ending};
 use qlauncher::monitor::qemu::{spawn_detached, Qemu};
 use qlauncher::monitor::MonitorError;
+use testkit::monitor::idle_qemu_argv;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
 

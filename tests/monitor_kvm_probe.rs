@@ -3,8 +3,7 @@
 //! KVM; and `qlauncher run --emulation auto` picks the accelerator the probe picks and boots the
 //! guest, while `--emulation off` fails with the probe's reason where KVM does not run guests.
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use std::io::Read;
 use std::path::{Path, PathBuf};

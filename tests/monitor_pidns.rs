@@ -2,14 +2,13 @@
 //! compute container: the launcher's parent is PID 1, termination signals from the parent
 //! namespace are taken (PID 1 gets only signals it handles), orphans are reaped, and QEMU is a
 //! direct child of PID 1.
-mod monitor_support;
-
 use std::process::Command;
 use std::time::Duration;
 
-use monitor_support::*;
 use nix::sys::signal::Signal;
 use qlauncher::monitor::procfs;
+use testkit::monitor::*;
+use testkit::process::{wait_until, Running};
 
 /// The innermost pid of `pid` (last field of `NSpid` in `/proc/<pid>/status`).
 fn ns_pid(pid: i32) -> Option<i32> {
@@ -29,8 +28,7 @@ fn unshared_monitor(dir: &std::path::Path, args: &[String], envs: &[(&str, Strin
         .arg(bin())
         .arg("monitor")
         .args(args)
-        .env_remove("QLAUNCHER_TEST_LAUNCHER")
-        .env_remove("QLAUNCHER_TEST_QEMU")
+        .env_remove(TEST_LAUNCHER_ENV)
         .env("QLAUNCHER_LOG", "debug");
     for (k, v) in envs {
         cmd.env(k, v);
@@ -54,7 +52,7 @@ fn monitor_is_pid_1_takes_sigterm_and_reaps() {
     let mut u = unshared_monitor(
         tmp.path(),
         &["-c".into(), script],
-        &[("QLAUNCHER_TEST_LAUNCHER", "/bin/sh".into())],
+        &[(TEST_LAUNCHER_ENV, "/bin/sh".into())],
     );
     assert!(wait_until(Duration::from_secs(30), || {
         std::fs::read_to_string(&ppid_file).is_ok_and(|s| s.ends_with('\n'))
@@ -76,7 +74,7 @@ fn qemu_is_a_child_of_pid_1_and_stops_within_the_grace_period() {
     let mut u = unshared_monitor(
         tmp.path(),
         &launcher_flags(tmp.path(), &["--grace-period-seconds", "1"]),
-        &[("QLAUNCHER_TEST_QEMU", test_qemu_spec(tmp.path()))],
+        &static_launcher(tmp.path()),
     );
     assert!(wait_until(Duration::from_secs(30), || {
         monitor_of(&u).is_some_and(|m| !procfs::qemu_children(m).is_empty())

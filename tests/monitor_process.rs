@@ -1,14 +1,13 @@
 //! The monitor and launcher as real processes: exit codes, signal forwarding, zombie reaping,
 //! leftover QEMU, container-disk sockets, the process tree, the grace period, a crashing QEMU and
 //! `--qemu-timeout`. Each test has its own temporary directory and kills its process tree on drop.
-mod monitor_support;
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use monitor_support::*;
 use nix::sys::signal::Signal;
 use qlauncher::monitor::procfs;
+use testkit::monitor::*;
+use testkit::process::{wait_until, Running};
 
 /// `qlauncher monitor ARGS` whose launcher is `sh -c SCRIPT` (through `QLAUNCHER_TEST_LAUNCHER`).
 fn monitor_with_script(dir: &std::path::Path, script: &str, extra: &[&str]) -> Running {
@@ -17,7 +16,7 @@ fn monitor_with_script(dir: &std::path::Path, script: &str, extra: &[&str]) -> R
     cmd.arg("monitor")
         .args(["-c", script])
         .args(extra)
-        .env("QLAUNCHER_TEST_LAUNCHER", "/bin/sh")
+        .env(TEST_LAUNCHER_ENV, "/bin/sh")
         .env("QLAUNCHER_LOG", "debug");
     Running::start(cmd, &dir.join("monitor.log"))
 }
@@ -191,13 +190,13 @@ fn leftover_qemu_is_terminated_and_container_disk_sockets_removed() {
     );
 }
 
-/// `qlauncher monitor` running the real launcher with an idle QEMU as its domain.
+/// `qlauncher monitor` running the launcher lifecycle with an idle QEMU as its domain (the static
+/// launcher).
 fn monitor_with_launcher(dir: &std::path::Path, extra: &[&str]) -> Running {
     let mut cmd = Command::new(bin());
     cmd.arg("monitor")
         .args(launcher_flags(dir, extra))
-        .env("QLAUNCHER_TEST_QEMU", test_qemu_spec(dir))
-        .env_remove("QLAUNCHER_TEST_LAUNCHER");
+        .envs(static_launcher(dir));
     Running::start(cmd, &dir.join("monitor.log"))
 }
 
@@ -305,8 +304,7 @@ fn no_domain_within_qemu_timeout_fails() {
     let mut cmd = Command::new(bin());
     cmd.arg("monitor")
         .args(launcher_flags(tmp.path(), &["--qemu-timeout", "1s"]))
-        .env_remove("QLAUNCHER_TEST_QEMU")
-        .env_remove("QLAUNCHER_TEST_LAUNCHER");
+        .env_remove(TEST_LAUNCHER_ENV);
     let mut m = Running::start(cmd, &tmp.path().join("monitor.log"));
     let status = m
         .wait_timeout(Duration::from_secs(30))
@@ -351,9 +349,8 @@ fn guest_powers_off_on_sigterm_within_the_grace_period() {
             tmp.path(),
             &["--grace-period-seconds", "120"],
         ))
-        .env("QLAUNCHER_TEST_QEMU", guest_qemu_spec(tmp.path(), &serial))
-        .env("QLAUNCHER_LOG", "debug")
-        .env_remove("QLAUNCHER_TEST_LAUNCHER");
+        .envs(static_launcher_with_guest(tmp.path(), &serial))
+        .env("QLAUNCHER_LOG", "debug");
     let mut m = Running::start(cmd, &tmp.path().join("monitor.log"));
     let serial_has = |marker: &str| {
         std::fs::read_to_string(&serial).is_ok_and(|s| s.lines().any(|l| l.contains(marker)))
@@ -395,7 +392,6 @@ fn unreadable_standalone_vmi_fails_the_launcher() {
         .arg("launcher")
         .args(launcher_flags(tmp.path(), &[]))
         .env("STANDALONE_VMI", "{unclosed")
-        .env_remove("QLAUNCHER_TEST_QEMU")
         .output()
         .unwrap();
     assert_eq!(out.status.code(), Some(1));

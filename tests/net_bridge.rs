@@ -2,10 +2,9 @@
 //! stand-in keeps the pod identity, the guest (by MAC) gets the pod IP and routes over DHCP,
 //! other MACs get nothing, and teardown gives the pod its link, addresses and routes back.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{Binding, NetConfig};
+use testkit::net::*;
+use testkit::netns::*;
 
 fn config() -> NetConfig {
     NetConfig {
@@ -118,9 +117,7 @@ fn bridge_binding_moves_pod_identity_and_serves_the_guest_mac_only() {
         ]
     );
     // The guest talks to the node directly through the bridge with the pod IP.
-    let l = listen(&net.node, "10.244.0.1:8081");
-    send_from(&vm, "10.244.0.1:8081", "bridged").unwrap();
-    let (peer, msg) = accept_one(&l);
+    let (peer, msg) = tcp_once(&net.node, &vm, "10.244.0.1:8081", "bridged");
     assert_eq!(
         (peer.ip().to_string(), msg.as_str()),
         ("10.244.0.5".to_string(), "bridged")

@@ -2,10 +2,9 @@
 //! v6) on a veth attached to the bridge get 10.0.2.2 and every option; traffic from the client
 //! is masqueraded to the node; a connection to the pod IP on a listed port is DNATed to it.
 
-mod net_support;
-
-use net_support::*;
 use qlauncher::net::{DhcpExtraOptions, NetConfig, Port, Protocol};
+use testkit::net::*;
+use testkit::netns::*;
 
 const GUEST_MAC: &str = "02:00:00:aa:bb:01";
 
@@ -97,9 +96,7 @@ fn udhcpc_gets_lease_and_options_and_traffic_is_natted() {
         ])
     );
     // Masquerade: the node sees the pod IP as the source.
-    let node_listener = listen(&net.node, "10.244.0.1:8080");
-    send_from(&vm, "10.244.0.1:8080", "from-guest").unwrap();
-    let (peer, msg) = accept_one(&node_listener);
+    let (peer, msg) = tcp_once(&net.node, &vm, "10.244.0.1:8080", "from-guest");
     assert_eq!(
         (peer.ip().to_string(), msg.as_str()),
         ("10.244.0.5".to_string(), "from-guest")
@@ -132,21 +129,7 @@ fn dhclient_gets_lease_and_options() {
          interface-mtu, ntp-servers, tftp-server-name, bootfile-name, private-240;\n",
     )
     .unwrap();
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-4",
-        "-d",
-        "-1",
-        "-cf",
-        conf.to_str().unwrap(),
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-4", Some(&conf), &script);
     let env = dir.wait_env(20);
     assert_eq!(
         pick(
@@ -200,19 +183,7 @@ fn dhclient6_gets_ia_na_and_dns() {
     let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
     let dir = ClientDir::new();
     let script = dir.script(false);
-    let _client = vm.spawn(&[
-        "dhclient",
-        "-6",
-        "-d",
-        "-1",
-        "-sf",
-        script.to_str().unwrap(),
-        "-lf",
-        dir.path("lease").to_str().unwrap(),
-        "-pf",
-        dir.path("pid").to_str().unwrap(),
-        "vmnic",
-    ]);
+    let _client = dir.dhclient(&vm, "-6", None, &script);
     let env = dir.wait_env(30);
     assert_eq!(
         pick(&env, &["new_ip6_address", "new_dhcp6_name_servers"]),

@@ -1,10 +1,9 @@
 //! Masquerade binding in real network namespaces: the exact nftables ruleset per variant,
 //! links and sysctls, idempotent re-runs and exact teardown.
 
-mod net_support;
-
-use net_support::{reapply, resolv_conf, setup, teardown, Netns, PodNet};
 use qlauncher::net::{NetConfig, Port, Protocol};
+use testkit::net::{reapply, resolv_conf, setup, teardown};
+use testkit::netns::{Netns, PodNet};
 
 /// KubeVirt v1.9.0 `setupNATByFamily` as `nft` command lines (the behaviour the launcher's nft
 /// binary calls produce), run with the real `nft` in a scratch netns as an oracle.

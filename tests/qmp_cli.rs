@@ -1,12 +1,10 @@
 //! `qlauncher qmp` and `qlauncher hotplug` against a real QEMU with a second QMP monitor (QEMU
 //! serves one client per monitor; the first is the launcher's own).
 
-mod qmp_support;
-
 use std::process::Command;
 
-use qmp_support::{block_of, q35_args, raw_image, TestVm};
 use serde_json::{json, Value};
+use testkit::qmp::{block_of, q35_args, raw_image, TestVm};
 
 fn qlauncher(args: &[&str]) -> (i32, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_qlauncher"))

@@ -5,28 +5,14 @@
 //! reported by pvpanic-pci (GUEST_PANICKED, Crashed/Panicked), and the ACPI power button ending in
 //! SHUTDOWN(guest-shutdown) and Shutoff/Shutdown.
 
-mod qmp_support;
-
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use qlauncher::qmp::hotplug::{self, DiskAttach, DiskDetach, NicAttach, NicDetach};
 use qlauncher::qmp::lifecycle::{self, next_status};
 use qlauncher::qmp::{tap, DomainState, DomainStatus, LifecycleInput, StateReason};
-use qmp_support::{node_names, q35_args, raw_image, unique, TestVm};
 use serde_json::json;
-
-fn guest_dir() -> PathBuf {
-    let dir = std::env::var_os("QLAUNCHER_GUEST_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/var/cache/qlauncher/guest"));
-    assert!(
-        dir.join("vmlinuz").exists() && dir.join("initrd.img").exists(),
-        "test guest missing in {}: run scripts/build-guest (or set QLAUNCHER_GUEST_DIR)",
-        dir.display()
-    );
-    dir
-}
+use testkit::guest::GuestImages;
+use testkit::qmp::{node_names, q35_args, raw_image, unique, TestVm};
 
 fn serial_tail(serial: &std::path::Path) -> String {
     let text = std::fs::read_to_string(serial).unwrap_or_default();
@@ -59,7 +45,7 @@ async fn wait_serial(serial: &std::path::Path, line: &str, timeout: Duration) {
 
 #[tokio::test]
 async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
-    let guest = guest_dir();
+    let guest = GuestImages::locate();
     let mut args: Vec<String> = q35_args()
         .into_iter()
         .filter(|a| a != "-no-shutdown")
@@ -73,13 +59,8 @@ async fn guest_sees_hotplugged_disk_and_nic_then_unplug_and_acpi_powerdown() {
     // The serial port is a socket chardev: a task copies what the guest prints into serial.log;
     // the test types shell commands into the other half.
     let serial_sock = dir_hint.path().join("serial.sock");
+    args.extend(guest.kernel_boot_args());
     args.extend([
-        "-kernel".into(),
-        guest.join("vmlinuz").display().to_string(),
-        "-initrd".into(),
-        guest.join("initrd.img").display().to_string(),
-        "-append".into(),
-        "console=ttyS0".into(),
         "-chardev".into(),
         format!(
             "socket,id=charserial0,path={},server=on,wait=off",

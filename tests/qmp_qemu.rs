@@ -2,16 +2,15 @@
 //! PCIe root ports), without a guest OS. Guest-dependent steps (PCIe unplug completion, ACPI
 //! powerdown) are in `qmp_guest.rs`.
 
-mod qmp_support;
-
 use std::os::fd::AsFd;
 use std::time::Duration;
 
 use qlauncher::qmp::hotplug::{self, DiskAttach, DiskDetach, NicAttach};
 use qlauncher::qmp::lifecycle::{self, next_status};
 use qlauncher::qmp::{tap, DomainState, DomainStatus, LifecycleInput, QmpError, StateReason};
-use qmp_support::{block_of, node_names, q35_args, raw_image, unique, TestVm, MONITOR_FD};
 use serde_json::{json, Value};
+use testkit::qemu_launch::LaunchError;
+use testkit::qmp::{block_of, node_names, q35_args, raw_image, unique, TestVm, MONITOR_FD};
 
 async fn vm() -> TestVm {
     match TestVm::launch(q35_args()).await {
@@ -107,7 +106,7 @@ async fn early_exit_carries_the_last_stderr_lines() {
     args.extend(["-device".into(), "no-such-device,id=x".into()]);
     match TestVm::launch(args).await {
         Err((
-            QmpError::QemuExited {
+            LaunchError::QemuExited {
                 status,
                 stderr_tail,
             },

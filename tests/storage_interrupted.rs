@@ -1,14 +1,12 @@
 //! Interrupted writes: a filesystem that fills up mid-creation (a tiny tmpfs) must leave nothing
 //! at the final path and no temporary file. Needs root (mount).
 
-mod storage_support;
-
 use qlauncher::storage::{
     create_empty_disk, create_overlay, write_cloud_init_iso, write_config_volume_iso, ChainPolicy,
     CloudInitData, CloudInitSpec, ConfigVolumeKind, ConfigVolumeSpec, EmptyDiskSpec, OverlaySpec,
     StorageError, VmiIdentity,
 };
-use storage_support::*;
+use testkit::storage::*;
 
 #[test]
 fn overlay_on_a_full_filesystem_leaves_nothing() {

@@ -1,7 +1,5 @@
 //! cloud-init and config-volume ISOs, checked with isoinfo and blkid. Needs root (chown).
 
-mod storage_support;
-
 use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
@@ -11,7 +9,7 @@ use qlauncher::storage::{
     write_cloud_init_iso, write_config_volume_iso, CloudInitData, CloudInitKind, CloudInitSpec,
     ConfigVolumeKind, ConfigVolumeSpec, Owner, StorageError, VmiIdentity,
 };
-use storage_support::*;
+use testkit::storage::*;
 
 const UUID: &str = "5d307ca9-b3ef-428c-8861-06e72d69f223";
 

@@ -1,8 +1,6 @@
 //! Overlays, empty disks, host disks and image facts, checked with the real qemu-img and qemu-io.
 //! Needs root (chown, chattr, losetup, mount).
 
-mod storage_support;
-
 use std::path::{Path, PathBuf};
 
 use qlauncher::storage::{
@@ -10,7 +8,7 @@ use qlauncher::storage::{
     probe_image, ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome,
     OverlaySpec, Owner, StorageError, StorageKind,
 };
-use storage_support::*;
+use testkit::storage::*;
 
 const MIB: u64 = 1 << 20;
 

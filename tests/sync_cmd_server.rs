@@ -203,12 +203,7 @@ fn vmi_request() -> cmd::VmiRequest {
         "metadata": {"name": "testvmi", "namespace": "default", "uid": "0f1e2d3c-uid"},
         "spec": {"domain": {"devices": {}}}
     });
-    cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi).unwrap(),
-        }),
-        options: Some(cmd::VirtualMachineOptions::default()),
-    }
+    testkit::handler::vmi_request(&vmi)
 }
 
 fn ok() -> cmd::Response {

@@ -13,10 +13,8 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "common/notify_server.rs"]
-mod notify_server;
+use testkit::guest;
+use testkit::notify as notify_server;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::{Domain, LifeCycle};

@@ -16,164 +16,72 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "common/notify_server.rs"]
-mod notify_server;
-use notify_server::Received;
+use testkit::guest;
+use testkit::notify;
+use testkit::notify::Received;
 
 use base64::Engine as _;
 use guest::GuestImages;
+use qlauncher::monitor::procfs;
 use qlauncher::sync::domain::{Domain, LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::uds;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
+use testkit::guest::wait_log_marker as wait_marker;
+use testkit::netns::{Netns, PodNet, PodNetSpec, KUBELET_RESOLV_CONF};
+use testkit::process::Running;
 
-static COUNTER: AtomicU32 = AtomicU32::new(0);
-
-fn unique() -> String {
-    format!(
-        "{}-{}",
-        std::process::id(),
-        COUNTER.fetch_add(1, Ordering::Relaxed)
-    )
+/// The pod: `eth0` 10.244.0.5/24 (MTU 1450) on a veth to the node's `vpod` 10.244.0.1, a
+/// resolv.conf as Kubernetes writes it (bind-mounted by `ip netns exec`), and the Multus link of
+/// the secondary network `blue`.
+fn pod_net() -> PodNet {
+    let net = PodNet::with(&PodNetSpec {
+        resolv_conf: Some(KUBELET_RESOLV_CONF.into()),
+        ..PodNetSpec::default()
+    });
+    let (node, pod) = (&net.node, &net.pod);
+    // What Multus attaches for the secondary network `blue` (KubeVirt's hashed pod interface
+    // name), an L2 link without addresses.
+    node.ip(&[
+        "link",
+        "add",
+        "vblue",
+        "type",
+        "veth",
+        "peer",
+        "name",
+        BLUE_POD_IFACE,
+        "netns",
+        &pod.name,
+    ]);
+    node.ip(&["link", "set", "vblue", "mtu", "1400", "up"]);
+    pod.ip(&[
+        "link",
+        "set",
+        BLUE_POD_IFACE,
+        "address",
+        BLUE_POD_MAC,
+        "mtu",
+        "1400",
+        "up",
+    ]);
+    net
 }
 
-fn run(args: &[&str]) -> String {
-    let o = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .expect("run command");
-    assert!(
-        o.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// A named network namespace, deleted on drop (with its `/etc/netns/<name>` directory).
-struct Netns {
-    name: String,
-}
-
-impl Netns {
-    fn new(role: &str) -> Netns {
-        let name = format!("qls-{role}-{}", unique());
-        run(&["ip", "netns", "add", &name]);
-        let ns = Netns { name };
-        ns.ip(&["link", "set", "lo", "up"]);
-        ns
-    }
-
-    fn ip(&self, args: &[&str]) -> String {
-        let mut v = vec!["ip", "-n", &self.name];
-        v.extend_from_slice(args);
-        run(&v)
-    }
-
-    fn etc(&self) -> PathBuf {
-        PathBuf::from("/etc/netns").join(&self.name)
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(self.etc());
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .output();
-    }
-}
-
-/// The pod: `eth0` 10.244.0.5/24 (MTU 1450) on a veth to the node's `vpod` 10.244.0.1, and a
-/// resolv.conf as Kubernetes writes it (bind-mounted by `ip netns exec`).
-struct PodNet {
-    node: Netns,
-    pod: Netns,
-}
-
-impl PodNet {
-    fn new() -> PodNet {
-        let node = Netns::new("node");
-        let pod = Netns::new("pod");
-        node.ip(&[
-            "link", "add", "vpod", "type", "veth", "peer", "name", "eth0", "netns", &pod.name,
-        ]);
-        node.ip(&["link", "set", "vpod", "mtu", "1450", "up"]);
-        node.ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
-        pod.ip(&[
-            "link",
-            "set",
-            "eth0",
-            "address",
-            "0a:58:0a:f4:00:05",
-            "mtu",
-            "1450",
-            "up",
-        ]);
-        pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
-        pod.ip(&["route", "add", "default", "via", "10.244.0.1"]);
-        // What Multus attaches for the secondary network `blue` (KubeVirt's hashed pod interface
-        // name), an L2 link without addresses.
-        node.ip(&[
-            "link",
-            "add",
-            "vblue",
-            "type",
-            "veth",
-            "peer",
-            "name",
-            BLUE_POD_IFACE,
-            "netns",
-            &pod.name,
-        ]);
-        node.ip(&["link", "set", "vblue", "mtu", "1400", "up"]);
-        pod.ip(&[
-            "link",
-            "set",
-            BLUE_POD_IFACE,
-            "address",
-            BLUE_POD_MAC,
-            "mtu",
-            "1400",
-            "up",
-        ]);
-        std::fs::create_dir_all(pod.etc()).unwrap();
-        std::fs::write(
-            pod.etc().join("resolv.conf"),
-            "search default.svc.cluster.local svc.cluster.local cluster.local\n\
-             nameserver 10.96.0.10\noptions ndots:5\n",
-        )
-        .unwrap();
-        PodNet { node, pod }
-    }
-}
-
-/// The `qlauncher run` process tree; killed (the whole session) on drop.
-struct RunGuard(Option<Child>);
-
-impl Drop for RunGuard {
-    fn drop(&mut self) {
-        if let Some(mut c) = self.0.take() {
-            if let Ok(None) = c.try_wait() {
-                // QEMU is the monitor's child: kill it first, or it would outlive the test.
-                let mut pids: Vec<String> = children_of(c.id())
-                    .into_iter()
-                    .map(|(p, _)| p.to_string())
-                    .collect();
-                pids.push(c.id().to_string());
-                for pid in pids {
-                    let _ = Command::new("kill").args(["-KILL", &pid]).output();
-                }
-            }
-            let _ = c.wait();
-        }
-    }
+/// Starts `qlauncher run VMI_FILE --root ROOT` in the pod with the guest's qcow2 as the
+/// containerDisk, its stderr to `ROOT/run.log`; the whole process tree is killed on drop.
+fn start_run(net: &PodNet, root: &Path, vmi_file: &Path, images: &GuestImages) -> Running {
+    let mut command = net.pod.command(testkit::qlauncher_bin());
+    command
+        .arg("run")
+        .arg(vmi_file)
+        .arg("--root")
+        .arg(root)
+        .args(["--emulation", "on", "--container-disk"])
+        .arg(format!("rootdisk={}", images.disk_qcow2.display()));
+    Running::start(command, &root.join("run.log"))
 }
 
 /// The pod interface of the Multus network `blue`: `pod` + sha256("blue")[..11].
@@ -277,49 +185,12 @@ async fn serial_log(root: &Path) -> PathBuf {
     }
 }
 
-/// Waits until the serial log holds a `QLG: ` line starting with `prefix`; returns it.
-async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        // A marker may follow the shell prompt on the same line.
-        if let Some(line) = text.lines().find_map(|l| {
-            let at = l.find("QLG: ")?;
-            let m = l[at..].trim_end();
-            m.starts_with(prefix).then(|| m.to_string())
-        }) {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {prefix:?} within {timeout:?}; serial log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
+/// `(pid, comm)` of the children of `pid`, sorted.
 fn children_of(pid: u32) -> Vec<(u32, String)> {
-    let mut out = Vec::new();
-    for e in std::fs::read_dir("/proc").unwrap().flatten() {
-        let Ok(p) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let Some(close) = stat.rfind(')') else {
-            continue;
-        };
-        let comm = stat[stat.find('(').unwrap() + 1..close].to_string();
-        let ppid: u32 = stat[close + 2..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0);
-        if ppid == pid {
-            out.push((p, comm));
-        }
-    }
+    let mut out: Vec<(u32, String)> = procfs::children(pid as i32)
+        .into_iter()
+        .map(|c| (c.pid as u32, c.comm))
+        .collect();
     out.sort();
     out
 }
@@ -373,11 +244,11 @@ fn state_of(d: &Domain) -> (LifeCycle, StateChangeReason, bool) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigterm() {
     let images = GuestImages::locate();
-    let net = PodNet::new();
+    let net = pod_net();
     let root = tempfile::tempdir().unwrap();
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
-    let (received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
+    let (received, _stop_notify) = notify::start(&share.join("domain-notify-pipe.sock"));
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&demo_vmi()).unwrap()).unwrap();
 
@@ -388,22 +259,8 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         .unwrap()
         .set_len(2 << 20)
         .unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &net.pod.name])
-        .arg(env!("CARGO_BIN_EXE_qlauncher"))
-        .arg("run")
-        .arg(&vmi_file)
-        .arg("--root")
-        .arg(root.path())
-        .args(["--emulation", "on", "--container-disk"])
-        .arg(format!("rootdisk={}", images.disk_qcow2.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(root.path().join("run.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let mut guard = RunGuard(Some(child));
-    let monitor_pid = guard.0.as_ref().unwrap().id();
+    let mut guard = start_run(&net, root.path(), &vmi_file, &images);
+    let monitor_pid = guard.child.id();
 
     let serial_log = serial_log(root.path()).await;
 
@@ -425,12 +282,16 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     // Node -> pod IP:80 -> DNAT to the guest (retried: the guest's httpd may still be starting).
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let http = Command::new("ip")
-            .args(["netns", "exec", &net.node.name])
-            .args(["timeout", "10", "busybox", "wget", "-q", "-O", "-"])
-            .arg("http://10.244.0.5/")
-            .output()
-            .unwrap();
+        let http = net.node.exec(&[
+            "timeout",
+            "10",
+            "busybox",
+            "wget",
+            "-q",
+            "-O",
+            "-",
+            "http://10.244.0.5/",
+        ]);
         if http.status.success() {
             assert_eq!(String::from_utf8_lossy(&http.stdout), "qlg-http-ok\n");
             break;
@@ -479,12 +340,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     let events_before = state_events(&received).len();
     let sync = |mut c: CmdClient<tonic::transport::Channel>, vmi: serde_json::Value| async move {
         let answer = c
-            .sync_virtual_machine(cmd::VmiRequest {
-                vmi: Some(cmd::Vmi {
-                    vmi_json: serde_json::to_vec(&vmi).unwrap(),
-                }),
-                options: Some(cmd::VirtualMachineOptions::default()),
-            })
+            .sync_virtual_machine(testkit::handler::vmi_request(&vmi))
             .await
             .unwrap()
             .into_inner();
@@ -665,12 +521,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     two_cpus["spec"]["domain"]["cpu"] = serde_json::json!({"sockets": 2});
     let answer = client
         .clone()
-        .sync_virtual_machine_cp_us(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&two_cpus).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine_cp_us(testkit::handler::vmi_only(&two_cpus))
         .await
         .unwrap()
         .into_inner();
@@ -700,12 +551,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         more_memory["spec"]["domain"]["memory"] = serde_json::json!({"guest": guest_memory});
         let answer = client
             .clone()
-            .sync_virtual_machine_memory(cmd::VmiRequest {
-                vmi: Some(cmd::Vmi {
-                    vmi_json: serde_json::to_vec(&more_memory).unwrap(),
-                }),
-                options: None,
-            })
+            .sync_virtual_machine_memory(testkit::handler::vmi_only(&more_memory))
             .await
             .unwrap()
             .into_inner();
@@ -717,12 +563,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     }
 
     // Pause and unpause on user request.
-    let vmi_request = || cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(&vmi).unwrap(),
-        }),
-        options: None,
-    };
+    let vmi_request = || testkit::handler::vmi_only(&vmi);
     let answer = client
         .clone()
         .pause_virtual_machine(vmi_request())
@@ -748,9 +589,9 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
     assert!(answer.into_inner().success);
 
     // SIGTERM to PID 1: ACPI power button, the guest powers off, everything exits cleanly.
-    run(&["kill", "-TERM", &monitor_pid.to_string()]);
+    testkit::run(&["kill", "-TERM", &monitor_pid.to_string()]);
     wait_marker(&serial_log, "QLG: poweroff", Duration::from_secs(60)).await;
-    let child = guard.0.as_mut().unwrap();
+    let child = &mut guard.child;
     let deadline = Instant::now() + Duration::from_secs(60);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
@@ -817,7 +658,7 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
     let images = GuestImages::locate();
-    let net = PodNet::new();
+    let net = pod_net();
     let root = tempfile::tempdir().unwrap();
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(share.join("hotplug-disks")).unwrap();
@@ -825,7 +666,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .unwrap()
         .set_len(2 << 20)
         .unwrap();
-    let (_received, _stop_notify) = notify_server::start(&share.join("domain-notify-pipe.sock"));
+    let (_received, _stop_notify) = notify::start(&share.join("domain-notify-pipe.sock"));
     let mut vmi = demo_vmi();
     vmi["spec"]["domain"]["devices"]["interfaces"]
         .as_array_mut()
@@ -839,21 +680,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         serde_json::json!([{"name": "blue", "infoSource": "domain, multus-status"}]);
     let vmi_file = root.path().join("demo.json");
     std::fs::write(&vmi_file, serde_json::to_vec(&vmi).unwrap()).unwrap();
-    let child = Command::new("ip")
-        .args(["netns", "exec", &net.pod.name])
-        .arg(env!("CARGO_BIN_EXE_qlauncher"))
-        .arg("run")
-        .arg(&vmi_file)
-        .arg("--root")
-        .arg(root.path())
-        .args(["--emulation", "on", "--container-disk"])
-        .arg(format!("rootdisk={}", images.disk_qcow2.display()))
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(root.path().join("run.log")).unwrap())
-        .spawn()
-        .unwrap();
-    let _guard = RunGuard(Some(child));
+    let _guard = start_run(&net, root.path(), &vmi_file, &images);
     let serial_log = serial_log(root.path()).await;
     let boot = Duration::from_secs(240);
     assert_eq!(
@@ -874,12 +701,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
     vmi["metadata"]["uid"] = domain.object_meta.uid.clone().into();
     vmi["spec"]["domain"]["devices"]["interfaces"][1]["state"] = "absent".into();
     let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine(testkit::handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();

@@ -8,10 +8,8 @@
 //!
 //! Needs root and the test guest with its agent (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
-#[path = "common/notify_server.rs"]
-mod notify_server;
+use testkit::guest;
+use testkit::notify;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::Domain;
@@ -21,35 +19,12 @@ use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::guest::wait_log_marker as wait_marker;
+use testkit::launcher::KillQemu;
 use tonic::transport::Channel;
-
-/// The domains virt-handler's notify server received, with their event types.
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        o.status.success(),
-        "ip {args:?}: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
-
-/// Kills the detached QEMU when the test ends, however it ends.
-struct KillQemu(Arc<SyncVmi>);
-
-impl Drop for KillQemu {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 const CONFIG_TEXT: &str = "hello from a configMap\n";
 
@@ -82,27 +57,6 @@ fn vmi(uid: &str) -> Value {
     })
 }
 
-/// Waits until the serial log holds a `QLG: ` line starting with `prefix`.
-async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find_map(|l| {
-            let at = l.find("QLG: ")?;
-            let m = l[at..].trim_end();
-            m.starts_with(prefix).then(|| m.to_string())
-        }) {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {prefix:?} within {timeout:?} (a guest without `QLG: agent` markers predates \
-             guest/qga: run scripts/build-guest); serial log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 async fn exec(
     client: &mut CmdClient<Channel>,
     command: &str,
@@ -133,23 +87,7 @@ fn block<'a>(stats: &'a Value, alias: &str) -> &'a Value {
 fn stats_guest_agent_config_volume_and_host_disk_on_a_real_guest() {
     // A network namespace for this thread only; the runtime's threads, the launcher's
     // netlink sockets and QEMU inherit it. It goes away with the thread and QEMU.
-    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-    ip(&["link", "set", "lo", "up"]);
-    ip(&[
-        "link", "add", "eth0", "type", "veth", "peer", "name", "vpeer",
-    ]);
-    ip(&["link", "set", "eth0", "address", "0a:58:0a:f4:00:07", "up"]);
-    ip(&["link", "set", "vpeer", "up"]);
-    ip(&["addr", "add", "10.244.0.7/24", "dev", "eth0"]);
-    ip(&[
-        "route",
-        "add",
-        "default",
-        "via",
-        "10.244.0.1",
-        "dev",
-        "eth0",
-    ]);
+    testkit::netns::unshare_pod_eth0("10.244.0.7/24", Some("0a:58:0a:f4:00:07")).unwrap();
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -182,7 +120,7 @@ async fn scenario() {
     let share = root.path().join("var/run/kubevirt");
     std::fs::create_dir_all(&share).unwrap();
     let notify_socket = share.join("domain-notify-pipe.sock");
-    let (received, _notify_stop) = notify_server::start(&notify_socket);
+    let (received, _notify_stop) = notify::start(&notify_socket);
     let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
     let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
     let _kill = KillQemu(manager.clone());
@@ -200,12 +138,7 @@ async fn scenario() {
     let mut client = CmdClient::new(channel);
 
     let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
-            }),
-            options: None,
-        })
+        .sync_virtual_machine(testkit::handler::vmi_only(&vmi(&uid)))
         .await
         .unwrap()
         .into_inner();
@@ -362,12 +295,7 @@ async fn scenario() {
     }
 
     let answer = client
-        .kill_virtual_machine(cmd::VmiRequest {
-            vmi: Some(cmd::Vmi {
-                vmi_json: serde_json::to_vec(&vmi(&uid)).unwrap(),
-            }),
-            options: None,
-        })
+        .kill_virtual_machine(testkit::handler::vmi_only(&vmi(&uid)))
         .await
         .unwrap()
         .into_inner();

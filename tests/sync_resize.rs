@@ -7,8 +7,7 @@
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
-#[path = "common/guest.rs"]
-mod guest;
+use testkit::guest;
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::server::DomainManager;
@@ -18,22 +17,9 @@ use serde_json::json;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::launcher::KillQemu;
 
 const MIB: u64 = 1 << 20;
-
-/// Kills the detached QEMU when the test ends, however it ends.
-struct KillQemu(Arc<SyncVmi>);
-
-impl Drop for KillQemu {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 /// The VMI as virt-handler sends it when the claim `data` has `capacity` (quantity string).
 fn vmi(uid: &str, capacity: &str) -> Vmi {

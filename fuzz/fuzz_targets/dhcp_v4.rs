@@ -1,6 +1,8 @@
 //! One datagram through the DHCPv4 server (parser and reply builder).
 #![no_main]
-#[path = "../../tests/harden_support/targets.rs"]
+// Each target uses a part of the shared bodies.
+#[allow(dead_code)]
+#[path = "../../testkit/src/fuzz.rs"]
 mod targets;
 use std::sync::OnceLock;
 static SERVER: OnceLock<qlauncher::net::dhcp::v4::DhcpV4Server> = OnceLock::new();

@@ -1,6 +1,8 @@
 //! The image fact reader: format magic, qcow2 header, backing chain.
 #![no_main]
-#[path = "../../tests/harden_support/targets.rs"]
+// Each target uses a part of the shared bodies.
+#[allow(dead_code)]
+#[path = "../../testkit/src/fuzz.rs"]
 mod targets;
 use std::sync::OnceLock;
 static DIR: OnceLock<tempfile::TempDir> = OnceLock::new();

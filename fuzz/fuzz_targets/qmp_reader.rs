@@ -1,6 +1,8 @@
 //! The QMP client's reader: greeting, then arbitrary bytes from the peer.
 #![no_main]
-#[path = "../../tests/harden_support/targets.rs"]
+// Each target uses a part of the shared bodies.
+#[allow(dead_code)]
+#[path = "../../testkit/src/fuzz.rs"]
 mod targets;
 use std::sync::OnceLock;
 static RT: OnceLock<tokio::runtime::Runtime> = OnceLock::new();

@@ -1,6 +1,8 @@
 //! VMI JSON/YAML -> defaults -> validation -> conversion -> argv.
 #![no_main]
-#[path = "../../tests/harden_support/targets.rs"]
+// Each target uses a part of the shared bodies.
+#[allow(dead_code)]
+#[path = "../../testkit/src/fuzz.rs"]
 mod targets;
 libfuzzer_sys::fuzz_target!(|data: &[u8]| {
     targets::vmi_pipeline(data);

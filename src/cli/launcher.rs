@@ -4,30 +4,23 @@
 //! and runs the lifecycle of [`qlauncher::monitor::launcher::run`]. The domain is a
 //! [`SyncVmi`] behind the command server on `<share-dir>/sockets/launcher-sock`; the standalone
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
-//! KubeVirt's does when no domain is defined. For the process-level tests a [`StaticQemu`] domain
-//! starts a fixed QEMU command line taken from `QLAUNCHER_TEST_QEMU`.
+//! KubeVirt's does when no domain is defined.
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use qlauncher::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
 use qlauncher::sync::{SyncConfig, SyncVmi};
 use qlauncher::vmi::Vmi;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use qlauncher::log::{self, VmiRef};
-use qlauncher::monitor::grace::{DomainControl, Ending};
 use qlauncher::monitor::kvm_probe;
-use qlauncher::monitor::launcher::{self, Domain, LauncherConfig};
-use qlauncher::monitor::qemu::spawn_detached;
+use qlauncher::monitor::launcher::{self, LauncherConfig};
 use qlauncher::monitor::MonitorError;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::watch;
-use tracing::{debug, error, info, warn};
+use tracing::{error, info, warn};
 
-/// Test-only: JSON `{"argv": [...], "qmp": "/path/to/qmp.sock"}`, a QEMU to start as the domain.
-pub const TEST_QEMU_ENV: &str = "QLAUNCHER_TEST_QEMU";
 /// Root under which the paths without a launcher flag live (set by `qlauncher run`).
 pub const ROOT_ENV: &str = "QLAUNCHER_ROOT";
 /// `on` forces TCG, `off` requires a KVM that passes the probe, `auto` (or unset) lets
@@ -38,57 +31,10 @@ pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
 
 /// Runs the launcher; exit code 0 on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
-    let env_verbosity = std::env::var("VIRT_LAUNCHER_LOG_VERBOSITY").ok();
-    let parsed = LauncherConfig::from_args(&args, env_verbosity.as_deref());
-    let (config, ignored) = match parsed {
-        Ok(p) => p,
-        Err(e) => {
-            log::init("virt-launcher", VmiRef::default(), 2);
-            error!(error = &e as &dyn std::error::Error, "bad command line");
-            return ExitCode::from(2);
-        }
-    };
-    let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-    log::init(
-        "virt-launcher",
-        VmiRef {
-            name: nonempty(&config.name),
-            namespace: nonempty(&config.namespace),
-            uid: nonempty(&config.uid),
-        },
-        config.verbosity,
-    );
-    let _ = nix::sys::prctl::set_name(c"virt-launcher");
-    for arg in &ignored {
-        debug!(arg = %arg, "ignoring flag");
-    }
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(r) => r,
-        Err(e) => {
-            error!(error = %e, "starting the runtime");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(config)) {
-        Ok(()) => {
-            info!("virt-launcher exiting");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            error!(
-                reason = &e as &dyn std::error::Error,
-                "virt-launcher failed"
-            );
-            ExitCode::FAILURE
-        }
-    }
+    launcher::main(&args, run)
 }
 
-async fn run(config: LauncherConfig) -> Result<(), MonitorError> {
-    launcher::create_directories(&config)?;
+async fn run(config: LauncherConfig, stop: watch::Receiver<bool>) -> Result<(), MonitorError> {
     if config.hook_sidecars > 0 {
         warn!(
             hook_sidecars = config.hook_sidecars,
@@ -96,15 +42,7 @@ async fn run(config: LauncherConfig) -> Result<(), MonitorError> {
         );
     }
     let standalone = launcher::standalone_vmi(std::env::var("STANDALONE_VMI").ok().as_deref())?;
-    let stop = stop_on_signals()?;
-    match std::env::var(TEST_QEMU_ENV) {
-        Ok(spec) => {
-            let domain = StaticQemu::from_spec(&spec)?;
-            launcher::run(&config, &domain, stop).await?;
-        }
-        Err(_) => run_sync(&config, standalone, stop).await?,
-    }
-    Ok(())
+    run_sync(&config, standalone, stop).await
 }
 
 /// The launcher proper: the command server on `launcher-sock` over a [`SyncVmi`], the standalone
@@ -268,149 +206,4 @@ fn choose_accel(config: &LauncherConfig, emulation: &str, qemu: &Path) -> (bool,
             (false, true)
         }
     }
-}
-
-/// SIGINT, SIGHUP, SIGTERM and SIGQUIT set the stop flag (KubeVirt's `signalStopChan`).
-fn stop_on_signals() -> Result<watch::Receiver<bool>, MonitorError> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let (tx, rx) = watch::channel(false);
-    let mut streams = Vec::new();
-    for kind in [
-        SignalKind::interrupt(),
-        SignalKind::hangup(),
-        SignalKind::terminate(),
-        SignalKind::quit(),
-    ] {
-        streams.push(signal(kind).map_err(MonitorError::Signals)?);
-    }
-    for mut s in streams {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            while s.recv().await.is_some() {
-                info!("stop signal received");
-                let _ = tx.send(true);
-            }
-        });
-    }
-    Ok(rx)
-}
-
-/// A domain that is one fixed QEMU command line with a QMP socket (test stand-in for sync).
-struct StaticQemu {
-    argv: Vec<String>,
-    qmp: String,
-    powerdown_sent: std::sync::atomic::AtomicBool,
-    last_stderr: Arc<Mutex<Option<String>>>,
-}
-
-impl StaticQemu {
-    fn from_spec(spec: &str) -> Result<Self, MonitorError> {
-        #[derive(serde::Deserialize)]
-        struct Spec {
-            argv: Vec<String>,
-            qmp: String,
-        }
-        let spec: Spec = serde_json::from_str(spec).map_err(|e| MonitorError::ParseFlag {
-            flag: TEST_QEMU_ENV.into(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self {
-            argv: spec.argv,
-            qmp: spec.qmp,
-            powerdown_sent: false.into(),
-            last_stderr: Arc::default(),
-        })
-    }
-}
-
-impl DomainControl for StaticQemu {
-    fn mark_graceful_shutdown(&self) {
-        self.powerdown_sent
-            .store(true, std::sync::atomic::Ordering::SeqCst);
-    }
-
-    async fn power_button(&self) -> Result<(), MonitorError> {
-        qmp_powerdown(&self.qmp)
-            .await
-            .map_err(MonitorError::PowerButton)
-    }
-}
-
-impl Domain for StaticQemu {
-    async fn started(&self) -> Result<i32, MonitorError> {
-        let (program, args) = self.argv.split_first().ok_or(MonitorError::ParseFlag {
-            flag: TEST_QEMU_ENV.into(),
-            reason: "empty argv".into(),
-        })?;
-        let mut command = std::process::Command::new(program);
-        command
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let qemu = spawn_detached(command)?;
-        if let Some(stderr) = qemu.stderr {
-            let last = self.last_stderr.clone();
-            if let Ok(stderr) = tokio::process::ChildStderr::from_std(stderr) {
-                tokio::spawn(async move {
-                    let mut lines = BufReader::new(stderr).lines();
-                    while let Ok(Some(line)) = lines.next_line().await {
-                        warn!(component_output = "qemu", line = %line, "QEMU stderr");
-                        *last.lock().unwrap_or_else(|e| e.into_inner()) = Some(line);
-                    }
-                });
-            }
-        }
-        // Wait for the QMP socket to accept, as libvirt waits for QEMU's monitor.
-        for _ in 0..100 {
-            if tokio::net::UnixStream::connect(&self.qmp).await.is_ok() {
-                break;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-        Ok(qemu.pid)
-    }
-
-    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
-        if ending != Ending::ExitedOnItsOwn
-            || self
-                .powerdown_sent
-                .load(std::sync::atomic::Ordering::SeqCst)
-        {
-            return Ok(());
-        }
-        // Let the stderr reader catch the last line.
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        let last = self
-            .last_stderr
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone();
-        Err(MonitorError::QemuExited {
-            reason: last.unwrap_or_else(|| "QEMU exited without a shutdown request".into()),
-        })
-    }
-}
-
-/// Sends `system_powerdown` over a fresh QMP connection.
-async fn qmp_powerdown(path: &str) -> std::io::Result<()> {
-    let stream = tokio::net::UnixStream::connect(path).await?;
-    let (read, mut write) = stream.into_split();
-    let mut lines = BufReader::new(read).lines();
-    lines.next_line().await?; // greeting
-    for cmd in [
-        "{\"execute\":\"qmp_capabilities\"}\n",
-        "{\"execute\":\"system_powerdown\"}\n",
-    ] {
-        write.write_all(cmd.as_bytes()).await?;
-        loop {
-            let Some(line) = lines.next_line().await? else {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            };
-            if line.contains("\"return\"") || line.contains("\"error\"") {
-                break;
-            }
-        }
-    }
-    Ok(())
 }

@@ -350,16 +350,7 @@ pub fn probe_cached(opts: impl FnOnce() -> ProbeOptions) -> &'static Result<Prob
     ANSWER.get_or_init(|| probe(&opts()).map_err(|e| error_chain(&e)))
 }
 
-fn error_chain(e: &dyn std::error::Error) -> String {
-    let mut text = e.to_string();
-    let mut source = e.source();
-    while let Some(s) = source {
-        text.push_str(": ");
-        text.push_str(&s.to_string());
-        source = s.source();
-    }
-    text
-}
+use crate::sys::error::error_chain;
 
 /// The last two non-empty lines of QEMU's stderr, without "terminating on signal" notes, joined
 /// with "; " ("" when there are none).

@@ -1,8 +1,8 @@
 //! virt-launcher's process plumbing: its flags, its directories, `STANDALONE_VMI`, the
-//! `--qemu-timeout` wait and the grace period, generic over a [`Domain`].
+//! `--qemu-timeout` wait and the grace period, generic over a [`SupervisedDomain`].
 //!
 //! Mirrors `cmd/virt-launcher/virt-launcher.go` of KubeVirt v1.9.0. The launcher's core (command
-//! server, SyncVMI, QMP) belongs to the sync module, which implements [`Domain`]; [`run`] then
+//! server, SyncVMI, QMP) belongs to the sync module, which implements [`SupervisedDomain`]; [`run`] then
 //! drives the lifecycle: wait for a domain (failing after `--qemu-timeout`), watch its QEMU, and
 //! on a stop request shut it down gracefully within `--grace-period-seconds`.
 use std::future::Future;
@@ -260,8 +260,11 @@ pub fn standalone_vmi(env_value: Option<&str>) -> Result<Option<serde_json::Valu
     }
 }
 
+/// The old name of [`SupervisedDomain`], kept while `src/cli/launcher.rs` imports it.
+pub use self::SupervisedDomain as Domain;
+
 /// What the launcher's lifecycle needs from the domain: the sync module implements it.
-pub trait Domain: DomainControl {
+pub trait SupervisedDomain: DomainControl {
     /// Resolves with the QEMU pid once a domain has been started (by a SyncVMI call or the
     /// standalone VMI). Stays pending while none is.
     fn started(&self) -> impl Future<Output = Result<i32, MonitorError>> + Send;
@@ -277,8 +280,8 @@ pub trait Domain: DomainControl {
 /// Runs the launcher's lifecycle after its servers are up: waits for a domain (at most
 /// `--qemu-timeout`), then supervises its QEMU ([`grace::supervise`]) until it is gone.
 /// Returns `None` when a stop request came before any domain started.
-/// Errors: [`MonitorError::QemuTimeout`], the domain's own errors, and [`Domain::check_exit`]'s.
-pub async fn run<D: Domain>(
+/// Errors: [`MonitorError::QemuTimeout`], the domain's own errors, and [`SupervisedDomain::check_exit`]'s.
+pub async fn run<D: SupervisedDomain>(
     config: &LauncherConfig,
     domain: &D,
     stop: watch::Receiver<bool>,
@@ -311,6 +314,98 @@ pub async fn run<D: Domain>(
     debug!(?ending, "QEMU is gone");
     domain.check_exit(ending)?;
     Ok(Some(ending))
+}
+
+/// virt-launcher's process around `body` (`cmd/virt-launcher/virt-launcher.go`'s `main`): parses
+/// its flags (exit code 2 on a bad command line), sets up the JSON log carrying the VMI's name,
+/// namespace and uid, names the process `virt-launcher`, creates the launcher's directories and
+/// runs `body(config, stop)` on a current-thread runtime, `stop` turning true on SIGINT, SIGHUP,
+/// SIGTERM or SIGQUIT (KubeVirt's `signalStopChan`). Exit code 0 when `body` succeeds, 1 when it
+/// or the set-up fails (logged as `virt-launcher failed`).
+pub fn main<F, Fut>(args: &[String], body: F) -> std::process::ExitCode
+where
+    F: FnOnce(LauncherConfig, watch::Receiver<bool>) -> Fut,
+    Fut: Future<Output = Result<(), MonitorError>>,
+{
+    use crate::log::{self, VmiRef};
+    use std::process::ExitCode;
+    let env_verbosity = std::env::var("VIRT_LAUNCHER_LOG_VERBOSITY").ok();
+    let (config, ignored) = match LauncherConfig::from_args(args, env_verbosity.as_deref()) {
+        Ok(p) => p,
+        Err(e) => {
+            log::init("virt-launcher", VmiRef::default(), 2);
+            tracing::error!(error = &e as &dyn std::error::Error, "bad command line");
+            return ExitCode::from(2);
+        }
+    };
+    let nonempty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+    log::init(
+        "virt-launcher",
+        VmiRef {
+            name: nonempty(&config.name),
+            namespace: nonempty(&config.namespace),
+            uid: nonempty(&config.uid),
+        },
+        config.verbosity,
+    );
+    let _ = nix::sys::prctl::set_name(c"virt-launcher");
+    for arg in &ignored {
+        debug!(arg = %arg, "ignoring flag");
+    }
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::error!(error = %e, "starting the runtime");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        create_directories(&config)?;
+        let stop = stop_on_signals()?;
+        body(config, stop).await
+    });
+    match result {
+        Ok(()) => {
+            info!("virt-launcher exiting");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            tracing::error!(
+                reason = &e as &dyn std::error::Error,
+                "virt-launcher failed"
+            );
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// A flag that turns true on SIGINT, SIGHUP, SIGTERM or SIGQUIT (KubeVirt's `signalStopChan`).
+/// Call inside a tokio runtime.
+pub fn stop_on_signals() -> Result<watch::Receiver<bool>, MonitorError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (tx, rx) = watch::channel(false);
+    let mut streams = Vec::new();
+    for kind in [
+        SignalKind::interrupt(),
+        SignalKind::hangup(),
+        SignalKind::terminate(),
+        SignalKind::quit(),
+    ] {
+        streams.push(signal(kind).map_err(MonitorError::Signals)?);
+    }
+    for mut s in streams {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while s.recv().await.is_some() {
+                info!("stop signal received");
+                let _ = tx.send(true);
+            }
+        });
+    }
+    Ok(rx)
 }
 
 #[cfg(test)]

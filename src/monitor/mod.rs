@@ -14,7 +14,7 @@
 //!   through a pidfd;
 //! - [`grace`]: the graceful-shutdown logic (ACPI power button, kill when the grace period ends);
 //! - [`launcher`]: virt-launcher's flags, directories, `STANDALONE_VMI` and the `--qemu-timeout`
-//!   wait, generic over a [`launcher::Domain`] that the sync module implements;
+//!   wait, generic over a [`launcher::SupervisedDomain`] that the sync module implements;
 //! - [`flags`]: Go-style flag scanning shared by both command lines;
 //! - [`istio`]: telling an Istio sidecar to quit once the VM is gone;
 //! - [`kvm_probe`]: whether KVM actually runs a guest (a tiny probe guest under `accel=kvm`), for
@@ -29,7 +29,7 @@ pub mod istio;
 pub mod kvm_probe;
 pub mod launcher;
 pub mod pid1;
-pub mod procfs;
+pub use crate::sys::procfs;
 pub mod qemu;
 pub mod reaper;
 

@@ -143,6 +143,20 @@ impl Default for NetConfig {
     }
 }
 
+/// The VMI annotation that asks for an Istio sidecar (`pkg/network/istio/decorators.go`).
+pub const ISTIO_INJECT_ANNOTATION: &str = "sidecar.istio.io/inject";
+
+/// Whether the VMI has an Istio sidecar: its annotation `sidecar.istio.io/inject` is `true` in
+/// any case (KubeVirt v1.9 `istio.ProxyInjectionEnabled`, `pkg/network/istio/proxy.go`). Sets
+/// [`NetConfig::istio`], which gives the masquerade binding KubeVirt's Istio rules.
+pub fn istio_proxy_injection(vmi: &crate::vmi::Vmi) -> bool {
+    vmi.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(ISTIO_INJECT_ANNOTATION))
+        .is_some_and(|v| v.eq_ignore_ascii_case("true"))
+}
+
 /// The interface name suffix KubeVirt derives link names from: `eth0` stays `eth0`, a hashed
 /// Multus name `pod<hash>` becomes `<hash>` (`pkg/network/link/names.go`).
 fn name_stem(pod_iface: &str) -> &str {
@@ -188,6 +202,24 @@ mod tests {
         assert_eq!(tap_name("pod16477688c0e"), "tap16477688c0e");
         assert_eq!(bridge_name("net1"), "k6t-net1");
         assert_eq!(tap_name("net1"), "tap1");
+    }
+
+    #[test]
+    fn istio_annotation_is_read_case_insensitively() {
+        let vmi = |ann: serde_json::Value| -> crate::vmi::Vmi {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "v", "annotations": ann},
+                "spec": {"domain": {"devices": {}}}
+            }))
+            .unwrap()
+        };
+        assert!(istio_proxy_injection(&vmi(
+            serde_json::json!({"sidecar.istio.io/inject": "True"})
+        )));
+        assert!(!istio_proxy_injection(&vmi(
+            serde_json::json!({"sidecar.istio.io/inject": "false"})
+        )));
+        assert!(!istio_proxy_injection(&vmi(serde_json::json!({}))));
     }
 
     #[test]

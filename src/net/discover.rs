@@ -55,8 +55,15 @@ pub struct ResolvConf {
     pub nameservers_v4: Vec<Ipv4Addr>,
     /// IPv6 `nameserver` lines, in order.
     pub nameservers_v6: Vec<Ipv6Addr>,
-    /// The `search` domains (the last `search` line wins, as in resolv.conf(5)).
+    /// The `search` domains (the last `search` line wins, as in resolv.conf(5)), trailing dots
+    /// removed; entries that are not DNS names are left out (see `dropped`).
     pub search: Vec<String>,
+    /// What was read but left out, one line per kind naming the entries (logged once by
+    /// [`discover`]): search entries that are not DNS names
+    /// ([`crate::net::dhcp::dns_name_problem`]) and the words after the first address of a
+    /// `nameserver` line.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dropped: Vec<String>,
 }
 
 /// Everything discovered about the pod that planning needs.
@@ -74,14 +81,23 @@ pub struct PodFacts {
 
 /// Parses resolv.conf text: `nameserver` (IPv4 and IPv6, zone suffixes dropped) and `search`
 /// lines; comments (`#`, `;`) and other keywords are ignored, and so are unparsable addresses.
+///
+/// The text is untrusted pod input and never makes this fail. As resolv.conf(5) and glibc's
+/// `res_init` read it, a `nameserver` line holds one address: words after it are dropped (KubeVirt
+/// v1.9 `dns/resolveconf.go` skips such a line entirely; the pod's own resolver uses its first
+/// address, so the guest gets that one). Search entries that are not DNS names are dropped. What
+/// was dropped is listed in [`ResolvConf::dropped`].
 pub fn parse_resolv_conf(text: &str) -> ResolvConf {
     let mut r = ResolvConf::default();
+    let mut extra_words: Vec<String> = Vec::new();
+    let mut search_line: Vec<&str> = Vec::new();
     for line in text.lines() {
         let line = line.split(['#', ';']).next().unwrap_or("");
         let mut words = line.split_whitespace();
         match words.next() {
             Some("nameserver") => {
                 let Some(addr) = words.next() else { continue };
+                extra_words.extend(words.map(|w| format!("{w:?} (after {addr})")));
                 let addr = addr.split('%').next().unwrap_or(addr);
                 match addr.parse::<IpAddr>() {
                     Ok(IpAddr::V4(a)) => r.nameservers_v4.push(a),
@@ -89,11 +105,29 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
                     Err(_) => {}
                 }
             }
-            Some("search") => {
-                r.search = words.map(|w| w.trim_end_matches('.').to_string()).collect();
-            }
+            Some("search") => search_line = words.collect(),
             _ => {}
         }
+    }
+    let mut invalid = Vec::new();
+    for w in search_line {
+        let name = w.strip_suffix('.').unwrap_or(w);
+        match crate::net::dhcp::dns_name_problem(name) {
+            None => r.search.push(name.to_string()),
+            Some(why) => invalid.push(format!("{w:?} ({why})")),
+        }
+    }
+    if !extra_words.is_empty() {
+        r.dropped.push(format!(
+            "nameserver lines hold one address each; ignored: {}",
+            extra_words.join(", ")
+        ));
+    }
+    if !invalid.is_empty() {
+        r.dropped.push(format!(
+            "search domains that are not DNS names dropped: {}",
+            invalid.join(", ")
+        ));
     }
     r
 }
@@ -252,10 +286,11 @@ pub async fn discover(
             })
         }
     };
-    Ok(PodFacts {
-        iface,
-        resolv: parse_resolv_conf(&text),
-    })
+    let resolv = parse_resolv_conf(&text);
+    for note in &resolv.dropped {
+        tracing::warn!(path = %resolv_conf.display(), "resolv.conf: {note}");
+    }
+    Ok(PodFacts { iface, resolv })
 }
 
 #[cfg(test)]
@@ -279,8 +314,33 @@ mod tests {
                     "svc.cluster.local".into(),
                     "cluster.local".into()
                 ],
+                dropped: vec![],
             }
         );
+    }
+
+    #[test]
+    fn hostile_resolv_conf_is_cut_to_what_fits() {
+        let r = parse_resolv_conf(
+            "nameserver 10.96.0.10 10.96.0.11\nnameserver\nsearch ok.example. 10.0.0.1 a_b.example bad-.example OK.Example\n",
+        );
+        assert_eq!(
+            r.nameservers_v4,
+            vec!["10.96.0.10".parse::<Ipv4Addr>().unwrap()]
+        );
+        assert_eq!(
+            r.search,
+            vec!["ok.example".to_string(), "OK.Example".into()]
+        );
+        assert_eq!(
+            r.dropped,
+            vec![
+                "nameserver lines hold one address each; ignored: \"10.96.0.11\" (after 10.96.0.10)".to_string(),
+                "search domains that are not DNS names dropped: \"10.0.0.1\" (an IP address), \"a_b.example\" (a character other than a letter, a digit or '-'), \"bad-.example\" (a label that starts or ends with '-')".into(),
+            ]
+        );
+        // Arbitrary bytes never panic.
+        let _ = parse_resolv_conf("search \u{0}\u{ffff} .. . ...\nnameserver %%%\n");
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! The pure planning step: [`NetConfig`] + [`PodFacts`] → [`NetPlan`].
 //!
-//! No I/O happens here; every value [`crate::net::apply()`] writes and every option the DHCP
+//! No I/O happens here (only a warning is logged for each kind of pod input the DHCP options
+//! cannot carry: search domains that are not DNS names or do not fit, routes that do not fit);
+//! every value [`crate::net::apply()`] writes and every option the DHCP
 //! servers hand out is decided in this file, after KubeVirt v1.9.0 `pkg/network/setup/netpod`
 //! (masquerade and bridge phases), `pkg/network/dhcp` and `pkg/network/dns`.
 
@@ -182,7 +184,10 @@ fn validate(cfg: &NetConfig) -> Result<(), NetError> {
 }
 
 /// The search list KubeVirt offers: resolv.conf's (default `cluster.local`), prefixed with
-/// `<subdomain>.<longest *.svc.* domain>` when `spec.subdomain` is set.
+/// `<subdomain>.<longest *.svc.* domain>` when `spec.subdomain` is set
+/// (`pkg/network/dns/resolveconf.go`, `DomainNameWithSubdomain`). Nothing is added when that
+/// domain already starts with `<subdomain>.` (the pod's list has the entry, as kubelet writes it
+/// since glibc 2.26) or when the list holds the entry anywhere already.
 pub fn search_domains(search: &[String], subdomain: Option<&str>) -> Vec<String> {
     let mut list: Vec<String> = if search.is_empty() {
         vec!["cluster.local".into()]
@@ -196,10 +201,66 @@ pub fn search_domains(search: &[String], subdomain: Option<&str>) -> Vec<String>
             .max_by_key(|d| d.len())
             .cloned();
         if let Some(svc) = svc {
-            list.insert(0, format!("{sub}.{svc}"));
+            let prefix = format!("{sub}.");
+            let entry = format!("{sub}.{svc}");
+            let present = svc
+                .to_ascii_lowercase()
+                .starts_with(&prefix.to_ascii_lowercase())
+                || list.iter().any(|d| d.eq_ignore_ascii_case(&entry));
+            if !present {
+                list.insert(0, entry);
+            }
         }
     }
     list
+}
+
+/// The most bytes of classless static routes one option 121 carries.
+pub const ROUTES_MAX_BYTES: usize = 255;
+
+/// Bytes one route takes in option 121 (RFC 3442): the prefix length, the significant octets of
+/// the destination, the router.
+fn route_wire_len(dst: &Ipv4Net) -> usize {
+    1 + usize::from(dst.prefix_len()).div_ceil(8) + 4
+}
+
+/// The bridge binding's classless static routes (option 121), as KubeVirt v1.9
+/// (`netpod/discoverbridge.go`, `dhcp/server/server.go` `formClasslessRoutes`): every IPv4 route
+/// of the pod interface but the one to the guest's own subnet, on-link routes with router
+/// 0.0.0.0 (kubevirt/kubevirt#12613), the default routes last. A client that gets option 121
+/// ignores the router option (RFC 3442), so a default route is kept first when the list has to
+/// be cut at [`ROUTES_MAX_BYTES`]; the routes cut are returned to be named in a warning.
+pub fn classless_routes(
+    routes: &[crate::net::discover::RouteV4],
+    guest_net: Option<Ipv4Net>,
+) -> (Vec<(Ipv4Net, Ipv4Addr)>, Vec<Ipv4Net>) {
+    let local = guest_net.map(|n| n.trunc());
+    let mut other = Vec::new();
+    let mut default = Vec::new();
+    for r in routes {
+        let dst = r.destination.trunc();
+        let gw = r.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED);
+        if dst.prefix_len() == 0 {
+            if !default.iter().any(|(_, g)| *g == gw) {
+                default.push((dst, gw));
+            }
+        } else if Some(dst) != local && !other.iter().any(|(d, _)| *d == dst) {
+            other.push((dst, gw));
+        }
+    }
+    let mut bytes: usize = default.iter().map(|(d, _)| route_wire_len(d)).sum();
+    let mut kept = Vec::new();
+    let mut cut = Vec::new();
+    for (dst, gw) in other {
+        if cut.is_empty() && bytes + route_wire_len(&dst) <= ROUTES_MAX_BYTES {
+            bytes += route_wire_len(&dst);
+            kept.push((dst, gw));
+        } else {
+            cut.push(dst);
+        }
+    }
+    kept.extend(default);
+    (kept, cut)
 }
 
 /// A locally administered MAC derived from `mac` and different from it, for the renamed pod
@@ -235,8 +296,23 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
     let bridge = bridge_name(&cfg.pod_iface);
     let tap = tap_name(&cfg.pod_iface);
     let guest_mac = cfg.mac.unwrap_or(pod.mac);
-    let search = search_domains(&facts.resolv.search, cfg.subdomain.as_deref());
-    let domain_name = search.iter().max_by_key(|d| d.len()).cloned();
+    let search_list = crate::net::dhcp::search_list(&search_domains(
+        &facts.resolv.search,
+        cfg.subdomain.as_deref(),
+    ));
+    let mut notes = search_list.notes();
+    let search = search_list.names.clone();
+    // Option 15: the longest search domain (KubeVirt `dns.GetDomainName`), of those that are
+    // DNS names (the first of the longest; the cut for length does not apply to it).
+    let domain_name = search
+        .iter()
+        .chain(&search_list.overflow)
+        .map(|d| d.trim_end_matches('.'))
+        .fold(None::<&str>, |best, d| match best {
+            Some(b) if b.len() >= d.len() => Some(b),
+            _ => Some(d),
+        })
+        .map(str::to_string);
     let dns = if facts.resolv.nameservers_v4.is_empty() {
         vec![Ipv4Addr::new(8, 8, 8, 8)]
     } else {
@@ -344,8 +420,8 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
                     client_ip: guest4,
                     prefix_len: cfg.vm_cidr_v4.prefix_len(),
                     router: Some(gw4),
-                    dns,
-                    search,
+                    dns: dns.clone(),
+                    search: search.clone(),
                     domain_name,
                     hostname: cfg.hostname.clone(),
                     mtu: mtu16,
@@ -361,6 +437,7 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
                     server_mac: MASQUERADE_BRIDGE_MAC,
                     address: guest6,
                     dns: facts.resolv.nameservers_v6.clone(),
+                    search: search.clone(),
                 });
                 if cfg.ipv6_router_advertisement {
                     plan.router_advertisement = Some(RaConfig {
@@ -420,14 +497,13 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
                 value: "1".into(),
             });
             if let Some(addr) = pod.ipv4.first() {
-                let mut routes: Vec<(Ipv4Net, Ipv4Addr)> = pod
-                    .routes_v4
-                    .iter()
-                    .filter_map(|r| r.gateway.map(|g| (r.destination, g)))
-                    .filter(|(d, _)| d.prefix_len() != 0)
-                    .collect();
-                if let Some(gw) = pod.gateway_v4 {
-                    routes.push((Ipv4Net::default(), gw));
+                let (routes, cut) = classless_routes(&pod.routes_v4, Some(*addr));
+                if !cut.is_empty() {
+                    let cut: Vec<String> = cut.iter().map(|d| d.to_string()).collect();
+                    notes.push(format!(
+                        "classless static routes cut at {ROUTES_MAX_BYTES} bytes (DHCP option 121), dropped: {}",
+                        cut.join(", ")
+                    ));
                 }
                 plan.dhcp_v4 = Some(DhcpV4Config {
                     iface: bridge.clone(),
@@ -447,6 +523,9 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
                 });
             }
         }
+    }
+    for note in &notes {
+        tracing::warn!(iface = %cfg.pod_iface, "pod network input: {note}");
     }
     Ok(plan)
 }
@@ -494,6 +573,7 @@ mod tests {
                     "svc.cluster.local".into(),
                     "cluster.local".into(),
                 ],
+                dropped: vec![],
             },
         }
     }
@@ -651,5 +731,51 @@ mod tests {
         let s = search_domains(&facts().resolv.search, Some("mysub"));
         assert_eq!(s[0], "mysub.default.svc.cluster.local");
         assert_eq!(search_domains(&[], None), vec!["cluster.local".to_string()]);
+        // Already there (kubelet writes it): not added again.
+        let mut with = facts().resolv.search;
+        with.insert(0, "mysub.default.svc.cluster.local".into());
+        assert_eq!(search_domains(&with, Some("mysub")), with);
+        let mut later = facts().resolv.search;
+        later.push("mysub.default.svc.cluster.local".into());
+        assert_eq!(search_domains(&later, Some("mysub")), later);
+    }
+
+    #[test]
+    fn bridge_routes_keep_on_link_routes_and_fit_option_121() {
+        let mut f = facts();
+        f.iface.routes_v4.push(RouteV4 {
+            destination: "172.16.0.0/16".parse().unwrap(),
+            gateway: None,
+            protocol: 4,
+        });
+        let (routes, cut) = classless_routes(&f.iface.routes_v4, Some(f.iface.ipv4[0]));
+        assert_eq!(
+            routes,
+            vec![
+                (
+                    "10.96.0.0/12".parse().unwrap(),
+                    "10.244.0.1".parse().unwrap()
+                ),
+                ("172.16.0.0/16".parse().unwrap(), Ipv4Addr::UNSPECIFIED),
+                ("0.0.0.0/0".parse().unwrap(), "10.244.0.1".parse().unwrap()),
+            ]
+        );
+        assert!(cut.is_empty());
+        // 40 /24 routes (8 bytes each) do not fit: the default route stays, the tail is cut.
+        for i in 0..40u8 {
+            f.iface.routes_v4.insert(
+                0,
+                RouteV4 {
+                    destination: Ipv4Net::new(Ipv4Addr::new(192, 168, i, 0), 24).unwrap(),
+                    gateway: Some("10.244.0.1".parse().unwrap()),
+                    protocol: 4,
+                },
+            );
+        }
+        let (routes, cut) = classless_routes(&f.iface.routes_v4, Some(f.iface.ipv4[0]));
+        let bytes: usize = routes.iter().map(|(d, _)| route_wire_len(d)).sum();
+        assert!(bytes <= ROUTES_MAX_BYTES, "{bytes}");
+        assert_eq!(routes.last().unwrap().0.prefix_len(), 0);
+        assert_eq!(routes.len() - 1 + cut.len(), 42);
     }
 }

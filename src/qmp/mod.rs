@@ -1,25 +1,24 @@
-//! QEMU: launching it, speaking QMP to it, and hotplugging devices.
+//! QEMU: speaking QMP to it and hotplugging devices.
 //!
 //! An async, tolerant QMP client (id-tagged commands, an event stream with many listeners,
-//! per-command timeouts, fd passing over SCM_RIGHTS), the QEMU process launch from a plan's argv,
+//! per-command timeouts, fd passing over SCM_RIGHTS),
 //! lifecycle control mapped to KubeVirt's domain states, and transactional hotplug of disks and NICs.
 //!
 //! Layout:
 //! - [`client`]: the QMP wire protocol (QEMU's `docs/interop/qmp-spec.rst`) over a Unix socket.
-//! - [`launch`]: fork/exec of `qemu-system-*` with only the intended fds, then `cont`.
+//! - [`commands`]: typed QMP commands and replies, run with [`QmpClient::run`].
 //! - [`lifecycle`]: lifecycle commands and the pure event -> KubeVirt domain state mapping.
 //! - [`hotplug`]: disk, cdrom and NIC hotplug in the order libvirt issues the commands.
 //! - [`tap`]: opening an existing tap device by name (`TUNSETIFF`) for NIC hotplug.
 
 pub mod client;
+pub mod commands;
 pub mod hotplug;
-pub mod launch;
 pub mod lifecycle;
 pub mod tap;
 
 pub use client::{Event, EventStream, QmpClient};
 pub use hotplug::{CdromChange, DiskAttach, DiskDetach, NicAttach, NicDetach};
-pub use launch::{bind_qmp_listener, launch, InheritFd, LaunchSpec, QemuProcess};
 pub use lifecycle::{DomainState, DomainStatus, LifecycleInput, StateReason};
 
 use std::time::Duration;
@@ -119,43 +118,6 @@ pub enum QmpError {
     OpenTap {
         /// Tap name.
         name: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Preparing the launch (QMP listener, log file, argv) failed.
-    #[error("cannot prepare QEMU launch: {what}")]
-    PrepareLaunch {
-        /// Which preparation step.
-        what: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// fork/exec of QEMU failed.
-    #[error("cannot spawn {qemu}")]
-    SpawnQemu {
-        /// QEMU binary path.
-        qemu: String,
-        /// Cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// QEMU exited before it was running (bad argv, missing file, ...).
-    #[error("QEMU exited early ({status}); last stderr lines:\n{stderr_tail}")]
-    QemuExited {
-        /// Exit status as text (`exit status: 1`, `signal: 9`).
-        status: String,
-        /// The last lines QEMU wrote to its log.
-        stderr_tail: String,
-    },
-    /// Signalling or waiting for the QEMU process failed.
-    #[error("cannot {action} QEMU pid {pid}")]
-    Process {
-        /// What was attempted (`send SIGTERM to`, `wait for`).
-        action: String,
-        /// QEMU's pid.
-        pid: i32,
         /// Cause.
         #[source]
         source: std::io::Error,

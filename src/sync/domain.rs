@@ -18,36 +18,39 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::time::SystemTime;
 
+/// The old name of [`ApiDomain`], kept while tests import it (`qlauncher::sync::domain::Domain`).
+pub type Domain = ApiDomain;
+
 /// KubeVirt's `api.Domain`: metadata, the domain spec and the live status.
 ///
 /// JSON shape: `{"ObjectMeta": {...}, "Spec": {...}, "Status": {...}}`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Domain {
+pub struct ApiDomain {
     /// Kubernetes object metadata: the VMI's name, namespace and UID, and the deletion timestamp
     /// that marks the final notification.
     #[serde(rename = "ObjectMeta", default)]
     pub object_meta: ObjectMeta,
     /// What the domain is made of (libvirt's domain XML in KubeVirt, the launch plan here).
     #[serde(rename = "Spec", default)]
-    pub spec: DomainSpec,
+    pub spec: ApiDomainSpec,
     /// Run state, its reason, and guest-agent data.
     #[serde(rename = "Status", default)]
     pub status: DomainStatus,
 }
 
-impl Domain {
+impl ApiDomain {
     /// A domain for the VMI `namespace/name`: metadata filled, spec name `<namespace>_<name>` (the
     /// libvirt domain name KubeVirt uses, `util.DomainFromNamespaceName`), metadata UID `vmi_uid`,
     /// status `NoState` with no reason.
-    pub fn for_vmi(namespace: &str, name: &str, vmi_uid: &str) -> Domain {
-        Domain {
+    pub fn for_vmi(namespace: &str, name: &str, vmi_uid: &str) -> ApiDomain {
+        ApiDomain {
             object_meta: ObjectMeta {
                 name: name.to_owned(),
                 namespace: namespace.to_owned(),
                 uid: vmi_uid.to_owned(),
                 ..ObjectMeta::default()
             },
-            spec: DomainSpec {
+            spec: ApiDomainSpec {
                 name: format!("{namespace}_{name}"),
                 metadata: Metadata {
                     kubevirt: KubeVirtMetadata {
@@ -55,7 +58,7 @@ impl Domain {
                         grace_period: None,
                     },
                 },
-                ..DomainSpec::default()
+                ..ApiDomainSpec::default()
             },
             status: DomainStatus::default(),
         }
@@ -111,7 +114,7 @@ pub struct ObjectMeta {
 
 /// The part of KubeVirt's `api.DomainSpec` qlauncher fills. Keys are the Go field names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct DomainSpec {
+pub struct ApiDomainSpec {
     /// Domain type: `kvm`, or `qemu` under software emulation.
     #[serde(rename = "Type", default)]
     pub domain_type: String,
@@ -133,7 +136,7 @@ pub struct DomainSpec {
     pub rest: Map<String, Value>,
 }
 
-impl DomainSpec {
+impl ApiDomainSpec {
     /// Replaces this spec with `converted` (an `api.DomainSpec` JSON object, from
     /// `qlauncher_libvirt_xml::to_api_spec`), keeping the name, the metadata and what the launcher
     /// tracks live: the interfaces' MACs when the converted ones have none, and the channels'
@@ -146,7 +149,7 @@ impl DomainSpec {
         &mut self,
         converted: Map<String, Value>,
     ) -> Result<(), serde_json::Error> {
-        let mut next: DomainSpec = serde_json::from_value(Value::Object(converted))?;
+        let mut next: ApiDomainSpec = serde_json::from_value(Value::Object(converted))?;
         next.name = std::mem::take(&mut self.name);
         next.metadata = std::mem::take(&mut self.metadata);
         if next.uuid.is_empty() {
@@ -621,7 +624,7 @@ mod tests {
 
     #[test]
     fn running_domain_serializes_with_kubevirt_field_names() {
-        let mut domain = Domain::for_vmi("default", "testvmi", "1234-uid");
+        let mut domain = ApiDomain::for_vmi("default", "testvmi", "1234-uid");
         domain.spec.uuid = "5e8f1b6c-6f3a-4c1e-9d0b-2f1f6f0e8a11".into();
         domain.spec.domain_type = "kvm".into();
         domain.spec.devices.interfaces.push(Interface {
@@ -665,13 +668,13 @@ mod tests {
             }
         });
         assert_eq!(json, expected);
-        let back: Domain = serde_json::from_value(json).unwrap();
+        let back: ApiDomain = serde_json::from_value(json).unwrap();
         assert_eq!(back, domain);
     }
 
     #[test]
     fn final_delete_marks_nonexistent_with_deletion_timestamp() {
-        let mut domain = Domain::for_vmi("ns", "vm", "u");
+        let mut domain = ApiDomain::for_vmi("ns", "vm", "u");
         domain.set_state(LifeCycle::Shutoff, StateChangeReason::Shutdown);
         domain.mark_deleted(UNIX_EPOCH + Duration::from_secs(1_796_000_000));
         let json = serde_json::to_value(&domain).unwrap();

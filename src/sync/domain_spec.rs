@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
-use crate::sync::domain::{Domain, GracePeriodMetadata};
+use crate::sync::domain::{ApiDomain as Domain, GracePeriodMetadata};
 use crate::vmi::Vmi;
 
 /// KubeVirt's grace period when the VMI sets none (`v1.DefaultGracePeriodSeconds`).

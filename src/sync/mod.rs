@@ -25,7 +25,6 @@ pub mod domain;
 pub(crate) mod domain_spec;
 pub mod facts;
 pub mod guest;
-pub(crate) mod mac;
 pub mod privileges;
 pub mod reconcile;
 pub mod recover;

@@ -22,8 +22,9 @@ use tracing::{info, warn};
 use crate::monitor::procfs;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{QomList, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
-use crate::sync::domain::{Domain, DomainEventType};
+use crate::sync::domain::{ApiDomain, DomainEventType};
 use crate::sync::reconcile::disks::node_indices;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::SyncVmi;
@@ -122,10 +123,10 @@ async fn check(qmp_socket: &Path, uuid: &str) -> Result<QmpClient, String> {
         .await
         .map_err(|e| format!("QMP: {e}"))?;
     let found = client
-        .execute("query-uuid", None)
+        .run(&QueryUuid)
         .await
         .map_err(|e| format!("query-uuid: {e}"))?;
-    let found = found["UUID"].as_str().unwrap_or_default();
+    let found = found.uuid.as_str();
     if !found.eq_ignore_ascii_case(uuid) {
         return Err(format!("UUID {found:?}, the domain's is {uuid:?}"));
     }
@@ -141,20 +142,12 @@ async fn check(qmp_socket: &Path, uuid: &str) -> Result<QmpClient, String> {
 /// The device ids QEMU has (`qom-list /machine/peripheral`).
 async fn device_ids(client: &QmpClient) -> Result<Vec<String>, SyncError> {
     let list = client
-        .execute(
-            "qom-list",
-            Some(serde_json::json!({"path": "/machine/peripheral"})),
-        )
+        .run(&QomList {
+            path: "/machine/peripheral".into(),
+        })
         .await
         .map_err(SyncError::Qmp)?;
-    Ok(list
-        .as_array()
-        .map(|a| {
-            a.iter()
-                .filter_map(|p| p["name"].as_str().map(String::from))
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(list.into_iter().map(|p| p.name).collect())
 }
 
 impl SyncVmi {
@@ -166,7 +159,7 @@ impl SyncVmi {
         &self,
         found: Found,
         vmi: &Vmi,
-        domain: Domain,
+        domain: ApiDomain,
         mut running: Running,
     ) -> Result<Running, SyncError> {
         let Found { pid, client } = found;
@@ -176,10 +169,11 @@ impl SyncVmi {
             .await
             .map_err(SyncError::Qmp)?;
         let nodes = client
-            .execute("query-named-block-nodes", None)
+            .run(&QueryNamedBlockNodes)
             .await
             .map_err(SyncError::Qmp)?;
-        if let Some(max) = node_indices(&nodes.to_string()).into_iter().max() {
+        let max = nodes.iter().flat_map(|n| node_indices(&n.node_name)).max();
+        if let Some(max) = max {
             running.next_node = running.next_node.max(max + 1);
         }
         let present = device_ids(&client).await?;

@@ -18,20 +18,23 @@ use tokio::sync::watch;
 use tracing::info;
 
 use crate::cmdline::context::{IfaceFacts, TapSource};
+use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
-use crate::sync::domain::{Alias, Domain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
-use crate::sync::reconcile::disks::node_indices;
+use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::{SyncVmi, QMP_CONNECT_TIMEOUT};
-use crate::sync::{mac, privileges, recover, SyncError};
+use crate::sync::{privileges, recover, SyncError};
+use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
 impl SyncVmi {
@@ -48,7 +51,7 @@ impl SyncVmi {
             .clone()
             .unwrap_or_else(|| "default".into());
         let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let mut domain = Domain::for_vmi(&namespace, &name, &uid);
+        let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
@@ -73,7 +76,7 @@ impl SyncVmi {
         for (iface, cfg) in network::net_configs(vmi, self.config.runtime_uid)? {
             let plan =
                 network::setup_network(&self.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
-            let mac = mac::format_mac(plan.guest_mac);
+            let mac = MacAddr(plan.guest_mac).to_string();
             push_interface(&mut domain, &iface, mac.clone());
             ctx.interfaces.insert(
                 iface,
@@ -111,11 +114,7 @@ impl SyncVmi {
         domain.spec.uuid = plan.uuid.clone();
         domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
         let argv = self.argv(&plan);
-        let next_node = argv
-            .iter()
-            .flat_map(|w| node_indices(w))
-            .max()
-            .map_or(1, |n| n + 1);
+        let next_node = next_node_index(&plan);
         let t_convert = t0.elapsed();
 
         let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
@@ -154,10 +153,8 @@ impl SyncVmi {
     fn argv(&self, plan: &DomainPlan) -> Vec<String> {
         let mut argv = render::argv(plan);
         if let Some(p) = &self.config.operator_qmp_socket {
-            // QEMU's option syntax: a comma in a value is written twice.
-            let path = p.display().to_string().replace(',', ",,");
             argv.push("-qmp".into());
-            argv.push(format!("unix:{path},server=on,wait=off"));
+            argv.push(operator_qmp_arg(p));
         }
         argv
     }
@@ -242,7 +239,7 @@ impl SyncVmi {
     async fn follow(
         &self,
         client: &QmpClient,
-        domain: Domain,
+        domain: ApiDomain,
         watcher: Qemu,
     ) -> Result<(), SyncError> {
         let events = client.events();
@@ -266,8 +263,18 @@ impl SyncVmi {
     }
 }
 
+/// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,
+/// commas of the path doubled (QEMU's option syntax).
+fn operator_qmp_arg(path: &Path) -> String {
+    let head = ["unix:", &path.display().to_string()].concat();
+    KeyVal::with_head(&head)
+        .on_off("server", true)
+        .on_off("wait", false)
+        .finish()
+}
+
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
-fn push_interface(domain: &mut Domain, name: &str, mac: String) {
+fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
         interface_type: "ethernet".into(),
         mac: Some(Mac { mac }),
@@ -309,13 +316,14 @@ async fn start_up(
     paused: bool,
 ) -> Result<(), SyncError> {
     for step in &qmp_plan.startup {
-        client
-            .execute(step.execute, Some(step.arguments.clone()))
-            .await
-            .map_err(SyncError::Qmp)?;
+        let step = Planned {
+            execute: step.execute,
+            arguments: &step.arguments,
+        };
+        client.run(&step).await.map_err(SyncError::Qmp)?;
     }
     if !paused {
-        client.execute("cont", None).await.map_err(SyncError::Qmp)?;
+        client.run(&Cont).await.map_err(SyncError::Qmp)?;
     }
     Ok(())
 }
@@ -341,4 +349,23 @@ pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_qmp_socket_argument() {
+        let cases = [
+            ("/run/q/op.sock", "unix:/run/q/op.sock,server=on,wait=off"),
+            (
+                "/tmp/a,b/op.sock",
+                "unix:/tmp/a,,b/op.sock,server=on,wait=off",
+            ),
+        ];
+        for (path, want) in cases {
+            assert_eq!(operator_qmp_arg(Path::new(path)), want);
+        }
+    }
 }

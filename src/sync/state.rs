@@ -16,9 +16,10 @@ use tracing::{info, warn};
 
 use crate::cmdline::{render, ConverterContext};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::Quit;
 use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
 use crate::sync::domain::{
-    Alias, Domain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
+    Alias, ApiDomain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
 use crate::sync::domain_spec;
 use crate::sync::notify::Notifier;
@@ -48,7 +49,7 @@ pub(crate) struct Running {
 
 /// State shared with the event task.
 pub(crate) struct Shared {
-    pub(crate) domain: StdMutex<Option<Domain>>,
+    pub(crate) domain: StdMutex<Option<ApiDomain>>,
     pub(crate) status: StdMutex<DomainStatus>,
     pub(crate) notifier: Option<Notifier>,
     pub(crate) graceful: AtomicBool,
@@ -105,7 +106,7 @@ impl Shared {
 
     /// Changes the `api.Domain` with `change` and notifies MODIFIED when it reports a change
     /// (KubeVirt notifies metadata-only and device changes as MODIFIED too).
-    pub(crate) fn update_domain(&self, change: impl FnOnce(&mut Domain) -> bool) {
+    pub(crate) fn update_domain(&self, change: impl FnOnce(&mut ApiDomain) -> bool) {
         let changed = {
             let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
             match domain.as_mut() {
@@ -194,7 +195,7 @@ pub(crate) async fn follow_events(
                 if is_shutdown {
                     // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
                     let c = client.clone();
-                    tokio::spawn(async move { let _ = c.execute("quit", None).await; });
+                    tokio::spawn(async move { let _ = c.run(&Quit).await; });
                 }
             }
             _ = qemu.exited() => break,

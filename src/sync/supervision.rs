@@ -1,6 +1,6 @@
 //! The domain as the launcher's supervision sees it: the monitor's grace-period control
 //! ([`DomainControl`]: graceful shutdown mark, ACPI power button), its process view
-//! ([`LauncherDomain`]: QEMU's pid, whether its exit was expected), and KubeVirt's final
+//! ([`SupervisedDomain`]: QEMU's pid, whether its exit was expected), and KubeVirt's final
 //! notification when the domain is gone.
 
 use std::sync::atomic::Ordering;
@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::warn;
 
 use crate::monitor::grace::{DomainControl, Ending};
-use crate::monitor::launcher::Domain as LauncherDomain;
+use crate::monitor::launcher::SupervisedDomain;
 use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
 use crate::sync::start::log_tail;
@@ -82,7 +82,7 @@ impl DomainControl for SyncVmi {
     }
 }
 
-impl LauncherDomain for SyncVmi {
+impl SupervisedDomain for SyncVmi {
     async fn started(&self) -> Result<i32, MonitorError> {
         let mut rx = self.shared.pid.subscribe();
         let pid = match rx.wait_for(|p| p.is_some()).await {

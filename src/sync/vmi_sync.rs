@@ -15,8 +15,9 @@ use tokio::sync::{watch, Mutex};
 use tracing::info;
 
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle::{self, DomainStatus};
-use crate::sync::domain::Domain;
+use crate::sync::domain::ApiDomain;
 use crate::sync::facts::secondary;
 use crate::sync::notify::Notifier;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
@@ -32,7 +33,7 @@ pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// KubeVirt's SyncVMI over QEMU: implements the command server's [`DomainManager`] and the
-/// launcher's [`LauncherDomain`].
+/// launcher's [`crate::monitor::launcher::SupervisedDomain`].
 pub struct SyncVmi {
     pub(crate) config: SyncConfig,
     /// The running domain (`None` before the first sync); its lock serialises syncs.
@@ -88,7 +89,7 @@ impl SyncVmi {
     }
 
     /// The current domain (`None` before the first sync).
-    pub fn domain(&self) -> Option<Domain> {
+    pub fn domain(&self) -> Option<ApiDomain> {
         self.shared
             .domain
             .lock()
@@ -239,7 +240,7 @@ impl DomainManager for SyncVmi {
         self.apply_memory(vmi).await
     }
 
-    async fn get_domain(&self) -> Result<Option<Domain>, SyncError> {
+    async fn get_domain(&self) -> Result<Option<ApiDomain>, SyncError> {
         self.info.refresh_interfaces();
         Ok(self.domain())
     }
@@ -253,9 +254,11 @@ impl DomainManager for SyncVmi {
     /// answer of `qemu --version`, asked once.
     async fn qemu_version(&self) -> Result<String, SyncError> {
         if let Ok(client) = self.client() {
-            if let Ok(v) = client.execute("query-version", None).await {
-                let q = &v["qemu"];
-                return Ok(format!("{}.{}.{}", q["major"], q["minor"], q["micro"]));
+            if let Ok(v) = client.run(&QueryVersion).await {
+                return Ok(format!(
+                    "{}.{}.{}",
+                    v.qemu.major, v.qemu.minor, v.qemu.micro
+                ));
             }
         }
         let probe = self

@@ -78,8 +78,12 @@ fn opt_err(option: &str, reason: impl Into<String>) -> NetError {
 impl DhcpV4Server {
     /// Validates the configuration and pre-builds the options.
     ///
-    /// Errors: [`NetError::DhcpOption`] for a search domain that is not a DNS name, a list
-    /// longer than 255 bytes, or a private option outside 224..=254.
+    /// The search list goes through [`super::search_list`]: entries that are not DNS names or do
+    /// not fit 255 bytes are dropped, with one warning each kind (after [`crate::net::plan()`],
+    /// which makes the list the same way, nothing is left to drop).
+    ///
+    /// Errors: [`NetError::DhcpOption`] for a private option outside 224..=254 or longer than
+    /// 255 bytes (VMI input, checked by [`crate::net::plan()`] already).
     pub fn new(cfg: DhcpV4Config) -> Result<DhcpV4Server, NetError> {
         let mut optional = vec![DhcpOption::SubnetMask(prefix_mask(cfg.prefix_len))];
         if let Some(r) = cfg.router {
@@ -95,19 +99,16 @@ impl DhcpV4Server {
             optional.push(DhcpOption::DomainName(d.clone()));
         }
         optional.push(DhcpOption::InterfaceMtu(cfg.mtu));
-        if !cfg.search.is_empty() {
-            let mut names = Vec::new();
-            let mut wire_len = 0usize;
-            for d in &cfg.search {
-                let fqdn = format!("{}.", d.trim_end_matches('.'));
-                let name = Name::from_str(&fqdn)
-                    .map_err(|e| opt_err("119 domain search", format!("{d:?}: {e}")))?;
-                wire_len += fqdn.len() + 1;
-                names.push(name);
-            }
-            if wire_len > 255 {
-                return Err(opt_err("119 domain search", "longer than 255 bytes"));
-            }
+        let search = super::search_list(&cfg.search);
+        for note in search.notes() {
+            tracing::warn!(iface = %cfg.iface, "DHCPv4: {note}");
+        }
+        let names: Vec<Name> = search
+            .names
+            .iter()
+            .filter_map(|d| Name::from_str(&format!("{d}.")).ok())
+            .collect();
+        if !names.is_empty() {
             optional.push(DhcpOption::DomainSearch(names));
         }
         if !cfg.routes.is_empty() {
@@ -622,13 +623,22 @@ mod tests {
     }
 
     #[test]
-    fn invalid_search_domain_is_rejected() {
+    fn invalid_and_overlong_search_domains_are_dropped() {
         let mut c = cfg();
-        c.search = vec!["a..b".into()];
-        assert!(matches!(
-            DhcpV4Server::new(c),
-            Err(NetError::DhcpOption { .. })
-        ));
+        c.search = vec!["a..b".into(), "ok.example".into()];
+        c.search
+            .extend((0..20).map(|i| format!("d{i}.{}.example", "x".repeat(30))));
+        let s = DhcpV4Server::new(c).unwrap();
+        let (m, _) = reply(
+            &s,
+            &client_message(MessageType::Discover, MAC, 1, None, None, &[119]),
+        );
+        let Some(DhcpOption::DomainSearch(names)) = m.opts().get(OptionCode::DomainSearch) else {
+            panic!("no option 119")
+        };
+        assert_eq!(names[0].to_string(), "ok.example.");
+        let bytes: usize = names.iter().map(|n| n.to_string().len() + 1).sum();
+        assert!(bytes <= 255, "{bytes}");
     }
 
     #[test]

@@ -9,7 +9,8 @@ use tracing::{info, warn};
 
 use crate::net::{self, Binding, NetConfig, NetPlan, Port, Protocol};
 use crate::storage;
-use crate::sync::{mac, SyncError};
+use crate::sync::SyncError;
+use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
 /// The network setup of each VMI interface bound to the pod network (masquerade or bridge).
@@ -52,7 +53,7 @@ pub(crate) fn net_configs(
             ports.push(Port { protocol, port });
         }
         let mac = match iface.mac_address.as_deref() {
-            Some(m) => Some(mac::parse_mac(m).ok_or_else(|| {
+            Some(m) => Some(m.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
                 SyncError::InvalidVmi(format!("interface {}: bad macAddress {m:?}", iface.name))
             })?),
             None => None,
@@ -67,6 +68,7 @@ pub(crate) fn net_configs(
                 runtime_uid,
                 hostname: hostname.clone(),
                 subdomain: vmi.spec.subdomain.clone(),
+                istio: net::config::istio_proxy_injection(vmi),
                 ..NetConfig::default()
             },
         ));

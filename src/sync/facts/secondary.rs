@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use sha2::{Digest, Sha256};
 
 use crate::net::{Binding, NetConfig};
-use crate::sync::{mac, SyncError};
+use crate::sync::SyncError;
+use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
 /// The `infoSource` token virt-handler sets when Multus reports the interface in the pod.
@@ -76,7 +77,7 @@ pub fn secondary_ifaces(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<SecondaryIfac
             .filter(|n| !n.is_empty())
             .unwrap_or_else(|| hashed_pod_iface(&network.name));
         let mac = match iface.mac_address.as_deref().filter(|m| !m.is_empty()) {
-            Some(m) => Some(mac::parse_mac(m).ok_or_else(|| {
+            Some(m) => Some(m.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
                 SyncError::InvalidVmi(format!("{field}.macAddress: {m:?} is not a MAC address"))
             })?),
             None => None,

@@ -36,7 +36,9 @@ use serde_json::Value;
 use crate::cmdline::context::{IfaceFacts, TapSource};
 use crate::cmdline::plan::{DeviceClass, DomainPlan};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast};
 use crate::sync::SyncError;
+use crate::sys::procfs::stat_times;
 
 /// KubeVirt `stats.DomainStats`, serialised with Go's field names.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -275,25 +277,16 @@ pub async fn collect(
     pid: i32,
     names: &DeviceNames,
 ) -> Result<DomainStats, SyncError> {
-    let cpus = client
-        .execute("query-cpus-fast", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let blockstats = client
-        .execute("query-blockstats", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let block = client
-        .execute("query-block", None)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let balloon = client.execute("query-balloon", None).await.ok();
+    let cpus = client.run(&QueryCpusFast).await.map_err(SyncError::Qmp)?;
+    let blockstats = client.run(&QueryBlockstats).await.map_err(SyncError::Qmp)?;
+    let block = client.run(&QueryBlock).await.map_err(SyncError::Qmp)?;
+    let balloon = client.run(&QueryBalloon).await.ok();
     let guest_stats = match &names.balloon {
         Some(path) => client
-            .execute(
-                "qom-get",
-                Some(serde_json::json!({"path": path, "property": "guest-stats"})),
-            )
+            .run(&QomGet {
+                path: path.clone(),
+                property: "guest-stats".into(),
+            })
             .await
             .ok(),
         None => None,
@@ -394,15 +387,6 @@ fn vcpu_threads(cpus: &Value) -> Vec<i32> {
         .collect();
     list.sort_unstable();
     list.into_iter().map(|(_, tid)| tid).collect()
-}
-
-/// `utime` and `stime` (clock ticks) of a `/proc/<pid>/stat` line.
-fn stat_times(stat: &str) -> Option<(u64, u64)> {
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state(3) ppid(4) ... utime(14) stime(15): indices 11 and 12 here.
-    Some((fields.get(11)?.parse().ok()?, fields.get(12)?.parse().ok()?))
 }
 
 fn cpu_stats(stat: Option<&str>, ns_per_tick: u64) -> CpuStats {

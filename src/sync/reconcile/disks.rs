@@ -11,76 +11,128 @@ use std::collections::BTreeMap;
 
 use tracing::info;
 
+use crate::cmdline::plan::{Backend, DomainPlan, FirmwarePlan};
 use crate::cmdline::render;
 use crate::qmp::client::QmpClient;
 use crate::sync::state::Running;
 use crate::sync::vmi_sync::HOTPLUG_TIMEOUT;
 use crate::sync::SyncError;
 
-/// Detaches the disks of `running` that `wanted` (the new QMP plan's disks) lacks, then attaches
-/// those of `wanted` that `running` lacks, each on a free PCIe root port when its plan put it on
-/// one.
-pub(crate) async fn apply(
-    client: &QmpClient,
-    running: &mut Running,
+/// One step of the disk diff.
+#[derive(Debug, Clone, PartialEq)]
+pub enum DiskStep {
+    /// Detach the running disk with this device id (`device_del`, `DEVICE_DELETED`,
+    /// `blockdev-del` of these node names, top first).
+    Detach {
+        /// Device id (`ua-<name>`).
+        id: String,
+        /// Its block nodes, top node first.
+        node_names: Vec<String>,
+    },
+    /// Attach this disk of the new plan (nodes renumbered by the executor).
+    Attach(render::DiskHotplug),
+}
+
+/// The disk diff: detach every running disk `wanted` (the new QMP plan's disks) lacks, in device
+/// id order, then attach every disk of `wanted` that does not run, in device id order. Pure.
+pub fn diff(
+    running: &BTreeMap<String, render::DiskHotplug>,
     wanted: &[render::DiskHotplug],
-) -> Result<(), SyncError> {
-    let wanted: BTreeMap<String, render::DiskHotplug> =
-        wanted.iter().map(|d| (d.id.clone(), d.clone())).collect();
-    let gone: Vec<String> = running
-        .disks
-        .keys()
-        .filter(|id| !wanted.contains_key(*id))
-        .cloned()
-        .collect();
-    for id in gone {
-        let Some(d) = running.disks.get(&id) else {
-            continue;
-        };
-        let detach = crate::qmp::hotplug::DiskDetach {
-            device_id: id.clone(),
+) -> Vec<DiskStep> {
+    let wanted: BTreeMap<&str, &render::DiskHotplug> =
+        wanted.iter().map(|d| (d.id.as_str(), d)).collect();
+    let mut steps: Vec<DiskStep> = running
+        .iter()
+        .filter(|(id, _)| !wanted.contains_key(id.as_str()))
+        .map(|(id, d)| DiskStep::Detach {
+            id: id.clone(),
             node_names: d
                 .blockdev_del
                 .iter()
                 .filter_map(|v| v["node-name"].as_str().map(String::from))
                 .collect(),
-        };
-        crate::qmp::hotplug::detach_disk(client, &detach, HOTPLUG_TIMEOUT)
-            .await
-            .map_err(SyncError::Qmp)?;
-        info!(device = %id, "disk detached");
-        running.disks.remove(&id);
-    }
-    for (id, d) in wanted {
-        if running.disks.contains_key(&id) {
-            continue;
+        })
+        .collect();
+    steps.extend(
+        wanted
+            .into_iter()
+            .filter(|(id, _)| !running.contains_key(*id))
+            .map(|(_, d)| DiskStep::Attach(d.clone())),
+    );
+    steps
+}
+
+/// Runs the [`diff`] of `running` against `wanted`: each detached disk leaves `running.disks`,
+/// each attached one joins it with fresh node indices, on a free PCIe root port when its plan
+/// put it on one.
+pub(crate) async fn apply(
+    client: &QmpClient,
+    running: &mut Running,
+    wanted: &[render::DiskHotplug],
+) -> Result<(), SyncError> {
+    for step in diff(&running.disks, wanted) {
+        match step {
+            DiskStep::Detach { id, node_names } => {
+                let detach = crate::qmp::hotplug::DiskDetach {
+                    device_id: id.clone(),
+                    node_names,
+                };
+                crate::qmp::hotplug::detach_disk(client, &detach, HOTPLUG_TIMEOUT)
+                    .await
+                    .map_err(SyncError::Qmp)?;
+                info!(device = %id, "disk detached");
+                running.disks.remove(&id);
+            }
+            DiskStep::Attach(d) => {
+                let id = d.id.clone();
+                let mut d = renumber_nodes(&d, &mut running.next_node)?;
+                // The re-plan may place the disk on a port in use; take a free root port instead.
+                if d.device["bus"]
+                    .as_str()
+                    .is_some_and(|b| b.starts_with("pci."))
+                {
+                    let ports = crate::qmp::hotplug::free_root_ports(client)
+                        .await
+                        .map_err(SyncError::Qmp)?;
+                    let port = ports.first().ok_or_else(|| {
+                        SyncError::Unsupported(format!("hotplug of {id}: no free PCIe root port"))
+                    })?;
+                    d.device["bus"] = port.clone().into();
+                    d.device["addr"] = "0x0".into();
+                }
+                let attach = crate::qmp::hotplug::DiskAttach {
+                    blockdevs: d.blockdevs.clone(),
+                    device: d.device.clone(),
+                };
+                crate::qmp::hotplug::attach_disk(client, &attach)
+                    .await
+                    .map_err(SyncError::Qmp)?;
+                info!(device = %id, "disk attached");
+                running.disks.insert(id, d);
+            }
         }
-        let mut d = renumber_nodes(&d, &mut running.next_node)?;
-        // The re-plan may place the disk on a port in use; take a free root port instead.
-        if d.device["bus"]
-            .as_str()
-            .is_some_and(|b| b.starts_with("pci."))
-        {
-            let ports = crate::qmp::hotplug::free_root_ports(client)
-                .await
-                .map_err(SyncError::Qmp)?;
-            let port = ports.first().ok_or_else(|| {
-                SyncError::Unsupported(format!("hotplug of {id}: no free PCIe root port"))
-            })?;
-            d.device["bus"] = port.clone().into();
-            d.device["addr"] = "0x0".into();
-        }
-        let attach = crate::qmp::hotplug::DiskAttach {
-            blockdevs: d.blockdevs.clone(),
-            device: d.device.clone(),
-        };
-        crate::qmp::hotplug::attach_disk(client, &attach)
-            .await
-            .map_err(SyncError::Qmp)?;
-        info!(device = %id, "disk attached");
-        running.disks.insert(id, d);
     }
     Ok(())
+}
+
+/// The first block node index no node of `plan` uses: one more than the highest `N` of its
+/// `libvirt-N-*` node names (disk and cdrom chains; the firmware's `libvirt-pflash*` nodes carry
+/// none), 1 for a plan without disks.
+pub(crate) fn next_node_index(plan: &DomainPlan) -> u32 {
+    let devices = plan.devices.iter().filter_map(|d| match &d.backend {
+        Backend::Blockdevs(b) => Some(b.as_slice()),
+        _ => None,
+    });
+    let firmware = match &plan.firmware {
+        FirmwarePlan::Efi { blockdevs, .. } => Some(blockdevs.as_slice()),
+        _ => None,
+    };
+    devices
+        .chain(firmware)
+        .flatten()
+        .flat_map(|b| node_indices(b.node_name()))
+        .max()
+        .map_or(1, |n| n + 1)
 }
 
 /// The `N` of every `libvirt-N-` node name in `text`.
@@ -125,6 +177,49 @@ pub(crate) fn renumber_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn disk(name: &str) -> render::DiskHotplug {
+        render::DiskHotplug {
+            name: name.into(),
+            id: format!("ua-{name}"),
+            target: None,
+            blockdevs: vec![serde_json::json!({"node-name": "libvirt-1-storage"})],
+            device: serde_json::json!({"id": format!("ua-{name}"), "drive": "libvirt-1-storage"}),
+            device_del: serde_json::json!({"id": format!("ua-{name}")}),
+            blockdev_del: vec![serde_json::json!({"node-name": "libvirt-1-storage"})],
+        }
+    }
+
+    #[test]
+    fn a_plan_without_disks_starts_nodes_at_one() {
+        assert_eq!(next_node_index(&DomainPlan::default()), 1);
+    }
+
+    #[test]
+    fn disk_diff_detaches_then_attaches() {
+        let running = |names: &[&str]| -> BTreeMap<String, render::DiskHotplug> {
+            names.iter().map(|n| (format!("ua-{n}"), disk(n))).collect()
+        };
+        let detach = |n: &str| DiskStep::Detach {
+            id: format!("ua-{n}"),
+            node_names: vec!["libvirt-1-storage".into()],
+        };
+        let attach = |n: &str| DiskStep::Attach(disk(n));
+        let cases: Vec<(&[&str], Vec<render::DiskHotplug>, Vec<DiskStep>)> = vec![
+            (&[], vec![], vec![]),
+            (&["a"], vec![disk("a")], vec![]),
+            (
+                &[],
+                vec![disk("b"), disk("a")],
+                vec![attach("a"), attach("b")],
+            ),
+            (&["a", "b"], vec![], vec![detach("a"), detach("b")]),
+            (&["a"], vec![disk("b")], vec![detach("a"), attach("b")]),
+        ];
+        for (run, wanted, steps) in cases {
+            assert_eq!(diff(&running(run), &wanted), steps, "{run:?}");
+        }
+    }
 
     #[test]
     fn hotplugged_disk_nodes_get_fresh_indices() {

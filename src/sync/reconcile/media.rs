@@ -76,19 +76,41 @@ pub fn node_names_top_first(medium: &[Value]) -> Vec<String> {
         .collect()
 }
 
-/// Inserts, changes or ejects the media of the domain's cdrom drives as `plan` has them. A drive
-/// the new plan lacks (its hotplug volume went away) is ejected.
+/// One step of the media diff: the cdrom `id` gets `new` (bottom node first; empty: eject).
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediumChange {
+    /// Device id (`ua-<name>`).
+    pub id: String,
+    /// The new medium's `blockdev-add` arguments, bottom node first (node indices as planned).
+    pub new: Vec<Value>,
+}
+
+/// The media diff: for each cdrom of `running` whose medium differs from `wanted`'s (a drive
+/// `wanted` lacks is ejected), in device id order. Pure.
+pub fn diff(
+    running: &BTreeMap<String, Vec<Value>>,
+    mut wanted: BTreeMap<String, Vec<Value>>,
+) -> Vec<MediumChange> {
+    running
+        .iter()
+        .filter_map(|(id, current)| {
+            let new = wanted.remove(id).unwrap_or_default();
+            (!same_medium(current, &new)).then(|| MediumChange {
+                id: id.clone(),
+                new,
+            })
+        })
+        .collect()
+}
+
+/// Runs the [`diff`] of the domain's cdrom media against `plan`'s: each changed medium's nodes
+/// get fresh indices, then `blockdev-open-tray` ... `blockdev-close-tray`.
 pub(crate) async fn apply(
     client: &QmpClient,
     running: &mut Running,
     plan: &DomainPlan,
 ) -> Result<(), SyncError> {
-    let mut wanted = cdroms(plan);
-    for (id, current) in running.cdroms.iter_mut() {
-        let new = wanted.remove(id).unwrap_or_default();
-        if same_medium(current, &new) {
-            continue;
-        }
+    for MediumChange { id, new } in diff(&running.cdroms, cdroms(plan)) {
         let carrier = render::DiskHotplug {
             name: String::new(),
             id: id.clone(),
@@ -99,16 +121,21 @@ pub(crate) async fn apply(
             blockdev_del: vec![],
         };
         let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+        let old_node_names = running
+            .cdroms
+            .get(&id)
+            .map(|current| node_names_top_first(current))
+            .unwrap_or_default();
         let change = crate::qmp::hotplug::CdromChange {
             device_id: id.clone(),
-            old_node_names: node_names_top_first(current),
+            old_node_names,
             new_blockdevs: new.clone(),
         };
         crate::qmp::hotplug::change_cdrom(client, &change)
             .await
             .map_err(SyncError::Qmp)?;
         info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
-        *current = new;
+        running.cdroms.insert(id, new);
     }
     Ok(())
 }
@@ -137,5 +164,47 @@ mod tests {
             node_names_top_first(&medium(3, "/a.img")),
             vec!["libvirt-3-format", "libvirt-3-storage"]
         );
+    }
+
+    #[test]
+    fn media_diff_changes_only_what_differs() {
+        let map = |items: &[(&str, Vec<Value>)]| -> BTreeMap<String, Vec<Value>> {
+            items
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect()
+        };
+        let change = |id: &str, new: Vec<Value>| MediumChange { id: id.into(), new };
+        let cases = [
+            // Same image under other node numbers: nothing.
+            (
+                map(&[("ua-cd", medium(1, "/a.iso"))]),
+                map(&[("ua-cd", medium(5, "/a.iso"))]),
+                vec![],
+            ),
+            // Another image.
+            (
+                map(&[("ua-cd", medium(1, "/a.iso"))]),
+                map(&[("ua-cd", medium(5, "/b.iso"))]),
+                vec![change("ua-cd", medium(5, "/b.iso"))],
+            ),
+            // Inserted into an empty drive.
+            (
+                map(&[("ua-cd", vec![])]),
+                map(&[("ua-cd", medium(2, "/a.iso"))]),
+                vec![change("ua-cd", medium(2, "/a.iso"))],
+            ),
+            // The drive left the plan: ejected.
+            (
+                map(&[("ua-cd", medium(1, "/a.iso"))]),
+                map(&[]),
+                vec![change("ua-cd", vec![])],
+            ),
+            // A drive that does not run is not this diff's.
+            (map(&[]), map(&[("ua-cd", medium(1, "/a.iso"))]), vec![]),
+        ];
+        for (running, wanted, steps) in cases {
+            assert_eq!(diff(&running, wanted), steps);
+        }
     }
 }

@@ -31,7 +31,8 @@ use crate::qmp::client::QmpClient;
 use crate::qmp::hotplug::{self, NicAttach, NicDetach};
 use crate::sync::facts::network::{plan_binding, serve_dhcp};
 use crate::sync::facts::secondary::SecondaryIface;
-use crate::sync::{mac, SyncError};
+use crate::sync::SyncError;
+use crate::sys::mac::MacAddr;
 
 /// A NIC plugged by diff, and its pod-side binding.
 struct PluggedNic {
@@ -111,7 +112,7 @@ impl NicState {
                 Ok::<_, SyncError>((plan, applied, dhcp_stop))
             };
             let (plan, applied, dhcp_stop) = boot.await.map_err(|e| in_iface(&s.name, e))?;
-            let mac = mac::format_mac(plan.guest_mac);
+            let mac = MacAddr(plan.guest_mac).to_string();
             let facts = IfaceFacts {
                 mac: Some(mac.clone()),
                 mtu: Some(plan.mtu),
@@ -161,7 +162,7 @@ impl NicState {
             ctx.interfaces.insert(
                 s.name.clone(),
                 IfaceFacts {
-                    mac: Some(mac::format_mac(plan.guest_mac)),
+                    mac: Some(MacAddr(plan.guest_mac).to_string()),
                     mtu: Some(plan.mtu),
                     // Passed with `getfd`; the number only matters on a command line.
                     tap: TapSource::Fds {
@@ -239,7 +240,7 @@ impl NicState {
                 .map_err(|e| in_iface(&s.name, e))?;
             changes
                 .added
-                .push((s.name.clone(), mac::format_mac(plugged.net.guest_mac)));
+                .push((s.name.clone(), MacAddr(plugged.net.guest_mac).to_string()));
             self.plugged.insert(s.name.clone(), plugged);
         }
         for d in plan.devices.iter().filter(|d| d.class == DeviceClass::Nic) {

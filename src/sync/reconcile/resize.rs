@@ -118,7 +118,7 @@ fn pvc_info<'a>(vmi: &'a Vmi, volume: &str) -> Option<&'a PersistentVolumeClaimI
 /// (`/machine/peripheral/<id>/virtio-backend` or the id itself).
 async fn qemu_drives(client: &QmpClient) -> Result<BTreeMap<String, QemuDrive>, String> {
     let list = client
-        .execute("query-block", None)
+        .run(&crate::qmp::commands::QueryBlock)
         .await
         .map_err(|e| format!("query-block: {e}"))?;
     Ok(parse_query_block(&list))

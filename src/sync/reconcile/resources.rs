@@ -21,6 +21,7 @@ use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands;
 use crate::qmp::hotplug;
 use crate::sync::SyncError;
 
@@ -122,7 +123,7 @@ pub async fn set_vcpus(
     unplug_timeout: Duration,
 ) -> Result<VcpuChange, SyncError> {
     let reply = client
-        .execute("query-hotpluggable-cpus", None)
+        .run(&commands::QueryHotpluggableCpus)
         .await
         .map_err(SyncError::Qmp)?;
     let change = plan_vcpus(&cpu_slots(&reply)?, wanted)?;
@@ -130,13 +131,12 @@ pub async fn set_vcpus(
         VcpuChange::None => {}
         VcpuChange::Plug(slots) => {
             for (index, slot) in slots {
-                let mut args = slot.props.clone();
-                args.insert("driver".into(), slot.driver.clone().into());
-                args.insert("id".into(), format!("vcpu{index}").into());
-                client
-                    .execute("device_add", Some(Value::Object(args)))
-                    .await
-                    .map_err(SyncError::Qmp)?;
+                let add = commands::CpuDeviceAdd {
+                    driver: slot.driver.clone(),
+                    id: format!("vcpu{index}"),
+                    props: slot.props.clone(),
+                };
+                client.run(&add).await.map_err(SyncError::Qmp)?;
                 info!(vcpu = index, "vCPU plugged");
             }
         }
@@ -273,11 +273,16 @@ pub async fn set_memory(
     let steps = plan_memory(state, plan, wanted, port.as_deref())?;
     let mut added_backend = false;
     for (cmd, args) in &steps {
-        if let Err(e) = client.execute(cmd, Some(args.clone())).await {
+        let step = commands::Planned {
+            execute: cmd,
+            arguments: args,
+        };
+        if let Err(e) = client.run(&step).await {
             if added_backend {
-                let _ = client
-                    .execute("object-del", Some(json!({ "id": VIRTIO_MEM_BACKEND_ID })))
-                    .await;
+                let del = commands::ObjectDel {
+                    id: VIRTIO_MEM_BACKEND_ID.into(),
+                };
+                let _ = client.run(&del).await;
             }
             return Err(SyncError::Qmp(e));
         }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde::de::DeserializeOwned;
 
-use crate::sync::domain::Domain;
+use crate::sync::domain::ApiDomain;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
 
 /// The message virt-launcher answers when `vmiJson` does not decode
@@ -77,7 +77,7 @@ pub trait DomainManager: Send + Sync + 'static {
     /// `GetDomain`: the current domain with the guest agent's OS info and interfaces merged into
     /// its status, as KubeVirt's `GetDomain` does; `None` when there is none (answered as an empty
     /// string, which virt-handler reads as "no domain").
-    fn get_domain(&self) -> impl Future<Output = Result<Option<Domain>, Self::Error>> + Send;
+    fn get_domain(&self) -> impl Future<Output = Result<Option<ApiDomain>, Self::Error>> + Send;
     /// `GetDomainStats`: KubeVirt's `stats.DomainStats` as a JSON value.
     fn get_domain_stats(
         &self,

@@ -21,7 +21,7 @@
 //! (`pkg/virt-handler/controller.go`, `getDomainFromCache`). [`Notifier::final_delete_sent`]
 //! resolves once it has been delivered, for the launcher's shutdown (`waitForFinalNotify`).
 
-use crate::sync::domain::{Domain, DomainEventType};
+use crate::sync::domain::{ApiDomain, DomainEventType};
 use crate::sync::proto::notify::info as notify_info;
 use crate::sync::proto::notify::v1 as notify;
 use crate::sync::{uds, SyncError};
@@ -152,20 +152,20 @@ impl Notifier {
     pub fn send(
         &self,
         event_type: DomainEventType,
-        domain: &Domain,
+        domain: &ApiDomain,
     ) -> Result<Delivery, SyncError> {
         self.queue_domain(event_type, domain, false)
     }
 
     /// Queues KubeVirt's final delete notification for `domain`: a copy marked with
-    /// [`Domain::mark_deleted`] at `now`, sent as `MODIFIED`. Once delivered,
+    /// [`ApiDomain::mark_deleted`] at `now`, sent as `MODIFIED`. Once delivered,
     /// [`Notifier::final_delete_sent`] resolves.
     ///
     /// # Errors
     /// As [`Notifier::send`].
     pub fn send_final_delete(
         &self,
-        domain: &Domain,
+        domain: &ApiDomain,
         now: SystemTime,
     ) -> Result<Delivery, SyncError> {
         let mut domain = domain.clone();
@@ -193,7 +193,7 @@ impl Notifier {
     fn queue_domain(
         &self,
         event_type: DomainEventType,
-        domain: &Domain,
+        domain: &ApiDomain,
         is_final_delete: bool,
     ) -> Result<Delivery, SyncError> {
         let domain_json = serde_json::to_vec(domain).map_err(SyncError::EncodeDomain)?;

@@ -40,14 +40,7 @@ fn unsupported(rpc: &str) -> cmd::Response {
 
 /// An error and its sources, joined by `": "` (Go's wrapped-error text).
 fn error_message(error: &(dyn std::error::Error + 'static)) -> String {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    message
+    crate::sys::error::error_chain(error)
 }
 
 fn decode_vmi<V: DeserializeOwned>(vmi: Option<&cmd::Vmi>) -> Result<V, cmd::Response> {

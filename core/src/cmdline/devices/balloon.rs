@@ -54,3 +54,67 @@ impl super::super::convert::Configurator for BalloonConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, drivers};
+    use serde_json::json;
+
+    #[test]
+    fn balloon_table() {
+        let quiet = ConverterContext {
+            cluster: crate::cmdline::context::ClusterFlags {
+                free_page_reporting: false,
+                balloon_stats_period: 0,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // (domain fragment, context) -> (driver, free page reporting, stats period)
+        let cases = [
+            (
+                json!({}),
+                ConverterContext::default(),
+                Some(("virtio-balloon-pci-non-transitional", Some(true))),
+                Some(10),
+            ),
+            (
+                json!({}),
+                quiet,
+                Some(("virtio-balloon-pci-non-transitional", Some(false))),
+                None,
+            ),
+            (
+                json!({"cpu": {"dedicatedCpuPlacement": true}}),
+                ConverterContext::default(),
+                Some(("virtio-balloon-pci-non-transitional", Some(false))),
+                Some(10),
+            ),
+            (
+                json!({"devices": {"useVirtioTransitional": true}}),
+                ConverterContext::default(),
+                Some(("virtio-balloon-pci-transitional", Some(true))),
+                Some(10),
+            ),
+            (
+                json!({"devices": {"autoattachMemBalloon": false}}),
+                ConverterContext::default(),
+                None,
+                None,
+            ),
+        ];
+        for (domain, ctx, want, period) in cases {
+            let plan = configure(&BalloonConfigurator, domain.clone(), &ctx).unwrap();
+            let got = plan.devices.first().map(|d| match &d.device {
+                Device::VirtioBalloon(b) => (b.driver, b.free_page_reporting),
+                other => panic!("not a balloon: {other:?}"),
+            });
+            assert_eq!(got, want, "{domain}");
+            assert_eq!(plan.balloon_stats_period, period, "{domain}");
+            if want.is_some() {
+                assert_eq!(drivers(&plan)[0].1, "balloon0");
+            }
+        }
+    }
+}

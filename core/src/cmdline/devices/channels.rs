@@ -59,3 +59,70 @@ impl super::super::convert::Configurator for ChannelsConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::configure;
+    use serde_json::json;
+
+    /// (chardev id, socket path, port name, port number) per channel.
+    fn channels(plan: &DomainPlan) -> Vec<(String, String, String, u32)> {
+        plan.devices
+            .iter()
+            .map(|d| match (&d.backend, &d.device) {
+                (Backend::Chardev(c), Device::Virtserialport(p)) => {
+                    assert_eq!(
+                        (d.class, p.bus.as_str()),
+                        (DeviceClass::Channel, "virtio-serial0.0")
+                    );
+                    let SocketAddr::Path(path) = &c.addr else {
+                        panic!("channel on a non-path socket")
+                    };
+                    (c.id.clone(), path.clone(), p.name.clone(), p.nr)
+                }
+                other => panic!("not a channel: {other:?}"),
+            })
+            .collect()
+    }
+
+    #[test]
+    fn channels_table() {
+        let agent = |private: &str| {
+            (
+                "charchannel0".to_string(),
+                format!("{private}/uid1/org.qemu.guest_agent.0"),
+                "org.qemu.guest_agent.0".to_string(),
+                1,
+            )
+        };
+        let mut moved = ConverterContext::default();
+        moved.paths.private_dir = "/r/p".into();
+        let cases = [
+            (
+                json!({}),
+                ConverterContext::default(),
+                vec![agent("/var/run/kubevirt-private")],
+            ),
+            (json!({}), moved, vec![agent("/r/p")]),
+            (
+                json!({"devices": {"downwardMetrics": {}}}),
+                ConverterContext::default(),
+                vec![
+                    agent("/var/run/kubevirt-private"),
+                    (
+                        "charchannel1".to_string(),
+                        "/var/run/kubevirt-private/downwardmetrics-channel/downwardmetrics.sock"
+                            .to_string(),
+                        "org.github.vhostmd.1".to_string(),
+                        2,
+                    ),
+                ],
+            ),
+        ];
+        for (domain, ctx, want) in cases {
+            let plan = configure(&ChannelsConfigurator, domain.clone(), &ctx).unwrap();
+            assert_eq!(channels(&plan), want, "{domain}");
+        }
+    }
+}

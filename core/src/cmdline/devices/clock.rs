@@ -145,6 +145,116 @@ impl super::super::convert::Configurator for ClockConfigurator {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn clock_table() {
+        let at = ConverterContext {
+            now_unix: 1796083200,
+            ..Default::default()
+        };
+        let tcg = ConverterContext {
+            kvm: false,
+            allow_emulation: true,
+            ..Default::default()
+        };
+        let pit = GlobalProp {
+            driver: "kvm-pit",
+            property: "lost_tick_policy",
+            value: "discard".into(),
+        };
+        // (clock fragment, context) -> (rtc base, rtc clock, driftfix, TZ, globals, hpet)
+        let cases = [
+            (
+                json!(null),
+                at.clone(),
+                ("utc", None, None, None, vec![], None),
+            ),
+            (
+                json!({"utc": {}}),
+                at.clone(),
+                ("utc", None, None, None, vec![], None),
+            ),
+            (
+                json!({"utc": {"offsetSeconds": 3661}}),
+                at.clone(),
+                ("2026-12-01T01:01:01", None, None, None, vec![], None),
+            ),
+            (
+                json!({"timezone": "Europe/Berlin"}),
+                at.clone(),
+                ("localtime", None, None, Some("Europe/Berlin"), vec![], None),
+            ),
+            (
+                json!({"utc": {}, "timer": {"rtc": {"tickPolicy": "catchup", "track": "guest"}, "pit": {"tickPolicy": "discard"}, "hpet": {"present": false}}}),
+                at.clone(),
+                (
+                    "utc",
+                    Some("vm"),
+                    Some("slew"),
+                    None,
+                    vec![pit.clone()],
+                    Some(false),
+                ),
+            ),
+            (
+                json!({"utc": {}, "timer": {"rtc": {"track": "wall"}, "pit": {"tickPolicy": "discard"}}}),
+                tcg,
+                ("utc", Some("host"), None, None, vec![], None),
+            ),
+        ];
+        for (clock, ctx, (base, rtc_clock, driftfix, tz, globals, hpet)) in cases {
+            let plan = configure(&ClockConfigurator, json!({ "clock": clock }), &ctx).unwrap();
+            assert_eq!(
+                (plan.rtc.base.as_str(), plan.rtc.clock, plan.rtc.driftfix),
+                (base, rtc_clock, driftfix),
+                "{clock}"
+            );
+            let env: Vec<(String, String)> = tz
+                .map(|t| ("TZ".to_string(), t.to_string()))
+                .into_iter()
+                .collect();
+            assert_eq!(plan.env, env, "{clock}");
+            assert_eq!(plan.globals, globals, "{clock}");
+            assert_eq!(plan.machine.hpet, hpet, "{clock}");
+        }
+    }
+
+    #[test]
+    fn bad_clocks_name_the_field() {
+        let cases = [
+            (json!({"utc": {}, "timezone": "UTC"}), "spec.domain.clock"),
+            (
+                json!({"utc": {"offsetSeconds": 4000000000_i64}}),
+                "spec.domain.clock.utc.offsetSeconds",
+            ),
+            (
+                json!({"timezone": "../../etc/passwd"}),
+                "spec.domain.clock.timezone",
+            ),
+            (json!({"timezone": "A,B"}), "spec.domain.clock.timezone"),
+            (
+                json!({"utc": {}, "timer": {"rtc": {"tickPolicy": "merge"}}}),
+                "spec.domain.clock.timer.rtc.tickPolicy",
+            ),
+            (
+                json!({"utc": {}, "timer": {"pit": {"tickPolicy": "catchup"}}}),
+                "spec.domain.clock.timer.pit.tickPolicy",
+            ),
+        ];
+        for (clock, path) in cases {
+            assert_eq!(
+                error_path(configure(
+                    &ClockConfigurator,
+                    json!({ "clock": clock }),
+                    &ConverterContext::default()
+                )),
+                path,
+                "{clock}"
+            );
+        }
+    }
 
     #[test]
     fn utc_dates_are_civil() {

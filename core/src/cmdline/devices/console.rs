@@ -51,3 +51,74 @@ impl super::super::convert::Configurator for ConsoleConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::configure;
+    use serde_json::json;
+
+    #[test]
+    fn console_table() {
+        let dir = "/var/run/kubevirt-private/uid1";
+        let no_log = ConverterContext {
+            cluster: crate::cmdline::context::ClusterFlags {
+                serial_console_log: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        // (devices fragment, context) -> the serial chardev's (socket, log file)
+        let cases = [
+            (
+                json!({}),
+                ConverterContext::default(),
+                Some((
+                    format!("{dir}/virt-serial0"),
+                    Some(format!("{dir}/virt-serial0-log")),
+                )),
+            ),
+            (
+                json!({}),
+                no_log.clone(),
+                Some((format!("{dir}/virt-serial0"), None)),
+            ),
+            (
+                json!({"logSerialConsole": true}),
+                no_log,
+                Some((
+                    format!("{dir}/virt-serial0"),
+                    Some(format!("{dir}/virt-serial0-log")),
+                )),
+            ),
+            (
+                json!({"logSerialConsole": false}),
+                ConverterContext::default(),
+                Some((format!("{dir}/virt-serial0"), None)),
+            ),
+            (
+                json!({"autoattachSerialConsole": false}),
+                ConverterContext::default(),
+                None,
+            ),
+        ];
+        for (devices, ctx, want) in cases {
+            let plan =
+                configure(&ConsoleConfigurator, json!({ "devices": devices }), &ctx).unwrap();
+            let got = plan.devices.first().map(|d| match (&d.backend, &d.device) {
+                (Backend::Chardev(c), Device::IsaSerial(s)) => {
+                    assert_eq!(
+                        (c.id.as_str(), s.chardev.as_str(), s.id.as_str()),
+                        ("charserial0", "charserial0", "serial0")
+                    );
+                    let SocketAddr::Path(p) = &c.addr else {
+                        panic!("serial on a non-path socket")
+                    };
+                    (p.clone(), c.logfile.clone())
+                }
+                other => panic!("not a serial console: {other:?}"),
+            });
+            assert_eq!(got, want, "{devices}");
+        }
+    }
+}

@@ -93,3 +93,58 @@ impl super::super::convert::Configurator for ControllersConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::configure;
+    use serde_json::json;
+
+    #[test]
+    fn controllers_table() {
+        let serial = "virtio-serial-pci-non-transitional";
+        let scsi = "virtio-scsi-pci-non-transitional";
+        // (devices fragment) -> the controller drivers, in order
+        let cases = [
+            (json!({}), vec![scsi, serial]),
+            (json!({"disableHotplug": true}), vec![serial]),
+            (
+                json!({"disableHotplug": true, "disks": [{"name": "d", "lun": {}}]}),
+                vec![scsi, serial],
+            ),
+            (
+                json!({"inputs": [{"name": "t", "type": "tablet"}]}),
+                vec!["qemu-xhci", scsi, serial],
+            ),
+            (
+                json!({"inputs": [{"name": "t", "type": "tablet", "bus": "virtio"}]}),
+                vec![scsi, serial],
+            ),
+            (
+                json!({"disks": [{"name": "d", "disk": {"bus": "usb"}}]}),
+                vec!["qemu-xhci", scsi, serial],
+            ),
+            (
+                json!({"useVirtioTransitional": true}),
+                vec![
+                    "virtio-scsi-pci-transitional",
+                    "virtio-serial-pci-transitional",
+                ],
+            ),
+        ];
+        for (devices, want) in cases {
+            let plan = configure(
+                &ControllersConfigurator,
+                json!({ "devices": devices }),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            let got: Vec<&str> = plan.devices.iter().map(|d| d.device.driver()).collect();
+            assert_eq!(got, want, "{devices}");
+            assert!(plan
+                .devices
+                .iter()
+                .all(|d| d.class == DeviceClass::Controller && d.placement == Placement::RootPort));
+        }
+    }
+}

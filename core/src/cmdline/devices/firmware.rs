@@ -194,3 +194,183 @@ fn kernel_boot(
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::convert::Configurator;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    /// The firmware as (kind, code or ROM, vars template, secure), with the plan's SMM and
+    /// pflash machine options.
+    fn summary(plan: &DomainPlan) -> (&'static str, String, String, bool) {
+        match &plan.firmware {
+            FirmwarePlan::Bios => ("bios", String::new(), String::new(), false),
+            FirmwarePlan::Rom(r) => ("rom", r.clone(), String::new(), false),
+            FirmwarePlan::Efi {
+                blockdevs,
+                secure,
+                vars_template,
+                vars,
+            } => {
+                assert_eq!(
+                    vars,
+                    "/var/run/kubevirt-private/libvirt/qemu/nvram/t_VARS.fd"
+                );
+                let Blockdev::Protocol(code) = &blockdevs[0] else {
+                    panic!("pflash0 storage first")
+                };
+                assert_eq!(
+                    (
+                        plan.machine.pflash0.as_deref(),
+                        plan.machine.pflash1.as_deref()
+                    ),
+                    (
+                        Some("libvirt-pflash0-format"),
+                        Some("libvirt-pflash1-storage")
+                    )
+                );
+                ("efi", code.filename.clone(), vars_template.clone(), *secure)
+            }
+        }
+    }
+
+    #[test]
+    fn firmware_table() {
+        let ovmf = |f: &str| format!("/usr/share/OVMF/{f}");
+        let s = |v: &str| v.to_string();
+        // (domain fragment) -> (kind, code or ROM, vars template, secure, smm, graphics=off)
+        let cases = [
+            (json!({}), ("bios", s(""), s(""), false, None, false)),
+            (
+                json!({"firmware": {"bootloader": {"bios": {"useSerial": true}}}}),
+                ("bios", s(""), s(""), false, None, true),
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {}}}}),
+                (
+                    "efi",
+                    ovmf("OVMF_CODE.secboot.fd"),
+                    ovmf("OVMF_VARS.secboot.fd"),
+                    true,
+                    Some(true),
+                    false,
+                ),
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}}),
+                (
+                    "efi",
+                    ovmf("OVMF_CODE.fd"),
+                    ovmf("OVMF_VARS.fd"),
+                    false,
+                    None,
+                    false,
+                ),
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"sev": {}}}),
+                (
+                    "efi",
+                    ovmf("OVMF_CODE.cc.fd"),
+                    ovmf("OVMF_VARS.fd"),
+                    false,
+                    None,
+                    false,
+                ),
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {"secureBoot": false}}}, "launchSecurity": {"snp": {}}}),
+                ("rom", ovmf("OVMF.amdsev.fd"), s(""), false, None, false),
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {}}}, "launchSecurity": {"tdx": {}}}),
+                (
+                    "rom",
+                    ovmf("OVMF.inteltdx.secboot.fd"),
+                    s(""),
+                    false,
+                    None,
+                    false,
+                ),
+            ),
+        ];
+        for (domain, (kind, code, template, secure, smm, graphics_off)) in cases {
+            let plan = configure(
+                &FirmwareConfigurator,
+                domain.clone(),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            assert_eq!(summary(&plan), (kind, code, template, secure), "{domain}");
+            assert_eq!(plan.machine.smm, smm, "{domain}");
+            assert_eq!(plan.machine.graphics_off, graphics_off, "{domain}");
+            let secure_global = plan.globals.iter().any(|g| g.driver == "cfi.pflash01");
+            assert_eq!(secure_global, secure, "{domain}");
+            assert_eq!(plan.kernel_boot, None, "{domain}");
+        }
+    }
+
+    #[test]
+    fn kernel_boot_takes_file_names_from_the_container() {
+        let plan = configure(
+            &FirmwareConfigurator,
+            json!({"firmware": {"kernelBoot": {"kernelArgs": "console=ttyS0", "container": {
+                "image": "k", "kernelPath": "/boot/vmlinuz", "initrdPath": "/boot/initrd.img"}}}}),
+            &ConverterContext::default(),
+        )
+        .unwrap();
+        let dir = "/var/run/kubevirt/container-disks/kernel-boot";
+        assert_eq!(
+            plan.kernel_boot,
+            Some(KernelBootPlan {
+                kernel: Some(format!("{dir}/vmlinuz")),
+                initrd: Some(format!("{dir}/initrd.img")),
+                append: Some("console=ttyS0".into()),
+            })
+        );
+    }
+
+    #[test]
+    fn bad_firmware_names_the_field() {
+        let cases = [
+            (
+                json!({"firmware": {"bootloader": {"bios": {}, "efi": {}}}}),
+                "spec.domain.firmware.bootloader",
+            ),
+            (
+                json!({"launchSecurity": {"sev": {}}}),
+                "spec.domain.firmware.bootloader",
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {}}}, "launchSecurity": {"sev": {}}}),
+                "spec.domain.firmware.bootloader.efi.secureBoot",
+            ),
+            (
+                json!({"firmware": {"bootloader": {"efi": {}}}, "features": {"smm": {"enabled": false}}}),
+                "spec.domain.features.smm",
+            ),
+            (
+                json!({"firmware": {"kernelBoot": {"kernelArgs": "x", "container": {"image": "k"}}}}),
+                "spec.domain.firmware.kernelBoot.kernelArgs",
+            ),
+            (
+                json!({"firmware": {"kernelBoot": {"container": {"image": "k", "initrdPath": "/i"}}}}),
+                "spec.domain.firmware.kernelBoot.container.kernelPath",
+            ),
+        ];
+        for (domain, path) in cases {
+            let mut plan = DomainPlan::default();
+            // SMM is set by the machine configurator, which runs first.
+            if domain.pointer("/features/smm/enabled") == Some(&json!(false)) {
+                plan.machine.smm = Some(false);
+            }
+            let vmi = crate::cmdline::testutil::vmi_with(domain.clone());
+            let r = FirmwareConfigurator
+                .configure(&vmi, &ConverterContext::default(), &mut plan)
+                .map(|_| plan);
+            assert_eq!(error_path(r), path, "{domain}");
+        }
+    }
+}

@@ -74,3 +74,84 @@ impl super::super::convert::Configurator for GraphicsConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn graphics_table() {
+        let no_bochs = ConverterContext {
+            cluster: crate::cmdline::context::ClusterFlags {
+                bochs_for_efi: false,
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let efi = json!({"firmware": {"bootloader": {"efi": {}}}});
+        // (domain fragment, context) -> (driver, vgamem_mb, vgamem, max_outputs)
+        let cases = [
+            (
+                json!({}),
+                ConverterContext::default(),
+                ("VGA", Some(16), None, None),
+            ),
+            (
+                efi.clone(),
+                ConverterContext::default(),
+                ("bochs-display", None, Some(16 << 20), None),
+            ),
+            (efi, no_bochs, ("VGA", Some(16), None, None)),
+            (
+                json!({"devices": {"video": {"type": "virtio"}}}),
+                ConverterContext::default(),
+                ("virtio-vga", None, None, Some(1)),
+            ),
+        ];
+        for (domain, ctx, (driver, mb, bytes, outputs)) in cases {
+            let plan = configure(&GraphicsConfigurator, domain.clone(), &ctx).unwrap();
+            assert_eq!(
+                plan.vnc.as_deref(),
+                Some("/var/run/kubevirt-private/uid1/virt-vnc")
+            );
+            assert!(plan.audiodev);
+            let [d] = &plan.devices[..] else {
+                panic!("{domain}: one video device, got {:?}", plan.devices)
+            };
+            assert_eq!(
+                (d.class, d.placement),
+                (DeviceClass::Video, Placement::RootComplex(1))
+            );
+            let Device::Video(v) = &d.device else {
+                panic!("{domain}: not a video device")
+            };
+            assert_eq!(
+                (v.driver, v.vgamem_mb, v.vgamem, v.max_outputs),
+                (driver, mb, bytes, outputs),
+                "{domain}"
+            );
+            assert_eq!(v.id, "video0");
+        }
+    }
+
+    #[test]
+    fn no_autoattach_means_no_graphics_and_unknown_video_is_rejected() {
+        let plan = configure(
+            &GraphicsConfigurator,
+            json!({"devices": {"autoattachGraphicsDevice": false}}),
+            &ConverterContext::default(),
+        )
+        .unwrap();
+        assert_eq!(plan, DomainPlan::default());
+        assert_eq!(
+            error_path(configure(
+                &GraphicsConfigurator,
+                json!({"devices": {"video": {"type": "cirrus"}}}),
+                &ConverterContext::default()
+            )),
+            "spec.domain.devices.video.type"
+        );
+    }
+}

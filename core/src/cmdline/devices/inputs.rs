@@ -65,3 +65,57 @@ impl super::super::convert::Configurator for InputsConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, drivers, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn inputs_table() {
+        let s = |v: &str| v.to_string();
+        // (inputs) -> (driver, id), and the placement of each
+        let cases = [
+            (json!([]), vec![], vec![]),
+            (
+                json!([{"name": "t", "type": "tablet"}]),
+                vec![("usb-tablet", s("ua-t"))],
+                vec![Placement::NonPci],
+            ),
+            (
+                json!([{"name": "a", "type": "tablet", "bus": "usb"}, {"name": "b", "type": "tablet", "bus": "virtio"}]),
+                vec![("usb-tablet", s("ua-a")), ("virtio-tablet-pci", s("ua-b"))],
+                vec![Placement::NonPci, Placement::RootPort],
+            ),
+        ];
+        for (inputs, want, placements) in cases {
+            let plan = configure(
+                &InputsConfigurator,
+                json!({"devices": {"inputs": inputs}}),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            assert_eq!(drivers(&plan), want, "{inputs}");
+            let got: Vec<Placement> = plan.devices.iter().map(|d| d.placement).collect();
+            assert_eq!(got, placements, "{inputs}");
+        }
+        for (input, path) in [
+            (
+                json!({"name": "k", "type": "keyboard"}),
+                "spec.domain.devices.inputs[0].type",
+            ),
+            (
+                json!({"name": "t", "type": "tablet", "bus": "ps2"}),
+                "spec.domain.devices.inputs[0].bus",
+            ),
+        ] {
+            let r = configure(
+                &InputsConfigurator,
+                json!({"devices": {"inputs": [input]}}),
+                &ConverterContext::default(),
+            );
+            assert_eq!(error_path(r), path);
+        }
+    }
+}

@@ -363,6 +363,112 @@ mod tests {
         assert!(d.hotpluggable);
     }
 
+    /// The NIC of each planned interface, with the tap fds of its netdev.
+    fn nics(plan: &DomainPlan) -> Vec<(DeviceNic, Option<String>)> {
+        plan.devices_of(DeviceClass::Nic)
+            .map(|d| {
+                let Device::Nic(n) = &d.device else {
+                    panic!("not a NIC: {d:?}")
+                };
+                let Backend::Netdev { argv, .. } = &d.backend else {
+                    panic!("no netdev: {d:?}")
+                };
+                (n.clone(), argv.fds.clone().or(argv.fd.clone()))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn interfaces_table() {
+        use crate::cmdline::FactsFile;
+        let nic =
+            |driver, mac: Option<&str>, host_mtu, romfile: Option<&str>, bootindex| DeviceNic {
+                driver,
+                netdev: "hostua-default".into(),
+                id: "ua-default".into(),
+                mac: mac.map(str::to_string),
+                host_mtu,
+                romfile: romfile.map(str::to_string),
+                bootindex,
+                mq: None,
+                vectors: None,
+                acpi_index: None,
+            };
+        let virtio = "virtio-net-pci-non-transitional";
+        let facts = r#"{"interfaces": {"default": {"mac": "02:00:00:00:00:01", "mtu": 9000}}}"#;
+        // (domain fragment, facts file) -> (NIC, tap fds), placeholders, links down
+        let cases = [
+            (
+                json!({"devices": {"interfaces": [{"name": "default", "bridge": {}}]}}),
+                facts,
+                vec![(
+                    nic(
+                        virtio,
+                        Some("02:00:00:00:00:01"),
+                        Some(9000),
+                        Some(""),
+                        None,
+                    ),
+                    Some("10".to_string()),
+                )],
+                3,
+                vec![],
+            ),
+            (
+                json!({"devices": {"interfaces": [{"name": "default", "bridge": {}, "model": "e1000", "bootOrder": 2, "macAddress": "02-00-00-00-00-AA"}]}}),
+                facts,
+                vec![(
+                    nic("e1000", Some("02:00:00:00:00:aa"), None, None, Some(2)),
+                    Some("10".to_string()),
+                )],
+                3,
+                vec![],
+            ),
+            (
+                json!({"devices": {"interfaces": [{"name": "default", "masquerade": {}, "state": "down"}]}}),
+                "{}",
+                vec![(
+                    nic(virtio, None, Some(1500), Some(""), None),
+                    Some("10".to_string()),
+                )],
+                3,
+                vec!["ua-default".to_string()],
+            ),
+            (
+                json!({"devices": {"interfaces": [{"name": "default", "masquerade": {}, "state": "absent"}]}}),
+                "{}",
+                vec![],
+                3,
+                vec![],
+            ),
+            (
+                json!({"cpu": {"cores": 2}, "devices": {"networkInterfaceMultiqueue": true, "interfaces": [{"name": "default", "masquerade": {}}]}}),
+                "{}",
+                vec![(
+                    DeviceNic {
+                        mq: Some(true),
+                        vectors: Some(6),
+                        ..nic(virtio, None, Some(1500), Some(""), None)
+                    },
+                    Some("10:11".to_string()),
+                )],
+                3,
+                vec![],
+            ),
+        ];
+        for (domain, facts, want, placeholders, down) in cases {
+            let vmi = vmi_with(domain.clone());
+            let ctx = FactsFile::from_json(facts).unwrap().context(&vmi);
+            let mut plan = DomainPlan::default();
+            InterfacesConfigurator
+                .configure(&vmi, &ctx, &mut plan)
+                .unwrap();
+            assert_eq!(nics(&plan), want, "{domain}");
+            assert_eq!(plan.nic_placeholders, placeholders, "{domain}");
+            assert_eq!(plan.links_down, down, "{domain}");
+        }
+    }
+
     #[test]
     fn unsupported_bindings_and_bad_macs_are_rejected_with_path() {
         for (iface, path) in [

@@ -95,3 +95,44 @@ impl super::super::convert::Configurator for IoThreadsConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::vmi_with;
+    use serde_json::json;
+
+    #[test]
+    fn iothreads_table() {
+        let disks = json!([
+            {"name": "a", "disk": {"bus": "virtio"}},
+            {"name": "b", "disk": {"bus": "virtio"}, "dedicatedIOThread": true},
+            {"name": "c", "disk": {"bus": "sata"}},
+            {"name": "d", "disk": {"bus": "virtio"}}
+        ]);
+        // (domain fragment) -> (thread count, per-disk thread); a dedicated disk alone makes
+        // the others share one pool thread, as the `shared` policy
+        let cases = [
+            (
+                json!({"devices": {"disks": disks}}),
+                (2, vec![Some(1), Some(2), None, Some(1)]),
+            ),
+            (
+                json!({"ioThreadsPolicy": "shared", "devices": {"disks": disks}}),
+                (2, vec![Some(1), Some(2), None, Some(1)]),
+            ),
+            (
+                json!({"ioThreadsPolicy": "auto", "cpu": {"cores": 2}, "devices": {"disks": disks}}),
+                (4, vec![Some(1), Some(4), None, Some(2)]),
+            ),
+            (json!({}), (0, vec![])),
+        ];
+        for (domain, want) in cases {
+            assert_eq!(
+                assignment(&vmi_with(domain.clone())).unwrap(),
+                want,
+                "{domain}"
+            );
+        }
+    }
+}

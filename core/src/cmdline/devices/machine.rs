@@ -77,3 +77,77 @@ impl super::super::convert::Configurator for MachineConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::plan::Accel;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn machine_table() {
+        let kvm = ConverterContext::default();
+        let tcg = ConverterContext {
+            kvm: false,
+            allow_emulation: true,
+            ..Default::default()
+        };
+        // (domain fragment, context) -> (machine type, acpi, smm, accel, no_reboot)
+        let cases = [
+            (json!({}), &kvm, ("q35", true, None, Accel::Kvm, false)),
+            (
+                json!({"machine": {"type": "pc-q35-7.2"}}),
+                &kvm,
+                ("pc-q35-7.2", true, None, Accel::Kvm, false),
+            ),
+            (
+                json!({"features": {"acpi": {"enabled": false}, "smm": {}}}),
+                &kvm,
+                ("q35", false, Some(true), Accel::Kvm, false),
+            ),
+            (
+                json!({"features": {"smm": {"enabled": false}}, "rebootPolicy": "Terminate"}),
+                &tcg,
+                ("q35", true, Some(false), Accel::Tcg, true),
+            ),
+        ];
+        for (domain, ctx, (ty, acpi, smm, accel, no_reboot)) in cases {
+            let plan = configure(&MachineConfigurator, domain.clone(), ctx).unwrap();
+            assert_eq!(plan.machine.machine_type, ty, "{domain}");
+            assert!(plan.machine.vmport_off, "{domain}");
+            assert_eq!(plan.machine.acpi, acpi, "{domain}");
+            assert_eq!(plan.machine.smm, smm, "{domain}");
+            assert_eq!(plan.accel, accel, "{domain}");
+            assert_eq!(plan.no_reboot, no_reboot, "{domain}");
+            assert!(!plan.boot_menu, "{domain}");
+        }
+    }
+
+    #[test]
+    fn rejected_machines_name_the_field() {
+        let no_kvm = ConverterContext {
+            kvm: false,
+            ..Default::default()
+        };
+        let cases = [
+            (
+                json!({"machine": {"type": "pc-i440fx-7.2"}}),
+                ConverterContext::default(),
+                "spec.domain.machine.type",
+            ),
+            (
+                json!({"rebootPolicy": "Sometimes"}),
+                ConverterContext::default(),
+                "spec.domain.rebootPolicy",
+            ),
+            (json!({}), no_kvm, "spec.domain"),
+        ];
+        for (domain, ctx, path) in cases {
+            assert_eq!(
+                error_path(configure(&MachineConfigurator, domain, &ctx)),
+                path
+            );
+        }
+    }
+}

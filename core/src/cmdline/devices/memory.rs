@@ -143,3 +143,150 @@ impl super::super::convert::Configurator for MemoryConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn memory_table() {
+        // (domain fragment) -> (size, maxmem, backend type, backend id, hugetlbsize, share,
+        // NUMA cell cpus, machine memory-backend)
+        type Want = (
+            u64,
+            Option<u64>,
+            &'static str,
+            &'static str,
+            Option<u64>,
+            Option<bool>,
+            Option<&'static str>,
+            Option<&'static str>,
+        );
+        let cases: [(serde_json::Value, Want); 5] = [
+            (
+                json!({}),
+                (
+                    256 * MIB,
+                    None,
+                    "memory-backend-ram",
+                    "pc.ram",
+                    None,
+                    None,
+                    None,
+                    Some("pc.ram"),
+                ),
+            ),
+            (
+                json!({"memory": {"guest": "3Gi"}}),
+                (
+                    3 * GIB,
+                    None,
+                    "memory-backend-ram",
+                    "pc.ram",
+                    None,
+                    None,
+                    None,
+                    Some("pc.ram"),
+                ),
+            ),
+            (
+                json!({"memory": {"guest": "1Gi", "maxGuest": "4Gi"}, "cpu": {"sockets": 2, "maxSockets": 4}}),
+                (
+                    GIB,
+                    Some(4 * GIB),
+                    "memory-backend-ram",
+                    "ram-node0",
+                    None,
+                    None,
+                    Some("0-3"),
+                    None,
+                ),
+            ),
+            (
+                json!({"memory": {"guest": "1Gi", "hugepages": {"pageSize": "2Mi"}}}),
+                (
+                    GIB,
+                    None,
+                    "memory-backend-memfd",
+                    "ram-node0",
+                    Some(2 * MIB),
+                    Some(true),
+                    Some("0"),
+                    None,
+                ),
+            ),
+            (
+                json!({"devices": {"filesystems": [{"name": "fs", "virtiofs": {}}]}}),
+                (
+                    256 * MIB,
+                    None,
+                    "memory-backend-memfd",
+                    "ram-node0",
+                    None,
+                    Some(true),
+                    Some("0"),
+                    None,
+                ),
+            ),
+        ];
+        for (domain, (size, maxmem, qom, id, huge, share, cpus, machine_backend)) in cases {
+            let plan = configure(
+                &MemoryConfigurator,
+                domain.clone(),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            let m = &plan.memory;
+            let b = m.backend.as_ref().unwrap();
+            assert_eq!((m.size, m.maxmem), (size, maxmem), "{domain}");
+            assert_eq!(
+                (b.qom_type, b.id.as_str(), b.size),
+                (qom, id, size),
+                "{domain}"
+            );
+            assert_eq!((b.hugetlbsize, b.share), (huge, share), "{domain}");
+            assert_eq!(b.prealloc, huge.map(|_| true), "{domain}");
+            assert_eq!(m.numa.as_ref().map(|n| n.cpus.as_str()), cpus, "{domain}");
+            assert_eq!(
+                plan.machine.memory_backend.as_deref(),
+                machine_backend,
+                "{domain}"
+            );
+            assert_eq!(plan.large_memory, size > 2 * GIB, "{domain}");
+        }
+    }
+
+    #[test]
+    fn bad_memory_names_the_field() {
+        let cases = [
+            (
+                json!({"memory": {"guest": "1Gi", "maxGuest": "512Mi"}}),
+                "spec.domain.memory.maxGuest",
+            ),
+            (
+                json!({"memory": {"guest": "1Gi", "hugepages": {"pageSize": "4Ki"}}}),
+                "spec.domain.memory.hugepages.pageSize",
+            ),
+            (
+                json!({"memory": {"guest": "3Mi", "hugepages": {"pageSize": "2Mi"}}}),
+                "spec.domain.memory.guest",
+            ),
+            (json!({"memory": {}}), "spec.domain.memory.guest"),
+        ];
+        for (domain, path) in cases {
+            assert_eq!(
+                error_path(configure(
+                    &MemoryConfigurator,
+                    domain.clone(),
+                    &ConverterContext::default()
+                )),
+                path,
+                "{domain}"
+            );
+        }
+    }
+}

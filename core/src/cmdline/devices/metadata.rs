@@ -53,3 +53,60 @@ impl super::super::convert::Configurator for MetadataConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn metadata_table() {
+        let path = ConverterContext {
+            monitor: MonitorSocket::Path("/r/qmp.sock".into()),
+            ..Default::default()
+        };
+        let fd = ConverterContext {
+            monitor: MonitorSocket::Fd(3),
+            ..Default::default()
+        };
+        let named = uuid::Uuid::new_v5(&FIRMWARE_UUID_NAMESPACE, b"t").to_string();
+        // (domain fragment, context) -> (name, uuid, monitor address)
+        let cases = [
+            (
+                json!({}),
+                path,
+                ("ns_t", named, SocketAddr::Path("/r/qmp.sock".into())),
+            ),
+            (
+                json!({"firmware": {"uuid": "5D307CA9-B3EF-428C-8861-06E72D69F223"}}),
+                fd,
+                (
+                    "ns_t",
+                    "5d307ca9-b3ef-428c-8861-06e72d69f223".to_string(),
+                    SocketAddr::Fd(3),
+                ),
+            ),
+        ];
+        for (domain, ctx, (name, uuid, addr)) in cases {
+            let plan = configure(&MetadataConfigurator, domain.clone(), &ctx).unwrap();
+            assert_eq!(
+                (plan.name.as_str(), plan.uuid.clone()),
+                (name, uuid),
+                "{domain}"
+            );
+            let m = plan.monitor.unwrap();
+            assert_eq!(
+                (m.id.as_str(), m.addr, m.server),
+                ("charmonitor", addr, true),
+                "{domain}"
+            );
+        }
+        let r = configure(
+            &MetadataConfigurator,
+            json!({"firmware": {"uuid": "not-a-uuid"}}),
+            &ConverterContext::default(),
+        );
+        assert_eq!(error_path(r), "spec.domain.firmware.uuid");
+    }
+}

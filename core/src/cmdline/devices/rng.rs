@@ -45,3 +45,44 @@ impl super::super::convert::Configurator for RngConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, drivers};
+    use serde_json::json;
+
+    #[test]
+    fn rng_table() {
+        let s = |v: &str| v.to_string();
+        let cases = [
+            (json!({}), vec![]),
+            (
+                json!({"rng": {}}),
+                vec![("virtio-rng-pci-non-transitional", s("rng0"))],
+            ),
+            (
+                json!({"rng": {}, "useVirtioTransitional": true}),
+                vec![("virtio-rng-pci-transitional", s("rng0"))],
+            ),
+        ];
+        for (devices, want) in cases {
+            let plan = configure(
+                &RngConfigurator,
+                json!({ "devices": devices }),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            assert_eq!(drivers(&plan), want, "{devices}");
+            if let Some(d) = plan.devices.first() {
+                let Backend::Object(Object::RngRandom(o)) = &d.backend else {
+                    panic!("rng backend")
+                };
+                assert_eq!(
+                    (o.id.as_str(), o.filename.as_str()),
+                    ("objrng0", "/dev/urandom")
+                );
+            }
+        }
+    }
+}

@@ -80,3 +80,47 @@ impl super::super::convert::Configurator for SoundConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, drivers, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn sound_table() {
+        let s = |v: &str| v.to_string();
+        let cases = [
+            (json!(null), vec![], false),
+            (
+                json!({"name": "snd"}),
+                vec![
+                    ("ich9-intel-hda", s("ua-snd")),
+                    ("hda-duplex", s("ua-snd-codec0")),
+                ],
+                true,
+            ),
+            (
+                json!({"name": "snd", "model": "ac97"}),
+                vec![("AC97", s("ua-snd"))],
+                true,
+            ),
+        ];
+        for (sound, want, audiodev) in cases {
+            let plan = configure(
+                &SoundConfigurator,
+                json!({"devices": {"sound": sound}}),
+                &ConverterContext::default(),
+            )
+            .unwrap();
+            assert_eq!(drivers(&plan), want, "{sound}");
+            assert_eq!(plan.audiodev, audiodev, "{sound}");
+        }
+        let r = configure(
+            &SoundConfigurator,
+            json!({"devices": {"sound": {"name": "snd", "model": "sb16"}}}),
+            &ConverterContext::default(),
+        );
+        assert_eq!(error_path(r), "spec.domain.devices.sound.model");
+    }
+}

@@ -57,3 +57,51 @@ impl super::super::convert::Configurator for TpmConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::configure;
+    use serde_json::json;
+
+    #[test]
+    fn tpm_table() {
+        let swtpm = ConverterContext {
+            swtpm_socket: Some("/run/swtpm.sock".into()),
+            ..Default::default()
+        };
+        // (tpm fragment, context) -> (driver, swtpm socket)
+        let cases = [
+            (json!(null), ConverterContext::default(), None),
+            (json!({"enabled": false}), ConverterContext::default(), None),
+            (
+                json!({}),
+                ConverterContext::default(),
+                Some(("tpm-tis", "/var/run/kubevirt-private/uid1/swtpm.sock")),
+            ),
+            (
+                json!({"persistent": true}),
+                swtpm,
+                Some(("tpm-crb", "/run/swtpm.sock")),
+            ),
+        ];
+        for (tpm, ctx, want) in cases {
+            let plan = configure(&TpmConfigurator, json!({"devices": {"tpm": tpm}}), &ctx).unwrap();
+            let got = plan.devices.first().map(|d| match (&d.backend, &d.device) {
+                (Backend::Tpm { chardev, tpmdev_id }, Device::Tpm(t)) => {
+                    assert_eq!(
+                        (tpmdev_id.as_str(), t.tpmdev.as_str()),
+                        ("tpm-tpm0", "tpm-tpm0")
+                    );
+                    assert!(!chardev.server);
+                    let SocketAddr::Path(p) = &chardev.addr else {
+                        panic!("swtpm on a non-path socket")
+                    };
+                    (t.driver, p.clone())
+                }
+                other => panic!("not a TPM: {other:?}"),
+            });
+            assert_eq!(got, want.map(|(d, p)| (d, p.to_string())), "{tpm}");
+        }
+    }
+}

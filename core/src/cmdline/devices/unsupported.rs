@@ -67,3 +67,47 @@ impl super::super::convert::Configurator for UnsupportedConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::testutil::{configure, error_path};
+    use serde_json::json;
+
+    #[test]
+    fn unsupported_fields_are_rejected_with_their_path() {
+        let ctx = ConverterContext::default();
+        assert!(configure(
+            &UnsupportedConfigurator,
+            json!({"devices": {"panicDevices": []}}),
+            &ctx
+        )
+        .is_ok());
+        let cases = [
+            (
+                json!({"devices": {"panicDevices": [{"model": "pvpanic"}]}}),
+                "spec.domain.devices.panicDevices",
+            ),
+            (
+                json!({"devices": {"clientPassthrough": {}}}),
+                "spec.domain.devices.clientPassthrough",
+            ),
+            (
+                json!({"cpu": {"dedicatedCpuPlacement": true}}),
+                "spec.domain.cpu.dedicatedCpuPlacement",
+            ),
+            (json!({"cpu": {"numa": {}}}), "spec.domain.cpu.numa"),
+            (json!({"cpu": {"realtime": {}}}), "spec.domain.cpu.realtime"),
+            (
+                json!({"firmware": {"acpi": {}}}),
+                "spec.domain.firmware.acpi",
+            ),
+        ];
+        for (domain, path) in cases {
+            assert_eq!(
+                error_path(configure(&UnsupportedConfigurator, domain, &ctx)),
+                path
+            );
+        }
+    }
+}

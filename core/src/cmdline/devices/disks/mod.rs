@@ -199,3 +199,206 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::context::StorageKind;
+    use crate::cmdline::convert::Configurator;
+    use crate::cmdline::qemu::{Blockdev, FormatDriver, ProtocolDriver};
+    use serde_json::{json, Value};
+
+    fn vmi(disks: Value, volumes: Value) -> Vmi {
+        serde_json::from_value(json!({
+            "metadata": {"name": "t", "namespace": "ns", "uid": "uid1"},
+            "spec": {"domain": {"memory": {"guest": "256Mi"}, "devices": {"disks": disks}},
+                     "volumes": volumes}
+        }))
+        .unwrap()
+    }
+
+    /// Per disk: (name, QEMU driver, target, hot-pluggable, protocol nodes bottom first as
+    /// (driver, filename, O_DIRECT), format drivers bottom first).
+    type DiskSummary = (
+        String,
+        &'static str,
+        Option<String>,
+        bool,
+        Vec<(ProtocolDriver, String, bool)>,
+        Vec<FormatDriver>,
+    );
+
+    fn summary(plan: &DomainPlan) -> Vec<DiskSummary> {
+        plan.devices_of(DeviceClass::Disk)
+            .map(|d| {
+                let (mut protocols, mut formats) = (vec![], vec![]);
+                if let Backend::Blockdevs(nodes) = &d.backend {
+                    for n in nodes {
+                        match n {
+                            Blockdev::Protocol(p) => protocols.push((
+                                p.driver,
+                                p.filename.clone(),
+                                p.cache.is_some_and(|c| c.direct),
+                            )),
+                            Blockdev::Format(f) => formats.push(f.driver),
+                        }
+                    }
+                }
+                (
+                    d.name.clone().unwrap_or_default(),
+                    d.device.driver(),
+                    d.target.clone(),
+                    d.hotpluggable,
+                    protocols,
+                    formats,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn disks_table() {
+        use FormatDriver::{Qcow2, Raw};
+        use ProtocolDriver::{File, HostDevice};
+        let s = |v: &str| v.to_string();
+        let blk = "virtio-blk-pci-non-transitional";
+        let block_pvc = ConverterContext {
+            volumes: [(
+                s("data"),
+                VolumeFacts {
+                    kind: StorageKind::Block,
+                    direct_io: true,
+                    ..Default::default()
+                },
+            )]
+            .into(),
+            ..Default::default()
+        };
+        // (disks, volumes, context) -> per-disk summary
+        let cases: Vec<(Value, Value, ConverterContext, Vec<DiskSummary>)> = vec![
+            (
+                json!([{"name": "root", "disk": {"bus": "virtio"}}]),
+                json!([{"name": "root", "containerDisk": {"image": "i"}}]),
+                ConverterContext::default(),
+                vec![(
+                    s("root"),
+                    blk,
+                    Some(s("vda")),
+                    false,
+                    vec![
+                        (
+                            File,
+                            s("/var/run/kubevirt/container-disks/disk_0.img"),
+                            false,
+                        ),
+                        (
+                            File,
+                            s("/var/run/kubevirt-ephemeral-disks/disk-data/root/disk.qcow2"),
+                            false,
+                        ),
+                    ],
+                    vec![Raw, Qcow2],
+                )],
+            ),
+            (
+                json!([{"name": "data", "disk": {"bus": "virtio"}}]),
+                json!([{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]),
+                block_pvc,
+                vec![(
+                    s("data"),
+                    blk,
+                    Some(s("vda")),
+                    false,
+                    vec![(HostDevice, s("/dev/data"), true)],
+                    vec![Raw],
+                )],
+            ),
+            (
+                json!([{"name": "data", "disk": {"bus": "virtio"}}]),
+                json!([{"name": "data", "persistentVolumeClaim": {"claimName": "c"}}]),
+                ConverterContext::default(),
+                vec![(
+                    s("data"),
+                    blk,
+                    Some(s("vda")),
+                    false,
+                    vec![(
+                        File,
+                        s("/var/run/kubevirt-private/vmi-disks/data/disk.img"),
+                        false,
+                    )],
+                    vec![Raw],
+                )],
+            ),
+            (
+                json!([{"name": "scratch", "disk": {"bus": "scsi"}}, {"name": "cd", "cdrom": {"bus": "sata"}}]),
+                json!([{"name": "scratch", "emptyDisk": {"capacity": "1Gi"}}, {"name": "cd", "containerDisk": {"image": "i"}}]),
+                ConverterContext::default(),
+                vec![
+                    (
+                        s("scratch"),
+                        "scsi-hd",
+                        Some(s("sda")),
+                        // A SCSI disk with a drive is hot-pluggable whether or not its volume
+                        // is a hotplug volume (frontend.rs).
+                        true,
+                        vec![(File, s("/var/run/libvirt/empty-disks/scratch.qcow2"), false)],
+                        vec![Qcow2],
+                    ),
+                    (
+                        s("cd"),
+                        "ide-cd",
+                        Some(s("sdb")),
+                        false,
+                        vec![
+                            (
+                                File,
+                                s("/var/run/kubevirt/container-disks/disk_1.img"),
+                                false,
+                            ),
+                            (
+                                File,
+                                s("/var/run/kubevirt-ephemeral-disks/disk-data/cd/disk.qcow2"),
+                                false,
+                            ),
+                        ],
+                        vec![Raw, Qcow2],
+                    ),
+                ],
+            ),
+        ];
+        for (disks, volumes, ctx, want) in cases {
+            let mut plan = DomainPlan::default();
+            DisksConfigurator
+                .configure(&vmi(disks.clone(), volumes), &ctx, &mut plan)
+                .unwrap();
+            assert_eq!(summary(&plan), want, "{disks}");
+        }
+    }
+
+    #[test]
+    fn bad_disks_name_the_field() {
+        let cases = [
+            (
+                json!([{"name": "a", "disk": {}}, {"name": "a", "disk": {}}]),
+                json!([{"name": "a", "emptyDisk": {"capacity": "1Gi"}}]),
+                "spec.domain.devices.disks[1].name",
+            ),
+            (
+                json!([{"name": "a", "disk": {}}]),
+                json!([]),
+                "spec.domain.devices.disks[0].name",
+            ),
+        ];
+        for (disks, volumes, path) in cases {
+            let err = DisksConfigurator
+                .configure(
+                    &vmi(disks.clone(), volumes),
+                    &ConverterContext::default(),
+                    &mut DomainPlan::default(),
+                )
+                .unwrap_err();
+            assert_eq!(err.path().as_str(), path, "{disks}");
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! `<features>` (ACPI, SMM, Hyper-V, KVM), `<cpu>` (mode, topology, NUMA) and `<vcpus>`.
+
+use super::*;
+
+pub(super) fn state(s: &Option<qlauncher_core::vmi::domain::FeatureState>) -> Option<State> {
+    s.as_ref().map(|f| State {
+        state: on_off(f.enabled != Some(false)),
+    })
+}
+
+pub(super) fn domain_features(
+    f: &qlauncher_core::vmi::domain::Features,
+    plan: &DomainPlan,
+) -> Features {
+    let hyperv = if f
+        .hyperv_passthrough
+        .as_ref()
+        .is_some_and(|p| p.enabled != Some(false))
+    {
+        Some(HyperV {
+            mode: Some("passthrough".into()),
+            ..Default::default()
+        })
+    } else {
+        f.hyperv.as_ref().map(|h| HyperV {
+            mode: None,
+            relaxed: state(&h.relaxed),
+            vapic: state(&h.vapic),
+            spinlocks: h.spinlocks.as_ref().map(|s| Spinlocks {
+                state: on_off(s.enabled != Some(false)),
+                retries: s.retries.or(Some(4096)),
+            }),
+            vpindex: state(&h.vpindex),
+            runtime: state(&h.runtime),
+            synic: state(&h.synic),
+            stimer: h.synictimer.as_ref().map(|s| Stimer {
+                state: on_off(s.enabled != Some(false)),
+                direct: state(&s.direct),
+            }),
+            reset: state(&h.reset),
+            vendor_id: h.vendorid.as_ref().map(|v| VendorId {
+                state: on_off(v.enabled != Some(false)),
+                value: v.vendorid.clone(),
+            }),
+            frequencies: state(&h.frequencies),
+            reenlightenment: state(&h.reenlightenment),
+            tlbflush: h.tlbflush.as_ref().map(|t| State {
+                state: on_off(t.enabled != Some(false)),
+            }),
+            ipi: state(&h.ipi),
+            evmcs: state(&h.evmcs),
+        })
+    };
+    Features {
+        acpi: plan.machine.acpi.then(Empty::default),
+        apic: f
+            .apic
+            .as_ref()
+            .filter(|a| a.enabled != Some(false))
+            .map(|_| Empty::default()),
+        hyperv,
+        smm: (plan.machine.smm == Some(true)).then(Empty::default),
+        kvm: f.kvm.as_ref().map(|k| Kvm {
+            hidden: State {
+                state: on_off(k.hidden == Some(true)),
+            },
+        }),
+        pvspinlock: state(&f.pvspinlock),
+        vmport: plan.machine.vmport_off.then(|| State {
+            state: "off".into(),
+        }),
+    }
+}
+
+pub(super) fn cpu(vmi: &Vmi, plan: &DomainPlan) -> Cpu {
+    let c = vmi.spec.domain.cpu.clone().unwrap_or_default();
+    let model = c.model.clone().unwrap_or_default();
+    let listed = c.features.clone().unwrap_or_default();
+    let mut feature: Vec<CpuFeature> = listed
+        .iter()
+        .map(|f| CpuFeature {
+            name: f.name.clone(),
+            policy: f.policy.clone().unwrap_or_else(|| "require".into()),
+        })
+        .collect();
+    let (mode, model) = match model.as_str() {
+        "" | "host-model" => ("host-model", None),
+        "host-passthrough" => ("host-passthrough", None),
+        named => {
+            if !listed.iter().any(|f| f.name == "mpx") {
+                feature.push(CpuFeature {
+                    name: "mpx".into(),
+                    policy: "disable".into(),
+                });
+            }
+            ("custom", Some(named.to_string()))
+        }
+    };
+    Cpu {
+        mode: mode.into(),
+        model,
+        topology: Topology {
+            sockets: plan.smp.sockets,
+            cores: plan.smp.cores,
+            threads: plan.smp.threads,
+        },
+        feature,
+        // The single cell the plan has for memfd/hugepages (as KubeVirt writes it) and for
+        // memory hotplug (libvirt needs one for <maxMemory>; KubeVirt leaves it to libvirt).
+        numa: plan.memory.numa.as_ref().map(|n| Numa {
+            cell: vec![NumaCell {
+                id: 0,
+                cpus: n.cpus.clone(),
+                memory: plan.memory.size,
+                unit: "b".into(),
+            }],
+        }),
+    }
+}
+
+pub(super) fn vcpus(plan: &DomainPlan) -> Option<Vcpus> {
+    let s = plan.smp;
+    if s.maxcpus <= s.cpus {
+        return None;
+    }
+    let per_socket = s.cores.saturating_mul(s.threads);
+    Some(Vcpus {
+        vcpu: (0..s.maxcpus)
+            .map(|id| VcpuState {
+                id,
+                enabled: yes_no(id < s.cpus),
+                hotpluggable: yes_no(id >= per_socket),
+            })
+            .collect(),
+    })
+}

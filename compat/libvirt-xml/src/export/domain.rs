@@ -1,0 +1,198 @@
+//! Memory backing, `<os>` (firmware, boot, kernel), `<sysinfo>` (SMBIOS) and `<clock>`.
+
+use super::*;
+
+pub(super) fn memory_backing(plan: &DomainPlan) -> Option<MemoryBacking> {
+    let b = plan.memory.backend.as_ref()?;
+    let mb = MemoryBacking {
+        hugepages: (b.hugetlb == Some(true)).then(Empty::default),
+        source: (b.qom_type == "memory-backend-memfd").then(|| TypeAttr {
+            type_: "memfd".into(),
+        }),
+        access: (b.share == Some(true)).then(|| ModeAttr {
+            mode: "shared".into(),
+        }),
+    };
+    (mb != MemoryBacking::default()).then_some(mb)
+}
+
+pub(super) fn os(vmi: &Vmi, plan: &DomainPlan) -> Os {
+    let (loader, nvram) = match &plan.firmware {
+        // ROM firmware only comes with SEV-SNP/TDX, which the export refuses earlier.
+        FirmwarePlan::Bios | FirmwarePlan::Rom(_) => (None, None),
+        FirmwarePlan::Efi {
+            blockdevs,
+            secure,
+            vars_template,
+            vars,
+        } => {
+            let code = blockdevs
+                .iter()
+                .find_map(|b| match b {
+                    Blockdev::Protocol(p) if p.node_name.contains("pflash0") => {
+                        Some(p.filename.clone())
+                    }
+                    _ => None,
+                })
+                .unwrap_or_default();
+            (
+                Some(Loader {
+                    readonly: "yes".into(),
+                    secure: yes_no(*secure),
+                    type_: "pflash".into(),
+                    path: code,
+                }),
+                Some(Nvram {
+                    template: vars_template.clone(),
+                    path: vars.clone(),
+                }),
+            )
+        }
+    };
+    let use_serial = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.bootloader.as_ref())
+        .and_then(|b| b.bios.as_ref())
+        .and_then(|b| b.use_serial)
+        == Some(true);
+    let kb = plan.kernel_boot.clone().unwrap_or_default();
+    Os {
+        type_: OsType {
+            arch: "x86_64".into(),
+            machine: plan.machine.machine_type.clone(),
+            value: "hvm".into(),
+        },
+        loader,
+        nvram,
+        bootmenu: plan.boot_menu.then(|| BootMenu {
+            enable: "yes".into(),
+            timeout: 10000,
+        }),
+        smbios: Some(ModeAttr {
+            mode: "sysinfo".into(),
+        }),
+        bios: use_serial.then(|| Bios {
+            useserial: "yes".into(),
+        }),
+        kernel: kb.kernel,
+        initrd: kb.initrd,
+        cmdline: kb.append,
+    }
+}
+
+pub(super) fn sysinfo(plan: &DomainPlan) -> SysInfo {
+    let table = |t: u8| plan.smbios.iter().find(|s| s.table == t);
+    let field = |t: u8, k: &str| {
+        table(t)
+            .and_then(|s| s.fields.iter().find(|(n, _)| *n == k))
+            .map(|(_, v)| v.clone())
+    };
+    // KubeVirt's order: uuid, serial (if set), manufacturer, family, product, sku, version.
+    let mut system = vec![Entry {
+        name: "uuid".into(),
+        value: plan.uuid.clone(),
+    }];
+    if let Some(serial) = field(1, "serial") {
+        system.push(Entry {
+            name: "serial".into(),
+            value: serial,
+        });
+    }
+    for k in ["manufacturer", "family", "product", "sku", "version"] {
+        system.push(Entry {
+            name: k.into(),
+            value: field(1, k).unwrap_or_default(),
+        });
+    }
+    let chassis = table(3).map(|s| Entries {
+        entry: s
+            .fields
+            .iter()
+            .filter(|(k, _)| *k != "type")
+            .map(|(k, v)| Entry {
+                name: (*k).into(),
+                value: v.clone(),
+            })
+            .collect(),
+    });
+    SysInfo {
+        type_: "smbios".into(),
+        system: Entries { entry: system },
+        // KubeVirt also writes empty <bios/>, <baseBoard/> and <chassis/>, which libvirt's schema
+        // rejects (and libvirt ignores); they are left out so the export validates.
+        bios: None,
+        base_board: None,
+        chassis: chassis.filter(|c| !c.entry.is_empty()),
+    }
+}
+
+pub(super) fn clock(vmi: &Vmi) -> Option<Clock> {
+    let c = vmi.spec.domain.clock.as_ref()?;
+    let present = |e: Option<bool>| Some(yes_no(e != Some(false)));
+    let mut timer = Vec::new();
+    if let Some(t) = &c.timer {
+        if let Some(rtc) = &t.rtc {
+            timer.push(Timer {
+                name: "rtc".into(),
+                tickpolicy: rtc.tick_policy.clone(),
+                present: present(rtc.enabled),
+                track: rtc.track.clone(),
+            });
+        }
+        if let Some(pit) = &t.pit {
+            timer.push(Timer {
+                name: "pit".into(),
+                tickpolicy: pit.tick_policy.clone(),
+                present: present(pit.enabled),
+                track: None,
+            });
+        }
+        if let Some(k) = &t.kvm {
+            timer.push(Timer {
+                name: "kvmclock".into(),
+                tickpolicy: None,
+                present: present(k.enabled),
+                track: None,
+            });
+        }
+        if let Some(h) = &t.hpet {
+            timer.push(Timer {
+                name: "hpet".into(),
+                tickpolicy: h.tick_policy.clone(),
+                present: present(h.enabled),
+                track: None,
+            });
+        }
+        if let Some(h) = &t.hyperv {
+            timer.push(Timer {
+                name: "hypervclock".into(),
+                tickpolicy: None,
+                present: present(h.enabled),
+                track: None,
+            });
+        }
+    }
+    let (offset, adjustment, timezone) = match (&c.timezone, &c.utc) {
+        (Some(tz), _) => ("timezone", None, Some(tz.clone())),
+        (None, Some(u)) => (
+            "utc",
+            Some(
+                u.offset_seconds
+                    .map(|s| s.to_string())
+                    .unwrap_or_else(|| "reset".into()),
+            ),
+            None,
+        ),
+        (None, None) => ("utc", Some("reset".to_string()), None),
+    };
+    Some(Clock {
+        offset: offset.into(),
+        adjustment,
+        basis: None,
+        timezone,
+        timer,
+    })
+}

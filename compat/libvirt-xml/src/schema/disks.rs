@@ -1,0 +1,131 @@
+//! `<disk>`: source, target, driver, backing store and block sizes (`<blockio>`).
+
+use serde::Serialize;
+use serde_with::skip_serializing_none;
+
+use super::*;
+
+/// `<disk>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Disk {
+    /// `disk`, `cdrom`, `lun`.
+    #[serde(rename = "@device")]
+    pub device: String,
+    /// `file` / `block`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// `virtio-non-transitional` for virtio disks.
+    #[serde(rename = "@model")]
+    pub model: Option<String>,
+    /// Source (absent: empty cdrom).
+    pub source: Option<DiskSource>,
+    /// Target.
+    pub target: DiskTarget,
+    /// Serial.
+    pub serial: Option<String>,
+    /// Driver.
+    pub driver: DiskDriver,
+    /// `<readonly/>`.
+    pub readonly: Option<Empty>,
+    /// `<shareable/>`.
+    pub shareable: Option<Empty>,
+    /// `ua-<name>`.
+    pub alias: NameAttr,
+    /// Boot order.
+    pub boot: Option<BootOrder>,
+    /// Address (PCI for virtio, drive for SCSI).
+    pub address: Option<Address>,
+    /// Backing image (containerDisk, ephemeral).
+    #[serde(rename = "backingStore")]
+    pub backing_store: Option<BackingStore>,
+    /// Block sizes.
+    pub blockio: Option<BlockIo>,
+}
+
+/// `<source file=".."/>` or `<source dev=".." name=".."/>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiskSource {
+    /// Image file.
+    #[serde(rename = "@file")]
+    pub file: Option<String>,
+    /// Block device.
+    #[serde(rename = "@dev")]
+    pub dev: Option<String>,
+    /// Volume name (block PVCs).
+    #[serde(rename = "@name")]
+    pub name: Option<String>,
+}
+
+/// `<target bus dev tray/>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiskTarget {
+    /// `virtio`, `sata`, `scsi`, `usb`.
+    #[serde(rename = "@bus")]
+    pub bus: String,
+    /// `vda`, `sdb`.
+    #[serde(rename = "@dev")]
+    pub dev: String,
+    /// `open` / `closed` (cdrom).
+    #[serde(rename = "@tray")]
+    pub tray: Option<String>,
+}
+
+/// `<driver name="qemu" type cache io error_policy iothread discard queues/>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DiskDriver {
+    /// Cache mode.
+    #[serde(rename = "@cache")]
+    pub cache: Option<String>,
+    /// Error policy.
+    #[serde(rename = "@error_policy")]
+    pub error_policy: Option<String>,
+    /// `qemu`.
+    #[serde(rename = "@name")]
+    pub name: String,
+    /// `raw` / `qcow2`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// `native` / `threads`.
+    #[serde(rename = "@io")]
+    pub io: Option<String>,
+    /// IOThread id.
+    #[serde(rename = "@iothread")]
+    pub iothread: Option<u32>,
+    /// `unmap`.
+    #[serde(rename = "@discard")]
+    pub discard: Option<String>,
+    /// virtio queues (`blockMultiQueue`).
+    #[serde(rename = "@queues")]
+    pub queues: Option<u32>,
+}
+
+/// `<backingStore type><format type/><source/></backingStore>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BackingStore {
+    /// `file` / `block`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// `<format type="raw|qcow2"/>`.
+    pub format: TypeAttr,
+    /// Source.
+    pub source: DiskSource,
+}
+
+/// `<blockio logical_block_size physical_block_size discard_granularity/>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockIo {
+    /// Bytes.
+    #[serde(rename = "@logical_block_size")]
+    pub logical_block_size: Option<u32>,
+    /// Bytes.
+    #[serde(rename = "@physical_block_size")]
+    pub physical_block_size: Option<u32>,
+    /// Bytes.
+    #[serde(rename = "@discard_granularity")]
+    pub discard_granularity: Option<u32>,
+}

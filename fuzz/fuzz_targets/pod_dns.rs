@@ -1,0 +1,9 @@
+//! Pod input (resolv.conf, routes) through planning into the DHCP option builders and replies.
+#![no_main]
+// Each target uses a part of the shared bodies.
+#[allow(dead_code)]
+#[path = "../../testkit/src/fuzz.rs"]
+mod targets;
+libfuzzer_sys::fuzz_target!(|data: &[u8]| {
+    targets::pod_dns(data);
+});

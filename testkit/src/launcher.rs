@@ -1,0 +1,390 @@
+//! A real launcher for the orchestrator fault and privilege tests: `qlauncher launcher` (not
+//! under the monitor, so a test can kill it and start another) in a throwaway pod network
+//! namespace whose `eth0` is a veth to a node namespace, with KubeVirt's directories under a short
+//! root, the test guest's qcow2 as the containerDisk, and a notify server playing virt-handler on
+//! `domain-notify-pipe.sock`. Everything (launchers, the QEMU they started, namespaces, files) is
+//! removed on drop.
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
+use qlauncher::sync::SyncVmi;
+
+use crate::handler::Client;
+pub use crate::handler::{get_domain, sync, try_sync};
+use crate::netns::{PodNet, PodNetSpec};
+pub use crate::notify::Received;
+
+/// Kills the QEMU of an in-process [`SyncVmi`] (detached from the test: it would outlive it) when
+/// the guard drops, however the test ends.
+pub struct KillQemu(pub std::sync::Arc<SyncVmi>);
+
+impl Drop for KillQemu {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.qemu_pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
+}
+
+/// The pod network of a launcher pod: no MTU or service route, a short resolv.conf.
+fn pod_net() -> PodNet {
+    PodNet::with(&PodNetSpec {
+        mtu: None,
+        resolv_conf: Some("search default.svc.cluster.local\nnameserver 10.96.0.10\n".into()),
+        ..PodNetSpec::default()
+    })
+}
+
+/// A VMI `default/<name>` with the test guest's disk as containerDisk (virtio), a NoCloud ISO
+/// and a masquerade interface on the pod network, 128 MiB.
+pub fn guest_vmi(name: &str, uid: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {
+            "domain": {
+                "resources": {"requests": {"memory": "128Mi"}},
+                "devices": {
+                    "disks": [
+                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "cloudinit", "disk": {"bus": "virtio"}}
+                    ],
+                    "interfaces": [{"name": "default", "masquerade": {}}]
+                }
+            },
+            "networks": [{"name": "default", "pod": {}}],
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "cloudinit", "cloudInitNoCloud": {"userData": "#cloud-config\n"}}
+            ]
+        }
+    })
+}
+
+/// The launcher pod's VMI: [`guest_vmi`] `hv` with a 5 s grace period. It carries
+/// `firmware.uuid`, as every VMI virt-handler sends does (virt-api defaults it once): the VMI
+/// uid's last group repeated into a UUID.
+pub fn vmi(uid: &str) -> serde_json::Value {
+    let mut v = guest_vmi("hv", uid);
+    v["spec"]["terminationGracePeriodSeconds"] = 5.into();
+    v["spec"]["domain"]["firmware"] =
+        serde_json::json!({"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])});
+    v
+}
+
+/// One pod: its network, its directories, its notify server, and the launchers started in it.
+pub struct Pod {
+    /// The root every KubeVirt path is under (short: QEMU's socket paths must fit 108 bytes).
+    pub root: PathBuf,
+    /// The VMI's uid.
+    pub uid: String,
+    /// The network namespaces.
+    pub net: PodNet,
+    /// Notifications received.
+    pub received: Received,
+    /// Pass `--run-as-nonroot`.
+    pub nonroot: bool,
+    launchers: Vec<Child>,
+    _notify_stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl Pod {
+    /// Makes the pod (call inside a tokio runtime: the notify server runs on it).
+    pub fn new(guest_qcow2: &Path, nonroot: bool) -> Pod {
+        let id = crate::unique();
+        let root = PathBuf::from(format!("/tmp/qlh{id}"));
+        std::fs::create_dir_all(&root).unwrap();
+        // QEMU may run as 107: every directory above its files must be searchable.
+        std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let uid = uuid_for(&id);
+        let mut pod = Pod {
+            root,
+            uid,
+            net: pod_net(),
+            received: Received::default(),
+            nonroot,
+            launchers: Vec::new(),
+            _notify_stop: tokio::sync::oneshot::channel().0,
+        };
+        let disks = pod.share().join("container-disks");
+        std::fs::create_dir_all(&disks).unwrap();
+        std::os::unix::fs::symlink(guest_qcow2, disks.join("disk_0.img")).unwrap();
+        let stop = crate::notify::start_into(
+            &pod.share().join("domain-notify-pipe.sock"),
+            pod.received.clone(),
+        );
+        pod._notify_stop = stop;
+        pod
+    }
+
+    /// `<root>/var/run/kubevirt`.
+    pub fn share(&self) -> PathBuf {
+        self.root.join("var/run/kubevirt")
+    }
+
+    /// `<root>/var/run/kubevirt-private`.
+    pub fn private(&self) -> PathBuf {
+        self.root.join("var/run/kubevirt-private")
+    }
+
+    /// The containerDisk overlay.
+    pub fn overlay(&self) -> PathBuf {
+        self.root
+            .join("var/run/kubevirt-ephemeral-disks/disk-data/rootdisk/disk.qcow2")
+    }
+
+    /// The QMP socket.
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.private().join("qlauncher/monitor.sock")
+    }
+
+    /// The log of the `n`th launcher started.
+    pub fn launcher_log(&self, n: usize) -> PathBuf {
+        self.root.join(format!("launcher-{n}.log"))
+    }
+
+    /// Starts a launcher in the pod namespace (as virt-launcher-monitor would, with virt-launcher's
+    /// flags); returns its index.
+    pub fn start_launcher(&mut self) -> usize {
+        let n = self.launchers.len();
+        let p = |p: PathBuf| p.display().to_string();
+        let mut args = vec![
+            "launcher".to_string(),
+            "--name".into(),
+            "hv".into(),
+            "--namespace".into(),
+            "default".into(),
+            "--uid".into(),
+            self.uid.clone(),
+            "--kubevirt-share-dir".into(),
+            p(self.share()),
+            "--ephemeral-disk-dir".into(),
+            p(self.root.join("var/run/kubevirt-ephemeral-disks")),
+            "--container-disk-dir".into(),
+            p(self.share().join("container-disks")),
+            "--hotplug-disk-dir".into(),
+            p(self.share().join("hotplug-disks")),
+            "--private-dir".into(),
+            p(self.private()),
+            "--grace-period-seconds".into(),
+            "5".into(),
+            "--qemu-timeout".into(),
+            "120s".into(),
+            "--allow-emulation".into(),
+        ];
+        if self.nonroot {
+            args.push("--run-as-nonroot".into());
+        }
+        let mut command = Command::new("ip");
+        if self.nonroot && !tun_is_world_rw() {
+            // In a pod /dev/net/tun is world read-write, as on a standard host; this machine's is
+            // 0600. Give the launcher (and its QEMU) a private mount namespace in which a node of
+            // the same device with the usual 0666 mode covers it.
+            let node = self.root.join("tun");
+            if !node.exists() {
+                let path = std::ffi::CString::new(node.display().to_string()).unwrap();
+                // SAFETY: a valid C path; creates a character device node (10, 200: tun).
+                let r = unsafe {
+                    libc::mknod(path.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(10, 200))
+                };
+                assert_eq!(r, 0, "mknod {}", node.display());
+                std::fs::set_permissions(&node, std::fs::Permissions::from_mode(0o666)).unwrap();
+            }
+            command = Command::new("unshare");
+            command
+                .args(["--mount", "--propagation", "private", "sh", "-c"])
+                .arg("mount --bind \"$0\" /dev/net/tun && exec \"$@\"")
+                .arg(&node)
+                .arg("ip");
+        }
+        let child = command
+            .args(["netns", "exec", &self.net.pod.name])
+            .arg(crate::qlauncher_bin())
+            .args(&args)
+            .env("QLAUNCHER_ROOT", &self.root)
+            .env("QLAUNCHER_EMULATION", "on")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(self.launcher_log(n)).unwrap())
+            .spawn()
+            .unwrap();
+        self.launchers.push(child);
+        n
+    }
+
+    /// The pid of the `n`th launcher (`unshare`, `sh` and `ip netns exec` exec it: same pid).
+    pub fn launcher_pid(&self, n: usize) -> i32 {
+        self.launchers[n].id() as i32
+    }
+
+    /// SIGKILL to the `n`th launcher, waited for.
+    pub fn kill_launcher(&mut self, n: usize) {
+        let c = &mut self.launchers[n];
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+
+    /// Waits up to `timeout` for the `n`th launcher to exit.
+    pub async fn wait_launcher(&mut self, n: usize, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(s) = self.launchers[n].try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "launcher {n} did not exit; log:\n{}",
+                self.log(n)
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The `n`th launcher's log.
+    pub fn log(&self, n: usize) -> String {
+        std::fs::read_to_string(self.launcher_log(n)).unwrap_or_default()
+    }
+
+    /// A command client on `launcher-sock`, once the (current) launcher serves it (60 s).
+    pub async fn client(&self, n: usize) -> Client {
+        let sock = self.share().join("sockets/launcher-sock");
+        crate::handler::connect(&sock, Duration::from_secs(60), || {
+            format!("launcher {n}: {}", self.log(n))
+        })
+        .await
+    }
+
+    /// The live QEMU processes whose command line names this pod's root.
+    pub fn qemu_pids(&self) -> Vec<i32> {
+        let needle = self.root.display().to_string() + "/";
+        let mut out = Vec::new();
+        for e in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
+            let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+                continue;
+            };
+            let argv: Vec<String> = raw
+                .split(|b| *b == 0)
+                .map(|s| String::from_utf8_lossy(s).into_owned())
+                .collect();
+            let is_qemu = argv
+                .first()
+                .is_some_and(|a| a.rsplit('/').next().unwrap_or(a).starts_with("qemu-system"));
+            if is_qemu && argv.iter().any(|a| a.contains(&needle)) && !is_zombie(pid) {
+                out.push(pid);
+            }
+        }
+        out.sort_unstable();
+        out
+    }
+
+    /// Waits until exactly one QEMU of this pod exists; returns its pid.
+    pub async fn wait_qemu(&self, n: usize, timeout: Duration) -> i32 {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let [pid] = self.qemu_pids()[..] {
+                return pid;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no single QEMU ({:?}); log:\n{}",
+                self.qemu_pids(),
+                self.log(n)
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits until a notification of `state` arrived.
+    pub async fn wait_event(&self, state: (LifeCycle, StateChangeReason), timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self
+                .received
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, d)| (d.status.status, d.status.reason) == state)
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {state:?} notification; got {:?}",
+                self.events()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The notifications so far: (event type, state, reason, deleted).
+    pub fn events(&self) -> Vec<(String, LifeCycle, StateChangeReason, bool)> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(t, d)| {
+                (
+                    t.clone(),
+                    d.status.status,
+                    d.status.reason,
+                    d.object_meta.deletion_timestamp.is_some(),
+                )
+            })
+            .collect()
+    }
+}
+
+impl Drop for Pod {
+    fn drop(&mut self) {
+        for c in &mut self.launchers {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for _ in 0..50 {
+            let pids = self.qemu_pids();
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                // SAFETY: a signal to a QEMU this test started.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// True when `/dev/net/tun` is read-write for everyone (as on a standard host and in a pod).
+fn tun_is_world_rw() -> bool {
+    std::fs::metadata("/dev/net/tun").is_ok_and(|m| m.permissions().mode() & 0o006 == 0o006)
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let close = s.rfind(')')?;
+            s[close + 2..].chars().next()
+        })
+        .is_none_or(|c| c == 'Z' || c == 'X')
+}
+
+fn uuid_for(id: &str) -> String {
+    let digits: String = id.chars().filter(char::is_ascii_digit).collect();
+    format!(
+        "aaaaaaaa-0000-4000-8000-{:0>12}",
+        &digits[..digits.len().min(12)]
+    )
+}

@@ -1,0 +1,86 @@
+//! qlauncher's test kit: what the integration tests (`tests/`) and the benchmarks (`benches/`)
+//! share, so that each test file holds only what it asserts.
+//!
+//! - [`names`]: names unique among the tests of every test binary running at once.
+//! - [`process`]: commands that must succeed, children killed on drop, waiting helpers, the
+//!   process tree under a pid.
+//! - [`netns`]: throwaway network namespaces ([`netns::Netns`]) and the pod/node pair joined by a
+//!   veth ([`netns::PodNet`]), as a CNI plugin leaves a pod before virt-handler and the launcher
+//!   run.
+//! - [`net`]: qlauncher's network setup and DHCP servers run inside a namespace, DHCP clients,
+//!   TCP probes.
+//! - [`guest`]: the test guest (`scripts/build-guest`): its images, its serial console, a small
+//!   QMP client, a plain QEMU running it.
+//! - [`notify`]: virt-handler's side of the notify API (a gRPC server recording domain events).
+//! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
+//!   GetDomain).
+//! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
+//!   test guest as its containerDisk.
+//! - [`run`]: `qlauncher run` in a pod network namespace, as a user runs it.
+//! - [`monitor`]: `qlauncher monitor` as a process, the launcher flags, the static launcher
+//!   (a launcher whose domain is one fixed QEMU command line).
+//! - [`qemu_launch`] and [`qmp`]: a QEMU started with an inherited QMP listener, for the qmp tests
+//!   and benchmark.
+//! - [`storage`]: scratch directories, tmpfs and loop mounts, the QEMU image tools.
+//! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
+//!   them under the real QEMU.
+//! - [`hostile`]: the hostile field values every VMI string field is tried with.
+//! - [`fuzz`]: the fuzz target bodies (shared with `fuzz/fuzz_targets`).
+//!
+//! Everything cleans up on drop, whether the test passes or not.
+
+#![warn(missing_docs)]
+
+pub mod cmdline;
+pub mod fuzz;
+pub mod guest;
+pub mod handler;
+pub mod hostile;
+pub mod launcher;
+pub mod monitor;
+pub mod names;
+pub mod net;
+pub mod netns;
+pub mod notify;
+pub mod process;
+pub mod qemu_launch;
+pub mod qmp;
+pub mod run;
+pub mod storage;
+
+pub use names::unique;
+pub use process::{run, try_run};
+
+/// The repository's root directory (where `examples/`, `tests/fixtures/` and `scripts/` are).
+pub fn repo_root() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ has a parent")
+        .to_path_buf()
+}
+
+/// The `qlauncher` binary under test: `QLAUNCHER_BIN` when set, else `qlauncher` in the target
+/// directory of the running test or benchmark (cargo builds it for both).
+pub fn qlauncher_bin() -> std::path::PathBuf {
+    sibling_bin("qlauncher", "QLAUNCHER_BIN")
+}
+
+/// A binary of the qlauncher package next to the running test: `$env` when set, else
+/// `<target>/<profile>/<name>` for a test or bench at `<target>/<profile>/deps/<test>-<hash>`.
+pub(crate) fn sibling_bin(name: &str, env: &str) -> std::path::PathBuf {
+    if let Some(p) = std::env::var_os(env) {
+        return p.into();
+    }
+    let exe = std::env::current_exe().expect("current exe");
+    let mut dir = exe.parent().expect("exe dir").to_path_buf();
+    if dir.ends_with("deps") {
+        dir.pop();
+    }
+    let bin = dir.join(name);
+    assert!(
+        bin.is_file(),
+        "{} is missing: build it with cargo (cargo test builds it for the tests)",
+        bin.display()
+    );
+    bin
+}

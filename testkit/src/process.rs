@@ -1,0 +1,192 @@
+//! Processes of a test: commands that must succeed, children killed and reaped on drop, polling
+//! until a condition holds, and the process tree under a pid.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use qlauncher::monitor::procfs;
+
+/// Runs `args[0]` with `args[1..]`; returns its stdout. Panics (with its stderr) when it cannot be
+/// run or exits unsuccessfully.
+pub fn run(args: &[&str]) -> String {
+    let o = output(args);
+    assert!(
+        o.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// Runs `args[0]` with `args[1..]`; returns whether it succeeded and its stdout followed by its
+/// stderr. Panics only when it cannot be run.
+pub fn try_run(args: &[&str]) -> (bool, String) {
+    let o = output(args);
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// Runs `args[0]` with `args[1..]` to completion; panics only when it cannot be run.
+pub fn output(args: &[&str]) -> Output {
+    Command::new(args[0])
+        .args(&args[1..])
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"))
+}
+
+/// A child process killed and reaped on drop.
+pub struct ChildGuard(pub Option<Child>);
+
+impl ChildGuard {
+    /// Spawns `command` (its stdout and stderr as the command has them set).
+    pub fn spawn(command: &mut Command) -> ChildGuard {
+        ChildGuard(Some(command.spawn().expect("spawn")))
+    }
+
+    /// Waits for the child to exit and returns its output.
+    pub fn wait(mut self) -> Output {
+        self.0
+            .take()
+            .expect("child")
+            .wait_with_output()
+            .expect("wait")
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds (true) or `timeout` passes (false).
+pub fn wait_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Waits up to `timeout` for `child` to exit (polling every 50 ms); `None` while it still runs.
+pub fn wait_timeout(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(s)) = child.try_wait() {
+            return Some(s);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every descendant of `pid`, parents before children (from `/proc`).
+pub fn descendants(pid: i32) -> Vec<i32> {
+    let mut out = Vec::new();
+    let mut queue = vec![pid];
+    while let Some(p) = queue.pop() {
+        for c in procfs::children(p) {
+            out.push(c.pid);
+            queue.push(c.pid);
+        }
+    }
+    out
+}
+
+/// A running process (a monitor, a launcher) whose whole tree is killed on drop; its stderr (the
+/// JSON log of monitor and launcher) goes to a file.
+pub struct Running {
+    /// The process.
+    pub child: Child,
+    /// Where its stderr goes.
+    pub log: PathBuf,
+}
+
+impl Running {
+    /// Starts `command` with stdin and stdout null and stderr to `log`.
+    pub fn start(mut command: Command, log: &Path) -> Self {
+        let file = std::fs::File::create(log).expect("log file");
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(file)
+            .spawn()
+            .expect("spawn");
+        Self {
+            child,
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// The pid.
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    /// Sends a signal.
+    pub fn signal(&self, sig: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), sig).expect("kill");
+    }
+
+    /// Waits up to `timeout` for the exit; `None` on timeout.
+    pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return Some(status);
+            }
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The log lines that are JSON objects.
+    pub fn log_records(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// The first record whose `msg` is `msg`.
+    pub fn record(&self, msg: &str) -> Option<serde_json::Value> {
+        self.log_records().into_iter().find(|r| r["msg"] == msg)
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        // Only the current tree (pids are recycled quickly: never kill a remembered pid). The
+        // process is still alive while its descendants are killed, so none escapes to init.
+        if self.child.try_wait().ok().flatten().is_none() {
+            for pid in descendants(self.pid()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
