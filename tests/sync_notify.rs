@@ -182,3 +182,21 @@ async fn k8s_events_share_the_ordered_queue() {
     assert_eq!(server.events(), vec![("MODIFIED".to_owned(), paused)]);
     assert_eq!(*server.k8s_events.lock().unwrap(), vec![event]);
 }
+
+#[tokio::test]
+async fn latest_domain_state_is_delivered_once_the_pipe_appears() {
+    let dir = tempfile::tempdir().unwrap();
+    let notifier = Notifier::start(socket_in(&dir), FAST);
+    let added = domain_in(LifeCycle::Running, StateChangeReason::Unknown);
+    let given_up = notifier.send(DomainEventType::Added, &added).unwrap().await;
+    assert!(matches!(given_up, Err(SyncError::NotifyGaveUp { .. })));
+    // virt-handler creates the pipe late (after its first call on launcher-sock).
+    let server = NotifyServer::start(&socket_in(&dir), vec![1], None);
+    for _ in 0..100 {
+        if !server.events().is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.events(), vec![("ADDED".to_owned(), added)]);
+}

@@ -6,10 +6,9 @@
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
 //! KubeVirt's does when no domain is defined.
 use std::path::{Path, PathBuf};
-use std::process::{ExitCode, Stdio};
+use std::process::ExitCode;
 use std::time::Duration;
 
-use qlauncher::cmdline::context::QemuVersion;
 use qlauncher::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
 use qlauncher::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
 use qlauncher::sync::{SyncConfig, SyncVmi};
@@ -54,11 +53,12 @@ async fn run_sync(
     stop: watch::Receiver<bool>,
 ) -> Result<(), MonitorError> {
     let sync_config = sync_config(config);
+    // virt-handler creates the notify pipe only after its first call on `launcher-sock`, so the
+    // notifier is always started: it dials when it sends and keeps the latest domain state until
+    // the pipe appears (KubeVirt's notify-client).
     let notify_socket = notify_socket_in_share_dir(&config.kubevirt_share_dir);
-    let notifier = notify_socket
-        .exists()
-        .then(|| Notifier::start(notify_socket, NotifyTiming::KUBEVIRT));
-    let manager = Arc::new(SyncVmi::new(sync_config, notifier));
+    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
+    let manager = Arc::new(SyncVmi::new(sync_config, Some(notifier.clone())));
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = CmdServer::start(
         manager.clone(),
@@ -90,7 +90,18 @@ async fn run_sync(
             reason: format!("standalone VMI sync failed: {reason}"),
         }),
     };
-    manager.final_notify(Duration::from_secs(10)).await;
+    // KubeVirt's order: Shutoff is notified (the event task), the command server keeps serving
+    // until virt-handler's DeleteVirtualMachine or 15 s, then the final delete notification.
+    // Without virt-handler's pipe (`qlauncher run`) nobody calls or awaits either.
+    let final_wait = if notifier.socket_present() {
+        if !manager.wait_deleted(Duration::from_secs(15)).await {
+            info!("no DeleteVirtualMachine within 15 s, sending the final notification");
+        }
+        Duration::from_secs(10)
+    } else {
+        Duration::ZERO
+    };
+    manager.final_notify(final_wait).await;
     let _ = server_stop_tx.send(());
     let _ = server.wait().await;
     result
@@ -140,10 +151,14 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         sys: config.agent_sys_interval,
         users: config.agent_user_interval,
     };
-    c.ovmf_dir = config.ovmf_path.clone();
-    if let Some(v) = qemu_version(&c.qemu) {
-        c.qemu_version = v;
-    }
+    // `qemu --version` runs once, in the background: the converter and GetQemuVersion (before a
+    // domain exists) wait for its answer, the command server does not.
+    let probe = qlauncher::sync::config::QemuProbe::new(c.qemu.clone());
+    let early = probe.clone();
+    tokio::spawn(async move {
+        early.answer().await;
+    });
+    c.qemu_probe = Some(probe);
     c
 }
 
@@ -191,17 +206,4 @@ fn choose_accel(config: &LauncherConfig, emulation: &str, qemu: &Path) -> (bool,
             (false, true)
         }
     }
-}
-
-/// `QEMU emulator version 7.2.19 (...)` → 7.2; `None` when QEMU does not answer.
-fn qemu_version(qemu: &std::path::Path) -> Option<QemuVersion> {
-    let out = std::process::Command::new(qemu)
-        .arg("--version")
-        .env_clear()
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let v = text.split_whitespace().nth(3)?;
-    QemuVersion::parse(v)
 }

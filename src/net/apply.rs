@@ -9,7 +9,7 @@
 use crate::net::discover::link_by_name;
 use crate::net::nft::Family;
 use crate::net::plan::{LinkStep, NetPlan};
-use crate::net::{nft_netlink, sysctl, tap, NetError};
+use crate::net::{adopt, nft_netlink, sysctl, tap, NetError};
 use futures_util::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags};
@@ -26,6 +26,9 @@ pub struct Applied {
     pub changed: Vec<String>,
     /// The sysctls changed, with their previous values, for [`teardown()`].
     pub sysctl_previous: Vec<(String, String)>,
+    /// virt-handler had set the plan up already: it was adopted unchanged
+    /// ([`crate::net::adopt`]) and [`teardown()`] leaves it alone.
+    pub adopted: bool,
 }
 
 fn nl(step: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
@@ -34,13 +37,13 @@ fn nl(step: impl Into<String>) -> impl FnOnce(rtnetlink::Error) -> NetError {
 }
 
 /// The facts of an existing link that setup compares against.
-struct LinkFacts {
-    index: u32,
-    mac: Option<Vec<u8>>,
-    mtu: Option<u32>,
-    master: Option<u32>,
-    up: bool,
-    kind: Option<InfoKind>,
+pub(crate) struct LinkFacts {
+    pub(crate) index: u32,
+    pub(crate) mac: Option<Vec<u8>>,
+    pub(crate) mtu: Option<u32>,
+    pub(crate) master: Option<u32>,
+    pub(crate) up: bool,
+    pub(crate) kind: Option<InfoKind>,
 }
 
 fn facts(l: &LinkMessage) -> LinkFacts {
@@ -70,11 +73,11 @@ fn facts(l: &LinkMessage) -> LinkFacts {
     f
 }
 
-async fn link(handle: &Handle, name: &str) -> Result<Option<LinkFacts>, NetError> {
+pub(crate) async fn link(handle: &Handle, name: &str) -> Result<Option<LinkFacts>, NetError> {
     Ok(link_by_name(handle, name).await?.map(|l| facts(&l)))
 }
 
-async fn addresses_of(handle: &Handle, index: u32) -> Result<Vec<IpNet>, NetError> {
+pub(crate) async fn addresses_of(handle: &Handle, index: u32) -> Result<Vec<IpNet>, NetError> {
     let mut out = Vec::new();
     let mut s = handle
         .address()
@@ -362,6 +365,12 @@ pub async fn apply(plan: &NetPlan) -> Result<Applied, NetError> {
 }
 
 async fn apply_with(handle: &Handle, plan: &NetPlan) -> Result<Applied, NetError> {
+    if adopt::adoption(handle, plan).await? == adopt::Adoption::Adopt {
+        return Ok(Applied {
+            adopted: true,
+            ..Applied::default()
+        });
+    }
     let mut out = Applied::default();
     for s in &plan.links {
         step(handle, s, &mut out.changed).await?;
@@ -413,6 +422,10 @@ async fn teardown_with(
     applied: &Applied,
 ) -> Result<Vec<String>, NetError> {
     let mut changed = Vec::new();
+    if applied.adopted {
+        // virt-handler's setup: not ours to remove.
+        return Ok(changed);
+    }
     let fams: Vec<Family> = plan.nat_tables.iter().map(|t| t.family).collect();
     for f in nft_netlink::delete_ours(&fams)? {
         changed.push(format!("delete table {} nat", f.keyword()));

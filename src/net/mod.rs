@@ -20,6 +20,7 @@
 //! Namespaces are per thread: [`netns::run_in`] runs a closure on a dedicated thread that entered
 //! a network namespace, so a caller (or a test) never moves its own thread.
 
+pub mod adopt;
 pub mod apply;
 pub mod config;
 pub mod dhcp;
@@ -109,6 +110,13 @@ pub enum NetError {
         /// The netlink error.
         #[source]
         source: io::Error,
+    },
+    /// The pod network is partly set up, or set up differently from the plan (virt-handler's
+    /// setup of another binding, or another tool's); nothing is changed.
+    #[error("the pod network set up in this namespace differs from the plan: {differences}")]
+    IncompatibleSetup {
+        /// Each difference, `; `-separated (`tap0 is owned by uid 0, QEMU runs as 107`).
+        differences: String,
     },
     /// A `nat` table exists that qlauncher did not make; it is left alone.
     #[error("table {family} nat exists and was not made by qlauncher")]

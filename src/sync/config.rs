@@ -12,8 +12,12 @@ pub struct SyncConfig {
     pub paths: PathRoots,
     /// The QEMU binary (`qemu-system-x86_64`, looked up in `PATH` when relative).
     pub qemu: PathBuf,
-    /// QEMU's version (chooses renderer details).
+    /// QEMU's version (chooses renderer details); replaced by [`SyncConfig::qemu_probe`]'s answer
+    /// when there is one.
     pub qemu_version: QemuVersion,
+    /// `qemu --version`, run once in the background (not on the start path) for the converter
+    /// and for `GetQemuVersion` before a domain exists.
+    pub qemu_probe: Option<QemuProbe>,
     /// Use KVM.
     pub kvm: bool,
     /// `--allow-emulation`: TCG when KVM is not used.
@@ -49,6 +53,54 @@ pub struct SyncConfig {
     pub sysfs: PathBuf,
 }
 
+/// The answer of `qemu --version`, asked once: `(7.2, "7.2.22")`, or None when QEMU does not answer.
+/// Cheap to clone; every clone shares the one answer.
+#[derive(Debug, Clone)]
+pub struct QemuProbe {
+    qemu: PathBuf,
+    answer: std::sync::Arc<tokio::sync::OnceCell<Option<(QemuVersion, String)>>>,
+}
+
+impl QemuProbe {
+    /// A probe of the QEMU binary `qemu`; nothing runs until [`QemuProbe::answer`] (call it from
+    /// a spawned task to have the answer ready before it is needed).
+    pub fn new(qemu: PathBuf) -> QemuProbe {
+        QemuProbe {
+            qemu,
+            answer: std::sync::Arc::default(),
+        }
+    }
+
+    /// Runs `qemu --version` the first time (on a blocking thread) and returns its answer.
+    pub async fn answer(&self) -> Option<(QemuVersion, String)> {
+        self.answer
+            .get_or_init(|| {
+                let qemu = self.qemu.clone();
+                async move {
+                    tokio::task::spawn_blocking(move || qemu_version(&qemu))
+                        .await
+                        .ok()
+                        .flatten()
+                }
+            })
+            .await
+            .clone()
+    }
+}
+
+/// `QEMU emulator version 7.2.19 (...)` → (7.2, `7.2.19`); None when QEMU does not answer.
+fn qemu_version(qemu: &Path) -> Option<(QemuVersion, String)> {
+    let out = std::process::Command::new(qemu)
+        .arg("--version")
+        .env_clear()
+        .stdin(std::process::Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v = text.split_whitespace().nth(3)?;
+    Some((QemuVersion::parse(v)?, v.to_owned()))
+}
+
 impl SyncConfig {
     /// KubeVirt's paths under `root` (`/` in a pod): `<root>/var/run/kubevirt-private`, ...;
     /// QMP socket `<private>/qlauncher/monitor.sock`, QEMU log `<private>/qlauncher/qemu.log`.
@@ -71,6 +123,7 @@ impl SyncConfig {
             paths,
             qemu: "qemu-system-x86_64".into(),
             qemu_version: QemuVersion { major: 7, minor: 2 },
+            qemu_probe: None,
             kvm: false,
             allow_emulation: true,
             resolv_conf: "/etc/resolv.conf".into(),

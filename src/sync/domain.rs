@@ -8,8 +8,14 @@
 //! `Status`, `Interfaces`, `Mac`), except the embedded Kubernetes `ObjectMeta` (`name`, `uid`,
 //! `deletionTimestamp`). Fields qlauncher never fills are left out; Go's decoder ignores the
 //! absence.
+//!
+//! The spec is the converter's: [`DomainSpec::from_converted`] takes the `api.DomainSpec` JSON that
+//! `compat/libvirt-xml` renders from the same model it writes as libvirt XML (memory, OS, CPU,
+//! features, sysinfo, clock, every device); the fields the launcher updates live (interfaces,
+//! disks, channels, metadata) are typed, the rest is kept as the renderer wrote it (`rest`).
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 use std::time::SystemTime;
 
 /// KubeVirt's `api.Domain`: metadata, the domain spec and the live status.
@@ -123,6 +129,103 @@ pub struct ApiDomainSpec {
     /// KubeVirt's own metadata block.
     #[serde(rename = "Metadata", default)]
     pub metadata: Metadata,
+    /// The other fields of the converted spec (`Memory`, `CurrentMemory`, `OS`, `CPU`, `VCPU`,
+    /// `Features`, `SysInfo`, `Clock`, ...), Go field names as keys.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+impl ApiDomainSpec {
+    /// Replaces this spec with `converted` (an `api.DomainSpec` JSON object, from
+    /// `qlauncher_libvirt_xml::to_api_spec`), keeping the name, the metadata and what the launcher
+    /// tracks live: the interfaces' MACs when the converted ones have none, and the channels'
+    /// connection state.
+    ///
+    /// # Errors
+    /// The decoding error when `converted` does not have the shape of `api.DomainSpec` (nothing
+    /// is changed then).
+    pub fn set_converted(
+        &mut self,
+        converted: Map<String, Value>,
+    ) -> Result<(), serde_json::Error> {
+        let mut next: ApiDomainSpec = serde_json::from_value(Value::Object(converted))?;
+        next.name = std::mem::take(&mut self.name);
+        next.metadata = std::mem::take(&mut self.metadata);
+        if next.uuid.is_empty() {
+            next.uuid = std::mem::take(&mut self.uuid);
+        }
+        for iface in &mut next.devices.interfaces {
+            if iface.mac.is_none() {
+                iface.mac = self
+                    .devices
+                    .interfaces
+                    .iter()
+                    .find(|old| old.alias.is_some() && old.alias == iface.alias)
+                    .and_then(|old| old.mac.clone());
+            }
+        }
+        for channel in &mut next.devices.channels {
+            if let Some(old) = self
+                .devices
+                .channels
+                .iter()
+                .find(|old| old.target.name == channel.target.name)
+            {
+                channel.target.state = old.target.state.clone();
+            }
+        }
+        // The machine type QEMU resolved stays (the converter writes the alias, `q35`).
+        if let Some(machine) = self.machine().filter(|m| !m.is_empty()) {
+            let machine = machine.to_owned();
+            next.set_machine(&machine);
+        }
+        *self = next;
+        Ok(())
+    }
+
+    /// `OS.Type.Machine`, when set.
+    pub fn machine(&self) -> Option<&str> {
+        self.rest.get("OS")?.get("Type")?.get("Machine")?.as_str()
+    }
+
+    /// Sets `OS.Type.Machine` (creating `OS.Type` when missing). True when it changed.
+    pub fn set_machine(&mut self, machine: &str) -> bool {
+        if self.machine() == Some(machine) {
+            return false;
+        }
+        let os = self
+            .rest
+            .entry("OS")
+            .or_insert_with(|| Value::Object(Map::new()));
+        if !os.is_object() {
+            *os = Value::Object(Map::new());
+        }
+        let os_type = os
+            .as_object_mut()
+            .map(|o| o.entry("Type").or_insert_with(|| Value::Object(Map::new())));
+        if let Some(t) = os_type {
+            if !t.is_object() {
+                *t = Value::Object(Map::new());
+            }
+            if let Some(t) = t.as_object_mut() {
+                t.insert("Machine".into(), Value::String(machine.to_owned()));
+            }
+        }
+        true
+    }
+
+    /// Sets the `state` (`connected` / `disconnected`) of the channel named `name` (the guest
+    /// agent's is `org.qemu.guest_agent.0`), as libvirt reports it. True when it changed.
+    pub fn set_channel_state(&mut self, name: &str, state: &str) -> bool {
+        let mut changed = false;
+        for channel in &mut self.devices.channels {
+            if channel.target.name == name && channel.target.state.as_deref() != Some(state) {
+                channel.target.state = Some(state.to_owned());
+                changed = true;
+            }
+        }
+        changed
+    }
 }
 
 /// `api.Metadata`: the `<metadata><kubevirt>` block of the domain.
@@ -181,7 +284,7 @@ pub struct GracePeriodMetadata {
     pub marked_for_graceful_shutdown: Option<bool>,
 }
 
-/// `api.Devices`, only the device lists virt-handler reads.
+/// `api.Devices`: the lists the launcher updates live, typed; the others in `rest`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Devices {
     /// Network interfaces.
@@ -193,6 +296,12 @@ pub struct Devices {
     /// PCI host devices (SR-IOV VFs plugged by `HotplugHostDevices`).
     #[serde(rename = "HostDevices", default, skip_serializing_if = "Vec::is_empty")]
     pub host_devices: Vec<HostDevice>,
+    /// Channels (the guest agent's `org.qemu.guest_agent.0`).
+    #[serde(rename = "Channels", default, skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<Channel>,
+    /// `Controllers`, `Video`, `Graphics`, `Ballooning`, `Inputs`, `Serials`, `Consoles`, `Rng`...
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// `api.HostDevice`, the fields an SR-IOV VF has.
@@ -255,6 +364,37 @@ impl PciAddress {
     }
 }
 
+/// `api.Channel`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Channel {
+    /// `unix`.
+    #[serde(rename = "Type", default)]
+    pub channel_type: String,
+    /// Name, type and connection state.
+    #[serde(rename = "Target", default)]
+    pub target: ChannelTarget,
+    /// `Source` and the other fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// `api.ChannelTarget`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ChannelTarget {
+    /// `org.qemu.guest_agent.0`.
+    #[serde(rename = "Name", default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// `virtio`.
+    #[serde(rename = "Type", default, skip_serializing_if = "String::is_empty")]
+    pub target_type: String,
+    /// `connected` once the guest opened its end, `disconnected` before (libvirt's live state).
+    #[serde(rename = "State", default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    /// Other fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
 /// `api.Interface`, the fields qlauncher fills.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Interface {
@@ -267,6 +407,9 @@ pub struct Interface {
     /// The device alias, `ua-<interface name>` for interfaces of the VMI.
     #[serde(rename = "Alias", default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<Alias>,
+    /// `Model`, `Target`, `Rom`, `Address` and the other converted fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// `api.MAC`.
@@ -318,6 +461,9 @@ pub struct Disk {
     /// `ua-<volume/disk name>`.
     #[serde(rename = "Alias", default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<Alias>,
+    /// `Driver`, `Model`, `Serial`, `BackingStore`, `ReadOnly` and the other converted fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// `api.DiskSource`, file or block device.
@@ -329,6 +475,9 @@ pub struct DiskSource {
     /// Block device path (for `Type: block`).
     #[serde(rename = "Dev", default, skip_serializing_if = "String::is_empty")]
     pub dev: String,
+    /// Other fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// `api.DiskTarget`.
@@ -340,6 +489,9 @@ pub struct DiskTarget {
     /// Guest device name, e.g. `vda`, `sdb`.
     #[serde(rename = "Device", default, skip_serializing_if = "String::is_empty")]
     pub device: String,
+    /// `Tray` and the other fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
 }
 
 /// `api.DomainStatus`.
@@ -554,6 +706,7 @@ mod tests {
                 mac: "02:00:00:00:00:01".into(),
             }),
             alias: Some(Alias::user_defined("default")),
+            ..Default::default()
         });
         domain.set_state(LifeCycle::Running, StateChangeReason::Unknown);
         domain.status.interfaces.push(InterfaceStatus {
@@ -630,5 +783,58 @@ mod tests {
         for (value, wire) in pairs {
             assert_eq!(value, serde_json::Value::String(wire.into()));
         }
+    }
+}
+
+#[cfg(test)]
+mod converted_tests {
+    use super::*;
+
+    #[test]
+    fn converted_spec_keeps_name_metadata_machine_and_channel_state() {
+        let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
+        domain.spec.set_machine("pc-q35-7.2");
+        domain.spec.devices.channels.push(Channel {
+            target: ChannelTarget {
+                name: "org.qemu.guest_agent.0".into(),
+                state: Some("connected".into()),
+                ..Default::default()
+            },
+            ..Default::default()
+        });
+        let converted = serde_json::json!({
+            "Type": "qemu", "Name": "default_vm", "UUID": "u",
+            "OS": {"Type": {"Machine": "q35", "Arch": "x86_64", "OS": "hvm"}},
+            "Memory": {"Unit": "b", "Value": 268435456},
+            "Devices": {
+                "Disks": [{"Device": "disk", "Type": "file",
+                           "Target": {"Bus": "virtio", "Device": "vda"},
+                           "Alias": {"Name": "rootdisk", "UserDefined": true},
+                           "Driver": {"Name": "qemu", "Type": "qcow2"}}],
+                "Channels": [{"Type": "unix",
+                              "Target": {"Name": "org.qemu.guest_agent.0", "Type": "virtio"}}],
+                "Controllers": [{"Type": "usb", "Index": "0", "Model": "none"}]
+            }
+        });
+        let serde_json::Value::Object(map) = converted.clone() else {
+            unreachable!()
+        };
+        domain.spec.set_converted(map).unwrap();
+        assert_eq!(domain.spec.domain_type, "qemu");
+        assert_eq!(domain.spec.metadata.kubevirt.uid, "uid-1");
+        assert_eq!(domain.spec.machine(), Some("pc-q35-7.2"));
+        assert_eq!(
+            domain.spec.devices.channels[0].target.state.as_deref(),
+            Some("connected")
+        );
+        // Everything converted is in the JSON virt-handler decodes.
+        let json = serde_json::to_value(&domain.spec).unwrap();
+        assert_eq!(json["Devices"]["Disks"][0]["Driver"]["Type"], "qcow2");
+        assert_eq!(json["Devices"]["Controllers"][0]["Index"], "0");
+        assert_eq!(json["Memory"]["Value"], 268435456);
+        assert_eq!(
+            json["Devices"]["Channels"][0]["Target"]["State"],
+            "connected"
+        );
     }
 }

@@ -25,6 +25,7 @@ use std::time::Duration;
 pub mod cmdapi;
 pub mod config;
 pub mod domain;
+pub(crate) mod domain_spec;
 pub mod facts;
 pub mod guest;
 pub mod migration;

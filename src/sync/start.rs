@@ -25,6 +25,7 @@ use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{Cont, Planned};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain_spec;
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
 use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
@@ -54,6 +55,11 @@ impl SyncVmi {
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
+        if let Some(probe) = &self.config.qemu_probe {
+            if let Some((version, _)) = probe.answer().await {
+                ctx.qemu = version;
+            }
+        }
         // Storage (blocking file work on a blocking thread).
         let storage_vmi = vmi.clone();
         let paths = self.config.paths.clone();
@@ -98,8 +104,8 @@ impl SyncVmi {
         if vsock.is_some() {
             ctx.vsock_fd = Some(hardware::VSOCK_FD);
         }
-        let plan =
-            convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
+        let view = secondary::convert_view(vmi, &secondary);
+        let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
         // Refuse before QEMU starts when host hardware the VMI asks for is not here.
         if let Some(m) = plan.missing_hardware().into_iter().next() {
             return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
@@ -119,7 +125,7 @@ impl SyncVmi {
         self.info.remember_plan(&plan, &ctx);
         let qmp_plan = render::qmp_plan(&plan);
         domain.spec.uuid = plan.uuid.clone();
-        domain.spec.domain_type = "kvm".into();
+        domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
         let argv = self.argv(&plan);
         let next_node = next_node_index(&plan);
         let t_convert = t0.elapsed();
@@ -264,6 +270,8 @@ impl SyncVmi {
         let (_, initial) = lifecycle::query_status(client)
             .await
             .map_err(SyncError::Qmp)?;
+        let mut domain = domain;
+        domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
         *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
         *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
         *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
@@ -295,6 +303,7 @@ fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
         interface_type: "ethernet".into(),
         mac: Some(Mac { mac }),
         alias: Some(Alias::user_defined(name)),
+        ..Default::default()
     });
 }
 

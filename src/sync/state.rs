@@ -21,6 +21,7 @@ use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
 use crate::sync::domain::{
     Alias, ApiDomain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
+use crate::sync::domain_spec;
 use crate::sync::notify::Notifier;
 use crate::sync::reconcile::nics::{NicChanges, NicState};
 use crate::sync::reconcile::resources;
@@ -135,6 +136,22 @@ impl Shared {
         }
     }
 
+    /// Changes the `api.Domain` with `change` and notifies MODIFIED when it reports a change
+    /// (KubeVirt notifies metadata-only and device changes as MODIFIED too).
+    pub(crate) fn update_domain(&self, change: impl FnOnce(&mut ApiDomain) -> bool) {
+        let changed = {
+            let mut domain = self.domain.lock().unwrap_or_else(|e| e.into_inner());
+            match domain.as_mut() {
+                Some(d) => change(d),
+                None => false,
+            }
+        };
+        if changed {
+            let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+            self.publish(status, DomainEventType::Modified);
+        }
+    }
+
     /// Records plugged and unplugged NICs in the domain's interfaces and notifies MODIFIED, as
     /// libvirt's device-added/removed events make KubeVirt do.
     pub(crate) fn publish_nic_changes(&self, changes: &NicChanges) {
@@ -152,10 +169,17 @@ impl Shared {
                     .any(|n| i.alias.as_ref() == Some(&Alias::user_defined(n)))
             });
             for (name, mac) in &changes.added {
+                if ifaces
+                    .iter()
+                    .any(|i| i.alias.as_ref() == Some(&Alias::user_defined(name)))
+                {
+                    continue;
+                }
                 ifaces.push(DomainIface {
                     interface_type: "ethernet".into(),
                     mac: Some(Mac { mac: mac.clone() }),
                     alias: Some(Alias::user_defined(name)),
+                    ..Default::default()
                 });
             }
         }
@@ -185,6 +209,19 @@ pub(crate) async fn follow_events(
         tokio::select! {
             ev = events.recv() => {
                 let Some(ev) = ev else { break };
+                if ev.name == "VSERPORT_CHANGE" {
+                    // The guest opened or closed a virtio-serial port (`channelN`): libvirt's
+                    // channel state, which virt-handler's AgentConnected condition follows.
+                    let index = ev.data["id"]
+                        .as_str()
+                        .and_then(|id| id.strip_prefix("channel"))
+                        .and_then(|n| n.parse::<usize>().ok());
+                    if let (Some(index), Some(open)) = (index, ev.data["open"].as_bool()) {
+                        info!(channel = index, open, "guest channel state changed");
+                        shared.update_domain(|d| domain_spec::set_channel_open(d, index, open));
+                    }
+                    continue;
+                }
                 let is_shutdown = ev.name == "SHUTDOWN";
                 shared.apply(&LifecycleInput::Event(ev));
                 if is_shutdown {

@@ -54,16 +54,23 @@ impl SyncVmi {
 impl DomainControl for SyncVmi {
     fn mark_graceful_shutdown(&self) {
         self.shared.graceful.store(true, Ordering::SeqCst);
-        let mut domain = self.shared.domain.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(d) = domain.as_mut() {
+        // A metadata-only change, notified as MODIFIED as KubeVirt's metadata cache does.
+        self.shared.update_domain(|d| {
             let gp = d
                 .spec
                 .metadata
                 .kubevirt
                 .grace_period
                 .get_or_insert_with(Default::default);
+            let changed = gp.marked_for_graceful_shutdown != Some(true);
             gp.marked_for_graceful_shutdown = Some(true);
-        }
+            if gp.deletion_timestamp.is_none() {
+                gp.deletion_timestamp = Some(crate::sync::domain::kubernetes_time(
+                    std::time::SystemTime::now(),
+                ));
+            }
+            changed
+        });
     }
 
     async fn power_button(&self) -> Result<(), MonitorError> {

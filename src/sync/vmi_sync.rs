@@ -50,6 +50,8 @@ pub struct SyncVmi {
     pub(crate) info: crate::sync::info::DomainInfo,
     /// Agent poller store, freeze, memory dump and caches ([`crate::sync::cmdapi`]).
     pub(crate) cmdapi: crate::sync::cmdapi::CmdApiState,
+    /// Set by DeleteVirtualMachine: the launcher may send its final notification and exit.
+    pub(crate) deleted: watch::Sender<bool>,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -78,7 +80,18 @@ impl SyncVmi {
             }),
             info: crate::sync::info::DomainInfo::default(),
             cmdapi: crate::sync::cmdapi::CmdApiState::default(),
+            deleted: watch::channel(false).0,
         }
+    }
+
+    /// Waits until virt-handler called DeleteVirtualMachine (true) or `limit` passed (false):
+    /// KubeVirt's launcher keeps serving after Shutoff until then, at most 15 s
+    /// (`cmd/virt-launcher/virt-launcher.go`, `waitForFinalNotify`).
+    pub async fn wait_deleted(&self, limit: Duration) -> bool {
+        let mut deleted = self.deleted.subscribe();
+        tokio::time::timeout(limit, deleted.wait_for(|d| *d))
+            .await
+            .is_ok_and(|r| r.is_ok())
     }
 
     /// How long the first sync took, split by step (`None` before QEMU runs).
@@ -227,19 +240,34 @@ impl DomainManager for SyncVmi {
         self.graceful_shutdown().await
     }
 
+    /// Kills QEMU; a QEMU already gone (or never started) is success, as libvirt's destroy of an
+    /// inactive domain is for KubeVirt's `KillVMI`.
     async fn kill_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        let alive = |pid: i32| {
+            !matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+                Err(nix::errno::Errno::ESRCH)
+            )
+        };
         match self.qemu_pid() {
-            Some(pid) => {
-                let q = crate::monitor::qemu::Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
+            Some(pid) if alive(pid) => {
+                let q = match crate::monitor::qemu::Qemu::from_pid(pid) {
+                    Ok(q) => q,
+                    Err(_) if !alive(pid) => return Ok(()),
+                    Err(e) => return Err(SyncError::StartQemu(e)),
+                };
                 crate::monitor::grace::kill(&q, crate::monitor::grace::KILL_ESCALATION)
                     .await
                     .map_err(SyncError::StartQemu)
             }
-            None => Ok(()),
+            _ => Ok(()),
         }
     }
 
+    /// Records the deletion (any number of times); the launcher then sends the final delete
+    /// notification and exits once QEMU is gone.
     async fn delete_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        self.deleted.send_replace(true);
         Ok(())
     }
 
@@ -269,16 +297,29 @@ impl DomainManager for SyncVmi {
         self.info.stats(&self.client()?, pid).await
     }
 
+    /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the
+    /// answer of `qemu --version`, asked once.
     async fn qemu_version(&self) -> Result<String, SyncError> {
-        let v = self
-            .client()?
-            .run(&QueryVersion)
-            .await
-            .map_err(SyncError::Qmp)?;
-        Ok(format!(
-            "{}.{}.{}",
-            v.qemu.major, v.qemu.minor, v.qemu.micro
-        ))
+        if let Ok(client) = self.client() {
+            if let Ok(v) = client.run(&QueryVersion).await {
+                return Ok(format!(
+                    "{}.{}.{}",
+                    v.qemu.major, v.qemu.minor, v.qemu.micro
+                ));
+            }
+        }
+        let probe = self
+            .config
+            .qemu_probe
+            .clone()
+            .unwrap_or_else(|| crate::sync::config::QemuProbe::new(self.config.qemu.clone()));
+        match probe.answer().await {
+            Some((_, text)) => Ok(text),
+            None => Err(SyncError::Unsupported(format!(
+                "{} --version gave no version",
+                self.config.qemu.display()
+            ))),
+        }
     }
 
     async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {

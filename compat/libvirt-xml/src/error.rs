@@ -28,6 +28,9 @@ pub enum CompatError {
         /// What it is.
         what: String,
     },
+    /// The domain model could not be serialised as JSON (the `api.DomainSpec` renderer).
+    #[error("cannot serialise the domain as JSON")]
+    SerializeJson(#[source] serde_json::Error),
     /// quick-xml could not serialise the domain.
     #[error("cannot serialise the domain XML")]
     SerializeXml(#[source] quick_xml::SeError),

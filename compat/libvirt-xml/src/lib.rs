@@ -13,15 +13,18 @@
 //! depending back on it would be a cycle.
 #![warn(missing_docs)]
 
+pub mod api_json;
 pub mod argv;
 pub mod cli;
 pub mod context;
 pub mod error;
 pub mod export;
+mod go_fields;
 pub mod golden;
 pub mod harness;
 pub mod libvirt;
 pub mod schema;
 
+pub use api_json::{to_api_spec, ApiSpec};
 pub use error::CompatError;
 pub use export::{export, to_xml};

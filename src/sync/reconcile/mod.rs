@@ -17,6 +17,7 @@ pub mod resize;
 pub mod resources;
 
 use crate::cmdline::{convert, render};
+use crate::sync::domain_spec;
 use crate::sync::facts::hotplug::add_hotplug_facts;
 use crate::sync::facts::secondary;
 use crate::sync::state::Running;
@@ -35,8 +36,8 @@ impl SyncVmi {
             .nics
             .prepare(&secondary, &mut ctx, &self.config.resolv_conf)
             .await?;
-        let plan =
-            convert(&secondary::convert_view(vmi, &secondary), &ctx).map_err(SyncError::Convert)?;
+        let view = secondary::convert_view(vmi, &secondary);
+        let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
         let qmp_plan = render::qmp_plan(&plan);
         disks::apply(&client, running, &qmp_plan.disks).await?;
         media::apply(&client, running, &plan).await?;
@@ -45,8 +46,15 @@ impl SyncVmi {
             .nics
             .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
             .await;
+        let nics = nics?;
+        // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
+        self.shared.update_domain(|d| {
+            let before = d.spec.clone();
+            domain_spec::apply_converted(d, &view, &ctx, &plan);
+            d.spec != before
+        });
         running.ctx = ctx;
-        self.shared.publish_nic_changes(&nics?);
+        self.shared.publish_nic_changes(&nics);
         Ok(())
     }
 

@@ -9,6 +9,12 @@
 //! still fails after 20 s is given up (logged, reported to whoever awaits its [`Delivery`]) and the
 //! next one is sent.
 //!
+//! A domain notification that was given up is not lost: the worker keeps the latest such domain
+//! state and, while nothing newer is queued, tries it once per interval whenever the socket file
+//! exists, so virt-handler gets the current domain as soon as it creates the pipe (it does so only
+//! after its first successful call on `launcher-sock`, `pkg/virt-handler/launcher-clients`). A newer
+//! domain notification supersedes it; a Kubernetes event does not.
+//!
 //! The final notification of a launcher ([`Notifier::send_final_delete`]) is KubeVirt's: event type
 //! `MODIFIED` with state `NoState`, reason `NonExistent` and a deletion timestamp; virt-handler
 //! treats a domain with a deletion timestamp as deleted rather than waiting for a `DELETED` event
@@ -104,6 +110,7 @@ struct Job {
 pub struct Notifier {
     jobs: mpsc::UnboundedSender<Job>,
     final_sent: watch::Receiver<bool>,
+    socket: PathBuf,
 }
 
 impl std::fmt::Debug for Job {
@@ -120,12 +127,21 @@ impl Notifier {
         let (jobs, queue) = mpsc::unbounded_channel();
         let (final_tx, final_sent) = watch::channel(false);
         let worker = Worker {
-            socket,
+            socket: socket.clone(),
             timing,
             client: None,
         };
         tokio::spawn(worker.run(queue, final_tx));
-        Notifier { jobs, final_sent }
+        Notifier {
+            jobs,
+            final_sent,
+            socket,
+        }
+    }
+
+    /// Whether virt-handler's notify socket file exists now (it never does under `qlauncher run`).
+    pub fn socket_present(&self) -> bool {
+        self.socket.exists()
     }
 
     /// Queues `domain` as a domain event of type `event_type`.
@@ -214,9 +230,32 @@ struct Worker {
     client: Option<notify::notify_client::NotifyClient<Channel>>,
 }
 
+/// A domain notification that was given up, kept to be delivered once the socket appears.
+struct Undelivered {
+    payload: Payload,
+    label: &'static str,
+    is_final_delete: bool,
+}
+
 impl Worker {
     async fn run(mut self, mut queue: mpsc::UnboundedReceiver<Job>, final_tx: watch::Sender<bool>) {
-        while let Some(job) = queue.recv().await {
+        let mut undelivered: Option<Undelivered> = None;
+        loop {
+            let job = match &undelivered {
+                None => queue.recv().await,
+                Some(_) => tokio::select! {
+                    job = queue.recv() => job,
+                    () = tokio::time::sleep(self.timing.interval) => {
+                        self.retry_undelivered(&mut undelivered, &final_tx).await;
+                        continue;
+                    }
+                },
+            };
+            let Some(job) = job else { break };
+            if matches!(job.payload, Payload::Domain(_)) {
+                // A newer domain state supersedes the one that was not delivered.
+                undelivered = None;
+            }
             let result = self.deliver(&job.payload, job.label).await;
             match &result {
                 Ok(()) => {
@@ -226,11 +265,55 @@ impl Worker {
                         final_tx.send_replace(true);
                     }
                 }
-                Err(error) => {
+                Err(error @ SyncError::NotifyRejected { .. }) => {
                     tracing::error!(event = job.label, error = %error, "Could not send domain notify event")
+                }
+                Err(error) => {
+                    tracing::error!(event = job.label, error = %error, "Could not send domain notify event");
+                    if let Payload::Domain(request) = &job.payload {
+                        undelivered = Some(Undelivered {
+                            payload: Payload::Domain(request.clone()),
+                            label: job.label,
+                            is_final_delete: job.is_final_delete,
+                        });
+                    }
                 }
             }
             let _ = job.done.send(result);
+        }
+    }
+
+    /// One try of the kept domain state, when the socket file exists; cleared once delivered.
+    async fn retry_undelivered(
+        &mut self,
+        undelivered: &mut Option<Undelivered>,
+        final_tx: &watch::Sender<bool>,
+    ) {
+        let Some(kept) = undelivered.as_ref() else {
+            return;
+        };
+        if !self.socket.exists() {
+            return;
+        }
+        match self.try_once(&kept.payload).await {
+            Ok(response) => {
+                if response.success {
+                    tracing::info!(
+                        event = kept.label,
+                        "latest domain state delivered after the notify socket appeared"
+                    );
+                    if kept.is_final_delete {
+                        tracing::info!("Final Delete notification sent");
+                        final_tx.send_replace(true);
+                    }
+                } else {
+                    tracing::error!(event = kept.label, message = %response.message, "Could not send domain notify event");
+                }
+                *undelivered = None;
+            }
+            Err(error) => {
+                tracing::debug!(event = kept.label, error = %error, "notify socket not ready yet");
+            }
         }
     }
 
