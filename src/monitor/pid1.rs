@@ -50,6 +50,10 @@ pub struct MonitorConfig {
     pub istio: Option<IstioProxy>,
 }
 
+/// Set for the launcher: the monitor's pid, whose children are QEMU's possible parents (a detached
+/// QEMU is re-parented to this subreaper), so that recovery looks at them only.
+pub const MONITOR_PID_ENV: &str = "QLAUNCHER_MONITOR_PID";
+
 /// Signals the monitor takes synchronously.
 fn monitored_signals() -> SigSet {
     let mut set = SigSet::empty();
@@ -168,7 +172,9 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
     let reaper = Reaper::new();
 
     let mut command = Command::new(&config.launcher_program);
-    command.args(&config.launcher_args);
+    command
+        .args(&config.launcher_args)
+        .env(MONITOR_PID_ENV, std::process::id().to_string());
     // std does not reset the signal mask: unblock everything in the child before exec. Caught
     // signals return to their default disposition on exec by themselves.
     // SAFETY: sigprocmask with a local empty set is async-signal-safe.

@@ -5,8 +5,9 @@
 //! the overlay exists, then sets mode 0640 and the qemu owner. Here the crate `imago` writes the
 //! qcow2 (v3, 64 KiB clusters, 16-bit refcounts) with the backing file name and format recorded
 //! and the base's virtual size; the base is only ever opened read-only (to read its header or
-//! length), and the overlay is staged under a temporary name, fsynced and renamed without
-//! replacing an existing file.
+//! length), and the overlay is staged under a temporary name and renamed without replacing an
+//! existing file. It is not fsynced: it lives in the pod's emptyDir, which a virt-launcher pod
+//! (`restartPolicy: Never`) never reuses after a crash ([`Durability::PodLifetime`]).
 
 use std::path::{Path, PathBuf};
 
@@ -16,7 +17,7 @@ use imago::FormatCreateBuilder;
 
 use super::error::is_no_space;
 use super::facts::{probe_image, ChainPolicy, ImageFacts};
-use super::staged::{create_dir_all, Replace, Staged};
+use super::staged::{create_dir_all, Durability, Replace, Staged};
 use super::{paths, validate_volume_name, Outcome, Owner, StorageError};
 
 /// Mode of an overlay: KubeVirt's `os.Chmod(imagePath, 0640)`.
@@ -141,7 +142,10 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
     if let Some(dir) = spec.overlay.parent() {
         create_dir_all(dir).map_err(fail)?;
     }
-    let staged = Staged::create(&spec.overlay, OVERLAY_MODE).map_err(fail)?;
+    // Overlays live in the pod's ephemeral-disk emptyDir and die with the pod: no inline fsync.
+    let staged = Staged::create(&spec.overlay, OVERLAY_MODE)
+        .map_err(fail)?
+        .with_durability(Durability::PodLifetime);
     write_qcow2(
         &staged,
         base.virtual_size,

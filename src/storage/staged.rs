@@ -31,6 +31,20 @@ pub(crate) struct Staged {
     file: Option<File>,
     tmp: PathBuf,
     target: PathBuf,
+    durability: Durability,
+}
+
+/// Whether [`Staged::commit`] makes the file durable before and after the rename.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Durability {
+    /// fsync the file, rename, fsync the directory: for anything that can outlive the pod
+    /// (PVC and host-disk images, NVRAM, ...). The default.
+    Synced,
+    /// Rename only: for files that die with the pod's `emptyDir` (containerDisk and ephemeral
+    /// overlays). virt-launcher pods never restart (`restartPolicy: Never`), so after a crash
+    /// nobody reads the file again; the rename still makes it appear whole or not at all to a
+    /// running reader.
+    PodLifetime,
 }
 
 impl Staged {
@@ -59,7 +73,14 @@ impl Staged {
             file: Some(file),
             tmp,
             target: target.to_path_buf(),
+            durability: Durability::Synced,
         })
+    }
+
+    /// Sets how [`Staged::commit`] treats durability (default [`Durability::Synced`]).
+    pub(crate) fn with_durability(mut self, durability: Durability) -> Staged {
+        self.durability = durability;
+        self
     }
 
     /// The open temporary file.
@@ -69,7 +90,7 @@ impl Staged {
     }
 
     /// Sets owner and mode (explicitly, not through the umask), fsyncs the data, renames the file
-    /// to its final name and fsyncs the directory. Returns false when `replace` is
+    /// to its final name and fsyncs the directory (no fsync for [`Durability::PodLifetime`]). Returns false when `replace` is
     /// [`Replace::No`] and the final path already existed (the staged file is then removed).
     pub(crate) fn commit(
         mut self,
@@ -82,7 +103,10 @@ impl Staged {
             std::os::unix::fs::fchown(&file, Some(owner.uid), Some(owner.gid))?;
         }
         file.set_permissions(std::fs::Permissions::from_mode(mode))?;
-        file.sync_all()?;
+        let synced = self.durability == Durability::Synced;
+        if synced {
+            file.sync_all()?;
+        }
         drop(file);
         let created = match replace {
             Replace::Yes => {
@@ -117,7 +141,9 @@ impl Staged {
         if created {
             // The temporary name is gone; nothing for Drop to remove.
             self.tmp = PathBuf::new();
-            sync_dir(self.target.parent().unwrap_or(Path::new(".")))?;
+            if synced {
+                sync_dir(self.target.parent().unwrap_or(Path::new(".")))?;
+            }
         }
         Ok(created)
     }

@@ -10,7 +10,8 @@ use crate::cmdline::context::{PathRoots, QemuVersion};
 pub struct SyncConfig {
     /// The converter's path roots (every KubeVirt path the VMI's devices use).
     pub paths: PathRoots,
-    /// The QEMU binary (`qemu-system-x86_64`, looked up in `PATH` when relative).
+    /// The QEMU binary: an absolute path ([`find_in_path`] once), so that starting QEMU does not
+    /// search `PATH` (one failed `execve` per directory before it).
     pub qemu: PathBuf,
     /// QEMU's version (chooses renderer details); replaced by [`SyncConfig::qemu_probe`]'s answer
     /// when there is one.
@@ -121,7 +122,7 @@ impl SyncConfig {
         let private = PathBuf::from(&paths.private_dir).join("qlauncher");
         SyncConfig {
             paths,
-            qemu: "qemu-system-x86_64".into(),
+            qemu: find_in_path("qemu-system-x86_64"),
             qemu_version: QemuVersion { major: 7, minor: 2 },
             qemu_probe: None,
             kvm: false,
@@ -160,6 +161,37 @@ mod tests {
         assert_eq!(
             c.qmp_socket,
             PathBuf::from("/tmp/r/var/run/kubevirt-private/qlauncher/monitor.sock")
+        );
+    }
+}
+
+/// The first executable `dir/name` over the directories of `PATH` (default
+/// `/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`), found with `stat` and no exec;
+/// `name` itself when none is (the exec then fails with QEMU's name in the error).
+pub fn find_in_path(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")
+        .unwrap_or_else(|| "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into());
+    std::env::split_paths(&path)
+        .filter(|dir| dir.is_absolute())
+        .map(|dir| dir.join(name))
+        .find(|p| {
+            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .unwrap_or_else(|| PathBuf::from(name))
+}
+
+#[cfg(test)]
+mod find_in_path_tests {
+    use super::*;
+
+    #[test]
+    fn finds_an_absolute_program_and_keeps_unknown_names() {
+        let sh = find_in_path("sh");
+        assert!(sh.is_absolute() && sh.ends_with("sh"), "{}", sh.display());
+        assert_eq!(
+            find_in_path("no-such-program-qlauncher"),
+            PathBuf::from("no-such-program-qlauncher")
         );
     }
 }

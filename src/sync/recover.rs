@@ -55,14 +55,33 @@ pub(crate) struct Found {
 }
 
 /// The live QEMU processes whose command line names `qmp_socket` (exact path within an argument).
+/// Under the monitor (`QLAUNCHER_MONITOR_PID` set, see `qlauncher_monitor::pid1`) only its
+/// children are looked at: a detached QEMU is re-parented to it. Without it, every process.
 pub fn qemu_processes(qmp_socket: &Path) -> Vec<i32> {
-    let needle = qmp_socket.display().to_string();
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
+    let monitor = std::env::var(crate::monitor::pid1::MONITOR_PID_ENV)
+        .ok()
+        .and_then(|p| p.parse::<i32>().ok());
+    let candidates: Vec<i32> = match monitor {
+        Some(monitor) => procfs::children(monitor)
+            .into_iter()
+            .map(|s| s.pid)
+            .collect(),
+        None => match std::fs::read_dir("/proc") {
+            Ok(dir) => dir
+                .flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .collect(),
+            Err(_) => Vec::new(),
+        },
     };
-    let mut pids: Vec<i32> = dir
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    qemu_among(candidates, qmp_socket)
+}
+
+/// The live QEMU processes among `candidates` whose command line names `qmp_socket`.
+fn qemu_among(candidates: Vec<i32>, qmp_socket: &Path) -> Vec<i32> {
+    let needle = qmp_socket.display().to_string();
+    let mut pids: Vec<i32> = candidates
+        .into_iter()
         .filter(|pid| procfs::stat(*pid).is_some_and(|s| !s.is_zombie()))
         .filter(|pid| {
             procfs::cmdline(*pid).is_some_and(|argv| {

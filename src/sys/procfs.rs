@@ -58,8 +58,16 @@ pub fn stat(pid: i32) -> Option<ProcStat> {
     parse_stat(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
 }
 
-/// Every process whose parent is `parent`, found by scanning `/proc/*/stat`.
+/// Every process whose parent is `parent`: read from `/proc/<parent>/task/*/children` (one file
+/// per thread, `CONFIG_PROC_CHILDREN`), else found by scanning every `/proc/*/stat`.
 pub fn children(parent: i32) -> Vec<ProcStat> {
+    if let Some(pids) = listed_children(parent) {
+        return pids
+            .into_iter()
+            .filter_map(stat)
+            .filter(|s| s.ppid == parent)
+            .collect();
+    }
     let Ok(dir) = fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -67,6 +75,22 @@ pub fn children(parent: i32) -> Vec<ProcStat> {
         .filter_map(stat)
         .filter(|s| s.ppid == parent)
         .collect()
+}
+
+/// The pids the kernel lists as `parent`'s children, over all its threads; `None` when the
+/// kernel has no `children` files (or `parent` is gone).
+fn listed_children(parent: i32) -> Option<Vec<i32>> {
+    let mut pids = Vec::new();
+    for task in fs::read_dir(format!("/proc/{parent}/task")).ok()?.flatten() {
+        let text = fs::read_to_string(task.path().join("children")).ok()?;
+        pids.extend(
+            text.split_whitespace()
+                .filter_map(|p| p.parse::<i32>().ok()),
+        );
+    }
+    pids.sort_unstable();
+    pids.dedup();
+    Some(pids)
 }
 
 /// `/proc/<pid>/cmdline` split at NUL bytes; `None` when gone, empty for a zombie.
@@ -143,6 +167,19 @@ mod tests {
         ] {
             assert_eq!(is_qemu_name(name), expected, "{name}");
         }
+    }
+
+    #[test]
+    fn children_of_this_process() {
+        let mut child = std::process::Command::new("sleep")
+            .arg("5")
+            .spawn()
+            .unwrap();
+        let me = std::process::id() as i32;
+        let found = children(me).iter().any(|c| c.pid == child.id() as i32);
+        let _ = child.kill();
+        let _ = child.wait();
+        assert!(found);
     }
 
     #[test]
