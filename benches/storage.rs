@@ -46,6 +46,12 @@ fn time<F: FnMut(u32)>(iterations: u32, mut f: F) -> Duration {
     start.elapsed() / iterations
 }
 
+/// The median of some durations (the upper one of an even count).
+fn median(mut runs: Vec<Duration>) -> Duration {
+    runs.sort();
+    runs.get(runs.len() / 2).copied().unwrap_or_default()
+}
+
 fn report(what: &str, native: Duration, tool: &str, other: Duration) {
     println!(
         "{what:<28} native {:>9.3} ms   {tool:<22} {:>9.3} ms   ratio {:>6.1}x",
@@ -57,7 +63,7 @@ fn report(what: &str, native: Duration, tool: &str, other: Duration) {
 
 fn run(dir: &Path, iterations: u32) {
     println!(
-        "storage bench: {iterations} iterations each, mean per creation, in {}",
+        "storage bench: {iterations} iterations each (overlays: interleaved, median; the rest: mean) in {}",
         dir.display()
     );
     let bases = dir.join("container-disks");
@@ -75,18 +81,22 @@ fn run(dir: &Path, iterations: u32) {
     );
     for (base, format) in [(&raw, "raw"), (&qcow, "qcow2")] {
         let ephemeral = dir.join(format!("ephemeral-{format}"));
-        let native = time(iterations, |i| {
+        let tool_dir = dir.join(format!("qemu-img-{format}"));
+        std::fs::create_dir_all(&tool_dir).unwrap();
+        // Interleaved run by run (native, tool, native, ...) so that load changes hit both;
+        // the medians are reported. Iteration u32::MAX is the warm-up of each.
+        let (mut native_runs, mut tool_runs) = (Vec::new(), Vec::new());
+        for i in std::iter::once(u32::MAX).chain(0..iterations) {
+            let start = Instant::now();
             let mut spec = OverlaySpec::at_kubevirt_path(&format!("vol{i}"), base, &ephemeral);
             spec.policy = ChainPolicy {
                 allowed_roots: vec![bases.clone()],
                 max_depth: 8,
             };
             create_overlay(&spec).unwrap();
-        });
-        let tool_dir = dir.join(format!("qemu-img-{format}"));
-        std::fs::create_dir_all(&tool_dir).unwrap();
-        let tool = time(iterations, |i| {
+            let native = start.elapsed();
             let out: PathBuf = tool_dir.join(format!("o{i}.qcow2"));
+            let start = Instant::now();
             testkit::storage::run(
                 "qemu-img",
                 &[
@@ -101,8 +111,14 @@ fn run(dir: &Path, iterations: u32) {
                     out.to_str().unwrap(),
                 ],
             );
+            let tool = start.elapsed();
             let _ = std::fs::remove_file(&out);
-        });
+            if i != u32::MAX {
+                native_runs.push(native);
+                tool_runs.push(tool);
+            }
+        }
+        let (native, tool) = (median(native_runs), median(tool_runs));
         report(
             &format!("overlay over {format} base"),
             native,

@@ -43,7 +43,8 @@ enum Cli {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion) as virt-handler does.
+    /// Query a launcher's command socket (Info, Ping, GetDomain, GetQemuVersion, GetDomainStats) as
+    /// virt-handler does.
     LauncherSock(cli::sync::LauncherSockArgs),
     /// Run one QMP command on a QEMU's monitor socket and print the reply.
     Qmp(cli::qmp::QmpArgs),

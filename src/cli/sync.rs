@@ -29,6 +29,8 @@ enum Query {
     GetDomain,
     /// Cmd.GetQemuVersion.
     QemuVersion,
+    /// Cmd.GetDomainStats: the domain's stats JSON (what virt-handler's metrics poll).
+    DomainStats,
 }
 
 fn check(response: Option<Response>) -> anyhow::Result<()> {
@@ -80,6 +82,14 @@ pub fn run(args: LauncherSockArgs) -> anyhow::Result<()> {
                     .into_inner();
                 check(answer.response)?;
                 println!("{}", answer.version);
+            }
+            Query::DomainStats => {
+                let answer = CmdClient::new(channel)
+                    .get_domain_stats(EmptyRequest {})
+                    .await?
+                    .into_inner();
+                check(answer.response)?;
+                println!("{}", answer.domain_stats);
             }
         }
         Ok(())
