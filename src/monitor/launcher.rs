@@ -335,6 +335,8 @@ pub async fn run<D: SupervisedDomain>(
         Err(e) => return Err(e),
     };
     info!(pid, "domain started, watching QEMU");
+    let trimmed = super::trim::trim_after_start();
+    debug!(text_bytes = trimmed, "start-up memory trimmed");
     let ending = grace::supervise(&qemu, domain, stop, config.grace_period).await?;
     debug!(?ending, "QEMU is gone");
     domain.check_exit(ending)?;

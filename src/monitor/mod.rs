@@ -17,6 +17,7 @@
 //!   wait, generic over a [`launcher::SupervisedDomain`] that the sync module implements;
 //! - [`flags`]: Go-style flag scanning shared by both command lines;
 //! - [`istio`]: telling an Istio sidecar to quit once the VM is gone;
+//! - [`trim`]: giving back start-up memory once the domain runs;
 //! - [`kvm_probe`]: whether KVM actually runs a guest (a tiny probe guest under `accel=kvm`), for
 //!   `--emulation auto` and `--allow-emulation`.
 //!
@@ -32,6 +33,7 @@ pub mod pid1;
 pub use crate::sys::procfs;
 pub mod qemu;
 pub mod reaper;
+pub mod trim;
 
 /// Errors of the monitor and launcher plumbing. Each variant names the step that failed.
 #[derive(Debug, thiserror::Error)]
