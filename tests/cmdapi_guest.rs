@@ -16,6 +16,7 @@
 //! the test guest (`scripts/build-guest`).
 
 use testkit::guest;
+use testkit::guest::wait_log_marker as wait_marker;
 use testkit::notify as notify_server;
 
 use guest::GuestImages;
@@ -72,27 +73,6 @@ fn vmi_request(uid: &str) -> Option<cmd::Vmi> {
     Some(cmd::Vmi {
         vmi_json: serde_json::to_vec(&vmi(uid)).unwrap(),
     })
-}
-
-/// Waits until the serial log holds a `QLG: ` line starting with `prefix`.
-async fn wait_marker(log: &Path, prefix: &str, timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        let text = std::fs::read_to_string(log).unwrap_or_default();
-        if let Some(line) = text.lines().find_map(|l| {
-            let at = l.find("QLG: ")?;
-            let m = l[at..].trim_end();
-            m.starts_with(prefix).then(|| m.to_string())
-        }) {
-            return line;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no {prefix:?} within {timeout:?} (a guest without qemu-guest-agent and /data \
-             predates this test: run scripts/build-guest); serial log:\n{text}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
 }
 
 /// Runs `sh -c script` in the guest through the agent; returns (exit code, stdout).

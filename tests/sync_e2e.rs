@@ -611,7 +611,12 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         assert!(!Path::new(&format!("/proc/{pid}")).exists(), "QEMU alive");
     }
 
-    let events = state_events(&received);
+    // The lifecycle as virt-handler sees it. Between two state changes the domain may be
+    // MODIFIED with the same state (a NIC plugged or unplugged, the agent channel connecting,
+    // the graceful-shutdown metadata): those events each carry a changed domain (identical
+    // consecutive events are folded by `domain_events`), so the states are compared folded.
+    let mut events = state_events(&received);
+    events.dedup();
     use LifeCycle as L;
     use StateChangeReason as R;
     let m = |s, r, deleted| ("MODIFIED".to_string(), (s, r, deleted));
@@ -619,9 +624,6 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         events,
         vec![
             ("ADDED".to_string(), (L::Paused, R::StartingUp, false)),
-            m(L::Running, R::Unknown, false),
-            // NIC plugged, NIC unplugged.
-            m(L::Running, R::Unknown, false),
             m(L::Running, R::Unknown, false),
             m(L::Paused, R::User, false),
             m(L::Running, R::Unknown, false),
@@ -631,17 +633,18 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         ]
     );
     let received = domain_events(&received);
-    let plugged = &received[2].1;
-    assert_eq!(
-        plugged.spec.devices.interfaces,
-        with_nic.spec.devices.interfaces
+    // NIC plugged, then NIC unplugged, each notified.
+    let plugged = received
+        .iter()
+        .position(|(_, d)| d.spec.devices.interfaces == with_nic.spec.devices.interfaces)
+        .expect("a notification with the plugged NIC");
+    assert!(
+        received[plugged..]
+            .iter()
+            .any(|(_, d)| d.spec.devices.interfaces == before.spec.devices.interfaces),
+        "a notification with the NIC unplugged after the one with it plugged"
     );
-    let unplugged = &received[3].1;
-    assert_eq!(
-        unplugged.spec.devices.interfaces,
-        before.spec.devices.interfaces
-    );
-    let last = &received[8].1;
+    let last = &received.last().expect("notifications").1;
     assert_eq!(last.spec.name, "default_demo");
     assert_eq!(
         last.spec

@@ -41,15 +41,6 @@ fn mac_text(mac: &[u8]) -> String {
         .join(":")
 }
 
-/// The tun owner uid of `tap` from sysfs (`/sys/class/net/<tap>/owner`, `-1` when unset).
-fn tap_owner(tap: &str) -> Option<i64> {
-    std::fs::read_to_string(format!("/sys/class/net/{tap}/owner"))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
-}
-
 /// Compares the current network namespace with `plan` (see the module doc).
 ///
 /// # Errors
@@ -165,12 +156,15 @@ async fn check_step(
             if l.master.is_none() || l.master != bridge_index {
                 differences.push(format!("{name} is not a port of {master}"));
             }
-            match tap_owner(name) {
-                Some(uid) if uid == i64::from(*owner) => {}
-                Some(uid) => differences.push(format!(
+            match (&l.kind, l.tun_owner) {
+                (Some(InfoKind::Tun), Some(uid)) if uid == *owner => {}
+                (Some(InfoKind::Tun), Some(uid)) => differences.push(format!(
                     "{name} is owned by uid {uid}, QEMU runs as {owner}"
                 )),
-                None => differences.push(format!("{name} is not a tap")),
+                (Some(InfoKind::Tun), None) => {
+                    differences.push(format!("{name} has no owner, QEMU runs as {owner}"))
+                }
+                _ => differences.push(format!("{name} is not a tap")),
             }
         }
         LinkStep::MovePodLink { to, master, .. } => match link(handle, to).await? {

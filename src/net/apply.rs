@@ -12,8 +12,11 @@ use crate::net::plan::{LinkStep, NetPlan};
 use crate::net::{adopt, nft_netlink, sysctl, tap, NetError};
 use futures_util::TryStreamExt;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
+use netlink_packet_core::Nla;
 use netlink_packet_route::address::{AddressAttribute, AddressHeaderFlags};
-use netlink_packet_route::link::{InfoKind, LinkAttribute, LinkFlags, LinkInfo, LinkMessage};
+use netlink_packet_route::link::{
+    InfoData, InfoKind, InfoTun, LinkAttribute, LinkFlags, LinkInfo, LinkMessage,
+};
 use netlink_packet_route::route::RouteProtocol;
 use rtnetlink::{Handle, LinkBridge, LinkBridgePort, LinkIfb, LinkUnspec, RouteMessageBuilder};
 use std::net::IpAddr;
@@ -44,6 +47,9 @@ pub(crate) struct LinkFacts {
     pub(crate) master: Option<u32>,
     pub(crate) up: bool,
     pub(crate) kind: Option<InfoKind>,
+    /// A tun/tap's owner uid (`IFLA_TUN_OWNER` in its link info), read over netlink so that it is
+    /// the current network namespace's link (sysfs shows the mounting namespace's).
+    pub(crate) tun_owner: Option<u32>,
 }
 
 fn facts(l: &LinkMessage) -> LinkFacts {
@@ -54,6 +60,7 @@ fn facts(l: &LinkMessage) -> LinkFacts {
         master: None,
         up: l.header.flags.contains(LinkFlags::Up),
         kind: None,
+        tun_owner: None,
     };
     for a in &l.attributes {
         match a {
@@ -62,8 +69,10 @@ fn facts(l: &LinkMessage) -> LinkFacts {
             LinkAttribute::Controller(c) => f.master = Some(*c),
             LinkAttribute::LinkInfo(infos) => {
                 for i in infos {
-                    if let LinkInfo::Kind(k) = i {
-                        f.kind = Some(k.clone());
+                    match i {
+                        LinkInfo::Kind(k) => f.kind = Some(k.clone()),
+                        LinkInfo::Data(InfoData::Tun(nlas)) => f.tun_owner = tun_owner(nlas),
+                        _ => {}
                     }
                 }
             }
@@ -71,6 +80,23 @@ fn facts(l: &LinkMessage) -> LinkFacts {
         }
     }
     f
+}
+
+/// `IFLA_TUN_OWNER` (`include/uapi/linux/if_link.h`): a native-endian u32 uid; absent or
+/// `u32::MAX` (`INVALID_UID`) when the tap has no owner.
+fn tun_owner(nlas: &[InfoTun]) -> Option<u32> {
+    const IFLA_TUN_OWNER: u16 = 1;
+    nlas.iter().find_map(|n| {
+        let InfoTun::Other(nla) = n else {
+            return None;
+        };
+        if nla.kind() != IFLA_TUN_OWNER || nla.value_len() != 4 {
+            return None;
+        }
+        let mut b = [0u8; 4];
+        nla.emit_value(&mut b);
+        Some(u32::from_ne_bytes(b)).filter(|&uid| uid != u32::MAX)
+    })
 }
 
 pub(crate) async fn link(handle: &Handle, name: &str) -> Result<Option<LinkFacts>, NetError> {

@@ -29,20 +29,21 @@ pub type Empty = IgnoredAny;
 /// Declares `$ty` a command named `$name` replying `$reply`, its fields its arguments.
 macro_rules! command {
     ($ty:ty, $name:literal, $reply:ty) => {
-        impl Command for $ty {
+        impl $crate::qmp::commands::Command for $ty {
             type Reply = $reply;
             fn name(&self) -> &str {
                 $name
             }
-            fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
+            fn arguments(&self) -> Result<Option<serde_json::Value>, serde_json::Error> {
                 match serde_json::to_value(self)? {
-                    Value::Null => Ok(None),
+                    serde_json::Value::Null => Ok(None),
                     v => Ok(Some(v)),
                 }
             }
         }
     };
 }
+pub(crate) use command;
 
 /// `cont`: resume the guest's vCPUs.
 #[derive(Debug, Clone, Copy, Serialize)]

@@ -5,32 +5,12 @@
 //! issues them in is in `src/qemu/qemu_migration.c`).
 //!
 //! Every command here exists in QEMU 7.2 and 10.1 with the same arguments. Commands are plain
-//! structs implementing [`Command`]; `QmpClient::run` turns one into JSON at the client's
+//! structs implementing [`crate::qmp::commands::Command`]; `QmpClient::run` turns one into JSON at the client's
 //! edge and decodes its typed reply.
 
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
 
-use crate::qmp::commands::{Command, Empty};
-
-/// Declares `$ty` the command `$name` replying `$reply` ([`Command`]); its fields are the
-/// arguments, a unit struct sends none.
-macro_rules! command {
-    ($ty:ty, $name:literal, $reply:ty) => {
-        impl Command for $ty {
-            type Reply = $reply;
-            fn name(&self) -> &str {
-                $name
-            }
-            fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
-                match serde_json::to_value(self)? {
-                    Value::Null => Ok(None),
-                    v => Ok(Some(v)),
-                }
-            }
-        }
-    };
-}
+use crate::qmp::commands::{command, Empty};
 
 /// A migration capability QEMU names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -365,6 +345,7 @@ pub struct BlockJobInfo {
 mod tests {
     use super::*;
     use serde_json::json;
+    use serde_json::Value;
 
     #[test]
     fn commands_encode_as_qemu_spells_them() {

@@ -9,7 +9,7 @@ use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
-use crate::sync::domain::{ApiDomain as Domain, GracePeriodMetadata};
+use crate::sync::domain::{ApiDomain, GracePeriodMetadata};
 use crate::vmi::Vmi;
 
 /// KubeVirt's grace period when the VMI sets none (`v1.DefaultGracePeriodSeconds`).
@@ -19,7 +19,7 @@ pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
 /// and sets the grace-period metadata. A plan the exporter cannot write (host hardware it does
 /// not model) keeps the spec as it was, with a warning.
 pub(crate) fn apply_converted(
-    domain: &mut Domain,
+    domain: &mut ApiDomain,
     vmi: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
@@ -109,7 +109,7 @@ pub(crate) fn channel_state(open: bool) -> &'static str {
 
 /// Writes `facts` into `domain`: `OS.Type.Machine` and `Devices.Channels[N].Target.State`. True
 /// when something changed.
-pub(crate) fn apply_live_facts(domain: &mut Domain, facts: &LiveFacts) -> bool {
+pub(crate) fn apply_live_facts(domain: &mut ApiDomain, facts: &LiveFacts) -> bool {
     let mut changed = false;
     if let Some(machine) = &facts.machine {
         changed |= domain.spec.set_machine(machine);
@@ -121,7 +121,7 @@ pub(crate) fn apply_live_facts(domain: &mut Domain, facts: &LiveFacts) -> bool {
 }
 
 /// Sets the state of channel `index` (QEMU's `channelN` / `charchannelN`). True when it changed.
-pub(crate) fn set_channel_open(domain: &mut Domain, index: usize, open: bool) -> bool {
+pub(crate) fn set_channel_open(domain: &mut ApiDomain, index: usize, open: bool) -> bool {
     let Some(channel) = domain.spec.devices.channels.get_mut(index) else {
         return false;
     };

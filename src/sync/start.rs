@@ -330,6 +330,7 @@ fn running_at_boot(
         memory: resources::MemoryState::at_boot(plan),
         next_node,
         _dhcp_stop: dhcp_stop,
+        firmware_uuid: plan.uuid.clone(),
     }
 }
 

@@ -45,6 +45,24 @@ pub(crate) struct Running {
     pub(crate) next_node: u32,
     /// Stops the DHCP servers.
     pub(crate) _dhcp_stop: watch::Sender<bool>,
+    /// The domain's UUID, the VMI's firmware UUID it booted with (`spec.domain.firmware.uuid`).
+    pub(crate) firmware_uuid: String,
+}
+
+impl Running {
+    /// Gives `vmi` the firmware UUID the domain booted with when it carries none (virt-controller
+    /// sets one on every VMI; without it KubeVirt's defaults draw a random one per sync), so that
+    /// a resync converts the same identity (SMBIOS, cloud-init instance) instead of a new one.
+    pub(crate) fn keep_firmware_uuid(&self, vmi: &mut crate::vmi::Vmi) {
+        let fw = vmi
+            .spec
+            .domain
+            .firmware
+            .get_or_insert_with(Default::default);
+        if fw.uuid.as_deref().unwrap_or("").is_empty() {
+            fw.uuid = Some(self.firmware_uuid.clone());
+        }
+    }
 }
 
 /// State shared with the event task.

@@ -172,6 +172,10 @@ impl SyncVmi {
     }
 
     async fn sync(&self, mut vmi: Vmi) -> Result<(), SyncError> {
+        let mut running = self.running.lock().await;
+        if let Some(r) = running.as_ref() {
+            r.keep_firmware_uuid(&mut vmi);
+        }
         let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
         vmi.apply_defaults(&cfg);
         if let Err(errors) = vmi.validate() {
@@ -181,7 +185,6 @@ impl SyncVmi {
         let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
         let spec = serde_json::to_value((&vmi.spec, volume_status, secondary::status_key(&vmi)))
             .map_err(SyncError::EncodeDomain)?;
-        let mut running = self.running.lock().await;
         if let Some(r) = running.as_mut() {
             if r.spec == spec {
                 info!("domain is up to date");

@@ -84,6 +84,7 @@ impl SyncVmi {
         running: &Running,
         mut vmi: Vmi,
     ) -> Result<crate::cmdline::DomainPlan, SyncError> {
+        running.keep_firmware_uuid(&mut vmi);
         let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
         vmi.apply_defaults(&cfg);
         if let Err(errors) = vmi.validate() {
