@@ -356,9 +356,6 @@ fn a_container_disk_with_a_hostile_backing_file_is_refused_before_qemu_starts() 
 /// a guest agent: SIGTERM to the launcher powers it off through the agent's `guest-shutdown`
 /// well within its grace period, instead of the kill when the period runs out.
 #[test]
-#[ignore = "needs a test guest whose agent obeys guest-shutdown: the busybox responder of \
-            /var/cache/qlauncher/guest answers CommandNotFound (the real qemu-guest-agent is \
-            coming with the guest rebuild)"]
 fn acpi_off_guest_with_an_agent_powers_off_through_the_agent() {
     let images = GuestImages::locate();
     let tmp = short_tempdir();
