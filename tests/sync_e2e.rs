@@ -232,6 +232,10 @@ fn without_agent_data(d: &ApiDomain) -> ApiDomain {
     d.status.interfaces.clear();
     d.status.os_info = Default::default();
     d.status.fs_freeze_status = Default::default();
+    // The agent channel's state follows the guest agent opening and closing its port.
+    for c in &mut d.spec.devices.channels {
+        c.target.state = None;
+    }
     d
 }
 
