@@ -219,9 +219,25 @@ fn start((argv, envs): &Launch, sock: &Path) -> (QemuChild, Qmp) {
 }
 
 /// The SMBIOS strings per structure type, from the tables SeaBIOS installed (waits for them).
+/// The guest's SMBIOS strings by structure type, read once SeaBIOS has installed both the entry
+/// point and a table holding the system (1) and chassis (3) structures: under load the entry
+/// point can be seen before the table it points at is complete.
 fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
     let deadline = Instant::now() + Duration::from_secs(30);
-    let (addr, len) = loop {
+    loop {
+        if let Some(table) = smbios_table(qmp, dir) {
+            if table.contains_key(&1) && table.contains_key(&3) {
+                return table;
+            }
+        }
+        assert!(Instant::now() < deadline, "no complete SMBIOS table");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// One read of the SMBIOS entry point and the table it names; `None` while there is no entry point.
+fn smbios_table(qmp: &mut Qmp, dir: &Path) -> Option<BTreeMap<u8, Vec<String>>> {
+    let (addr, len) = {
         let seg = memory(qmp, dir, 0xf0000, 0x10000);
         let found = (0..seg.len().saturating_sub(32)).step_by(16).find_map(|i| {
             let e = &seg[i..];
@@ -237,11 +253,7 @@ fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
                 None
             }
         });
-        if let Some(f) = found {
-            break f;
-        }
-        assert!(Instant::now() < deadline, "no SMBIOS entry point");
-        std::thread::sleep(Duration::from_millis(100));
+        found?
     };
     let table = memory(qmp, dir, addr, len);
     let mut out: BTreeMap<u8, Vec<String>> = BTreeMap::new();
@@ -256,7 +268,7 @@ fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
         // Strings follow the formatted area, each NUL-terminated, the set ending with a NUL.
         loop {
             let Some(end) = table[j.min(table.len())..].iter().position(|b| *b == 0) else {
-                return out;
+                return Some(out);
             };
             if end == 0 {
                 j += 1;
@@ -271,7 +283,7 @@ fn smbios_strings(qmp: &mut Qmp, dir: &Path) -> BTreeMap<u8, Vec<String>> {
         }
         i = j;
     }
-    out
+    Some(out)
 }
 
 #[test]
