@@ -41,7 +41,7 @@ pub const VSOCK_FD: i32 = 20;
 /// # Errors
 /// [`SyncError::PrepareQemu`] naming the device when it cannot be opened (a node without the
 /// `vhost_vsock` module, or no permission); QEMU is not started.
-pub(crate) fn open_vhost_vsock(
+pub fn open_vhost_vsock(
     vmi: &Vmi,
     device: &std::path::Path,
 ) -> Result<Option<std::os::fd::OwnedFd>, SyncError> {
@@ -56,7 +56,8 @@ pub(crate) fn open_vhost_vsock(
         .open(device)
         .map_err(|source| SyncError::PrepareQemu {
             what: format!(
-                "open {} for status.VSOCKCID (the node needs the vhost_vsock module)",
+                "open {} for status.VSOCKCID (spec.domain.devices.autoattachVSOCK; the node needs \
+                 the vhost_vsock module)",
                 device.display()
             ),
             source,
@@ -66,11 +67,7 @@ pub(crate) fn open_vhost_vsock(
 
 /// Makes `fd` appear as `target` in the spawned process (`dup2` before exec; a `dup2` onto
 /// itself does not clear close-on-exec, so that case clears the flag explicitly).
-pub(crate) fn inherit_fd(
-    command: &mut std::process::Command,
-    fd: &std::os::fd::OwnedFd,
-    target: i32,
-) {
+pub fn inherit_fd(command: &mut std::process::Command, fd: &std::os::fd::OwnedFd, target: i32) {
     use std::os::fd::AsRawFd;
     use std::os::unix::process::CommandExt;
     let raw = fd.as_raw_fd();
