@@ -8,6 +8,11 @@
 //! the device's `write-cache=on`, `writethrough` = `direct=false`, `write-cache=off`,
 //! `writeback` = `direct=false`, `write-cache=on`; `aio=native` or none (QEMU's `threads`).
 //!
+//! The ISOs the launcher writes (cloud-init NoCloud, a configMap) follow the same probe-based
+//! rules, as KubeVirt runs `SetDriverCacheMode`/`SetOptimalIOMode` over every disk with a backend
+//! file: `none` with `aio=native` (the ISO is fully written) where O_DIRECT works, `writethrough`
+//! where it does not, and an explicit `none` refused there.
+//!
 //! Needs root (mount, losetup).
 
 use std::path::{Path, PathBuf};
@@ -190,4 +195,132 @@ fn block_pvc_gets_none_and_native_io() {
     };
     assert_eq!(mode(&paths, None), m("none", Some("native")));
     assert_eq!(mode(&paths, Some("writethrough")), m("writethrough", None));
+}
+
+/// A VMI with a cloud-init NoCloud disk `cidata` and a configMap disk `cm`, `cache` on both.
+fn iso_vmi(cache: Option<&str>) -> Vmi {
+    let mut disks = serde_json::json!([
+        {"name": "cidata", "disk": {"bus": "virtio"}},
+        {"name": "cm", "disk": {"bus": "virtio"}}
+    ]);
+    if let Some(c) = cache {
+        for d in disks.as_array_mut().unwrap() {
+            d["cache"] = c.into();
+        }
+    }
+    let json = serde_json::json!({
+        "metadata": {"name": "isos", "namespace": "ns", "uid": "0d6a3c1e-7f1b-4a5e-9c55-5b7d2a6c9e02"},
+        "spec": {"domain": {"devices": {"disks": disks, "autoattachPodInterface": false}, "memory": {"guest": "128Mi"}},
+                 "volumes": [
+                     {"name": "cidata", "cloudInitNoCloud": {"userData": "#cloud-config\n"}},
+                     {"name": "cm", "configMap": {"name": "app"}}
+                 ]},
+    });
+    let mut vmi = Vmi::from_json_or_yaml(&json.to_string()).unwrap();
+    let cfg = qlauncher::vmi::DefaultsConfig::for_vmi(&vmi);
+    vmi.apply_defaults(&cfg);
+    vmi
+}
+
+/// Path roots under `dir` with the configMap's mounted directory (one key).
+fn iso_roots(dir: &Path) -> PathRoots {
+    let source = dir.join("private/config-map/cm");
+    std::fs::create_dir_all(&source).unwrap();
+    std::fs::write(source.join("key"), "value").unwrap();
+    PathRoots {
+        private_dir: dir.join("private").display().to_string(),
+        ephemeral_disks: dir.join("ephemeral").display().to_string(),
+        cloud_init: dir.join("ephemeral/cloud-init-data").display().to_string(),
+        dev: dir.join("dev").display().to_string(),
+        ..PathRoots::default()
+    }
+}
+
+/// `(cache mode, aio)` of the cloud-init ISO and of the configMap ISO the launcher wrote under
+/// `paths` (`sync::facts::storage::prepare_storage`, as at the first sync), or the converter's
+/// error.
+#[allow(clippy::type_complexity)]
+fn iso_modes(
+    paths: &PathRoots,
+    cache: Option<&str>,
+) -> Result<[(String, Option<String>); 2], String> {
+    let vmi = iso_vmi(cache);
+    let volumes = qlauncher::sync::facts::storage::prepare_storage(&vmi, paths, None, "isos", "ns")
+        .map_err(|e| e.to_string())?;
+    let ctx = ConverterContext {
+        paths: paths.clone(),
+        volumes,
+        ..ConverterContext::default()
+    };
+    let plan = convert(&vmi, &ctx).map_err(|e| e.to_string())?;
+    let argv = render::argv(&plan);
+    let json = |w: &String| serde_json::from_str::<serde_json::Value>(w).ok();
+    let one = |suffix: &str, id: &str| {
+        let storage = argv
+            .iter()
+            .filter_map(json)
+            .find(|v| v["filename"].as_str().is_some_and(|f| f.ends_with(suffix)))
+            .unwrap_or_else(|| panic!("no blockdev for {suffix}: {argv:?}"));
+        // The ISO is really there, where the blockdev points.
+        assert!(
+            Path::new(storage["filename"].as_str().unwrap()).is_file(),
+            "{storage}"
+        );
+        let device = argv
+            .iter()
+            .filter_map(json)
+            .find(|v| v["id"] == id)
+            .unwrap_or_else(|| panic!("no device {id}"));
+        let direct = storage["cache"]["direct"].as_bool().unwrap();
+        let mode = match (direct, device["write-cache"].as_str().unwrap_or("on")) {
+            (true, "on") => "none",
+            (false, "off") => "writethrough",
+            (false, "on") => "writeback",
+            other => panic!("unexpected cache {other:?}"),
+        };
+        (
+            mode.to_string(),
+            storage["aio"].as_str().map(str::to_string),
+        )
+    };
+    Ok([
+        one("/ns/isos/noCloud.iso", "ua-cidata"),
+        one("/config-map-disks/cm.iso", "ua-cm"),
+    ])
+}
+
+fn both(mode: &str, aio: Option<&str>) -> Result<[(String, Option<String>); 2], String> {
+    let one = (mode.to_string(), aio.map(str::to_string));
+    Ok([one.clone(), one])
+}
+
+#[test]
+fn generated_isos_on_ext4_get_none_and_native_io() {
+    let fs = Ext4::new();
+    let paths = iso_roots(&fs.mnt);
+    assert_eq!(iso_modes(&paths, None), both("none", Some("native")));
+    assert_eq!(
+        iso_modes(&paths, Some("none")),
+        both("none", Some("native"))
+    );
+    assert_eq!(
+        iso_modes(&paths, Some("writethrough")),
+        both("writethrough", None)
+    );
+}
+
+#[test]
+fn generated_isos_without_o_direct_get_writethrough_and_refuse_none() {
+    let fs = Tmpfs::ramfs();
+    let paths = iso_roots(&fs.path);
+    assert_eq!(iso_modes(&paths, None), both("writethrough", None));
+    let err = iso_modes(&paths, Some("none")).unwrap_err();
+    assert!(
+        err.contains("spec.domain.devices.disks[0].cache") && err.contains("O_DIRECT"),
+        "{err}"
+    );
+    assert_eq!(
+        iso_modes(&paths, Some("writeback")),
+        both("writeback", None)
+    );
 }

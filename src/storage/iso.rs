@@ -263,7 +263,25 @@ pub(crate) fn write_iso_limited(
         // Explicit zeros rather than a hole, so a full filesystem fails here.
         allocate_range(&file, written, padded - written)?;
     }
+    fill_holes(&file, padded)?;
     patch_volume_space_size(&file, padded / SECTOR)
+}
+
+/// Allocates the areas the image writer skipped (the system area, gaps between extents), so the
+/// whole image is on disk as with genisoimage, which writes every byte: a full file system
+/// fails here rather than in the guest, and KubeVirt's `IsPreAllocated` (allocated bytes cover
+/// the size) holds, which with `cache=none` gives `io=native` (`SetOptimalIOMode`). Data is left
+/// as it is; a file system without `fallocate` keeps its holes.
+fn fill_holes(file: &std::fs::File, len: u64) -> io::Result<()> {
+    match nix::fcntl::fallocate(
+        file,
+        nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+        0,
+        len as libc::off_t,
+    ) {
+        Ok(()) | Err(nix::errno::Errno::EOPNOTSUPP) => Ok(()),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// A file that remembers the first I/O error it returned, and can be told to fail with `ENOSPC`

@@ -17,7 +17,7 @@ use crate::vmi::Vmi;
 
 /// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
 /// ([`crate::sync::volumes`]); returns the converter's volume facts.
-pub(crate) fn prepare_storage(
+pub fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
     owner: Option<storage::Owner>,
@@ -128,8 +128,9 @@ pub(crate) fn prepare_storage(
                 })?;
             }
             storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
-            info!(volume = %vol.name, iso = %iso.display(), "cloud-init ISO");
-            facts.insert(vol.name.clone(), VolumeFacts::default());
+            let iso_facts = super::volumes::iso_facts(&vol.name, &iso);
+            info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io, preallocated = iso_facts.preallocated, "cloud-init ISO");
+            facts.insert(vol.name.clone(), iso_facts);
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
             facts.insert(vol.name.clone(), f);
         }

@@ -41,8 +41,9 @@ pub fn prepare(
         let mut spec = spec.map_err(SyncError::Storage)?;
         spec.owner = owner;
         storage::write_config_volume_iso(&spec).map_err(SyncError::Storage)?;
-        info!(volume = %vol.name, iso = %spec.iso.display(), "config volume ISO");
-        return Ok(Some(VolumeFacts::default()));
+        let facts = iso_facts(&vol.name, &spec.iso);
+        info!(volume = %vol.name, iso = %spec.iso.display(), direct_io = facts.direct_io, preallocated = facts.preallocated, "config volume ISO");
+        return Ok(Some(facts));
     }
     let vmi_disks = private.join("vmi-disks");
     if let Some(spec) = HostDiskSpec::from_volume(vol, &vmi_disks) {
@@ -124,6 +125,22 @@ fn cache_facts(volume: &str, image: &Path, size: u64) -> (bool, bool) {
     let preallocated = std::fs::metadata(image)
         .is_ok_and(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512 >= size);
     (direct_io, preallocated)
+}
+
+/// The converter facts of an ISO the launcher generated (cloud-init NoCloud/ConfigDrive,
+/// configMap, secret, downwardAPI, serviceAccount, sysprep): KubeVirt runs the same
+/// `SetDriverCacheMode` and `SetOptimalIOMode` over every disk with a backend file
+/// (`manager.go`, after the config disks are written), so an ISO on a file system with O_DIRECT
+/// gets `cache=none` (and, being fully written, `io=native`), and on one without it
+/// `writethrough`; an explicit `none` is accepted only with O_DIRECT.
+pub fn iso_facts(volume: &str, iso: &Path) -> VolumeFacts {
+    let size = std::fs::metadata(iso).map(|m| m.len()).unwrap_or(0);
+    let (direct_io, preallocated) = cache_facts(volume, iso, size);
+    VolumeFacts {
+        direct_io,
+        preallocated,
+        ..VolumeFacts::default()
+    }
 }
 
 /// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.
@@ -258,7 +275,11 @@ mod tests {
         assert_eq!(
             prepare_all(&v, &paths),
             vec![
-                Ok(Some(VolumeFacts::default())),
+                Ok(Some(VolumeFacts {
+                    direct_io: dio(dir.path()),
+                    preallocated: true,
+                    ..VolumeFacts::default()
+                })),
                 Ok(Some(VolumeFacts {
                     virtual_size: Some(2 << 20),
                     direct_io: dio(dir.path()),
