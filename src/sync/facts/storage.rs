@@ -129,7 +129,8 @@ pub fn prepare_storage(
             }
             storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
             let iso_facts = super::volumes::iso_facts(&vol.name, &iso);
-            info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io, preallocated = iso_facts.preallocated, "cloud-init ISO");
+            info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io,
+                preallocated = iso_facts.preallocated, "cloud-init ISO");
             facts.insert(vol.name.clone(), iso_facts);
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
             facts.insert(vol.name.clone(), f);

@@ -42,7 +42,8 @@ pub fn prepare(
         spec.owner = owner;
         storage::write_config_volume_iso(&spec).map_err(SyncError::Storage)?;
         let facts = iso_facts(&vol.name, &spec.iso);
-        info!(volume = %vol.name, iso = %spec.iso.display(), direct_io = facts.direct_io, preallocated = facts.preallocated, "config volume ISO");
+        info!(volume = %vol.name, iso = %spec.iso.display(), direct_io = facts.direct_io,
+            preallocated = facts.preallocated, "config volume ISO");
         return Ok(Some(facts));
     }
     let vmi_disks = private.join("vmi-disks");
