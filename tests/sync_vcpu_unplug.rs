@@ -4,9 +4,20 @@
 //! launcher `device_del`s the hot-plugged vCPU, waits for its `DEVICE_DELETED` after the guest
 //! ejected it, and the guest sees one CPU again. The boot socket is never unplugged.
 //!
-//! Its own boot, not shared with `sync_e2e`: QEMU 7.2 corrupts its heap once a vCPU was unplugged
-//! ("corrupted double-linked list" on the next virtio-mem `device_add`, reproduced with plain
-//! QEMU), so nothing else runs in this domain after the unplug.
+//! Its own boot, not shared with `sync_e2e`: under TCG, QEMU 7.2 corrupts its heap on the first
+//! memory-topology change after a vCPU was unplugged ("corrupted double-linked list"; reproduced
+//! with plain QEMU on the next virtio-mem `device_add`, and on a plain `device_add
+//! virtio-rng-pci` into a root port, while the same hotplug without the unplug is fine), so
+//! nothing else runs in this domain after the unplug. The cause is QEMU's, not the order or the
+//! properties we use: QEMU never destroyed a CPU's address spaces on unrealize, so under TCG each
+//! unplugged vCPU leaves its `tcg_commit` memory listener registered, and the next memory
+//! transaction calls it for the freed CPU (`tlb_flush` on freed memory). The fix posted upstream,
+//! "physmem: Destroy all CPU AddressSpaces on unrealize" (Peter Maydell, qemu-devel, 29 September
+//! 2025, Cc qemu-stable, QEMU GitLab issue 2517), came after QEMU 10.1 (KubeVirt v1.9.0's), so
+//! that QEMU has the same hazard. Under KVM (KubeVirt's normal case) QEMU registers no per-vCPU
+//! listener, so an unplug only leaks the address space; the hazard is for `useEmulation` (TCG)
+//! VMIs on an unfixed QEMU, where libvirt's launcher has it the same way (it also `device_del`s
+//! the vCPU).
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 

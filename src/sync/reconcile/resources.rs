@@ -156,6 +156,12 @@ pub async fn set_vcpus(
 /// (`/machine/peripheral/<id>/lapic`, no `device` field), newer QEMU also by `device: <id>`; either
 /// counts, and the slot is then checked empty in `query-hotpluggable-cpus`.
 ///
+/// QEMU under TCG (not KVM), up to 10.1 at least, keeps an unplugged vCPU's memory listener
+/// registered (a fix was posted after 10.1, "physmem: Destroy all CPU AddressSpaces on
+/// unrealize"), so the next memory-topology change (virtio-mem or any PCI device plugged later)
+/// corrupts QEMU's heap; nothing we render avoids it (see `tests/sync_vcpu_unplug.rs`). Under KVM
+/// an unplug only leaks the vCPU's address space.
+///
 /// # Errors
 /// [`SyncError::Qmp`]: `device_del` refused, no `DEVICE_DELETED` within `timeout` (a guest that
 /// does not eject the CPU, e.g. without ACPI CPU hot-remove), or the slot still occupied.
