@@ -85,6 +85,8 @@ pub struct CmdApiState {
     pub dirty_rate: dirty_rate::DirtyRate,
     /// `GetVMStats`'s agent caches.
     pub agent_replies: vm_stats::AgentReplyCache,
+    /// The background SR-IOV hotplug, one at a time.
+    pub hotplug: host_devices::HotplugRunner,
 }
 
 impl CmdApiState {
