@@ -228,3 +228,41 @@ impl Drop for Running {
         let _ = self.child.wait();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_if_signals_only_when_the_pinned_process_is_still_ours() {
+        let mut child = Command::new("sleep").arg("100").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(!kill_if(pid, nix::sys::signal::Signal::SIGKILL, |_| false));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "killed though not ours"
+        );
+        assert!(kill_if(pid, nix::sys::signal::Signal::SIGKILL, |p| p == pid));
+        assert!(wait_timeout(&mut child, Duration::from_secs(10)).is_some());
+        // Reaped: the pid names no process (or another one) now; nothing is sent for it.
+        assert!(!kill_if(pid, nix::sys::signal::Signal::SIGKILL, |_| false));
+    }
+
+    #[test]
+    fn kill_all_ends_what_runs_in_the_namespace_and_nothing_else() {
+        let ns = crate::netns::Netns::new("kill");
+        let mut inside = ns.command("sleep").arg("100").spawn().unwrap();
+        let mut outside = Command::new("sleep").arg("100").spawn().unwrap();
+        assert!(wait_until(Duration::from_secs(10), || !ns
+            .pids()
+            .is_empty()));
+        ns.kill_all();
+        assert!(wait_timeout(&mut inside, Duration::from_secs(10)).is_some());
+        assert!(
+            outside.try_wait().unwrap().is_none(),
+            "a process outside was killed"
+        );
+        let _ = outside.kill();
+        let _ = outside.wait();
+    }
+}
