@@ -226,6 +226,10 @@ impl SyncVmi {
         if sev::check_device(&self.sev_device()).is_err() {
             return Err(CmdApiError::Refused(sev::NO_SEV_GUEST.into()).into());
         }
+        let mut cache = self.cmdapi.sev_platform.lock().await;
+        if let Some(info) = cache.as_ref() {
+            return Ok(info.clone());
+        }
         let answer = match self.client() {
             Ok(client) => sev::platform_info(&client).await,
             Err(_) => {
@@ -240,6 +244,9 @@ impl SyncVmi {
                 sev::probe_platform_info(&self.config.qemu, &dir.join("sev.sock")).await
             }
         };
+        if let Ok(info) = &answer {
+            *cache = Some(info.clone());
+        }
         answer.map_err(|e| {
             tracing::warn!(error = %e, "query-sev-capabilities failed: the node cannot run SEV guests");
             CmdApiError::Refused(sev::NO_SEV_GUEST.into()).into()

@@ -87,6 +87,10 @@ pub struct CmdApiState {
     pub agent_replies: vm_stats::AgentReplyCache,
     /// The background SR-IOV hotplug, one at a time.
     pub hotplug: host_devices::HotplugRunner,
+    /// `GetSEVInfo`'s answer once QEMU gave one (the node's SEV certificates do not change;
+    /// libvirt serves them from its cached capabilities too); held while QEMU is asked, so two
+    /// calls never run two probes on one socket.
+    pub sev_platform: tokio::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl CmdApiState {

@@ -45,8 +45,8 @@ pub const NO_SEV_GUEST: &str = "LibvirtError(Code=84, Domain=10, Message='Operat
 
 const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long the probe QEMU may take to open its QMP socket.
-const PROBE_START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long the probe QEMU may take to open its QMP socket (virt-handler gives `GetSEVInfo` 5 s).
+const PROBE_START_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// `v1.SEVPlatformInfo`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
