@@ -150,6 +150,7 @@ impl SyncVmi {
     /// event.
     pub(crate) fn start_agent_poll(&self) {
         let Ok(client) = self.client() else { return };
+        let events = client.events();
         let shared = self.shared.clone();
         self.info.start_interface_poller(
             client,
@@ -160,6 +161,7 @@ impl SyncVmi {
             self.info.agent.clone(),
             self.config.agent_poll,
             Arc::new(move |update| shared.apply_agent_update(update)),
+            Some(events),
         );
     }
 

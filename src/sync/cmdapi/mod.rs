@@ -95,15 +95,17 @@ pub struct CmdApiState {
 
 impl CmdApiState {
     /// (Re)starts the agent poller with `intervals` (domain started or adopted, agent
-    /// channel connected); `on_update` gets the OS-info and freeze-state changes.
+    /// channel connected); `on_update` gets the OS-info and freeze-state changes; `events`, the
+    /// domain's QMP events, let it notice the agent's channel opening at once.
     pub fn start_poller(
         &self,
         agent: Arc<GuestAgent>,
         intervals: guest_info::PollIntervals,
         on_update: guest_info::OnAgentUpdate,
+        events: Option<crate::qmp::client::EventStream>,
     ) {
         let poller =
-            guest_info::AgentPoller::start(agent, self.store.clone(), intervals, on_update);
+            guest_info::AgentPoller::start(agent, self.store.clone(), intervals, on_update, events);
         *self.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(poller);
     }
 
