@@ -1,29 +1,47 @@
 //! SR-IOV host-device hotplug and SEV attestation, which need hardware this machine lacks, against
 //! a scripted QMP peer: the exact QMP sequence qlauncher sends (as libvirt does for KubeVirt's
 //! `HotplugHostDevices`, `GetSEVInfo`, `GetLaunchMeasurement`, `InjectLaunchSecret`), what it
-//! answers, and the clear refusal when the device is absent.
+//! answers, and the clear refusal when the device is absent; and KubeVirt's background hotplug:
+//! the call returns before QEMU answers, a second call meanwhile is refused, a failure is only
+//! logged.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use qlauncher::qmp::QmpClient;
-use qlauncher::sync::cmdapi::host_devices::{self, SriovInterface};
-use qlauncher::sync::cmdapi::sev;
+use qlauncher::sync::cmdapi::host_devices::{self, HotplugRunner, SriovInterface};
+use qlauncher::sync::cmdapi::{sev, CmdApiError};
 use serde_json::{json, Value};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::UnixListener;
+use tokio::sync::Notify;
 
 const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 1, "major": 10}, "package": "scripted"}, "capabilities": []}}"#;
 
-/// One scripted exchange: the command expected, and the reply (`{"return": ..}` or `{"error": ..}`).
+/// One scripted exchange: the command expected, and the reply (`{"return": ..}` or `{"error": ..}`),
+/// held back until `gate` is notified when there is one.
 struct Step {
     execute: &'static str,
     reply: Value,
+    gate: Option<Arc<Notify>>,
 }
 
 fn step(execute: &'static str, reply: Value) -> Step {
-    Step { execute, reply }
+    Step {
+        execute,
+        reply,
+        gate: None,
+    }
+}
+
+/// A step whose reply waits for `gate`.
+fn gated(execute: &'static str, reply: Value, gate: &Arc<Notify>) -> Step {
+    Step {
+        gate: Some(gate.clone()),
+        ..step(execute, reply)
+    }
 }
 
 /// A QMP peer that answers `script` in order and returns every command it got (`execute` and
@@ -56,7 +74,12 @@ async fn scripted(
             }
             got.push(seen);
             let mut reply = match script.next() {
-                Some(s) if s.execute == cmd["execute"] => s.reply,
+                Some(s) if s.execute == cmd["execute"] => {
+                    if let Some(gate) = s.gate {
+                        gate.notified().await;
+                    }
+                    s.reply
+                }
                 _ => json!({"error": {"class": "GenericError", "desc": "not in the script"}}),
             };
             reply["id"] = cmd["id"].clone();
@@ -147,6 +170,75 @@ async fn sriov_vf_is_plugged_on_the_first_free_root_port() {
                 "host": "0000:65:00.2", "id": "ua-sriov-sriov1", "bus": "pci.2", "addr": "0x0",
                 "bootindex": 3}}),
         ]
+    );
+}
+
+/// Polls until the runner is free (its background task ended), at most 10 s.
+async fn wait_idle(runner: &HotplugRunner) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while runner.in_progress() {
+        assert!(Instant::now() < deadline, "the hotplug never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn hotplug_answers_before_qemu_and_refuses_a_second_call_while_one_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    node_with_vf(dir.path(), "0000:65:00.2", "42");
+    let gate = Arc::new(Notify::new());
+    let script = vec![
+        step(
+            "qom-list",
+            json!({"return": [{"name": "pci.1", "type": "child<pcie-root-port>"}]}),
+        ),
+        step("qom-get", json!({"return": "/machine/q35/pcie.0"})),
+        step("qom-list", json!({"return": []})),
+        gated("device_add", json!({"return": {}}), &gate),
+    ];
+    let (client, peer) = scripted(dir.path(), script).await;
+    let runner = HotplugRunner::default();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    let (c, root) = (client.clone(), dir.path().to_path_buf());
+    runner
+        .start(async move {
+            let r = host_devices::hotplug_sriov(
+                &c,
+                &desired(),
+                &network_info(),
+                &BTreeSet::new(),
+                &root.join("sys"),
+                &root.join("dev"),
+            )
+            .await;
+            let _ = done_tx.send(r.as_ref().map(Vec::len).map_err(|e| e.to_string()));
+            r
+        })
+        .expect("the first call is accepted at once");
+    // QEMU has not answered device_add (the reply is held): the RPC already returned, and a
+    // second call is KubeVirt's "in progress" refusal.
+    assert!(runner.in_progress());
+    let err = runner.start(async { Ok(Vec::new()) }).unwrap_err();
+    assert_eq!(err.to_string(), "hot-plug host-devices is in progress");
+    gate.notify_one();
+    assert_eq!(done_rx.await.unwrap(), Ok(1));
+    wait_idle(&runner).await;
+
+    // A failing hotplug is accepted too (its error only logged); the runner is free after it.
+    runner
+        .start(async { Err(CmdApiError::Refused(host_devices::NO_PCI_MAPPING.into())) })
+        .expect("a failing hotplug still answers success");
+    wait_idle(&runner).await;
+    runner.start(async { Ok(Vec::new()) }).unwrap();
+    wait_idle(&runner).await;
+
+    drop(client);
+    let got = peer.await.unwrap();
+    assert_eq!(
+        got.last().unwrap(),
+        &json!({"execute": "device_add", "arguments": {"driver": "vfio-pci",
+            "host": "0000:65:00.2", "id": "ua-sriov-sriov1", "bus": "pci.1", "addr": "0x0",
+            "bootindex": 3}})
     );
 }
 

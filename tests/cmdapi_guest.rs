@@ -17,6 +17,7 @@
 
 use testkit::guest;
 use testkit::guest::wait_log_marker as wait_marker;
+use testkit::launcher::KillQemu;
 use testkit::notify as notify_server;
 
 use guest::GuestImages;
@@ -31,20 +32,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tonic::transport::Channel;
-
-/// Kills the detached QEMU when the test ends, however it ends.
-struct KillQemu(Arc<SyncVmi>);
-
-impl Drop for KillQemu {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
 
 /// Guest memory (the memory dump must hold all of it).
 const MEMORY_MIB: u64 = 256;

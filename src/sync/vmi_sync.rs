@@ -43,8 +43,9 @@ pub(crate) const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);
 /// launcher's [`crate::monitor::launcher::SupervisedDomain`].
 pub struct SyncVmi {
     pub(crate) config: SyncConfig,
-    /// The running domain (`None` before the first sync); its lock serialises syncs.
-    pub(crate) running: Mutex<Option<Running>>,
+    /// The running domain (`None` before the first sync); its lock serialises syncs (and the
+    /// background host-device hotplug, hence shared).
+    pub(crate) running: Arc<Mutex<Option<Running>>>,
     pub(crate) shared: Arc<Shared>,
     /// Guest agent, stats names and start timings ([`crate::sync::info`]).
     pub(crate) info: crate::sync::info::DomainInfo,
@@ -68,7 +69,7 @@ impl SyncVmi {
         let (pid, _) = watch::channel(None);
         SyncVmi {
             config,
-            running: Mutex::new(None),
+            running: Arc::new(Mutex::new(None)),
             shared: Arc::new(Shared {
                 domain: StdMutex::new(None),
                 status: StdMutex::new(DomainStatus::default()),
@@ -149,6 +150,7 @@ impl SyncVmi {
     /// event.
     pub(crate) fn start_agent_poll(&self) {
         let Ok(client) = self.client() else { return };
+        let events = client.events();
         let shared = self.shared.clone();
         self.info.start_interface_poller(
             client,
@@ -159,6 +161,7 @@ impl SyncVmi {
             self.info.agent.clone(),
             self.config.agent_poll,
             Arc::new(move |update| shared.apply_agent_update(update)),
+            Some(events),
         );
     }
 

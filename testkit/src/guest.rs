@@ -235,7 +235,17 @@ impl Console {
                 }
                 true
             }
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => true,
+            // EINTR is no close: a read with SO_RCVTIMEO is never restarted after a signal
+            // handler, nor after a stop and continue of the process (signal(7)), which then
+            // interrupts every console wait of the test binary at the same moment.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted
+                ) =>
+            {
+                true
+            }
             Err(_) => false,
         }
     }
@@ -723,5 +733,42 @@ impl Drop for Vm {
             let _ = self.child.kill();
             let _ = self.child.wait();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::unix::net::UnixListener;
+
+    /// A stop and continue of the test process (a debugger, a cgroup freeze of the CI's
+    /// container) interrupts a console read that has a receive timeout with EINTR: the console
+    /// is still open, so a wait goes on and sees what QEMU writes next.
+    #[test]
+    fn a_stop_and_continue_is_not_a_closed_console() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("serial.sock");
+        let listener = UnixListener::bind(&path).unwrap();
+        let mut console = Console::connect(&path, Duration::from_secs(5)).unwrap();
+        let (mut qemu, _) = listener.accept().unwrap();
+        let waiter = std::thread::spawn(move || {
+            console
+                .wait_for_marker("after-resume", Duration::from_secs(30))
+                .map_err(|e| e.to_string())
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let me = std::process::id().to_string();
+        // The continue comes from a process that is not stopped with us.
+        let mut resume = Command::new("sh")
+            .args(["-c", "sleep 0.5; kill -CONT \"$0\"", &me])
+            .spawn()
+            .unwrap();
+        let _ = Command::new("kill").args(["-STOP", &me]).status();
+        let _ = resume.wait();
+        std::thread::sleep(Duration::from_millis(200));
+        // A console the wait took for closed is gone: the write may fail then.
+        let _ = qemu.write_all(b"QLG: after-resume\n");
+        assert_eq!(waiter.join().unwrap(), Ok("after-resume".to_string()));
     }
 }

@@ -19,18 +19,46 @@ use crate::netns::{PodNet, PodNetSpec};
 pub use crate::notify::Received;
 
 /// Kills the QEMU of an in-process [`SyncVmi`] (detached from the test: it would outlive it) when
-/// the guard drops, however the test ends.
+/// the guard drops, however the test ends. The pid is a remembered one (the domain keeps it after
+/// QEMU exited), so it is signalled only while it is still a QEMU of this domain (`-uuid` of its
+/// domain in its argv, checked once pinned, [`crate::process::kill_if`]): after a test that shut
+/// its guest down, the number may by now be another test's QEMU.
 pub struct KillQemu(pub std::sync::Arc<SyncVmi>);
 
 impl Drop for KillQemu {
     fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
+        if let (Some(pid), Some(domain)) = (self.0.qemu_pid(), self.0.domain()) {
+            kill_domain_qemu(pid, &domain.spec.uuid);
         }
     }
+}
+
+/// SIGKILLs `pid` if it is a live QEMU started with `-uuid <uuid>`; returns whether it was sent.
+pub fn kill_domain_qemu(pid: i32, uuid: &str) -> bool {
+    if uuid.is_empty() {
+        return false;
+    }
+    crate::process::kill_if(pid, nix::sys::signal::Signal::SIGKILL, |pid| {
+        !is_zombie(pid)
+            && cmdline(pid).is_some_and(|argv| {
+                is_qemu(&argv) && argv.windows(2).any(|w| w[0] == "-uuid" && w[1] == uuid)
+            })
+    })
+}
+
+/// The argv of `pid` (`None` when it is gone).
+fn cmdline(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    Some(
+        raw.split(|b| *b == 0)
+            .map(|s| String::from_utf8_lossy(s).into_owned())
+            .collect(),
+    )
+}
+
+fn is_qemu(argv: &[String]) -> bool {
+    argv.first()
+        .is_some_and(|a| a.rsplit('/').next().unwrap_or(a).starts_with("qemu-system"))
 }
 
 /// The pod network of a launcher pod: no MTU or service route, a short resolv.conf.
@@ -264,28 +292,21 @@ impl Pod {
 
     /// The live QEMU processes whose command line names this pod's root.
     pub fn qemu_pids(&self) -> Vec<i32> {
-        let needle = self.root.display().to_string() + "/";
-        let mut out = Vec::new();
-        for e in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-                continue;
-            };
-            let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-                continue;
-            };
-            let argv: Vec<String> = raw
-                .split(|b| *b == 0)
-                .map(|s| String::from_utf8_lossy(s).into_owned())
-                .collect();
-            let is_qemu = argv
-                .first()
-                .is_some_and(|a| a.rsplit('/').next().unwrap_or(a).starts_with("qemu-system"));
-            if is_qemu && argv.iter().any(|a| a.contains(&needle)) && !is_zombie(pid) {
-                out.push(pid);
-            }
-        }
+        let mut out: Vec<i32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_string_lossy().parse::<i32>().ok())
+            .filter(|pid| self.is_our_qemu(*pid))
+            .collect();
         out.sort_unstable();
         out
+    }
+
+    /// True when `pid` is a live QEMU whose command line names this pod's root.
+    fn is_our_qemu(&self, pid: i32) -> bool {
+        let needle = self.root.display().to_string() + "/";
+        cmdline(pid).is_some_and(|argv| is_qemu(&argv) && argv.iter().any(|a| a.contains(&needle)))
+            && !is_zombie(pid)
     }
 
     /// Waits until exactly one QEMU of this pod exists; returns its pid.
@@ -357,8 +378,10 @@ impl Drop for Pod {
                 break;
             }
             for pid in pids {
-                // SAFETY: a signal to a QEMU this test started.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+                // Still this pod's QEMU once pinned: the pid was read a moment ago.
+                crate::process::kill_if(pid, nix::sys::signal::Signal::SIGKILL, |p| {
+                    self.is_our_qemu(p)
+                });
             }
             std::thread::sleep(Duration::from_millis(100));
         }

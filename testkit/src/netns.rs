@@ -120,8 +120,18 @@ impl Netns {
             .unwrap_or_default()
     }
 
-    /// SIGKILLs every process in the namespace, until none is left (at most 10 s).
+    /// SIGKILLs every process in the namespace, until none is left (at most 10 s). Each is
+    /// checked to be in this namespace again once pinned ([`crate::process::kill_if`]): a pid
+    /// listed a moment ago may since belong to a process of another test.
     pub fn kill_all(&self) {
+        use std::os::unix::fs::MetadataExt;
+        let Ok(ns) = std::fs::metadata(self.path()) else {
+            return;
+        };
+        let in_this_netns = |pid: i32| {
+            std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .is_ok_and(|m| m.dev() == ns.dev() && m.ino() == ns.ino())
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
             let pids = self.pids();
@@ -129,9 +139,10 @@ impl Netns {
                 return;
             }
             for pid in pids {
-                let _ = nix::sys::signal::kill(
-                    nix::unistd::Pid::from_raw(pid as i32),
+                crate::process::kill_if(
+                    pid as i32,
                     nix::sys::signal::Signal::SIGKILL,
+                    in_this_netns,
                 );
             }
             std::thread::sleep(Duration::from_millis(50));

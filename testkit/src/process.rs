@@ -1,11 +1,49 @@
 //! Processes of a test: commands that must succeed, children killed and reaped on drop, polling
-//! until a condition holds, and the process tree under a pid.
+//! until a condition holds, the process tree under a pid, and signals that reach only the process
+//! they were meant for ([`kill_if`]).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use qlauncher::monitor::procfs;
+
+/// Sends `sig` to `pid` only when `still_ours(pid)` holds once the process is pinned by a pidfd;
+/// returns whether it was sent. A pid read from `/proc` or remembered from earlier may belong to
+/// another test's process by the time it is signalled (pids are recycled, quickly on a busy
+/// 2-core machine whose `pid_max` is 32768); with the pidfd, the check and the signal are about
+/// the same process: if the pid was reused after the pidfd was opened, the signal goes to the
+/// exited process the pidfd names and is dropped by the kernel (`ESRCH`).
+pub fn kill_if(pid: i32, sig: nix::sys::signal::Signal, still_ours: impl Fn(i32) -> bool) -> bool {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let Ok(fd) = i32::try_from(fd) else {
+        return false;
+    };
+    if fd < 0 {
+        return false;
+    }
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nobody else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if !still_ours(pid) {
+        return false;
+    }
+    // SAFETY: a valid pidfd, a signal number, no siginfo, no flags.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            fd.as_raw_fd(),
+            sig as i32,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    r == 0
+}
 
 /// Runs `args[0]` with `args[1..]`; returns its stdout. Panics (with its stderr) when it cannot be
 /// run or exits unsuccessfully.
@@ -188,5 +226,43 @@ impl Drop for Running {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn kill_if_signals_only_when_the_pinned_process_is_still_ours() {
+        let mut child = Command::new("sleep").arg("100").spawn().unwrap();
+        let pid = child.id() as i32;
+        assert!(!kill_if(pid, nix::sys::signal::Signal::SIGKILL, |_| false));
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "killed though not ours"
+        );
+        assert!(kill_if(pid, nix::sys::signal::Signal::SIGKILL, |p| p == pid));
+        assert!(wait_timeout(&mut child, Duration::from_secs(10)).is_some());
+        // Reaped: the pid names no process (or another one) now; nothing is sent for it.
+        assert!(!kill_if(pid, nix::sys::signal::Signal::SIGKILL, |_| false));
+    }
+
+    #[test]
+    fn kill_all_ends_what_runs_in_the_namespace_and_nothing_else() {
+        let ns = crate::netns::Netns::new("kill");
+        let mut inside = ns.command("sleep").arg("100").spawn().unwrap();
+        let mut outside = Command::new("sleep").arg("100").spawn().unwrap();
+        assert!(wait_until(Duration::from_secs(10), || !ns
+            .pids()
+            .is_empty()));
+        ns.kill_all();
+        assert!(wait_timeout(&mut inside, Duration::from_secs(10)).is_some());
+        assert!(
+            outside.try_wait().unwrap().is_none(),
+            "a process outside was killed"
+        );
+        let _ = outside.kill();
+        let _ = outside.wait();
     }
 }

@@ -22,6 +22,15 @@ use crate::sync::agent::GuestAgent;
 /// The message of a freeze during a migration (KubeVirt's).
 pub const FREEZE_DURING_MIGRATION: &str = "failed to freeze VMI, VMI is currently during migration";
 
+/// Whether a migration runs according to the domain's migration metadata: started (a
+/// `StartTimestamp`) and not ended (no `EndTimestamp`), KubeVirt's
+/// `StorageManager.MigrationInProgress` (`storage/manager.go`). Freeze is refused then.
+pub fn migration_in_progress(
+    migration: Option<&crate::sync::migration::metadata::MigrationMetadata>,
+) -> bool {
+    migration.is_some_and(|m| m.start_timestamp.is_some() && m.end_timestamp.is_none())
+}
+
 /// How long `guest-fsfreeze-freeze` may take (virt-handler's Freeze deadline is 60 s; Windows VSS
 /// can need most of it).
 pub const FREEZE_TIMEOUT: Duration = Duration::from_secs(55);
@@ -128,5 +137,35 @@ impl Freezer {
             .await
             .map(|_| ())
             .map_err(CmdApiError::agent)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sync::migration::metadata::MigrationMetadata;
+
+    #[test]
+    fn a_started_unfinished_migration_is_in_progress() {
+        assert!(!migration_in_progress(None));
+        let mut m = MigrationMetadata::default();
+        assert!(!migration_in_progress(Some(&m)), "accepted, not started");
+        m.start_timestamp = Some("2026-12-01T12:00:00Z".into());
+        assert!(migration_in_progress(Some(&m)));
+        m.end_timestamp = Some("2026-12-01T12:00:09Z".into());
+        assert!(!migration_in_progress(Some(&m)), "ended");
+    }
+
+    #[tokio::test]
+    async fn freeze_during_a_migration_is_refused_before_the_agent_is_asked() {
+        // An agent that was never connected: any command would fail with a connect error.
+        let agent = Arc::new(GuestAgent::default());
+        let freezer = Arc::new(Freezer::default());
+        let err = freezer
+            .freeze(&agent, Duration::from_secs(60), true)
+            .await
+            .unwrap_err();
+        assert_eq!(err.to_string(), FREEZE_DURING_MIGRATION);
+        assert!(!freezer.auto_thaw_pending());
     }
 }

@@ -32,6 +32,8 @@ use serde::Serialize;
 use serde_json::Value;
 use tokio::task::JoinHandle;
 
+use crate::qmp::client::EventStream;
+
 use crate::sync::agent::{GuestAgent, DEFAULT_AGENT_TIMEOUT};
 use crate::sync::domain::GuestOsInfo;
 
@@ -404,11 +406,18 @@ enum Worker {
 impl AgentPoller {
     /// Starts the workers once the agent answers `guest-ping`, with `intervals`, filling `store`
     /// and reporting OS-info and freeze-state changes to `on_update`.
+    ///
+    /// With the domain's QMP `events`, a `VSERPORT_CHANGE` that opens a port (the guest agent
+    /// opening its channel: libvirt's agent CONNECTED, on which KubeVirt starts its poller, and
+    /// the moment the domain's channel turns `connected`) makes it ask `guest-ping` at once
+    /// instead of after the probe interval, so `GetGuestInfo` has the agent's data about when
+    /// virt-handler sees the channel connected.
     pub fn start(
         agent: Arc<GuestAgent>,
         store: Arc<GuestStore>,
         intervals: PollIntervals,
         on_update: OnAgentUpdate,
+        events: Option<EventStream>,
     ) -> AgentPoller {
         let workers = [
             (Worker::Version, intervals.version),
@@ -421,9 +430,30 @@ impl AgentPoller {
         let mut tasks = Vec::new();
         {
             let agent = agent.clone();
+            let mut events = events;
             tasks.push(tokio::spawn(async move {
-                while agent.ping(CONNECT_PROBE).await.is_err() {
-                    tokio::time::sleep(CONNECT_PROBE).await;
+                loop {
+                    match events.as_mut() {
+                        Some(ev) => {
+                            tokio::select! {
+                                r = agent.ping(CONNECT_PROBE) => if r.is_ok() { break },
+                                // A ping sent before the agent listened may go unanswered.
+                                () = port_opened(ev) => continue,
+                            }
+                            if tokio::time::timeout(CONNECT_PROBE, port_opened(ev))
+                                .await
+                                .is_ok()
+                            {
+                                continue;
+                            }
+                        }
+                        None => {
+                            if agent.ping(CONNECT_PROBE).await.is_ok() {
+                                break;
+                            }
+                            tokio::time::sleep(CONNECT_PROBE).await;
+                        }
+                    }
                 }
                 let _ = connected_tx.send(true);
             }));
@@ -462,6 +492,20 @@ impl Drop for AgentPoller {
     }
 }
 
+/// Returns when QEMU reports a virtio-serial port opened by the guest (`VSERPORT_CHANGE` with
+/// `open: true`); never when the event stream ended.
+async fn port_opened(events: &mut EventStream) {
+    loop {
+        match events.recv().await {
+            Some(e) if e.name == "VSERPORT_CHANGE" && e.data["open"].as_bool() == Some(true) => {
+                return
+            }
+            Some(_) => {}
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
 /// Runs one command, errors skipped (KubeVirt logs nothing either).
 async fn ask(agent: &GuestAgent, command: &str) -> Option<Value> {
     agent
@@ -496,24 +540,39 @@ async fn poll_once(worker: Worker, agent: &GuestAgent, store: &GuestStore, on: &
             }
         }
         Worker::Sys => {
-            if let Some(v) = ask(agent, "guest-get-osinfo").await {
-                let os = OsInfo::from_agent(&v);
-                let domain = os.to_domain();
-                if store.update(|d| d.os = os) {
-                    on(AgentUpdate::OsInfo(domain));
+            // Asked together and stored at once, as libvirt's `virDomainGetGuestInfo` answers
+            // them: `GetGuestInfo` never shows an OS without its host name and time zone.
+            let os = ask(agent, "guest-get-osinfo")
+                .await
+                .map(|v| OsInfo::from_agent(&v));
+            let name = ask(agent, "guest-get-host-name")
+                .await
+                .map(|v| v["host-name"].as_str().unwrap_or_default().to_string());
+            let zone = ask(agent, "guest-get-timezone").await.map(|v| {
+                (
+                    v["zone"].as_str().unwrap_or_default().to_string(),
+                    v["offset"].as_i64().unwrap_or(0),
+                )
+            });
+            let os_changed = os.as_ref().map(|os| (os.clone(), os.to_domain()));
+            let mut os_update = None;
+            store.update(|d| {
+                if let Some((os, domain)) = os_changed {
+                    if d.os != os {
+                        d.os = os;
+                        os_update = Some(domain);
+                    }
                 }
-            }
-            if let Some(v) = ask(agent, "guest-get-host-name").await {
-                let name = v["host-name"].as_str().unwrap_or_default().to_string();
-                store.update(|d| d.hostname = name);
-            }
-            if let Some(v) = ask(agent, "guest-get-timezone").await {
-                let zone = v["zone"].as_str().unwrap_or_default().to_string();
-                let offset = v["offset"].as_i64().unwrap_or(0);
-                store.update(|d| {
+                if let Some(name) = name {
+                    d.hostname = name;
+                }
+                if let Some((zone, offset)) = zone {
                     d.timezone_zone = zone;
                     d.timezone_offset = offset;
-                });
+                }
+            });
+            if let Some(domain) = os_update {
+                on(AgentUpdate::OsInfo(domain));
             }
         }
         Worker::Users => {

@@ -12,9 +12,19 @@
 //! is plugged with `device_add {driver: vfio-pci, host, id: ua-sriov-<iface>, bus: <free root
 //! port>, addr: 0x0[, bootindex]}`; the domain then lists it in `Devices.HostDevices` with alias
 //! `sriov-<iface>` (the name virt-handler's network status looks for).
+//!
+//! As in KubeVirt (`LibvirtDomainManager.HotplugHostDevices`), the RPC answers at once and the
+//! plug runs in the background, one at a time ([`HotplugRunner`]): a call while one runs is
+//! refused with [`HOTPLUG_IN_PROGRESS`]; every other failure (no domain, no PCI address, an
+//! absent VF, QEMU refusing) is only logged, prefixed [`HOTPLUG_FAILED`]. virt-handler learns
+//! the outcome from the domain (the `sriov-<iface>` host devices) and calls again with backoff
+//! until they appear.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -31,6 +41,62 @@ pub const SRIOV_ALIAS_PREFIX: &str = "sriov-";
 
 /// The message when no interface has a PCI address (KubeVirt's).
 pub const NO_PCI_MAPPING: &str = "found no SR-IOV networks to PCI-Address mapping";
+
+/// The answer to a `HotplugHostDevices` while an earlier one still runs (KubeVirt's).
+pub const HOTPLUG_IN_PROGRESS: &str = "hot-plug host-devices is in progress";
+
+/// The prefix of a background hotplug's logged failure (KubeVirt's).
+pub const HOTPLUG_FAILED: &str = "failed to hot-plug host-devices";
+
+/// Runs host-device hotplugs in the background, at most one at a time (KubeVirt's
+/// `hotplugHostDevicesInProgress`, capacity 1).
+#[derive(Debug, Default)]
+pub struct HotplugRunner {
+    busy: Arc<AtomicBool>,
+}
+
+/// Clears the busy flag when the background task ends, however it ends.
+struct Idle(Arc<AtomicBool>);
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::SeqCst);
+    }
+}
+
+impl HotplugRunner {
+    /// Starts `work` in the background and returns at once; its error is logged with the
+    /// [`HOTPLUG_FAILED`] prefix. Needs a Tokio runtime.
+    ///
+    /// # Errors
+    /// [`CmdApiError::Refused`] with [`HOTPLUG_IN_PROGRESS`] while an earlier `work` runs.
+    pub fn start<F>(&self, work: F) -> Result<(), CmdApiError>
+    where
+        F: Future<Output = Result<Vec<HostDevicePlug>, CmdApiError>> + Send + 'static,
+    {
+        if self.busy.swap(true, Ordering::SeqCst) {
+            return Err(CmdApiError::Refused(HOTPLUG_IN_PROGRESS.into()));
+        }
+        let idle = Idle(self.busy.clone());
+        tokio::spawn(async move {
+            let _idle = idle;
+            match work.await {
+                Ok(plugged) if plugged.is_empty() => {}
+                Ok(plugged) => {
+                    let aliases: Vec<String> = plugged.iter().map(HostDevicePlug::alias).collect();
+                    tracing::info!(devices = ?aliases, "host devices hot-plugged");
+                }
+                Err(e) => tracing::error!("{HOTPLUG_FAILED}: {e}"),
+            }
+        });
+        Ok(())
+    }
+
+    /// Whether a hotplug runs.
+    pub fn in_progress(&self) -> bool {
+        self.busy.load(Ordering::SeqCst)
+    }
+}
 
 /// Timeout of each `device_add`.
 const QMP_TIMEOUT: Duration = Duration::from_secs(20);

@@ -3,24 +3,59 @@
 //! the domain what KubeVirt's domain shows (freeze state, memory-dump metadata, host devices).
 
 use std::collections::BTreeSet;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::guest_info::AgentUpdate;
-use super::{host_devices, screenshot, sev, vm_stats, CmdApiError};
+use super::{freeze, host_devices, screenshot, sev, vm_stats, CmdApiError};
 use crate::sync::domain::{Alias, HostDevice, HostDeviceSource, PciAddress};
 use crate::sync::proto::cmd::v1::{VmStatsRequest, VmStatsResponse};
 use crate::sync::{SyncError, SyncVmi};
 use crate::vmi::Vmi;
 
+/// The VMI's interfaces with the `sriov` binding that virt-handler sees in Multus's status
+/// (`infoSource` holds `multus-status`), KubeVirt's `sriov.CreateHostDevices` selection.
+fn sriov_interfaces(vmi: &Vmi) -> Vec<host_devices::SriovInterface> {
+    let multus: BTreeSet<String> = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.interfaces.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|i| {
+            i.info_source
+                .as_deref()
+                .is_some_and(|s| s.contains("multus-status"))
+        })
+        .filter_map(|i| i.name.clone())
+        .collect();
+    vmi.spec
+        .domain
+        .devices
+        .interfaces
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter(|i| i.sriov.is_some() && multus.contains(&i.name))
+        .map(|i| host_devices::SriovInterface {
+            name: i.name.clone(),
+            boot_order: i.boot_order,
+        })
+        .collect()
+}
+
 impl SyncVmi {
-    /// `FreezeVirtualMachine` ([`super::freeze`]); no migration runs while qlauncher cannot
-    /// migrate.
+    /// `FreezeVirtualMachine` ([`super::freeze`]); refused while the domain's migration
+    /// metadata says a migration runs (KubeVirt's `StorageManager.MigrationInProgress`).
+    /// `UnfreezeVirtualMachine` has no such check, in KubeVirt either.
     pub(crate) async fn freeze(&self, unfreeze_timeout: Duration) -> Result<(), SyncError> {
+        let migrating = self.domain().is_some_and(|d| {
+            freeze::migration_in_progress(d.spec.metadata.kubevirt.migration.as_ref())
+        });
         self.cmdapi
             .freezer
-            .freeze(&self.info.agent, unfreeze_timeout, false)
+            .freeze(&self.info.agent, unfreeze_timeout, migrating)
             .await?;
         self.freeze_state("frozen");
         Ok(())
@@ -114,79 +149,67 @@ impl SyncVmi {
 
     /// `HotplugHostDevices`: the VMI's SR-IOV interfaces that Multus reports and the domain lacks,
     /// plugged as VFIO devices; the domain then lists them as `sriov-<iface>` host devices.
+    /// Answers at once and plugs in the background under the domain-modify lock (the sync
+    /// lock), one hotplug at a time; only a call while one runs is refused
+    /// ([`host_devices::HotplugRunner`], KubeVirt's `HotplugHostDevices`).
     pub(crate) async fn hotplug_sriov(&self, vmi: &Vmi) -> Result<(), SyncError> {
-        let multus: BTreeSet<String> = vmi
-            .status
-            .as_ref()
-            .and_then(|s| s.interfaces.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .filter(|i| {
-                i.info_source
-                    .as_deref()
-                    .is_some_and(|s| s.contains("multus-status"))
-            })
-            .filter_map(|i| i.name.clone())
-            .collect();
-        let desired: Vec<host_devices::SriovInterface> = vmi
-            .spec
-            .domain
-            .devices
-            .interfaces
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .filter(|i| i.sriov.is_some() && multus.contains(&i.name))
-            .map(|i| host_devices::SriovInterface {
-                name: i.name.clone(),
-                boot_order: i.boot_order,
-            })
-            .collect();
-        if desired.is_empty() {
-            return Ok(());
-        }
-        let present: BTreeSet<String> = self
-            .domain()
-            .map(|d| {
-                d.spec
-                    .devices
-                    .host_devices
-                    .iter()
-                    .filter_map(|h| h.alias.as_ref().map(|a| a.name.clone()))
-                    .collect()
-            })
-            .unwrap_or_default();
-        // An unreadable file is an empty pool: the plan names what is missing.
-        let pool = std::fs::read_to_string(&self.config.network_info)
-            .map(|s| host_devices::parse_network_info(&s))
-            .unwrap_or_default();
-        let client = self.client()?;
-        let plugged = host_devices::hotplug_sriov(
-            &client,
-            &desired,
-            &pool,
-            &present,
-            &self.config.sysfs,
-            Path::new(&self.config.paths.dev),
-        )
-        .await?;
-        if !plugged.is_empty() {
-            self.shared.modify(|d| {
-                for p in &plugged {
-                    d.spec.devices.host_devices.push(HostDevice {
-                        device_type: "pci".into(),
-                        managed: "no".into(),
-                        source: HostDeviceSource {
-                            address: PciAddress::parse(&p.host),
-                        },
-                        alias: Some(Alias {
-                            name: p.alias(),
-                            user_defined: true,
-                        }),
-                    });
-                }
-            });
-        }
+        let desired = sriov_interfaces(vmi);
+        let shared = self.shared.clone();
+        let modify = self.running.clone();
+        let network_info = self.config.network_info.clone();
+        let sysfs = self.config.sysfs.clone();
+        let dev = PathBuf::from(&self.config.paths.dev);
+        self.cmdapi.hotplug.start(async move {
+            let _modify = modify.lock().await;
+            let client = shared
+                .client
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone()
+                .ok_or_else(|| CmdApiError::Refused(SyncError::NoDomain.to_string()))?;
+            if desired.is_empty() {
+                return Ok(Vec::new());
+            }
+            let present: BTreeSet<String> = shared
+                .domain
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .map(|d| {
+                    d.spec
+                        .devices
+                        .host_devices
+                        .iter()
+                        .filter_map(|h| h.alias.as_ref().map(|a| a.name.clone()))
+                        .collect()
+                })
+                .unwrap_or_default();
+            // An unreadable file is an empty pool: the plan names what is missing.
+            let pool = std::fs::read_to_string(&network_info)
+                .map(|s| host_devices::parse_network_info(&s))
+                .unwrap_or_default();
+            let plugged =
+                host_devices::hotplug_sriov(&client, &desired, &pool, &present, &sysfs, &dev)
+                    .await?;
+            if !plugged.is_empty() {
+                shared.modify(|d| {
+                    for p in &plugged {
+                        d.spec.devices.host_devices.push(HostDevice {
+                            device_type: "pci".into(),
+                            managed: "no".into(),
+                            source: HostDeviceSource {
+                                address: PciAddress::parse(&p.host),
+                            },
+                            alias: Some(Alias {
+                                name: p.alias(),
+                                user_defined: true,
+                            }),
+                        });
+                    }
+                });
+            }
+            Ok(plugged)
+        })?;
         Ok(())
     }
 
@@ -194,11 +217,40 @@ impl SyncVmi {
         Path::new(&self.config.paths.dev).join("sev")
     }
 
-    /// `GetSEVInfo`: refused without `/dev/sev`, else QEMU's platform certificates.
+    /// `GetSEVInfo`, a node query as in KubeVirt (no domain needed): the platform certificates
+    /// from the domain's QEMU, or before a domain exists from a probe QEMU
+    /// ([`sev::probe_platform_info`]). Without `/dev/sev`, or when QEMU refuses, libvirt's
+    /// refusal [`sev::NO_SEV_GUEST`] (libvirt serves this from the capabilities its probe found:
+    /// any failure there means "QEMU does not support SEV guest").
     pub(crate) async fn sev_platform_info(&self) -> Result<Vec<u8>, SyncError> {
-        sev::check_device(&self.sev_device())?;
-        let client = self.client()?;
-        Ok(sev::platform_info(&client).await?)
+        if sev::check_device(&self.sev_device()).is_err() {
+            return Err(CmdApiError::Refused(sev::NO_SEV_GUEST.into()).into());
+        }
+        let mut cache = self.cmdapi.sev_platform.lock().await;
+        if let Some(info) = cache.as_ref() {
+            return Ok(info.clone());
+        }
+        let answer = match self.client() {
+            Ok(client) => sev::platform_info(&client).await,
+            Err(_) => {
+                let dir = self.config.qmp_socket.parent().unwrap_or(Path::new("/tmp"));
+                if let Err(source) = std::fs::create_dir_all(dir) {
+                    return Err(CmdApiError::Io {
+                        what: format!("create {}", dir.display()),
+                        source,
+                    }
+                    .into());
+                }
+                sev::probe_platform_info(&self.config.qemu, &dir.join("sev.sock")).await
+            }
+        };
+        if let Ok(info) = &answer {
+            *cache = Some(info.clone());
+        }
+        answer.map_err(|e| {
+            tracing::warn!(error = %e, "query-sev-capabilities failed: the node cannot run SEV guests");
+            CmdApiError::Refused(sev::NO_SEV_GUEST.into()).into()
+        })
     }
 
     /// `GetLaunchMeasurement`.

@@ -85,19 +85,27 @@ pub struct CmdApiState {
     pub dirty_rate: dirty_rate::DirtyRate,
     /// `GetVMStats`'s agent caches.
     pub agent_replies: vm_stats::AgentReplyCache,
+    /// The background SR-IOV hotplug, one at a time.
+    pub hotplug: host_devices::HotplugRunner,
+    /// `GetSEVInfo`'s answer once QEMU gave one (the node's SEV certificates do not change;
+    /// libvirt serves them from its cached capabilities too); held while QEMU is asked, so two
+    /// calls never run two probes on one socket.
+    pub sev_platform: tokio::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl CmdApiState {
     /// (Re)starts the agent poller with `intervals` (domain started or adopted, agent
-    /// channel connected); `on_update` gets the OS-info and freeze-state changes.
+    /// channel connected); `on_update` gets the OS-info and freeze-state changes; `events`, the
+    /// domain's QMP events, let it notice the agent's channel opening at once.
     pub fn start_poller(
         &self,
         agent: Arc<GuestAgent>,
         intervals: guest_info::PollIntervals,
         on_update: guest_info::OnAgentUpdate,
+        events: Option<crate::qmp::client::EventStream>,
     ) {
         let poller =
-            guest_info::AgentPoller::start(agent, self.store.clone(), intervals, on_update);
+            guest_info::AgentPoller::start(agent, self.store.clone(), intervals, on_update, events);
         *self.poller.lock().unwrap_or_else(|e| e.into_inner()) = Some(poller);
     }
 

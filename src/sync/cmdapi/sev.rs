@@ -5,7 +5,14 @@
 //! QMP underneath: `query-sev-capabilities` → `{"pdh", "certChain"}`; `query-sev-launch-measure`
 //! and `query-sev` → `{"measurement", "apiMajor", "apiMinor", "buildID", "policy", "loaderSHA"}`
 //! (the SHA-256, hex, of the SEV OVMF code file); `sev-inject-launch-secret {packet-header,
-//! secret}` with no `gpa`. A node without SEV (`/dev/sev` absent) is refused before QEMU is asked.
+//! secret}` with no `gpa`.
+//!
+//! `GetSEVInfo` is a node query in KubeVirt (`virNodeGetSEVInfo`): it needs no domain, and the
+//! attestation flow calls it while the VMI is still Scheduled, before QEMU runs. libvirt answers
+//! from the capabilities of its QEMU probe; without a domain we run the same kind of probe
+//! ([`probe_platform_info`]: a throw-away `qemu -machine none -accel kvm` asked
+//! `query-sev-capabilities`). A node without SEV (no `/dev/sev`, or QEMU refusing) gets libvirt's
+//! refusal as KubeVirt formats it, [`NO_SEV_GUEST`].
 
 use std::path::Path;
 use std::time::Duration;
@@ -14,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use sha2::Digest;
 
 use super::CmdApiError;
+use crate::cmdline::qemu::KeyVal;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{
     QuerySev, QuerySevCapabilities, QuerySevLaunchMeasure, SevInjectLaunchSecret,
@@ -28,7 +36,17 @@ pub const SEV_OVMF_CODE: &str = "OVMF_CODE.cc.fd";
 /// The options message of a bad `InjectLaunchSecret` request (KubeVirt's).
 pub const BAD_SECRET_OPTIONS: &str = "No valid secret options present in command server request";
 
+/// `GetSEVInfo`'s message on a node whose QEMU cannot run SEV guests: libvirt's
+/// `VIR_ERR_OPERATION_UNSUPPORTED` (84) from the QEMU driver (`VIR_FROM_QEMU`, 10) in
+/// `qemuNodeGetSEVInfo`, as KubeVirt's `getErrorMessage` formats a libvirt error
+/// (`cmd-server/server.go`, `virtwrap/errors/errors.go` `FormatLibvirtError`). The text is what
+/// libvirt answers here (`virsh nodesevinfo` on this machine, no SEV).
+pub const NO_SEV_GUEST: &str = "LibvirtError(Code=84, Domain=10, Message='Operation not supported: QEMU does not support SEV guest')";
+
 const QMP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the probe QEMU may take to open its QMP socket (virt-handler gives `GetSEVInfo` 5 s).
+const PROBE_START_TIMEOUT: Duration = Duration::from_secs(4);
 
 /// `v1.SEVPlatformInfo`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -106,6 +124,68 @@ pub async fn platform_info(client: &QmpClient) -> Result<Vec<u8>, CmdApiError> {
         cert_chain: caps.cert_chain,
     };
     Ok(serde_json::to_vec(&info).unwrap_or_default())
+}
+
+/// `GetSEVInfo`'s JSON without a domain: starts `qemu` as a capability probe (`-machine none
+/// -accel kvm -nodefaults -display none`, QMP on `socket`, as libvirt probes its QEMU), asks
+/// [`platform_info`], and kills it. `socket` must be a path of a directory the launcher owns; it
+/// is removed afterwards.
+///
+/// # Errors
+/// [`CmdApiError::Io`] when QEMU cannot be started, [`CmdApiError::Refused`] when it exits or
+/// does not open its socket in time, [`CmdApiError::Qmp`] when it refuses (`SEV is not enabled
+/// in KVM`, `KVM not enabled`).
+pub async fn probe_platform_info(qemu: &Path, socket: &Path) -> Result<Vec<u8>, CmdApiError> {
+    let _ = std::fs::remove_file(socket);
+    let qmp = KeyVal::with_head(&["unix:", &socket.display().to_string()].concat())
+        .on_off("server", true)
+        .on_off("wait", false)
+        .finish();
+    let mut child = tokio::process::Command::new(qemu)
+        .args([
+            "-machine",
+            "none",
+            "-accel",
+            "kvm",
+            "-nodefaults",
+            "-display",
+            "none",
+            "-qmp",
+        ])
+        .arg(qmp)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|source| CmdApiError::Io {
+            what: format!("start the SEV capability probe {}", qemu.display()),
+            source,
+        })?;
+    let answer = async {
+        let deadline = tokio::time::Instant::now() + PROBE_START_TIMEOUT;
+        let client = loop {
+            if let Ok(c) = QmpClient::connect(socket, QMP_TIMEOUT).await {
+                break c;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(CmdApiError::Refused(format!(
+                    "the SEV capability probe QEMU exited: {status}"
+                )));
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(CmdApiError::Refused(
+                    "the SEV capability probe QEMU did not open its QMP socket".into(),
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        platform_info(&client).await
+    }
+    .await;
+    let _ = child.kill().await;
+    let _ = std::fs::remove_file(socket);
+    answer
 }
 
 /// `GetLaunchMeasurement`'s JSON; `loader` is the SEV OVMF code file (its SHA-256 is left out
