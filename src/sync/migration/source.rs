@@ -25,7 +25,7 @@ use crate::qmp::client::EventStream;
 use crate::qmp::migration::{
     BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
     MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
-    MigrateStartPostcopy, QueryBlockJobs, QueryMigrate, SocketAddress,
+    MigrateStartPostcopy, MigrationInfo, QueryBlockJobs, QueryMigrate, SocketAddress,
 };
 use crate::qmp::QmpClient;
 use crate::sync::migration::protocol::{
@@ -362,11 +362,12 @@ async fn migrate(
         }
         match info.status.as_deref() {
             Some("completed") => {
+                let info = completed_figures(qmp, info).await;
                 return Ok(SourceEnd {
                     total_ms: info.total_time.unwrap_or(0),
                     downtime_ms: info.downtime.unwrap_or(0),
                     post_copy: *post_copy,
-                })
+                });
             }
             Some("failed") => {
                 return Err(MigrationError::Qemu(
@@ -424,6 +425,24 @@ async fn migrate(
         }
         tick(&mut events, abort, &mut abort_alive).await;
     }
+}
+
+/// The `query-migrate` figures of a completed migration. QEMU sets the state `completed` before
+/// it computes `total-time` and `downtime` (`migration_calculate_complete` runs after
+/// `migration_completion` in the migration thread), so a query right after the MIGRATION event
+/// may read zeros: asked again for up to a second until `total-time` is set.
+async fn completed_figures(qmp: &QmpClient, mut info: MigrationInfo) -> MigrationInfo {
+    for _ in 0..20 {
+        if info.total_time.unwrap_or(0) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match qmp.run(&QueryMigrate).await {
+            Ok(i) => info = i,
+            Err(_) => break,
+        }
+    }
+    info
 }
 
 /// Waits for the next poll: [`POLL_INTERVAL`], or earlier when QEMU reports a MIGRATION status
