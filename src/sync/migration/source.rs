@@ -87,7 +87,8 @@ impl SourceEvent {
 }
 
 /// The capabilities the source enables for `options` (besides `events`, `return-path` and
-/// `pause-before-switchover`, always on), with the names the target must enable too.
+/// `pause-before-switchover`, always on; [`run_source`] drops the last when no disk is copied),
+/// with the names the target must enable too.
 pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>) {
     let mut caps = vec![
         Capability::Events,
@@ -129,10 +130,13 @@ pub async fn run_source<S: AsyncRead + AsyncWrite + Unpin>(
 /// [`run_source`], calling `on_event` when the mode changes (post-copy started, guest paused)
 /// so that the caller records it in the migration metadata at once, as virt-handler expects.
 ///
-/// The source's capabilities are set before the definition goes to the target: QEMU before 8.1
-/// refuses `postcopy-ram` together with `multifd` ("Postcopy is not yet compatible with
-/// multifd"); then post-copy (the policy's explicit choice) wins and the migration runs on one
-/// channel, on both sides.
+/// Post-copy and multifd together need QEMU 10.0 or later (the multifd + post-copy series of
+/// late 2024): QEMU 7.2 accepts both capabilities, but its target aborts
+/// (`yank_unregister_instance` assertion) when post-copy starts. On an older QEMU (the QMP
+/// greeting's version), or when QEMU refuses the pair, post-copy (the policy's explicit choice)
+/// wins and the migration runs on one channel, on both sides: KubeVirt's defaults send
+/// `ParallelMigrationThreads: 8` with any post-copy policy. The source's capabilities are set
+/// before the definition goes to the target, so the target mirrors what the source runs.
 pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     mut control: S,
     qmp: &QmpClient,
@@ -142,15 +146,26 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
     let (mut caps, mut shared) = capabilities(&plan.options);
+    if domain.copied_disks.is_empty() {
+        // The pause before the switchover exists to complete the disk mirrors with the vCPUs
+        // stopped; without mirrors it would only add a QMP round trip to the downtime.
+        caps.retain(|&c| c != Capability::PauseBeforeSwitchover);
+    }
     domain.multifd_channels = plan.options.parallel_migration_threads.filter(|&n| n > 0);
-    if let Err(e) = qmp.run(&MigrateSetCapabilities::enable(&caps)).await {
-        let both = caps.contains(&Capability::PostcopyRam) && caps.contains(&Capability::Multifd);
-        if !both {
-            return Err(e.into());
-        }
+    let both = caps.contains(&Capability::PostcopyRam) && caps.contains(&Capability::Multifd);
+    let mut one_channel = |caps: &mut Vec<Capability>, domain: &mut RunningDomain| {
         caps.retain(|&c| c != Capability::Multifd);
         shared.retain(|c| c != "multifd");
         domain.multifd_channels = None;
+    };
+    if both && qmp.greeting().version < (10, 0, 0) {
+        one_channel(&mut caps, &mut domain);
+    }
+    if let Err(e) = qmp.run(&MigrateSetCapabilities::enable(&caps)).await {
+        if !caps.contains(&Capability::Multifd) || !caps.contains(&Capability::PostcopyRam) {
+            return Err(e.into());
+        }
+        one_channel(&mut caps, &mut domain);
         qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
     }
     domain.capabilities = shared;
@@ -325,7 +340,13 @@ async fn migrate(
         if *abort.borrow() && !*post_copy {
             return Err(MigrationError::Aborted);
         }
-        let jobs = qmp.run(&QueryBlockJobs).await?;
+        // Without mirrors (shared storage) one QMP round trip less per poll, also while the
+        // vCPUs wait in `pre-switchover`.
+        let jobs = if mirrors.is_empty() {
+            Vec::new()
+        } else {
+            qmp.run(&QueryBlockJobs).await?
+        };
         let mirror_left: u64 = jobs
             .iter()
             .filter(|j| mirrors.iter().any(|m| m.job == j.device))
