@@ -5,7 +5,9 @@
 //! completion deadline passes the source switches to post-copy (`migrate-start-postcopy`, the
 //! capability on both sides), the target resumes the guest at post-copy start, and the
 //! migration completes. The guest keeps running on the target: its counter continues from the
-//! source's value and its data is intact.
+//! source's value and its data is intact. The same with KubeVirt's default 8 multifd channels,
+//! and without post-copy (workload disruption alone): the source pauses the guest at the
+//! deadline, pre-copy converges, the target runs it.
 //!
 //! Post-copy needs userfaultfd on the target; as root it works whatever
 //! `vm.unprivileged_userfaultfd` says. A QEMU 7.2 running as another user (KubeVirt's non-root
@@ -36,6 +38,22 @@ fn last_count(vm: &Vm) -> u64 {
         .unwrap_or(0)
 }
 
+/// The VM's QMP monitor: QEMU creates it only after the serial console (which it waits for) is
+/// connected, so it may not exist yet when [`Vm::start`] returns.
+async fn qmp(vm: &Vm) -> QmpClient {
+    for _ in 0..300 {
+        if let Ok(c) = QmpClient::connect(&vm.qmp_path, Duration::from_secs(30)).await {
+            return c;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!(
+        "no QMP monitor at {}:\n{}",
+        vm.qmp_path.display(),
+        vm.qemu_log()
+    );
+}
+
 async fn status(client: &QmpClient) -> String {
     qlauncher::qmp::lifecycle::query_status(client)
         .await
@@ -45,7 +63,15 @@ async fn status(client: &QmpClient) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_copy_completes_a_migration_pre_copy_cannot_and_the_guest_keeps_counting() {
-    post_copy(false).await;
+    converge(Policy::PostCopy { multifd: false }).await;
+}
+
+/// Workload disruption allowed, post-copy not: at the deadline the source pauses the guest
+/// (mode `Paused`, deadline doubled), pre-copy converges, and the guest runs again on the
+/// target.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_post_copy_the_guest_is_paused_until_pre_copy_converges_and_runs_on_the_target() {
+    converge(Policy::Pause).await;
 }
 
 /// KubeVirt's defaults send `ParallelMigrationThreads: 8` with a post-copy policy. QEMU before
@@ -53,10 +79,20 @@ async fn post_copy_completes_a_migration_pre_copy_cannot_and_the_guest_keeps_cou
 /// target aborts when post-copy starts), so there the source drops multifd on both sides.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn post_copy_with_multifd_channels_as_kubevirt_defaults_send_it() {
-    post_copy(true).await;
+    converge(Policy::PostCopy { multifd: true }).await;
 }
 
-async fn post_copy(multifd: bool) {
+/// How the source is allowed to complete a migration that does not converge.
+#[derive(Clone, Copy)]
+enum Policy {
+    /// `AllowPostCopy` (with `ParallelMigrationThreads: 8` when `multifd`).
+    PostCopy { multifd: bool },
+    /// `AllowWorkloadDisruption` alone.
+    Pause,
+}
+
+async fn converge(policy: Policy) {
+    let post_copy = matches!(policy, Policy::PostCopy { .. });
     let guest = GuestImages::locate();
     let args = guest.kernel_boot_args();
     let mut source = Vm::start(|_| args.clone());
@@ -91,12 +127,8 @@ async fn post_copy(multifd: bool) {
     target_args.extend(["-incoming".to_owned(), "defer".to_owned()]);
     let mut target = Vm::start(|_| target_args);
 
-    let s_qmp = QmpClient::connect(&source.qmp_path, Duration::from_secs(30))
-        .await
-        .unwrap();
-    let t_qmp = QmpClient::connect(&target.qmp_path, Duration::from_secs(30))
-        .await
-        .unwrap();
+    let s_qmp = qmp(&source).await;
+    let t_qmp = qmp(&target).await;
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
     let sockets = TargetSockets {
@@ -110,7 +142,11 @@ async fn post_copy(multifd: bool) {
         let (conn, _) = listener.accept().await.unwrap();
         let mut session = TargetSession::accept(conn, "vmi-1").await?;
         let caps = &session.domain.capabilities;
-        assert!(caps.iter().any(|c| c == "postcopy-ram"), "{caps:?}");
+        assert_eq!(
+            caps.iter().any(|c| c == "postcopy-ram"),
+            post_copy,
+            "{caps:?}"
+        );
         if t_client.greeting().version < (10, 0, 0) {
             assert!(!caps.iter().any(|c| c == "multifd"), "{caps:?}");
             assert_eq!(session.domain.multifd_channels, None);
@@ -130,21 +166,24 @@ async fn post_copy(multifd: bool) {
         multifd_channels: None,
         paused: false,
     };
-    // 256 MiB is one decimal GB: the completion deadline is 8 s; at 1 MiB/s pre-copy has sent
-    // about 8 MiB of the 256 by then.
+    // 256 MiB is one decimal GB: the completion deadline is 8 s (post-copy; at 1 MiB/s
+    // pre-copy has sent about 8 MiB of the 256 by then) or 10 s (pause; at 8 MiB/s the paused
+    // guest's last 16 MiB take 2 s, well within the doubled deadline).
+    let options = match policy {
+        Policy::PostCopy { multifd } => format!(
+            r#"{{"Bandwidth":"1Mi","ProgressTimeout":150,"CompletionTimeoutPerGiB":8,
+                 "AllowPostCopy":true,"AllowWorkloadDisruption":true,
+                 "ParallelMigrationThreads":{}}}"#,
+            if multifd { "8" } else { "null" }
+        ),
+        Policy::Pause => r#"{"Bandwidth":"8Mi","ProgressTimeout":150,"CompletionTimeoutPerGiB":10,
+                 "AllowPostCopy":false,"AllowWorkloadDisruption":true}"#
+            .to_owned(),
+    };
     let plan = SourcePlan {
         stream: sockets.stream.clone(),
         nbd: sockets.nbd.clone(),
-        options: MigrationOptions::from_json(
-            format!(
-                r#"{{"Bandwidth":"1Mi","ProgressTimeout":150,"CompletionTimeoutPerGiB":8,
-                     "AllowPostCopy":true,"AllowWorkloadDisruption":true,
-                     "ParallelMigrationThreads":{}}}"#,
-                if multifd { "8" } else { "null" }
-            )
-            .as_bytes(),
-        )
-        .unwrap(),
+        options: MigrationOptions::from_json(options.as_bytes()).unwrap(),
         data_bytes: 256 << 20,
     };
     let before = last_count(&source);
@@ -165,9 +204,14 @@ async fn post_copy(multifd: bool) {
             target.qemu_log()
         )
     });
-    assert_eq!(events, vec![SourceEvent::PostCopy]);
-    assert_eq!(SourceEvent::PostCopy.mode(), "PostCopy");
-    assert!(end.post_copy, "{end:?}");
+    if post_copy {
+        assert_eq!(events, vec![SourceEvent::PostCopy]);
+        assert_eq!(SourceEvent::PostCopy.mode(), "PostCopy");
+    } else {
+        assert_eq!(events, vec![SourceEvent::Paused]);
+        assert_eq!(SourceEvent::Paused.mode(), "Paused");
+    }
+    assert_eq!(end.post_copy, post_copy, "{end:?}");
     let t_end = target_half
         .await
         .unwrap()
