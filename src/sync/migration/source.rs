@@ -233,10 +233,9 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         Err(e) => {
-            if post_copy {
-                // Nothing to roll back: the source's RAM is partly on the target.
-                let _ = qmp.run(&MigrateCancel).await;
-            } else {
+            // After post-copy started nothing can be rolled back (the guest's RAM is partly on
+            // the target, a cancel would only break the target too): the source stays paused.
+            if !post_copy {
                 roll_back(qmp, &mirrors, was_running).await;
             }
             let _ = write_message(
@@ -396,6 +395,16 @@ async fn migrate(
                 ))
             }
             Some("cancelled") => return Err(MigrationError::Aborted),
+            // The stream broke during post-copy: the guest's memory is split between the two
+            // QEMUs and neither can run it (libvirt's Paused/PostcopyFailed; QEMU would wait for
+            // a recovery that KubeVirt never starts).
+            Some("postcopy-paused") => {
+                return Err(MigrationError::Qemu(
+                    "the post-copy migration broke (postcopy-paused): the guest's memory is \
+                     split between source and target"
+                        .into(),
+                ))
+            }
             // QEMU stops here once per migration, before the pre-copy switchover or before
             // entering post-copy.
             Some("pre-switchover") if !continued => {
