@@ -7,9 +7,13 @@
 //! Mirrors the behaviour of libvirt's Begin/Perform/Confirm (`qemuMigrationSrcRun`,
 //! `src/qemu/qemu_migration.c`) with KubeVirt's monitor policy (`handleLegacyConvergence`,
 //! `live-migration-source.go`, v1.9.0): poll every 400 ms, abort after `ProgressTimeout` seconds
-//! without the remaining data shrinking, or after the completion deadline. On any failure the
-//! mirrors are force-cancelled, QEMU's migration cancelled, and the source resumed if it was
-//! running.
+//! without the remaining data shrinking, or after the completion deadline. When the options allow
+//! workload disruption and the completion deadline passes, the source instead switches to
+//! post-copy (`migrate-start-postcopy`, when post-copy is allowed) or pauses the guest (the
+//! deadline doubled), as KubeVirt's `handleLegacyConvergence` does; a post-copy migration is never
+//! aborted. On any failure before post-copy the mirrors are force-cancelled, QEMU's migration
+//! cancelled, and the source resumed if it was running; after post-copy started the guest's state
+//! lives on the target and the source stays paused (libvirt's Paused/PostcopyFailed).
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -17,10 +21,11 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::watch;
 
+use crate::qmp::client::EventStream;
 use crate::qmp::migration::{
     BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
-    MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters, QueryBlockJobs,
-    QueryMigrate, SocketAddress,
+    MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
+    MigrateStartPostcopy, MigrationInfo, QueryBlockJobs, QueryMigrate, SocketAddress,
 };
 use crate::qmp::QmpClient;
 use crate::sync::migration::protocol::{
@@ -55,10 +60,35 @@ pub struct SourceEnd {
     pub total_ms: u64,
     /// QEMU's downtime in ms.
     pub downtime_ms: u64,
+    /// The migration completed in post-copy.
+    pub post_copy: bool,
+}
+
+/// A change of the migration's mode while it runs, for `spec.metadata.kubevirt.migration.mode`
+/// (KubeVirt's `updateVMIMigrationMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SourceEvent {
+    /// `migrate-start-postcopy` was accepted: mode `PostCopy`; the guest now runs on the target
+    /// and the migration can no longer be cancelled.
+    PostCopy,
+    /// The guest was paused to let pre-copy converge (disruption allowed, post-copy not): mode
+    /// `Paused`.
+    Paused,
+}
+
+impl SourceEvent {
+    /// The metadata `Mode` value (`v1.MigrationPostCopy`, `v1.MigrationPaused`).
+    pub fn mode(self) -> &'static str {
+        match self {
+            SourceEvent::PostCopy => "PostCopy",
+            SourceEvent::Paused => "Paused",
+        }
+    }
 }
 
 /// The capabilities the source enables for `options` (besides `events`, `return-path` and
-/// `pause-before-switchover`, always on), with the names the target must enable too.
+/// `pause-before-switchover`, always on; [`run_source`] drops the last when no disk is copied),
+/// with the names the target must enable too.
 pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>) {
     let mut caps = vec![
         Capability::Events,
@@ -85,17 +115,60 @@ pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>
 /// and `multifd_channels` are filled from the options here). `abort` turning true cancels.
 ///
 /// On success the source QEMU is in `postmigrate` (the caller stops it). On failure the source
-/// runs again (or stays paused if it was) and the error is the failure reason.
+/// runs again (or stays paused if it was) and the error is the failure reason. Mode changes are
+/// dropped: see [`run_source_with`].
 pub async fn run_source<S: AsyncRead + AsyncWrite + Unpin>(
+    control: S,
+    qmp: &QmpClient,
+    domain: RunningDomain,
+    plan: &SourcePlan,
+    abort: watch::Receiver<bool>,
+) -> Result<SourceEnd, MigrationError> {
+    run_source_with(control, qmp, domain, plan, abort, &mut |_| {}).await
+}
+
+/// [`run_source`], calling `on_event` when the mode changes (post-copy started, guest paused)
+/// so that the caller records it in the migration metadata at once, as virt-handler expects.
+///
+/// Post-copy and multifd together need QEMU 10.0 or later (the multifd + post-copy series of
+/// late 2024): QEMU 7.2 accepts both capabilities, but its target aborts
+/// (`yank_unregister_instance` assertion) when post-copy starts. On an older QEMU (the QMP
+/// greeting's version), or when QEMU refuses the pair, post-copy (the policy's explicit choice)
+/// wins and the migration runs on one channel, on both sides: KubeVirt's defaults send
+/// `ParallelMigrationThreads: 8` with any post-copy policy. The source's capabilities are set
+/// before the definition goes to the target, so the target mirrors what the source runs.
+pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     mut control: S,
     qmp: &QmpClient,
     mut domain: RunningDomain,
     plan: &SourcePlan,
     mut abort: watch::Receiver<bool>,
+    on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
-    let (caps, shared) = capabilities(&plan.options);
-    domain.capabilities = shared;
+    let (mut caps, mut shared) = capabilities(&plan.options);
+    if domain.copied_disks.is_empty() {
+        // The pause before the switchover exists to complete the disk mirrors with the vCPUs
+        // stopped; without mirrors it would only add a QMP round trip to the downtime.
+        caps.retain(|&c| c != Capability::PauseBeforeSwitchover);
+    }
     domain.multifd_channels = plan.options.parallel_migration_threads.filter(|&n| n > 0);
+    let both = caps.contains(&Capability::PostcopyRam) && caps.contains(&Capability::Multifd);
+    let mut one_channel = |caps: &mut Vec<Capability>, domain: &mut RunningDomain| {
+        caps.retain(|&c| c != Capability::Multifd);
+        shared.retain(|c| c != "multifd");
+        domain.multifd_channels = None;
+    };
+    if both && qmp.greeting().version < (10, 0, 0) {
+        one_channel(&mut caps, &mut domain);
+    }
+    if let Err(e) = qmp.run(&MigrateSetCapabilities::enable(&caps)).await {
+        if !caps.contains(&Capability::Multifd) || !caps.contains(&Capability::PostcopyRam) {
+            return Err(e.into());
+        }
+        one_channel(&mut caps, &mut domain);
+        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
+    }
+    domain.capabilities = shared;
     let was_running = !domain.paused;
 
     hello_as_source(&mut control).await?;
@@ -113,16 +186,20 @@ pub async fn run_source<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let mut mirrors = Vec::new();
+    let mut post_copy = false;
     let result = migrate(
         qmp,
         &domain,
         &ready.nbd_exports,
         plan,
-        &caps,
         &mut mirrors,
         &mut abort,
+        &mut post_copy,
+        on_event,
     )
     .await;
+    // After post-copy started the running guest is the target's: never resume the source.
+    let was_running = was_running && !post_copy;
     match result {
         Ok(end) => {
             write_message(
@@ -156,7 +233,11 @@ pub async fn run_source<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
         Err(e) => {
-            roll_back(qmp, &mirrors, was_running).await;
+            // After post-copy started nothing can be rolled back (the guest's RAM is partly on
+            // the target, a cancel would only break the target too): the source stays paused.
+            if !post_copy {
+                roll_back(qmp, &mirrors, was_running).await;
+            }
             let _ = write_message(
                 &mut control,
                 &Message::Outcome(Outcome {
@@ -185,20 +266,21 @@ struct Mirror {
     job: String,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn migrate(
     qmp: &QmpClient,
     domain: &RunningDomain,
     exports: &[String],
     plan: &SourcePlan,
-    caps: &[Capability],
     mirrors: &mut Vec<Mirror>,
     abort: &mut watch::Receiver<bool>,
+    post_copy: &mut bool,
+    on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
     let bandwidth = plan
         .options
         .max_bandwidth()
         .map_err(MigrationError::Options)?;
-    qmp.run(&MigrateSetCapabilities::enable(caps)).await?;
     qmp.run(&MigrateSetParameters {
         max_bandwidth: Some(bandwidth),
         multifd_channels: domain.multifd_channels,
@@ -240,8 +322,12 @@ async fn migrate(
     }
 
     let t0 = Instant::now();
-    let completion = plan.options.completion_deadline(plan.data_bytes);
+    let mut completion = plan.options.completion_deadline(plan.data_bytes);
     let progress = plan.options.progress_deadline();
+    let mut paused = false;
+    let mut continued = false;
+    let mut abort_alive = true;
+    let mut events = qmp.events();
     let mut best_remaining = u64::MAX;
     let mut last_progress = Instant::now();
     let mut started = mirrors.is_empty();
@@ -249,10 +335,17 @@ async fn migrate(
         start_stream(qmp, plan).await?;
     }
     loop {
-        if *abort.borrow() {
+        // libvirt refuses to abort a post-copy migration: the guest already runs on the target.
+        if *abort.borrow() && !*post_copy {
             return Err(MigrationError::Aborted);
         }
-        let jobs = qmp.run(&QueryBlockJobs).await?;
+        // Without mirrors (shared storage) one QMP round trip less per poll, also while the
+        // vCPUs wait in `pre-switchover`.
+        let jobs = if mirrors.is_empty() {
+            Vec::new()
+        } else {
+            qmp.run(&QueryBlockJobs).await?
+        };
         let mirror_left: u64 = jobs
             .iter()
             .filter(|j| mirrors.iter().any(|m| m.job == j.device))
@@ -289,10 +382,12 @@ async fn migrate(
         }
         match info.status.as_deref() {
             Some("completed") => {
+                let info = completed_figures(qmp, info).await;
                 return Ok(SourceEnd {
                     total_ms: info.total_time.unwrap_or(0),
                     downtime_ms: info.downtime.unwrap_or(0),
-                })
+                    post_copy: *post_copy,
+                });
             }
             Some("failed") => {
                 return Err(MigrationError::Qemu(
@@ -300,13 +395,48 @@ async fn migrate(
                 ))
             }
             Some("cancelled") => return Err(MigrationError::Aborted),
-            Some("pre-switchover") => {
+            // The stream broke during post-copy: the guest's memory is split between the two
+            // QEMUs and neither can run it (libvirt's Paused/PostcopyFailed; QEMU would wait for
+            // a recovery that KubeVirt never starts).
+            Some("postcopy-paused") => {
+                return Err(MigrationError::Qemu(
+                    "the post-copy migration broke (postcopy-paused): the guest's memory is \
+                     split between source and target"
+                        .into(),
+                ))
+            }
+            // QEMU stops here once per migration, before the pre-copy switchover or before
+            // entering post-copy.
+            Some("pre-switchover") if !continued => {
                 complete_mirrors(qmp, mirrors).await?;
                 qmp.run(&MigrateContinue::pre_switchover()).await?;
+                continued = true;
             }
             _ => {}
         }
+        if *post_copy {
+            // KubeVirt tracks nothing in post-copy: aborting now would lose the running guest.
+            tick(&mut events, abort, &mut abort_alive).await;
+            continue;
+        }
         let elapsed = t0.elapsed();
+        let past_completion = completion.is_some_and(|c| elapsed > c);
+        if plan.options.allow_workload_disruption && past_completion && !paused && started {
+            // KubeVirt's assist: post-copy when allowed, else pause the guest and wait twice as
+            // long.
+            let post_copy_on = domain.capabilities.iter().any(|c| c == "postcopy-ram");
+            if plan.options.allow_post_copy && post_copy_on {
+                qmp.run(&MigrateStartPostcopy).await?;
+                *post_copy = true;
+                on_event(SourceEvent::PostCopy);
+            } else {
+                crate::qmp::lifecycle::pause(qmp).await?;
+                paused = true;
+                completion = completion.map(|c| c * 2);
+                on_event(SourceEvent::Paused);
+            }
+            continue;
+        }
         if let Some(p) = progress {
             if last_progress.elapsed() > p {
                 return Err(MigrationError::Timeout(format!(
@@ -323,9 +453,49 @@ async fn migrate(
                 )));
             }
         }
-        tokio::select! {
-            _ = tokio::time::sleep(POLL_INTERVAL) => {}
-            _ = abort.changed() => {}
+        tick(&mut events, abort, &mut abort_alive).await;
+    }
+}
+
+/// The `query-migrate` figures of a completed migration. QEMU sets the state `completed` before
+/// it computes `total-time` and `downtime` (`migration_calculate_complete` runs after
+/// `migration_completion` in the migration thread), so a query right after the MIGRATION event
+/// may read zeros: asked again for up to a second until `total-time` is set.
+async fn completed_figures(qmp: &QmpClient, mut info: MigrationInfo) -> MigrationInfo {
+    for _ in 0..20 {
+        if info.total_time.unwrap_or(0) > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        match qmp.run(&QueryMigrate).await {
+            Ok(i) => info = i,
+            Err(_) => break,
+        }
+    }
+    info
+}
+
+/// Waits for the next poll: [`POLL_INTERVAL`], or earlier when QEMU reports a MIGRATION status
+/// change (the switchover at `pre-switchover` runs while the vCPUs are stopped, so reacting to the
+/// event instead of the next poll shortens the downtime, as libvirt does), or when `abort`
+/// changes (`abort_alive` turns false once its sender is gone).
+async fn tick(events: &mut EventStream, abort: &mut watch::Receiver<bool>, abort_alive: &mut bool) {
+    let migration_event = async {
+        loop {
+            match events.recv().await {
+                Some(e) if e.name == "MIGRATION" => return,
+                Some(_) => {}
+                None => std::future::pending::<()>().await,
+            }
+        }
+    };
+    tokio::select! {
+        _ = tokio::time::sleep(POLL_INTERVAL) => {}
+        _ = migration_event => {}
+        r = abort.changed(), if *abort_alive => {
+            if r.is_err() {
+                *abort_alive = false;
+            }
         }
     }
 }

@@ -179,8 +179,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
     /// `completed` (within [`INCOMING_COMPLETION_TIMEOUT`]), stops the NBD server, `cont`s unless
     /// the definition says paused, and answers Done. On failure or abort: answers Done and
     /// returns [`TargetEnd::Failed`] (the caller stops QEMU).
+    ///
+    /// With `postcopy-ram`, the guest is resumed here as soon as the incoming side enters
+    /// `postcopy-active` (libvirt `cont`s at post-copy start): a QEMU started with `-S` stays
+    /// paused in post-copy otherwise, and the guest would only run after the last page arrived.
     pub async fn finish(&mut self, qmp: &QmpClient) -> Result<TargetEnd, MigrationError> {
-        let end = match read_message(&mut self.control).await? {
+        let watcher = (!self.domain.paused
+            && self.domain.capabilities.iter().any(|c| c == "postcopy-ram"))
+        .then(|| tokio::spawn(resume_at_postcopy(qmp.clone())));
+        let message = read_message(&mut self.control).await;
+        if let Some(w) = watcher {
+            w.abort();
+        }
+        let end = match message? {
             Message::Outcome(o) if o.completed => {
                 wait_incoming_completed(qmp).await?;
                 if !self.domain.copied_disks.is_empty() {
@@ -212,6 +223,29 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
         };
         let _ = write_message(&mut self.control, &Message::Done).await;
         Ok(end)
+    }
+}
+
+/// Polls the incoming side and `cont`s once it is in `postcopy-active` and the device state is
+/// loaded (QEMU's run state left `inmigrate`: the incoming side reports `postcopy-active` from
+/// the listen phase on, and refuses `cont` until the source's run command); ends there or when
+/// the incoming migration ended otherwise.
+async fn resume_at_postcopy(qmp: QmpClient) {
+    loop {
+        match qmp.run(&QueryMigrate).await.map(|i| i.status) {
+            Ok(Some(s)) if s == "postcopy-active" => {
+                let loaded = crate::qmp::lifecycle::query_status(&qmp)
+                    .await
+                    .is_ok_and(|(state, _)| state == "paused");
+                if loaded && crate::qmp::lifecycle::resume(&qmp).await.is_ok() {
+                    return;
+                }
+            }
+            Ok(Some(s)) if s == "completed" || s == "failed" || s == "cancelled" => return,
+            Err(_) => return,
+            _ => {}
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
