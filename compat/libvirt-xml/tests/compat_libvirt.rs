@@ -103,6 +103,11 @@ fn kubevirts_converter_test_vmi_exports_kubevirts_expected_xml() {
     for path in [
         "domain/devices/disk[ua-myvolume]/driver@iothread",
         "domain/devices/disk[ua-cdrom_tray_open]/target@tray",
+        // KubeVirt's discard: `unmap` on ISOs on a disk device, none on a cdrom hostDisk.
+        "domain/devices/disk[ua-nocloud]/driver@discard",
+        "domain/devices/disk[ua-secret_test]/driver@discard",
+        "domain/devices/disk[ua-cdrom_tray_open]/driver@discard",
+        "domain/devices/disk[ua-cdrom_tray_unspecified]/driver@discard",
         "domain/devices/memballoon@freePageReporting",
         "domain/features/hyperv/stimer/direct@state",
         "domain/clock/timer[hpet]@present",
@@ -110,6 +115,41 @@ fn kubevirts_converter_test_vmi_exports_kubevirts_expected_xml() {
         assert!(!diffs.iter().any(|d| d.path == path), "{path} differs");
     }
     assert_eq!(diffs.len(), 51, "{}", golden::table(&diffs));
+}
+
+/// The exported `<driver discard>` per volume kind is KubeVirt's (`converter.go:157-160` for the
+/// device, then the volume conversion; the rule is `drive::discard` in the converter), and
+/// libvirt's argv for it matches ours (the fixture is in the argv comparison above).
+#[test]
+fn discard_follows_kubevirts_rule_per_volume_kind() {
+    use qlauncher_libvirt_xml::schema::Device;
+    let f = support::load(
+        &support::repo_root().join("tests/fixtures/cmdline/discard-kinds.yaml"),
+        None,
+    )
+    .unwrap();
+    let domain = export(&f.vmi, &f.ctx, &f.plan).unwrap();
+    let got: Vec<(String, Option<String>)> = domain
+        .devices
+        .items
+        .iter()
+        .filter_map(|d| match d {
+            Device::Disk(d) => Some((d.alias.name.clone(), d.driver.discard.clone())),
+            _ => None,
+        })
+        .collect();
+    let unmap = || Some("unmap".to_string());
+    assert_eq!(
+        got,
+        vec![
+            ("ua-root".into(), unmap()),      // containerDisk, disk
+            ("ua-installer".into(), unmap()), // containerDisk, cdrom
+            ("ua-pvccd".into(), unmap()),     // PVC (file), cdrom
+            ("ua-hostcd".into(), None),       // hostDisk, cdrom
+            ("ua-cloudinit".into(), unmap()), // NoCloud ISO, disk (fully allocated)
+            ("ua-thick".into(), None),        // DataVolume marked preallocated
+        ]
+    );
 }
 
 #[test]

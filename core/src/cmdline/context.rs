@@ -104,7 +104,10 @@ pub struct VolumeFacts {
     pub virtual_size: Option<u64>,
     /// O_DIRECT works on the backend (KubeVirt's cache default: `none` if so, else `writethrough`).
     pub direct_io: bool,
-    /// The image is preallocated (with cache `none`, io defaults to `native`).
+    /// The image is fully allocated on the host (KubeVirt's `IsPreAllocated`: with cache `none`, io
+    /// defaults to `native`). Discard does not read it: it follows
+    /// `status.volumeStatus[].persistentVolumeClaimInfo.preallocated`, as KubeVirt's
+    /// `VolumesDiscardIgnore` does.
     pub preallocated: bool,
 }
 

@@ -12,13 +12,88 @@ use crate::cmdline::qemu::{
     Aio, BackingNode, Blockdev, BlockdevCache, BlockdevFormat, BlockdevProtocol, FormatDriver,
     OnError,
 };
-use crate::vmi::Disk;
+use crate::vmi::{Disk, Vmi, Volume};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Cache {
     None,
     Writethrough,
     Writeback,
+}
+
+/// What KubeVirt's volume conversion does to a disk's `driver.discard`, by volume kind
+/// (`pkg/virt-launcher/virtwrap/converter/converter.go`, v1.9.0; `setDiskDriver` at 663-669
+/// sets `unmap` when asked and never clears it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum VolumeDiscard {
+    /// containerDisk (`:898-920`), ephemeral (`:922-946`), emptyDisk (`:886-896`) and a disk
+    /// with no volume (`Convert_v1_Missing_Volume_To_api_Disk`, `:637-642`): `unmap` always,
+    /// even on a cdrom or a preallocated volume.
+    Always,
+    /// PVC and DataVolume, block or file, with or without CBT, and every hotplug volume
+    /// (`setDiskDriver(.., !VolumesDiscardIgnore)`, `:671-816`): `unmap` unless preallocated.
+    UnlessPreallocated,
+    /// hostDisk (`:818-838`; virt-handler hands the launcher a filesystem PVC as one,
+    /// `pkg/host-disk/host-disk.go` `ReplacePVCByHostDisk`), cloud-init NoCloud/ConfigDrive
+    /// (`:851-869`), configMap/secret/downwardAPI/serviceAccount (`:644-661`) and sysprep
+    /// (`:840-849`): the volume leaves discard as the device set it.
+    Leaves,
+    /// downwardMetrics (`:871-884`) replaces the whole driver: no discard.
+    Clears,
+}
+
+impl VolumeDiscard {
+    /// The class of `vol` (`None`: a disk without a volume, i.e. an empty cdrom); `hotplug`
+    /// volumes go through KubeVirt's hotplug conversion (`:618-634`).
+    pub(super) fn of(vol: Option<&Volume>, hotplug: bool) -> Self {
+        let Some(v) = vol else {
+            return Self::Always;
+        };
+        if hotplug || v.persistent_volume_claim.is_some() || v.data_volume.is_some() {
+            Self::UnlessPreallocated
+        } else if v.container_disk.is_some() || v.ephemeral.is_some() || v.empty_disk.is_some() {
+            Self::Always
+        } else if v.downward_metrics.is_some() {
+            Self::Clears
+        } else {
+            Self::Leaves
+        }
+    }
+}
+
+/// Whether virt-handler lists volume `name` in `PreallocatedVolumes`, the launcher's
+/// `VolumesDiscardIgnore` (`pkg/virt-handler/vm.go` `getPreallocatedVolumes`:
+/// `status.volumeStatus[].persistentVolumeClaimInfo.preallocated`). Not the same as the image
+/// being fully allocated on the host (`VolumeFacts::preallocated`, which picks `io=native`).
+pub(super) fn discard_ignored(vmi: &Vmi, name: &str) -> bool {
+    vmi.status
+        .as_ref()
+        .and_then(|st| st.volume_status.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .any(|s| {
+            s.name == name
+                && s.persistent_volume_claim_info
+                    .as_ref()
+                    .and_then(|i| i.preallocated)
+                    == Some(true)
+        })
+}
+
+/// KubeVirt's `driver.discard` for a disk of `kind` whose volume is of class `vd`: the disk
+/// stage sets `unmap` on a `disk` or `lun` device unless the volume is in
+/// `VolumesDiscardIgnore` (`Convert_v1_Disk_To_api_Disk`, `converter.go:157-160`; a cdrom gets
+/// nothing there), then the volume stage adds or clears it ([`VolumeDiscard`]). KubeVirt never
+/// sets `detect_zeroes`, so libvirt adds no `detect-zeroes` either way.
+pub(super) fn discard(kind: Kind, vd: VolumeDiscard, ignored: bool) -> Option<&'static str> {
+    let device = kind != Kind::Cdrom && !ignored;
+    let unmap = match vd {
+        VolumeDiscard::Always => true,
+        VolumeDiscard::UnlessPreallocated => device || !ignored,
+        VolumeDiscard::Leaves => device,
+        VolumeDiscard::Clears => false,
+    };
+    unmap.then_some("unmap")
 }
 
 /// What the frontends and blockdevs of one disk carry besides the image.
@@ -44,14 +119,14 @@ pub(super) struct DriveOptions {
     pub(super) block_sizes: (Option<u32>, Option<u32>, Option<u32>),
 }
 
-/// The drive options of disk `d` (at `p`) of `kind`, whose volume has `facts`; `has_image` is
-/// false for an empty cdrom.
+/// The drive options of disk `d` (at `p`), whose volume has `facts`; `has_image` is false for
+/// an empty cdrom; `discard` comes from [`discard`].
 pub(super) fn options(
     d: &Disk,
     p: &FieldPath,
-    kind: Kind,
     has_image: bool,
     facts: &VolumeFacts,
+    discard: Option<&'static str>,
 ) -> Result<DriveOptions, ConvertError> {
     let shareable = d.shareable == Some(true);
     let cache = match d.cache.as_deref() {
@@ -163,7 +238,7 @@ pub(super) fn options(
         aio,
         werror,
         rerror: (werror != OnError::Enospc).then_some(werror),
-        discard: (kind != Kind::Cdrom && !facts.preallocated).then_some("unmap"),
+        discard,
         serial,
         share_rw: shareable.then_some(true),
         block_sizes,
@@ -171,13 +246,14 @@ pub(super) fn options(
 }
 
 /// The blockdev chain of `layers` (bottom first), numbering nodes down from `*node`; the top
-/// format node is read-only when `top_read_only`, every lower one always. Returns the nodes in
-/// argv order and the top node name (the frontend's `drive`; none for an empty cdrom).
+/// format node is read-only when `top_read_only`, every lower one always. Every format node
+/// carries the disk's discard, read-only or not, as libvirt passes it down the whole chain
+/// (`qemuDomainPrepareDiskSourceData`); every protocol node `unmap`. Returns the nodes in argv
+/// order and the top node name (the frontend's `drive`; none for an empty cdrom).
 pub(super) fn chain(
     layers: &[Layer],
     node: &mut usize,
     top_read_only: bool,
-    kind: Kind,
     o: &DriveOptions,
 ) -> (Vec<Blockdev>, Option<String>) {
     let mut blockdevs = Vec::new();
@@ -205,11 +281,7 @@ pub(super) fn chain(
         blockdevs.push(Blockdev::Format(BlockdevFormat {
             node_name: format.clone(),
             read_only,
-            discard: if read_only && kind == Kind::Cdrom {
-                None
-            } else {
-                o.discard
-            },
+            discard: o.discard,
             cache: o.cache,
             driver: layer.format,
             file: storage,

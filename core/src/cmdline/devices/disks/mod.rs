@@ -17,7 +17,9 @@
 //! * Cache: the spec's, else `none` when O_DIRECT works (`VolumeFacts::direct_io`), else
 //!   `writethrough`; `none` without O_DIRECT is an error; `shareable` forces `none`. IO: the
 //!   spec's, else `native` with cache `none` on a block device or preallocated image.
-//! * `discard: unmap` unless preallocated; `errorPolicy` (default `stop`) -> `werror`/`rerror`;
+//! * `discard: unmap` by KubeVirt's two-stage rule (`drive::discard`: a disk or lun device
+//!   unless `status.volumeStatus[].persistentVolumeClaimInfo.preallocated`, then per volume
+//!   kind; a table test below lists every kind); `errorPolicy` (default `stop`) -> `werror`/`rerror`;
 //!   readonly; serial; bootOrder -> `bootindex`; dedicated/pooled IOThreads; `blockMultiQueue`
 //!   -> `num-queues`; custom block sizes. Target names `vdX`/`sdX`, reusing
 //!   `status.volumeStatus[].target`.
@@ -31,7 +33,7 @@
 //! `drive.rs` (cache/io/error/discard/serial/block-size options and the blockdev chain),
 //! `frontend.rs` (the QEMU device per bus); this file runs them per disk.
 //!
-//! Reads: `ctx.volumes`, `ctx.paths`.
+//! Reads: `ctx.volumes`, `ctx.paths`, `status.volumeStatus` (hotplug phase, preallocation).
 
 mod buses;
 mod drive;
@@ -63,6 +65,7 @@ struct Item {
     chain: Vec<Layer>,
     hotplug: bool,
     facts: VolumeFacts,
+    discard: Option<&'static str>,
 }
 
 impl crate::cmdline::convert::Configurator for DisksConfigurator {
@@ -93,6 +96,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
             }
             let (kind, bus, ro) = kind_and_bus(d, &p)?;
             let vol = volumes.iter().enumerate().find(|(_, v)| v.name == d.name);
+            let ignored = drive::discard_ignored(vmi, &d.name);
             let (chain, hotplug, facts) = match vol {
                 Some((vi, v)) => {
                     let (is_hotplug, ready) = hotplug_state(vmi, v);
@@ -114,6 +118,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                     ))
                 }
             };
+            let vd = drive::VolumeDiscard::of(vol.map(|(_, v)| v), hotplug);
             items.push(Item {
                 i,
                 kind,
@@ -122,6 +127,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                 chain,
                 hotplug,
                 facts,
+                discard: drive::discard(kind, vd, ignored),
             });
         }
 
@@ -142,7 +148,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
         for (it, (target, index)) in items.into_iter().zip(targets) {
             let d = &disks[it.i];
             let p = devices_path().key("disks").index(it.i);
-            let opts = drive::options(d, &p, it.kind, !it.chain.is_empty(), &it.facts)?;
+            let opts = drive::options(d, &p, !it.chain.is_empty(), &it.facts, it.discard)?;
             if d.disk
                 .as_ref()
                 .and_then(|t| t.pci_address.as_ref())
@@ -153,7 +159,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                     "a fixed PCI address",
                 ));
             }
-            let (blockdevs, drive) = drive::chain(&it.chain, &mut node, it.ro, it.kind, &opts);
+            let (blockdevs, drive) = drive::chain(&it.chain, &mut node, it.ro, &opts);
             if d.boot_order == Some(0) {
                 return Err(ConvertError::invalid(
                     p.key("bootOrder"),
@@ -373,6 +379,110 @@ mod tests {
                 .configure(&vmi(disks.clone(), volumes), &ctx, &mut plan)
                 .unwrap();
             assert_eq!(summary(&plan), want, "{disks}");
+        }
+    }
+
+    /// (kind, device, volume source, status preallocated, image fully allocated, discard).
+    type DiscardCase<'a> = (&'a str, &'a Value, Value, bool, bool, Option<&'static str>);
+
+    /// KubeVirt's discard per volume kind, device and `preallocated` status (`drive::discard`,
+    /// `converter.go:157-160` then the volume conversion): the discard of every format node.
+    #[test]
+    fn discard_by_volume_kind() {
+        const U: Option<&str> = Some("unmap");
+        let disk = json!({"disk": {"bus": "virtio"}});
+        let cdrom = json!({"cdrom": {"bus": "scsi"}});
+        let lun = json!({"lun": {"bus": "scsi"}});
+        let hotplug = json!({"persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}});
+        #[rustfmt::skip]
+        let cases: Vec<DiscardCase> = vec![
+            ("containerDisk", &disk, json!({"containerDisk": {"image": "i"}}), false, false, U),
+            ("containerDisk", &cdrom, json!({"containerDisk": {"image": "i"}}), false, false, U),
+            ("ephemeral", &disk, json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}), false, false, U),
+            ("ephemeral", &cdrom, json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}), false, false, U),
+            ("ephemeral", &disk, json!({"ephemeral": {"persistentVolumeClaim": {"claimName": "c"}}}), true, false, U),
+            ("emptyDisk", &disk, json!({"emptyDisk": {"capacity": "1Gi"}}), false, false, U),
+            ("emptyDisk", &disk, json!({"emptyDisk": {"capacity": "1Gi"}}), true, false, U),
+            ("persistentVolumeClaim", &disk, json!({"persistentVolumeClaim": {"claimName": "c"}}), false, false, U),
+            ("persistentVolumeClaim", &disk, json!({"persistentVolumeClaim": {"claimName": "c"}}), false, true, U),
+            ("persistentVolumeClaim", &cdrom, json!({"persistentVolumeClaim": {"claimName": "c"}}), false, false, U),
+            ("persistentVolumeClaim", &lun, json!({"persistentVolumeClaim": {"claimName": "c"}}), false, false, U),
+            ("persistentVolumeClaim", &disk, json!({"persistentVolumeClaim": {"claimName": "c"}}), true, true, None),
+            ("persistentVolumeClaim", &cdrom, json!({"persistentVolumeClaim": {"claimName": "c"}}), true, false, None),
+            ("dataVolume", &disk, json!({"dataVolume": {"name": "dv"}}), false, false, U),
+            ("dataVolume", &disk, json!({"dataVolume": {"name": "dv"}}), true, false, None),
+            ("hotplug PVC", &disk, hotplug.clone(), false, false, U),
+            ("hotplug PVC", &disk, hotplug, true, false, None),
+            ("hostDisk", &disk, json!({"hostDisk": {"path": "/d/disk.img", "type": "Disk"}}), false, false, U),
+            ("hostDisk", &cdrom, json!({"hostDisk": {"path": "/d/disk.img", "type": "Disk"}}), false, false, None),
+            ("hostDisk", &disk, json!({"hostDisk": {"path": "/d/disk.img", "type": "Disk"}}), true, false, None),
+            ("cloudInitNoCloud", &disk, json!({"cloudInitNoCloud": {"userData": "x"}}), false, true, U),
+            ("cloudInitNoCloud", &cdrom, json!({"cloudInitNoCloud": {"userData": "x"}}), false, true, None),
+            ("cloudInitConfigDrive", &disk, json!({"cloudInitConfigDrive": {"userData": "x"}}), false, true, U),
+            ("cloudInitConfigDrive", &cdrom, json!({"cloudInitConfigDrive": {"userData": "x"}}), false, true, None),
+            ("configMap", &disk, json!({"configMap": {"name": "cm"}}), false, true, U),
+            ("configMap", &cdrom, json!({"configMap": {"name": "cm"}}), false, true, None),
+            ("secret", &disk, json!({"secret": {"secretName": "s"}}), false, true, U),
+            ("secret", &cdrom, json!({"secret": {"secretName": "s"}}), false, true, None),
+            ("serviceAccount", &disk, json!({"serviceAccount": {"serviceAccountName": "sa"}}), false, true, U),
+            ("serviceAccount", &cdrom, json!({"serviceAccount": {"serviceAccountName": "sa"}}), false, true, None),
+            ("downwardAPI", &disk, json!({"downwardAPI": {"fields": []}}), false, true, U),
+            ("downwardAPI", &cdrom, json!({"downwardAPI": {"fields": []}}), false, true, None),
+            ("sysprep", &disk, json!({"sysprep": {"configMap": {"name": "cm"}}}), false, true, U),
+            ("sysprep", &cdrom, json!({"sysprep": {"configMap": {"name": "cm"}}}), false, true, None),
+            ("downwardMetrics", &disk, json!({"downwardMetrics": {}}), false, false, None),
+        ];
+        for (kind, device, source, status_preallocated, allocated, want) in cases {
+            let mut d = device.clone();
+            d["name"] = json!("v");
+            let mut v = source;
+            v["name"] = json!("v");
+            let mut vmi = vmi(json!([d]), json!([v]));
+            let mut status = json!({"name": "v", "target": "",
+                "persistentVolumeClaimInfo": {"preallocated": status_preallocated}});
+            if kind == "hotplug PVC" {
+                status["phase"] = json!("Ready");
+                status["hotplugVolume"] = json!({});
+            }
+            vmi.status = Some(serde_json::from_value(json!({"volumeStatus": [status]})).unwrap());
+            let lun_block = device.get("lun").is_some();
+            let ctx = ConverterContext {
+                volumes: [(
+                    "v".to_string(),
+                    VolumeFacts {
+                        kind: if lun_block {
+                            StorageKind::Block
+                        } else {
+                            StorageKind::File
+                        },
+                        direct_io: true,
+                        preallocated: allocated,
+                        ..Default::default()
+                    },
+                )]
+                .into(),
+                ..Default::default()
+            };
+            let mut plan = DomainPlan::default();
+            DisksConfigurator
+                .configure(&vmi, &ctx, &mut plan)
+                .unwrap_or_else(|e| panic!("{kind} {device}: {e}"));
+            let disk = plan.devices_of(DeviceClass::Disk).next().unwrap();
+            let Backend::Blockdevs(nodes) = &disk.backend else {
+                panic!("{kind} {device}: no blockdevs");
+            };
+            let formats: Vec<Option<&str>> = nodes
+                .iter()
+                .filter_map(|n| match n {
+                    Blockdev::Format(f) => Some(f.discard),
+                    Blockdev::Protocol(_) => None,
+                })
+                .collect();
+            assert!(!formats.is_empty(), "{kind} {device}");
+            assert!(
+                formats.iter().all(|f| *f == want),
+                "{kind} on {device}, preallocated {status_preallocated}: {formats:?}, want {want:?}"
+            );
         }
     }
 
