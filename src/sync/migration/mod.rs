@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod launcher;
 pub mod metadata;
 pub mod protocol;
 pub mod source;
