@@ -92,6 +92,10 @@ impl Shared {
             if ev.name == "SHUTDOWN" && status.shutdown.is_some() {
                 return *status;
             }
+            // The `quit` that stops a migrated-away source is no shutdown of the domain.
+            if ev.name == "SHUTDOWN" && self.migrated.load(std::sync::atomic::Ordering::SeqCst) {
+                return *status;
+            }
         }
         let mut next = lifecycle::next_status(*status, input);
         if let LifecycleInput::Event(ev) = input {
