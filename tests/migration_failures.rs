@@ -188,9 +188,10 @@ async fn failed_migrations_leave_the_source_running() {
         source_runs(&source, &mut sc).await;
     }
 
-    // No progress: the target's QEMU frozen; the progress timeout (3 s) aborts.
+    // No progress: the network drops the migration stream (the relay stops forwarding it);
+    // the progress timeout (3 s) aborts.
     {
-        let (target, t, _tc, vmi, _relay) =
+        let (target, t, _tc, vmi, relay) =
             prepared_target(&images, &source, &uid, "mig-stuck").await;
         assert_eq!(
             Rpc::migrate(&mut sc, &vmi, &options("1Mi", 3)).await,
@@ -198,12 +199,15 @@ async fn failed_migrations_leave_the_source_running() {
         );
         let tq = wait_target_qemu(&target, t).await;
         tokio::time::sleep(Duration::from_secs(1)).await;
-        // SAFETY: a signal to the QEMU this test's target launcher started.
-        assert_eq!(unsafe { libc::kill(tq, libc::SIGSTOP) }, 0);
+        relay.freeze_stream(true);
         let m = ended(&mut sc, "mig-stuck").await;
         assert!(m.failed && m.failure_reason.contains("stuck for"), "{m:?}");
         source_runs(&source, &mut sc).await;
-        // SAFETY: as above; the pod's drop kills it.
-        unsafe { libc::kill(tq, libc::SIGCONT) };
+        assert!(
+            testkit::process::wait_until(Duration::from_secs(30), || !target
+                .qemu_pids()
+                .contains(&tq)),
+            "the target's QEMU is still there"
+        );
     }
 }

@@ -26,6 +26,7 @@ pub const GUEST_MAC: &str = "02:00:00:5e:00:19";
 /// copied; tasks end when dropped.
 pub struct Relay {
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    frozen: tokio::sync::watch::Sender<bool>,
 }
 
 impl Relay {
@@ -35,6 +36,7 @@ impl Relay {
         std::fs::create_dir_all(&src_dir).unwrap();
         let dst_dir = target.share().join("migrationproxy");
         let mut tasks = Vec::new();
+        let (frozen, gate) = tokio::sync::watch::channel(false);
         for role in [0, DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
             let dial: PathBuf = if role == 0 {
                 target.root.join("var/run/libvirt/virtqemud-sock")
@@ -43,13 +45,15 @@ impl Relay {
             };
             let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = tcp.local_addr().unwrap().port();
+            let gate = (role == DIRECT_MIGRATION_PORT).then(|| gate.clone());
             tasks.push(tokio::spawn(async move {
                 while let Ok((conn, _)) = tcp.accept().await {
                     let dial = dial.clone();
+                    let gate = gate.clone();
                     tokio::spawn(async move {
                         // The target handler dials lazily; a missing socket closes the leg.
                         if let Ok(out) = UnixStream::connect(&dial).await {
-                            pipe(conn, out).await;
+                            pipe(conn, out, gate).await;
                         }
                     });
                 }
@@ -61,26 +65,53 @@ impl Relay {
                 while let Ok((conn, _)) = unix.accept().await {
                     tokio::spawn(async move {
                         if let Ok(out) = TcpStream::connect(("127.0.0.1", port)).await {
-                            pipe(conn, out).await;
+                            pipe(conn, out, None).await;
                         }
                     });
                 }
             }));
         }
-        Relay { tasks }
+        Relay { tasks, frozen }
+    }
+
+    /// Stops (true) or resumes (false) forwarding the QEMU migration stream (role 49152) from the
+    /// source to the target: a network that stalls, while the control and NBD channels flow.
+    pub fn freeze_stream(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
     }
 }
 
 /// Copies both ways until either side ends, then drops both (no half-close, as the proxy).
-async fn pipe<A, B>(a: A, b: B)
+/// With a `gate`, the `a` to `b` direction waits while the gate is true.
+async fn pipe<A, B>(a: A, b: B, gate: Option<tokio::sync::watch::Receiver<bool>>)
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let (mut ar, mut aw) = tokio::io::split(a);
     let (mut br, mut bw) = tokio::io::split(b);
+    let forward = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(g) = &gate {
+                let mut g = g.clone();
+                if g.wait_for(|f| !*f).await.is_err() {
+                    return;
+                }
+            }
+            match ar.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if bw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
     tokio::select! {
-        _ = tokio::io::copy(&mut ar, &mut bw) => {}
+        _ = forward => {}
         _ = tokio::io::copy(&mut br, &mut aw) => {}
     }
 }
