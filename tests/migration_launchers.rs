@@ -4,8 +4,9 @@
 //!
 //! One boot of the test guest: a memory-writing workload (a counter in the guest's RAM) runs and a
 //! file is written to the containerDisk overlay's ext4 `/data`; after `MigrateVirtualMachine` the
-//! target's guest keeps counting from where it was, has the file and its address, the source's
-//! QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
+//! target's guest keeps counting from where it was, has the file and its address, a TCP connection
+//! opened from the node to the guest's echo server (through the pod IP) carries data after the pod
+//! IP fails over to the target pod, the source's QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
 //! KubeVirt's order. Needs root and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
@@ -19,6 +20,35 @@ use testkit::migration::{
 
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
+
+/// A TCP connection opened from `pod`'s node namespace to `addr`.
+async fn connect_from(pod: &Pod, addr: &str) -> std::net::TcpStream {
+    let addr: std::net::SocketAddr = addr.parse().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let s = qlauncher::net::netns::run_in(&pod.net.node.path(), move || {
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))
+        })
+        .expect("netns");
+        match s {
+            Ok(s) => return s,
+            Err(e) => assert!(std::time::Instant::now() < deadline, "connect {addr}: {e}"),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Sends `line` and reads the echo (up to 60 s).
+fn echo(s: &mut std::net::TcpStream, line: &str) -> String {
+    use std::io::{BufRead, Write};
+    s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    s.write_all(line.as_bytes()).unwrap();
+    let mut r = std::io::BufReader::new(s.try_clone().unwrap());
+    let mut got = String::new();
+    r.read_line(&mut got)
+        .unwrap_or_else(|e| panic!("echo of {line:?}: {e}"));
+    got
+}
 
 fn counter(out: &str) -> u64 {
     out.trim()
@@ -55,6 +85,16 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     .await;
     let address = exec_until_ok(&mut sc, "ip -4 -o addr show eth0", Duration::from_secs(30)).await;
     assert!(address.contains("10.0.2.2/24"), "{address}");
+    // An echo server in the guest and an open connection to it from the node (through the pod
+    // IP and the masquerade DNAT).
+    exec_until_ok(
+        &mut sc,
+        "nc -l -p 7777 -e /bin/cat </dev/null >/dev/null 2>&1 &",
+        Duration::from_secs(30),
+    )
+    .await;
+    let mut tcp = connect_from(&source, "10.244.0.5:7777").await;
+    assert_eq!(echo(&mut tcp, "before\n"), "before\n");
 
     // Target handler: the pod is prepared, no QEMU yet; a repeat is harmless.
     let t = target.start_launcher();
@@ -124,6 +164,26 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     );
     let moved = exec_until_ok(&mut tc, "ip -4 -o addr show eth0", Duration::from_secs(20)).await;
     assert!(moved.contains("10.0.2.2/24"), "{moved}");
+
+    // The pod IP fails over to the target pod (as a CNI with persistent IPs does once the target
+    // is ready): the node's side of the target's veth replaces the source's in the node namespace
+    // the connection lives in. Both pods have the same IP and MAC.
+    let node_a = source.net.node.name.clone();
+    source.net.node.ip(&["link", "del", "vpod"]);
+    target
+        .net
+        .node
+        .ip(&["link", "set", "vpod", "netns", &node_a]);
+    source
+        .net
+        .node
+        .ip(&["addr", "add", "10.244.0.1/24", "dev", "vpod"]);
+    source.net.node.ip(&["link", "set", "vpod", "up"]);
+    assert_eq!(
+        echo(&mut tcp, "after\n"),
+        "after\n",
+        "the connection did not survive"
+    );
 
     // The source's QEMU is gone; after DeleteVirtualMachine the source launcher exits.
     assert!(!source.qemu_pids().contains(&source_qemu));
