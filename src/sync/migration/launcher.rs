@@ -141,6 +141,25 @@ fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError
     Ok((vmi, state))
 }
 
+/// Refuses a VMI whose `status.migrationTransport` is not `Unix`. For such (legacy) VMIs
+/// KubeVirt's target launcher runs in-pod TCP proxies on 127.0.0.1:49152/49153 and the
+/// masquerade rules skip those ports (`legacy_migration_ports`); qlauncher's launchers only
+/// speak the Unix transport every VMI created by KubeVirt since the transport exists has.
+fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
+    let transport = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.migration_transport.as_deref())
+        .unwrap_or("");
+    if transport == "Unix" {
+        Ok(())
+    } else {
+        Err(failed(format!(
+            "migration transport {transport:?} is not supported by qlauncher (only \"Unix\")"
+        )))
+    }
+}
+
 fn annotation<'a>(vmi: &'a Vmi, key: &str) -> Option<&'a str> {
     vmi.metadata
         .annotations
@@ -221,6 +240,7 @@ impl SyncVmi {
         options: Vec<u8>,
     ) -> Result<(), SyncError> {
         let (vmi, state) = decode(&vmi_json)?;
+        require_unix_transport(&vmi)?;
         let uid = state
             .as_ref()
             .and_then(VmiMigrationState::uid)
@@ -496,6 +516,7 @@ impl SyncVmi {
                     .into(),
             ));
         }
+        require_unix_transport(&vmi)?;
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
         let migration_uid = state.as_ref().and_then(VmiMigrationState::uid);
         let running = self.running.lock().await;
@@ -781,6 +802,25 @@ mod tests {
             decode(br#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#).unwrap();
         assert!(none.is_none());
         assert!(decode(b"nope").is_err());
+    }
+
+    #[test]
+    fn only_the_unix_transport_migrates() {
+        let with = |t: serde_json::Value| {
+            let (vmi, _) = decode(
+                &serde_json::to_vec(&serde_json::json!({
+                    "metadata": {"name": "v"}, "spec": {"domain": {"devices": {}}},
+                    "status": {"migrationTransport": t}
+                }))
+                .unwrap(),
+            )
+            .unwrap();
+            require_unix_transport(&vmi)
+        };
+        assert!(with("Unix".into()).is_ok());
+        let e = with(serde_json::Value::Null).unwrap_err().to_string();
+        assert!(e.contains("not supported"), "{e}");
+        assert!(with("Proxy".into()).is_err());
     }
 
     #[test]
