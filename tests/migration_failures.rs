@@ -10,6 +10,7 @@
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
 //! - the target's QEMU frozen (SIGSTOP) mid-copy: no progress, the progress timeout aborts.
 //!
+//! The pods are non-root ones (QEMU runs as 107): the proxy sockets are QEMU's to use.
 //! Needs root and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
@@ -72,7 +73,7 @@ async fn prepared_target(
     serde_json::Value,
     Relay,
 ) {
-    let mut target = Pod::new(&images.disk_qcow2, false);
+    let mut target = Pod::new(&images.disk_qcow2, true);
     target.uid = uid.to_owned();
     let vmi = migrating_vmi(uid, migration, &target.pod_name());
     let t = target.start_launcher();
@@ -89,7 +90,7 @@ async fn wait_target_qemu(target: &Pod, t: usize) -> i32 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failed_migrations_leave_the_source_running() {
     let images = GuestImages::locate();
-    let mut source = Pod::new(&images.disk_qcow2, false);
+    let mut source = Pod::new(&images.disk_qcow2, true);
     let uid = source.uid.clone();
     let mut plain = migrating_vmi(&uid, "none", "none");
     plain["status"] = serde_json::json!({"migrationTransport": "Unix"});

@@ -34,6 +34,10 @@ impl Relay {
     pub async fn start(source: &Pod, target: &Pod, uid: &str) -> Relay {
         let src_dir = source.share().join("migrationproxy");
         std::fs::create_dir_all(&src_dir).unwrap();
+        // virt-handler gives the directory and its sockets to qemu (107): a non-root QEMU
+        // connects to them.
+        let owner = source.nonroot.then_some(107);
+        std::os::unix::fs::chown(&src_dir, owner, owner).unwrap();
         let dst_dir = target.share().join("migrationproxy");
         let mut tasks = Vec::new();
         let (frozen, gate) = tokio::sync::watch::channel(false);
@@ -61,6 +65,7 @@ impl Relay {
             let sock = proxy_socket(&src_dir, uid, role);
             let _ = std::fs::remove_file(&sock);
             let unix = UnixListener::bind(&sock).unwrap();
+            std::os::unix::fs::chown(&sock, owner, owner).unwrap();
             tasks.push(tokio::spawn(async move {
                 while let Ok((conn, _)) = unix.accept().await {
                     tokio::spawn(async move {
