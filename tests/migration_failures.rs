@@ -143,6 +143,16 @@ async fn failed_migrations_leave_the_source_running() {
             running.end_timestamp.is_none(),
             "ended before the cancel: {running:?}"
         );
+        // The migration metrics virt-handler polls: the job's data in GetDomainStats.
+        let stats = sc
+            .get_domain_stats(qlauncher::sync::proto::cmd::v1::EmptyRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        let stats: serde_json::Value = serde_json::from_str(&stats.domain_stats).unwrap();
+        let job = &stats["MigrateDomainJobInfo"];
+        assert!(job["DataTotal"].as_u64().unwrap_or(0) > 0, "{job}");
+        assert!(job["DataRemaining"].as_u64().unwrap_or(0) > 0, "{job}");
         assert_eq!(Rpc::cancel(&mut sc, &vmi).await, (true, String::new()));
         let m = ended(&mut sc, "mig-cancel").await;
         assert!(m.failed, "{m:?}");

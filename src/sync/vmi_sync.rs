@@ -302,7 +302,11 @@ impl DomainManager for SyncVmi {
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
         let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
-        self.info.stats(&self.client()?, pid).await
+        let mut stats = self.info.stats(&self.client()?, pid).await?;
+        if let Some(job) = self.migration_job_info().await {
+            stats["MigrateDomainJobInfo"] = job;
+        }
+        Ok(stats)
     }
 
     /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the

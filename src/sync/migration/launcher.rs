@@ -753,6 +753,59 @@ impl SyncVmi {
     }
 }
 
+/// KubeVirt's `stats.DomainJobInfo` (Go field names) of a running migration, as libvirt's job
+/// statistics map QEMU's: data = RAM plus the disk mirrors (`query-block-jobs` offset/len),
+/// `MemoryBps` = `ram.mbps` × 125 000 (QEMU's unit is 10^6 bit/s), `MemDirtyRate` in bytes/s
+/// (dirty pages/s × page size).
+pub fn job_info(
+    info: &crate::qmp::migration::MigrationInfo,
+    jobs: &[crate::qmp::migration::BlockJobInfo],
+) -> serde_json::Value {
+    let ram = info.ram.clone().unwrap_or_default();
+    let (len, offset) = jobs
+        .iter()
+        .filter(|j| j.device.starts_with("drive-"))
+        .fold((0u64, 0u64), |(l, o), j| (l + j.len, o + j.offset));
+    let page = if ram.page_size == 0 {
+        4096
+    } else {
+        ram.page_size
+    };
+    serde_json::json!({
+        "DataTotalSet": true, "DataTotal": ram.total + len,
+        "DataProcessedSet": true, "DataProcessed": ram.transferred + offset,
+        "MemoryBpsSet": true, "MemoryBps": (ram.mbps * 125_000.0) as u64,
+        "DataRemainingSet": true, "DataRemaining": ram.remaining + len.saturating_sub(offset),
+        "MemDirtyRateSet": true, "MemDirtyRate": ram.dirty_pages_rate.saturating_mul(page),
+    })
+}
+
+impl SyncVmi {
+    /// `MigrateDomainJobInfo` for GetDomainStats while an outgoing migration runs (`None`
+    /// otherwise).
+    pub(crate) async fn migration_job_info(&self) -> Option<serde_json::Value> {
+        let active = self
+            .migration
+            .abort
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !active {
+            return None;
+        }
+        let client = self.client().ok()?;
+        let info = client
+            .run(&crate::qmp::migration::QueryMigrate)
+            .await
+            .ok()?;
+        let jobs = client
+            .run(&crate::qmp::migration::QueryBlockJobs)
+            .await
+            .unwrap_or_default();
+        Some(job_info(&info, &jobs))
+    }
+}
+
 /// Sets the guest's clock to the host's every second for up to a minute, until the agent
 /// answers (KubeVirt `setGuestTime`); stops when the agent says the command is unsupported.
 async fn sync_guest_time(agent: Arc<crate::sync::agent::GuestAgent>) {
@@ -802,6 +855,37 @@ mod tests {
             decode(br#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#).unwrap();
         assert!(none.is_none());
         assert!(decode(b"nope").is_err());
+    }
+
+    #[test]
+    fn job_info_adds_the_mirrors_and_converts_units() {
+        use crate::qmp::migration::{BlockJobInfo, MigrationInfo, RamStats};
+        let info = MigrationInfo {
+            status: Some("active".into()),
+            ram: Some(RamStats {
+                total: 1000,
+                transferred: 400,
+                remaining: 600,
+                mbps: 8.0,
+                dirty_pages_rate: 10,
+                page_size: 4096,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let jobs = vec![BlockJobInfo {
+            device: "drive-ua-rootdisk".into(),
+            len: 100,
+            offset: 30,
+            ready: false,
+            status: "running".into(),
+        }];
+        let v = job_info(&info, &jobs);
+        assert_eq!(v["DataTotal"], 1100);
+        assert_eq!(v["DataProcessed"], 430);
+        assert_eq!(v["DataRemaining"], 670);
+        assert_eq!(v["MemoryBps"], 1_000_000);
+        assert_eq!(v["MemDirtyRate"], 40960);
     }
 
     #[test]
