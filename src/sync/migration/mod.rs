@@ -3,6 +3,8 @@
 //! - [`protocol`]: the versioned control protocol the two launchers speak over the migration
 //!   proxy's role-0 channel (the channel libvirt uses between its daemons);
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
+//! - [`source`], [`target`]: the two QMP halves of a migration;
+//! - [`launcher`]: the five migration RPCs of the launcher over them;
 //! - this module: the sockets virt-handler's migration proxy connects
 //!   (`pkg/virt-handler/migration-proxy/migration-proxy.go`, v1.9.0), the options virt-handler
 //!   sends with `MigrateVirtualMachine` (`cmdclient.MigrationOptions`) and the deadlines derived
