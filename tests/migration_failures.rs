@@ -75,7 +75,7 @@ async fn prepared_target(
 ) {
     let mut target = Pod::new(&images.disk_qcow2, true);
     target.uid = uid.to_owned();
-    let vmi = migrating_vmi(uid, migration, &target.pod_name());
+    let vmi = migrating_vmi(uid, migration, &target.pod_name(), testkit::netns::POD_MAC);
     let t = target.start_launcher();
     let mut tc = target.client(t).await;
     assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
@@ -92,7 +92,7 @@ async fn failed_migrations_leave_the_source_running() {
     let images = GuestImages::locate();
     let mut source = Pod::new(&images.disk_qcow2, true);
     let uid = source.uid.clone();
-    let mut plain = migrating_vmi(&uid, "none", "none");
+    let mut plain = migrating_vmi(&uid, "none", "none", testkit::netns::POD_MAC);
     plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
     let s = source.start_launcher();
     let mut sc = source.client(s).await;

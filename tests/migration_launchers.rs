@@ -63,10 +63,15 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     let mut target = Pod::new(&images.disk_qcow2, false);
     target.uid = source.uid.clone();
     let uid = source.uid.clone();
-    let vmi = migrating_vmi(&uid, "mig-1", &target.pod_name());
     // Before the hand-off the VMI has no migration state.
-    let mut plain = vmi.clone();
+    let mut plain = testkit::launcher::vmi(&uid);
     plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    // Pods get their own MACs from the CNI: the guest, whose MAC defaults to its first pod's,
+    // must keep that one on the target.
+    target
+        .net
+        .pod
+        .ip(&["link", "set", "eth0", "address", "0a:58:0a:f4:00:66"]);
 
     let s = source.start_launcher();
     let mut sc = source.client(s).await;
@@ -74,6 +79,14 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     source.wait_event((L::Running, R::Unknown), BOOT).await;
     let source_qemu = source.wait_qemu(s, BOOT).await;
     exec_until_ok(&mut sc, "true", BOOT).await;
+    // virt-handler reports the domain's guest MAC in status.interfaces.
+    let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
+        .mac
+        .clone()
+        .unwrap()
+        .mac;
+    assert_eq!(guest_mac, testkit::netns::POD_MAC);
+    let vmi = migrating_vmi(&uid, "mig-1", &target.pod_name(), &guest_mac);
 
     // The workload: a counter in RAM, and a file on the overlay's ext4.
     exec_until_ok(
@@ -164,6 +177,13 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     );
     let moved = exec_until_ok(&mut tc, "ip -4 -o addr show eth0", Duration::from_secs(20)).await;
     assert!(moved.contains("10.0.2.2/24"), "{moved}");
+    let link = exec_until_ok(
+        &mut tc,
+        "cat /sys/class/net/eth0/address",
+        Duration::from_secs(20),
+    )
+    .await;
+    assert_eq!(link.trim(), guest_mac);
 
     // The pod IP fails over to the target pod (as a CNI with persistent IPs does once the target
     // is ready): the node's side of the target's veth replaces the source's in the node namespace

@@ -15,10 +15,6 @@ use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use crate::handler::{vmi_only, vmi_request, Client};
 use crate::launcher::Pod;
 
-/// The guest MAC both pods' VMIs carry (`interfaces[0].macAddress`): with the pod's MAC as the
-/// default, two pods would give the guest two different NICs.
-pub const GUEST_MAC: &str = "02:00:00:5e:00:19";
-
 /// virt-handler's migration proxy between `source` and `target` for the VMI `uid`: per role (0,
 /// 49152, 49153) a unix listener in the source pod's `migrationproxy/` (the source handler's),
 /// dialling a TCP listener on the node's loopback (the target handler's) that dials the target
@@ -129,13 +125,20 @@ impl Drop for Relay {
     }
 }
 
-/// The launcher pod's VMI ([`crate::launcher::vmi`]) with [`GUEST_MAC`], as virt-handler sends it
-/// during the migration `migration_uid` to the pod `target_pod`.
-pub fn migrating_vmi(uid: &str, migration_uid: &str, target_pod: &str) -> serde_json::Value {
+/// The launcher pod's VMI ([`crate::launcher::vmi`]) as virt-handler sends it during the
+/// migration `migration_uid` to the pod `target_pod`: `status.migrationState`, the Unix transport,
+/// and `status.interfaces` with the guest MAC `guest_mac` virt-handler read from the source's
+/// domain.
+pub fn migrating_vmi(
+    uid: &str,
+    migration_uid: &str,
+    target_pod: &str,
+    guest_mac: &str,
+) -> serde_json::Value {
     let mut v = crate::launcher::vmi(uid);
-    v["spec"]["domain"]["devices"]["interfaces"][0]["macAddress"] = GUEST_MAC.into();
     v["status"] = serde_json::json!({
         "migrationTransport": "Unix",
+        "interfaces": [{"name": "default", "mac": guest_mac, "ipAddress": "10.0.2.2"}],
         "migrationState": {
             "migrationUid": migration_uid,
             "sourcePod": "virt-launcher-hv-source",

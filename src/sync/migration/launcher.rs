@@ -160,6 +160,32 @@ fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
     }
 }
 
+/// Gives every interface without `macAddress` the guest MAC virt-handler reports for it in
+/// `status.interfaces` (read from the source's domain): the MAC the source's guest runs with.
+/// Without it the target would default to its own pod's MAC, and the device model (and the DHCP
+/// lease) would differ from the source's; libvirt carries the MAC in the migrated XML.
+fn keep_guest_macs(vmi: &mut Vmi) {
+    let reported: Vec<(String, String)> = vmi
+        .status
+        .as_ref()
+        .and_then(|s| s.interfaces.as_ref())
+        .into_iter()
+        .flatten()
+        .filter_map(|i| Some((i.name.clone()?, i.mac.clone().filter(|m| !m.is_empty())?)))
+        .collect();
+    let Some(ifaces) = vmi.spec.domain.devices.interfaces.as_mut() else {
+        return;
+    };
+    for iface in ifaces {
+        if iface.mac_address.as_deref().is_some_and(|m| !m.is_empty()) {
+            continue;
+        }
+        if let Some((_, mac)) = reported.iter().find(|(n, _)| *n == iface.name) {
+            iface.mac_address = Some(mac.clone());
+        }
+    }
+}
+
 fn annotation<'a>(vmi: &'a Vmi, key: &str) -> Option<&'a str> {
     vmi.metadata
         .annotations
@@ -546,6 +572,9 @@ impl SyncVmi {
             crate::sync::facts::secondary::status_key(&vmi),
         ))
         .map_err(SyncError::EncodeDomain)?;
+        // The spec key above is what later syncs of this VMI compare with; the domain itself
+        // runs with the source's guest MACs.
+        keep_guest_macs(&mut vmi);
         let prepared = self.prepare(&vmi, spec).await?;
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
@@ -886,6 +915,37 @@ mod tests {
         assert_eq!(v["DataRemaining"], 670);
         assert_eq!(v["MemoryBps"], 1_000_000);
         assert_eq!(v["MemDirtyRate"], 40960);
+    }
+
+    #[test]
+    fn the_target_keeps_the_sources_guest_macs() {
+        let (mut vmi, _) = decode(
+            br#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{"interfaces":[
+                {"name":"default","masquerade":{}},
+                {"name":"fixed","bridge":{},"macAddress":"02:00:00:00:00:01"},
+                {"name":"unknown","bridge":{}}]}}},
+                "status":{"interfaces":[{"name":"default","mac":"0a:58:0a:f4:00:05"},
+                {"name":"fixed","mac":"02:00:00:00:00:99"}]}}"#,
+        )
+        .unwrap();
+        keep_guest_macs(&mut vmi);
+        let macs: Vec<Option<String>> = vmi
+            .spec
+            .domain
+            .devices
+            .interfaces
+            .unwrap()
+            .into_iter()
+            .map(|i| i.mac_address)
+            .collect();
+        assert_eq!(
+            macs,
+            vec![
+                Some("0a:58:0a:f4:00:05".into()),
+                Some("02:00:00:00:00:01".into()),
+                None
+            ]
+        );
     }
 
     #[test]
