@@ -1,4 +1,4 @@
-//! Failed live migrations between real launchers (`qlauncher launcher`), the test playing both
+//! Failed (and one paused) live migrations between real launchers (`qlauncher launcher`), the test playing both
 //! virt-handlers and the migration proxy (see `migration_launchers.rs`). One boot of the source
 //! guest serves every case, one after the other, each with a fresh target pod and migration UID
 //! (a source that survives a failed migration can be migrated again, as in KubeVirt):
@@ -8,7 +8,8 @@
 //!   when the cancel comes): `AbortStatus` Aborting then Succeeded, `Failed` with KubeVirt's
 //!   reason, the source runs on, the target's QEMU is gone;
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
-//! - the target's QEMU frozen (SIGSTOP) mid-copy: no progress, the progress timeout aborts.
+//! - the migration stream stalled mid-copy: no progress, the progress timeout aborts;
+//! - last, a user-paused VMI migrates and stays paused on the target until unpaused.
 //!
 //! The pods are non-root ones (QEMU runs as 107): the proxy sockets are QEMU's to use.
 //! Needs root and the test guest (`scripts/build-guest`).
@@ -88,7 +89,7 @@ async fn wait_target_qemu(target: &Pod, t: usize) -> i32 {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failed_migrations_leave_the_source_running() {
+async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paused() {
     let images = GuestImages::locate();
     let mut source = Pod::new(&images.disk_qcow2, true);
     let uid = source.uid.clone();
@@ -220,5 +221,47 @@ async fn failed_migrations_leave_the_source_running() {
                 .contains(&tq)),
             "the target's QEMU is still there"
         );
+    }
+
+    // Last (it consumes the source): a user-paused VMI migrates and stays paused on the target
+    // (Paused/User, which virt-handler counts as active), running again once unpaused.
+    {
+        let (target, _t, mut tc, vmi, _relay) =
+            prepared_target(&images, &source, &uid, "mig-paused").await;
+        let paused = sc
+            .pause_virtual_machine(testkit::handler::vmi_only(&plain))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(paused.success, "{paused:?}");
+        source.wait_event((L::Paused, R::User), END).await;
+        assert_eq!(
+            Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
+            (true, String::new())
+        );
+        testkit::migration::wait_notified(&source, "source Shutoff/Migrated", END, |d| {
+            d.status.status == L::Shutoff
+                && d.status.reason == R::Migrated
+                && metadata(d).is_some_and(|m| m.uid == "mig-paused" && m.end_timestamp.is_some())
+        })
+        .await;
+        testkit::migration::wait_notified(
+            &target,
+            "target Paused/User with EndTimestamp",
+            END,
+            |d| {
+                (d.status.status, d.status.reason) == (L::Paused, R::User)
+                    && metadata(d).is_some_and(|m| m.end_timestamp.is_some() && !m.failed)
+            },
+        )
+        .await;
+        let resumed = tc
+            .unpause_virtual_machine(testkit::handler::vmi_only(&plain))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(resumed.success, "{resumed:?}");
+        target.wait_event((L::Running, R::Unknown), END).await;
+        source_runs(&target, &mut tc).await;
     }
 }

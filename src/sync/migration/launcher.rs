@@ -705,6 +705,17 @@ impl SyncVmi {
         match session.finish(&client).await {
             Ok(TargetEnd::Completed { paused }) => {
                 info!(paused, "incoming migration completed");
+                if paused {
+                    // A user-paused VMI stays paused: Paused/User (libvirt's SUSPENDED/PAUSED
+                    // after a paused migration), which virt-handler counts as active.
+                    let status = crate::qmp::lifecycle::DomainStatus::new(
+                        DomainState::Paused,
+                        StateReason::User,
+                    );
+                    *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+                    self.shared
+                        .publish(status, crate::sync::domain::DomainEventType::Modified);
+                }
                 *self.running.lock().await = Some(prepared.running);
                 // KubeVirt's TargetMigrationMonitor: the end once no incoming job is left.
                 self.set_metadata(|m| {
