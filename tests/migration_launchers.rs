@@ -7,7 +7,7 @@
 //! target's guest keeps counting from where it was, has the file and its address, a TCP connection
 //! opened from the node to the guest's echo server (through the pod IP) carries data after the pod
 //! IP fails over to the target pod, the source's QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
-//! KubeVirt's order. Needs root and the test guest (`scripts/build-guest`).
+//! KubeVirt's order; then the migrated domain moves on to a third pod. Needs root and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
@@ -161,6 +161,11 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     let (ok, msg) = Rpc::migrate(&mut sc, &vmi, &opts).await;
     assert!(!ok && msg.contains("already executed"), "{msg}");
 
+    // The source's QEMU is gone; after DeleteVirtualMachine the source launcher exits.
+    assert!(!source.qemu_pids().contains(&source_qemu));
+    assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
+    source.wait_launcher(s, Duration::from_secs(60)).await;
+
     // Target handler: finalize twice.
     assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
     assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
@@ -205,10 +210,43 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         "the connection did not survive"
     );
 
-    // The source's QEMU is gone; after DeleteVirtualMachine the source launcher exits.
-    assert!(!source.qemu_pids().contains(&source_qemu));
-    assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
-    source.wait_launcher(s, Duration::from_secs(60)).await;
+    // Again, from the target to a third pod (KubeVirt's repeated migrations): the migrated
+    // domain's definition is sent on.
+    let mut third = Pod::new(&images.disk_qcow2, false);
+    third.uid = uid.clone();
+    let vmi2 = migrating_vmi(&uid, "mig-2", &third.pod_name(), &guest_mac);
+    let h = third.start_launcher();
+    let mut hc = third.client(h).await;
+    assert_eq!(
+        Rpc::sync_target(&mut hc, &vmi2).await,
+        (true, String::new())
+    );
+    let _relay2 = Relay::start(&target, &third, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut tc, &vmi2, &opts).await,
+        (true, String::new())
+    );
+    wait_notified(
+        &third,
+        "third pod Running with EndTimestamp",
+        MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && metadata(d).is_some_and(|m| m.uid == "mig-2" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    wait_notified(&target, "target Shutoff/Migrated", MIGRATION, |d| {
+        d.status.status == L::Shutoff && d.status.reason == R::Migrated
+    })
+    .await;
+    let third_count =
+        counter(&exec_until_ok(&mut hc, "cat /tmp/counter", Duration::from_secs(60)).await);
+    assert!(third_count >= later, "{later} -> {third_count}");
+    assert_eq!(
+        exec_until_ok(&mut hc, "cat /data/migrated", Duration::from_secs(20)).await,
+        "migrated-file\n"
+    );
 
     // Notifications in KubeVirt's order.
     let src = history(&source);

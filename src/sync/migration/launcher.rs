@@ -696,6 +696,12 @@ impl SyncVmi {
                 return Err((None, MigrationError::Peer(reason)));
             }
         };
+        // What a later migration away from here sends: this QEMU's argv without `-incoming`.
+        let boot: Vec<String> = argv
+            .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
+            .unwrap_or(&argv)
+            .to_vec();
+        self.migration.set_boot_argv(boot);
         let (_, stream, nbd) = self.migration_proxy_sockets(&session.domain.vmi_uid);
         let sockets = TargetSockets { stream, nbd };
         if let Err(e) = session.incoming(&client, &sockets).await {
