@@ -4,10 +4,12 @@
 //!
 //! One boot of the test guest: a memory-writing workload (a counter in the guest's RAM) runs and a
 //! file is written to the containerDisk overlay's ext4 `/data`; after `MigrateVirtualMachine` the
-//! target's guest keeps counting from where it was, has the file and its address, a TCP connection
-//! opened from the node to the guest's echo server (through the pod IP) carries data after the pod
-//! IP fails over to the target pod, the source's QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
-//! KubeVirt's order; then the migrated domain moves on to a third pod. Needs root and the test guest (`scripts/build-guest`).
+//! target's guest keeps counting from where it was, has the file, its address and its MAC (the
+//! target pod has another), a TCP connection opened from the node to the guest's echo server
+//! (through the pod IP) carries data after the pod IP fails over to the target pod, the source's
+//! QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
+//! KubeVirt's order; then the migrated domain moves on to a third pod. Needs root and the test
+//! guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
