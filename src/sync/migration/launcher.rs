@@ -105,6 +105,10 @@ pub struct VmiMigrationState {
     pub source_state: Option<MigrationUidState>,
     /// `targetPod`.
     pub target_pod: Option<String>,
+    /// `status.changedBlockTracking.backupStatus.backupName` of the VMI when a backup runs (not
+    /// part of `migrationState`; filled by [`decode`]).
+    #[serde(skip)]
+    pub running_backup: Option<String>,
 }
 
 /// `sourceState` / `targetState`: only the migration UID.
@@ -137,6 +141,14 @@ fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError
         .map(|v| serde_json::from_value(v.clone()))
         .transpose()
         .map_err(|_| invalid())?;
+    let backup = raw
+        .pointer("/status/changedBlockTracking/backupStatus")
+        .filter(|v| !v.is_null())
+        .map(|b| b["backupName"].as_str().unwrap_or_default().to_owned());
+    let state = state.map(|s: VmiMigrationState| VmiMigrationState {
+        running_backup: backup,
+        ..s
+    });
     let vmi: Vmi = serde_json::from_value(raw).map_err(|_| invalid())?;
     Ok((vmi, state))
 }
@@ -267,6 +279,11 @@ impl SyncVmi {
     ) -> Result<(), SyncError> {
         let (vmi, state) = decode(&vmi_json)?;
         require_unix_transport(&vmi)?;
+        if let Some(name) = state.as_ref().and_then(|s| s.running_backup.as_deref()) {
+            return Err(failed(format!(
+                "cannot migrate VMI until backup {name} is completed"
+            )));
+        }
         let uid = state
             .as_ref()
             .and_then(VmiMigrationState::uid)
@@ -901,6 +918,13 @@ mod tests {
             decode(br#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}}}"#).unwrap();
         assert!(none.is_none());
         assert!(decode(b"nope").is_err());
+        let (_, b) = decode(
+            br#"{"metadata":{"name":"v"},"spec":{"domain":{"devices":{}}},
+                "status":{"migrationState":{"migrationUid":"m"},
+                "changedBlockTracking":{"backupStatus":{"backupName":"nightly"}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(b.unwrap().running_backup.as_deref(), Some("nightly"));
     }
 
     #[test]
