@@ -73,6 +73,9 @@ pub enum StateReason {
     Panicked,
     /// `Dump`: paused while its memory is dumped (libvirt's core dump without `VIR_DUMP_LIVE`).
     Dump,
+    /// `Migrated`: QEMU was stopped after its state migrated to the target (libvirt's
+    /// `VIR_DOMAIN_SHUTOFF_MIGRATED`).
+    Migrated,
 }
 
 impl StateReason {
@@ -90,6 +93,7 @@ impl StateReason {
             StateReason::Crashed => "Crashed",
             StateReason::Panicked => "Panicked",
             StateReason::Dump => "Dump",
+            StateReason::Migrated => "Migrated",
         }
     }
 }

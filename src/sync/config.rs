@@ -52,6 +52,12 @@ pub struct SyncConfig {
     pub network_info: PathBuf,
     /// sysfs (`/sys`), where host PCI devices are looked up.
     pub sysfs: PathBuf,
+    /// `<share dir>/migrationproxy` (`/var/run/kubevirt/migrationproxy` in a pod): the migration
+    /// proxy's unix sockets, owned by the runtime user ([`crate::sync::migration`]).
+    pub migration_proxy_dir: PathBuf,
+    /// Where a migration target listens for the source launcher: the path virt-handler's target
+    /// proxy dials for role 0 (`/var/run/libvirt/virtqemud-sock` in a pod).
+    pub migration_control_socket: PathBuf,
 }
 
 /// The answer of `qemu --version`, asked once: `(7.2, "7.2.22")`, or None when QEMU does not answer.
@@ -142,6 +148,9 @@ impl SyncConfig {
             agent_poll: Default::default(),
             network_info: root.join("etc/podinfo/network-info"),
             sysfs: root.join("sys"),
+            migration_proxy_dir: root.join("var/run/kubevirt/migrationproxy"),
+            migration_control_socket: root
+                .join(crate::sync::migration::TARGET_CONTROL_SOCKET.trim_start_matches('/')),
         }
     }
 }

@@ -44,6 +44,79 @@ impl SyncVmi {
         vmi: &Vmi,
         spec: serde_json::Value,
     ) -> Result<Running, SyncError> {
+        let Prepared {
+            domain,
+            plan,
+            qmp_plan,
+            argv,
+            running,
+            vsock,
+            t0,
+            t_storage,
+            t_network,
+            t_convert,
+        } = self.prepare(vmi, spec).await?;
+        self.prepare_qemu_dirs()?;
+        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
+        if let Some(found) = recover::find(&self.config.qmp_socket, &plan.uuid).await {
+            // What the plan says the adopted QEMU was started with; devices hot-plugged into it
+            // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
+            let running = self.adopt(found, vmi, domain, running).await?;
+            self.migration.set_boot_argv(argv);
+            self.start_agent_poll();
+            return Ok(running);
+        }
+        let (pid, watcher) = self.spawn_qemu(&argv, &plan, vsock.as_ref())?;
+        drop(vsock);
+        self.migration.set_boot_argv(argv);
+        let client = self.connect(&watcher).await?;
+        self.follow(&client, domain, watcher).await?;
+        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
+        start_up(&client, &qmp_plan, paused).await?;
+
+        let t_running = t0.elapsed();
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        info!(
+            storage_ms = ms(t_storage),
+            network_ms = ms(t_network - t_storage),
+            convert_ms = ms(t_convert - t_network),
+            qemu_ms = ms(t_running - t_convert),
+            total_ms = ms(t_running),
+            "domain started (sync received to cont acknowledged)"
+        );
+        self.info
+            .set_timings(t_storage, t_network, t_convert, t_running);
+        self.shared.pid.send_replace(Some(pid));
+        Ok(running)
+    }
+
+    /// Starts the QEMU of a migration target from `prepared` with `argv` (the local argv with
+    /// the source's machine and `-incoming defer`), connects to it and follows its events (the
+    /// domain appears, Paused/Migration); returns the QMP client ([`crate::sync::migration`]).
+    pub(crate) async fn launch_incoming(
+        &self,
+        domain: ApiDomain,
+        plan: &DomainPlan,
+        argv: &[String],
+        vsock: Option<std::os::fd::OwnedFd>,
+    ) -> Result<QmpClient, SyncError> {
+        self.prepare_qemu_dirs()?;
+        let (pid, watcher) = self.spawn_qemu(argv, plan, vsock.as_ref())?;
+        drop(vsock);
+        let client = self.connect(&watcher).await?;
+        self.follow(&client, domain, watcher).await?;
+        self.shared.pid.send_replace(Some(pid));
+        Ok(client)
+    }
+
+    /// Everything of a start before QEMU runs: storage, network, facts, conversion (KubeVirt's
+    /// preStartHook and converter). A migration target stops here until the source's
+    /// definition arrives.
+    pub(crate) async fn prepare(
+        &self,
+        vmi: &Vmi,
+        spec: serde_json::Value,
+    ) -> Result<Prepared, SyncError> {
         let name = vmi.metadata.name.clone().unwrap_or_default();
         let namespace = vmi
             .metadata
@@ -131,36 +204,18 @@ impl SyncVmi {
         let t_convert = t0.elapsed();
 
         let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
-        self.prepare_qemu_dirs()?;
-        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
-        if let Some(found) = recover::find(&self.config.qmp_socket, &plan.uuid).await {
-            // What the plan says the adopted QEMU was started with; devices hot-plugged into it
-            // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
-            let running = self.adopt(found, vmi, domain, running).await?;
-            self.start_agent_poll();
-            return Ok(running);
-        }
-        let (pid, watcher) = self.spawn_qemu(&argv, &plan, vsock.as_ref())?;
-        drop(vsock);
-        let client = self.connect(&watcher).await?;
-        self.follow(&client, domain, watcher).await?;
-        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        start_up(&client, &qmp_plan, paused).await?;
-
-        let t_running = t0.elapsed();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        info!(
-            storage_ms = ms(t_storage),
-            network_ms = ms(t_network - t_storage),
-            convert_ms = ms(t_convert - t_network),
-            qemu_ms = ms(t_running - t_convert),
-            total_ms = ms(t_running),
-            "domain started (sync received to cont acknowledged)"
-        );
-        self.info
-            .set_timings(t_storage, t_network, t_convert, t_running);
-        self.shared.pid.send_replace(Some(pid));
-        Ok(running)
+        Ok(Prepared {
+            domain,
+            plan,
+            qmp_plan,
+            argv,
+            running,
+            vsock,
+            t0,
+            t_storage,
+            t_network,
+            t_convert,
+        })
     }
 
     /// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
@@ -285,6 +340,26 @@ impl SyncVmi {
         ));
         Ok(())
     }
+}
+
+/// A domain prepared but not started ([`SyncVmi::prepare`]).
+pub(crate) struct Prepared {
+    /// The `api.Domain` to publish once QEMU runs.
+    pub(crate) domain: ApiDomain,
+    /// The converted plan.
+    pub(crate) plan: DomainPlan,
+    /// Its QMP start-up and hotplug plan.
+    pub(crate) qmp_plan: render::QmpPlan,
+    /// QEMU's argv (with `-S`).
+    pub(crate) argv: Vec<String>,
+    /// What the running domain will hold.
+    pub(crate) running: Running,
+    /// The vhost-vsock fd QEMU inherits.
+    pub(crate) vsock: Option<std::os::fd::OwnedFd>,
+    t0: Instant,
+    t_storage: Duration,
+    t_network: Duration,
+    t_convert: Duration,
 }
 
 /// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,

@@ -75,6 +75,11 @@ pub(crate) struct Shared {
     pub(crate) client: StdMutex<Option<QmpClient>>,
     /// A memory dump runs: its STOP is Paused/Dump, not a user's pause.
     pub(crate) dumping: AtomicBool,
+    /// An outgoing migration runs: its STOP (the switchover) is Paused/Migration
+    /// ([`crate::sync::migration`]).
+    pub(crate) migrating: AtomicBool,
+    /// The domain migrated away: QEMU's exit is Shutoff/Migrated.
+    pub(crate) migrated: AtomicBool,
 }
 
 impl Shared {
@@ -87,6 +92,10 @@ impl Shared {
             if ev.name == "SHUTDOWN" && status.shutdown.is_some() {
                 return *status;
             }
+            // The `quit` that stops a migrated-away source is no shutdown of the domain.
+            if ev.name == "SHUTDOWN" && self.migrated.load(std::sync::atomic::Ordering::SeqCst) {
+                return *status;
+            }
         }
         let mut next = lifecycle::next_status(*status, input);
         if let LifecycleInput::Event(ev) = input {
@@ -97,6 +106,18 @@ impl Shared {
             {
                 next.reason = lifecycle::StateReason::Dump;
             }
+            if ev.name == "STOP"
+                && next.state == lifecycle::DomainState::Paused
+                && next.reason == lifecycle::StateReason::User
+                && self.migrating.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                next.reason = lifecycle::StateReason::Migration;
+            }
+        }
+        if matches!(input, LifecycleInput::QemuExited)
+            && self.migrated.load(std::sync::atomic::Ordering::SeqCst)
+        {
+            next.reason = lifecycle::StateReason::Migrated;
         }
         let changed = (next.state, next.reason) != (status.state, status.reason);
         *status = next;

@@ -53,6 +53,8 @@ pub struct SyncVmi {
     pub(crate) cmdapi: crate::sync::cmdapi::CmdApiState,
     /// Set by DeleteVirtualMachine: the launcher may send its final notification and exit.
     pub(crate) deleted: watch::Sender<bool>,
+    /// Live migration on either side ([`crate::sync::migration::launcher`]).
+    pub(crate) migration: crate::sync::migration::launcher::MigrationCtl,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -78,10 +80,13 @@ impl SyncVmi {
                 pid,
                 client: StdMutex::new(None),
                 dumping: AtomicBool::new(false),
+                migrating: AtomicBool::new(false),
+                migrated: AtomicBool::new(false),
             }),
             info: crate::sync::info::DomainInfo::default(),
             cmdapi: crate::sync::cmdapi::CmdApiState::default(),
             deleted: watch::channel(false).0,
+            migration: Default::default(),
         }
     }
 
@@ -300,7 +305,11 @@ impl DomainManager for SyncVmi {
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
         let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
-        self.info.stats(&self.client()?, pid).await
+        let mut stats = self.info.stats(&self.client()?, pid).await?;
+        if let Some(job) = self.migration_job_info().await {
+            stats["MigrateDomainJobInfo"] = job;
+        }
+        Ok(stats)
     }
 
     /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the
@@ -383,6 +392,41 @@ impl DomainManager for SyncVmi {
         request: VmStatsRequest,
     ) -> Option<Result<VmStatsResponse, SyncError>> {
         Some(self.collect_vm_stats(request).await)
+    }
+
+    async fn migrate_vmi(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.migrate(vmi_json, options).await)
+    }
+
+    async fn sync_migration_target(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Option<VirtualMachineOptions>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.sync_target(vmi_json, options).await)
+    }
+
+    async fn cancel_migration(self: Arc<Self>, vmi_json: Vec<u8>) -> Option<Result<(), SyncError>> {
+        Some(self.cancel(vmi_json).await)
+    }
+
+    async fn signal_target_pod_cleanup(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.signal_cleanup(vmi_json).await)
+    }
+
+    async fn finalize_migration(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Option<VirtualMachineOptions>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.finalize(vmi_json, options).await)
     }
 
     async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {

@@ -153,6 +153,12 @@ impl Pod {
         pod
     }
 
+    /// The pod's name (`POD_NAME` of its launchers): `virt-launcher-<root's name>`.
+    pub fn pod_name(&self) -> String {
+        let id = self.root.file_name().unwrap_or_default().to_string_lossy();
+        format!("virt-launcher-{id}")
+    }
+
     /// `<root>/var/run/kubevirt`.
     pub fn share(&self) -> PathBuf {
         self.root.join("var/run/kubevirt")
@@ -239,6 +245,7 @@ impl Pod {
             .args(&args)
             .env("QLAUNCHER_ROOT", &self.root)
             .env("QLAUNCHER_EMULATION", "on")
+            .env("POD_NAME", self.pod_name())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(self.launcher_log(n)).unwrap())

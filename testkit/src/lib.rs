@@ -14,6 +14,7 @@
 //! - [`notify`]: virt-handler's side of the notify API (a gRPC server recording domain events).
 //! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
 //!   GetDomain).
+//! - [`migration`]: both virt-handlers of a live migration (the proxy relay, the RPCs).
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
 //!   test guest as its containerDisk.
 //! - [`run`]: `qlauncher run` in a pod network namespace, as a user runs it.
@@ -37,6 +38,7 @@ pub mod guest;
 pub mod handler;
 pub mod hostile;
 pub mod launcher;
+pub mod migration;
 pub mod monitor;
 pub mod names;
 pub mod net;

@@ -53,7 +53,8 @@ pub struct DomainStats {
     pub cpu: Option<CpuStats>,
     /// Memory (KiB).
     pub memory: Option<MemoryStats>,
-    /// Migration job info (always `null`: no migration).
+    /// Migration job info: `null` unless an outgoing migration runs (then filled by
+    /// `sync::migration::launcher::job_info`).
     pub migrate_domain_job_info: Option<Value>,
     /// One entry per vCPU.
     pub vcpu: Vec<VcpuStats>,

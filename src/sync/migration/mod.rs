@@ -3,6 +3,8 @@
 //! - [`protocol`]: the versioned control protocol the two launchers speak over the migration
 //!   proxy's role-0 channel (the channel libvirt uses between its daemons);
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
+//! - [`source`], [`target`]: the two QMP halves of a migration;
+//! - [`launcher`]: the five migration RPCs of the launcher over them;
 //! - this module: the sockets virt-handler's migration proxy connects
 //!   (`pkg/virt-handler/migration-proxy/migration-proxy.go`, v1.9.0), the options virt-handler
 //!   sends with `MigrateVirtualMachine` (`cmdclient.MigrationOptions`) and the deadlines derived
@@ -13,6 +15,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod launcher;
 pub mod metadata;
 pub mod protocol;
 pub mod source;
@@ -147,6 +150,15 @@ impl MigrationOptions {
         Ok(mib.saturating_mul(MIB))
     }
 
+    /// The disk mirrors' `speed` in bytes/s: the limited bandwidth, or `None` (unlimited) when
+    /// virt-handler sets none (libvirt passes the migration bandwidth to its block copy jobs,
+    /// `qemuMigrationSrcNBDStorageCopy`).
+    pub fn mirror_speed(&self) -> Option<u64> {
+        const MIB: u64 = 1 << 20;
+        let unlimited = (i64::MAX as u64 / MIB) * MIB;
+        self.max_bandwidth().ok().filter(|&b| b != unlimited)
+    }
+
     /// The completion deadline for `data_bytes` of memory and copied disks: the per-GiB timeout
     /// times the size in decimal GB rounded up (KubeVirt's `ScaledValue(Giga)`); `None` when
     /// disabled.
@@ -200,6 +212,8 @@ mod tests {
         assert_eq!(o.parallel_migration_threads, Some(8));
         assert!(o.allow_auto_converge);
         assert_eq!(o.max_bandwidth().unwrap(), 64 << 20);
+        assert_eq!(o.mirror_speed(), Some(64 << 20));
+        assert_eq!(MigrationOptions::default().mirror_speed(), None);
         assert_eq!(o.progress_deadline(), Some(Duration::from_secs(150)));
         // A 1 GiB guest is 2 decimal GB: 300 s.
         assert_eq!(

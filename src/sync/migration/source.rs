@@ -315,7 +315,7 @@ async fn migrate(
             device: disk.node.clone(),
             target: node,
             sync: "top",
-            speed: None,
+            speed: plan.options.mirror_speed(),
             auto_finalize: true,
         })
         .await?;

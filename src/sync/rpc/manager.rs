@@ -103,6 +103,47 @@ pub trait DomainManager: Send + Sync + 'static {
     // The RPCs below default to `None`: this manager does not implement them, answered
     // "<Rpc> is not supported by qlauncher".
 
+    /// `MigrateVirtualMachine` (source): `vmi_json` is the request's VMI (its
+    /// `status.migrationState` names the migration), `options` virt-handler's
+    /// `cmdclient.MigrationOptions` JSON. Returns once the migration runs.
+    fn migrate_vmi(
+        self: std::sync::Arc<Self>,
+        _vmi_json: Vec<u8>,
+        _options: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `SyncMigrationTarget` (target): prepare the pod and wait for the source.
+    fn sync_migration_target(
+        self: std::sync::Arc<Self>,
+        _vmi_json: Vec<u8>,
+        _options: Option<VirtualMachineOptions>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `CancelVirtualMachineMigration` (source).
+    fn cancel_migration(
+        self: std::sync::Arc<Self>,
+        _vmi_json: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `SignalTargetPodCleanup` (target, after a failed migration).
+    fn signal_target_pod_cleanup(
+        self: std::sync::Arc<Self>,
+        _vmi_json: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `FinalizeVirtualMachineMigration` (target, twice after a success).
+    fn finalize_migration(
+        self: std::sync::Arc<Self>,
+        _vmi_json: Vec<u8>,
+        _options: Option<VirtualMachineOptions>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+
     /// `FreezeVirtualMachine`: freeze the guest's file systems, thawing after `unfreeze_timeout`
     /// unless it is zero.
     fn freeze_vmi(

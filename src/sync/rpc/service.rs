@@ -1,7 +1,7 @@
 //! The `kubevirt.cmd.v1.Cmd` service: decodes each request, dispatches it to the
 //! [`DomainManager`] and encodes the answer (`pkg/virt-launcher/virtwrap/cmd-server/server.go`,
 //! v1.9.0). Failures are in-band (`success=false`) except for `Exec`, `GuestPing` and `GetVMStats`
-//! with its flag off. The RPCs a manager does not implement (for qlauncher: migration, backup,
+//! with its flag off. The RPCs a manager does not implement (for qlauncher: backup,
 //! checkpoints) answer at once with `success=false` and a message saying so.
 
 use std::future::Future;
@@ -48,6 +48,12 @@ fn error_message(error: &(dyn std::error::Error + 'static)) -> String {
 fn decode_vmi<V: DeserializeOwned>(vmi: Option<&cmd::Vmi>) -> Result<V, cmd::Response> {
     let bytes = vmi.map(|v| v.vmi_json.as_slice()).unwrap_or_default();
     serde_json::from_slice(bytes).map_err(|_| failed(INVALID_VMI_MESSAGE.to_owned()))
+}
+
+/// The request's `vmiJson` bytes (empty when absent); the migration calls decode it themselves
+/// (they read `status.migrationState`).
+fn vmi_json(vmi: Option<cmd::Vmi>) -> Vec<u8> {
+    vmi.map(|v| v.vmi_json).unwrap_or_default()
 }
 
 fn seconds(timeout_seconds: i32) -> Duration {
@@ -262,37 +268,61 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
 
     async fn migrate_virtual_machine(
         &self,
-        _: Request<cmd::MigrationRequest>,
+        request: Request<cmd::MigrationRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("MigrateVirtualMachine")))
+        let r = request.into_inner();
+        let vmi = vmi_json(r.vmi);
+        let m = Arc::clone(&self.manager);
+        Ok(tonic::Response::new(answer(
+            "MigrateVirtualMachine",
+            m.migrate_vmi(vmi, r.options).await,
+        )))
     }
 
-    async fn sync_migration_target(&self, _: Request<cmd::VmiRequest>) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("SyncMigrationTarget")))
+    async fn sync_migration_target(
+        &self,
+        request: Request<cmd::VmiRequest>,
+    ) -> RpcResult<cmd::Response> {
+        let r = request.into_inner();
+        let m = Arc::clone(&self.manager);
+        Ok(tonic::Response::new(answer(
+            "SyncMigrationTarget",
+            m.sync_migration_target(vmi_json(r.vmi), r.options).await,
+        )))
     }
 
     async fn cancel_virtual_machine_migration(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported(
+        let m = Arc::clone(&self.manager);
+        Ok(tonic::Response::new(answer(
             "CancelVirtualMachineMigration",
+            m.cancel_migration(vmi_json(request.into_inner().vmi)).await,
         )))
     }
 
     async fn signal_target_pod_cleanup(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("SignalTargetPodCleanup")))
+        let m = Arc::clone(&self.manager);
+        Ok(tonic::Response::new(answer(
+            "SignalTargetPodCleanup",
+            m.signal_target_pod_cleanup(vmi_json(request.into_inner().vmi))
+                .await,
+        )))
     }
 
     async fn finalize_virtual_machine_migration(
         &self,
-        _: Request<cmd::VmiRequest>,
+        request: Request<cmd::VmiRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported(
+        let r = request.into_inner();
+        let m = Arc::clone(&self.manager);
+        Ok(tonic::Response::new(answer(
             "FinalizeVirtualMachineMigration",
+            m.finalize_migration(vmi_json(r.vmi), r.options).await,
         )))
     }
 

@@ -1,0 +1,338 @@
+//! Both virt-handlers of a live migration, for tests: the migration proxy between two launcher pods
+//! ([`Relay`]: unix sockets in each pod, TCP between them, as virt-handler's
+//! `pkg/virt-handler/migration-proxy` forwards), the VMI with `status.migrationState` as
+//! virt-controller hands it off, and the migration RPCs as virt-handler's cmd client sends them.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use qlauncher::sync::domain::ApiDomain;
+use qlauncher::sync::migration::metadata::MigrationMetadata;
+use qlauncher::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
+use qlauncher::sync::proto::cmd::v1 as cmd;
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+
+use crate::handler::{vmi_only, vmi_request, Client};
+use crate::launcher::Pod;
+
+/// virt-handler's migration proxy between `source` and `target` for the VMI `uid`: per role (0,
+/// 49152, 49153) a unix listener in the source pod's `migrationproxy/` (the source handler's),
+/// dialling a TCP listener on the node's loopback (the target handler's) that dials the target
+/// pod's socket for the role. One new outbound connection per accepted one, both directions
+/// copied; tasks end when dropped.
+pub struct Relay {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    frozen: tokio::sync::watch::Sender<bool>,
+}
+
+impl Relay {
+    /// Starts the relay (inside a tokio runtime).
+    pub async fn start(source: &Pod, target: &Pod, uid: &str) -> Relay {
+        let src_dir = source.share().join("migrationproxy");
+        std::fs::create_dir_all(&src_dir).unwrap();
+        // virt-handler gives the directory and its sockets to qemu (107): a non-root QEMU
+        // connects to them.
+        let owner = source.nonroot.then_some(107);
+        std::os::unix::fs::chown(&src_dir, owner, owner).unwrap();
+        let dst_dir = target.share().join("migrationproxy");
+        let mut tasks = Vec::new();
+        let (frozen, gate) = tokio::sync::watch::channel(false);
+        for role in [0, DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
+            let dial: PathBuf = if role == 0 {
+                target.root.join("var/run/libvirt/virtqemud-sock")
+            } else {
+                proxy_socket(&dst_dir, uid, role)
+            };
+            let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
+            let port = tcp.local_addr().unwrap().port();
+            let gate = (role == DIRECT_MIGRATION_PORT).then(|| gate.clone());
+            tasks.push(tokio::spawn(async move {
+                while let Ok((conn, _)) = tcp.accept().await {
+                    let dial = dial.clone();
+                    let gate = gate.clone();
+                    tokio::spawn(async move {
+                        // The target handler dials lazily; a missing socket closes the leg.
+                        if let Ok(out) = UnixStream::connect(&dial).await {
+                            pipe(conn, out, gate).await;
+                        }
+                    });
+                }
+            }));
+            let sock = proxy_socket(&src_dir, uid, role);
+            let _ = std::fs::remove_file(&sock);
+            let unix = UnixListener::bind(&sock).unwrap();
+            std::os::unix::fs::chown(&sock, owner, owner).unwrap();
+            tasks.push(tokio::spawn(async move {
+                while let Ok((conn, _)) = unix.accept().await {
+                    tokio::spawn(async move {
+                        if let Ok(out) = TcpStream::connect(("127.0.0.1", port)).await {
+                            pipe(conn, out, None).await;
+                        }
+                    });
+                }
+            }));
+        }
+        Relay { tasks, frozen }
+    }
+
+    /// Stops (true) or resumes (false) forwarding the QEMU migration stream (role 49152) from the
+    /// source to the target: a network that stalls, while the control and NBD channels flow.
+    pub fn freeze_stream(&self, frozen: bool) {
+        self.frozen.send_replace(frozen);
+    }
+}
+
+/// Copies both ways until either side ends, then drops both (no half-close, as the proxy).
+/// With a `gate`, the `a` to `b` direction waits while the gate is true.
+async fn pipe<A, B>(a: A, b: B, gate: Option<tokio::sync::watch::Receiver<bool>>)
+where
+    A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+    B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut ar, mut aw) = tokio::io::split(a);
+    let (mut br, mut bw) = tokio::io::split(b);
+    let forward = async move {
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if let Some(g) = &gate {
+                let mut g = g.clone();
+                if g.wait_for(|f| !*f).await.is_err() {
+                    return;
+                }
+            }
+            match ar.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => {
+                    if bw.write_all(&buf[..n]).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = forward => {}
+        _ = tokio::io::copy(&mut br, &mut aw) => {}
+    }
+}
+
+impl Drop for Relay {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+/// The launcher pod's VMI ([`crate::launcher::vmi`]) as virt-handler sends it during the
+/// migration `migration_uid` to the pod `target_pod`: `status.migrationState`, the Unix transport,
+/// and `status.interfaces` with the guest MAC `guest_mac` virt-handler read from the source's
+/// domain.
+pub fn migrating_vmi(
+    uid: &str,
+    migration_uid: &str,
+    target_pod: &str,
+    guest_mac: &str,
+) -> serde_json::Value {
+    let mut v = crate::launcher::vmi(uid);
+    v["status"] = serde_json::json!({
+        "migrationTransport": "Unix",
+        "interfaces": [{"name": "default", "mac": guest_mac, "ipAddress": "10.0.2.2"}],
+        "migrationState": {
+            "migrationUid": migration_uid,
+            "sourcePod": "virt-launcher-hv-source",
+            "targetPod": target_pod,
+        }
+    });
+    v
+}
+
+/// virt-handler's `MigrationOptions` JSON with KubeVirt's defaults, `bandwidth` (a quantity) and
+/// `progress_timeout` seconds.
+pub fn options(bandwidth: &str, progress_timeout: i64) -> Vec<u8> {
+    serde_json::to_vec(&serde_json::json!({
+        "Bandwidth": bandwidth, "ProgressTimeout": progress_timeout,
+        "CompletionTimeoutPerGiB": 150, "MaxDowntimeMs": 900, "UnsafeMigration": false,
+        "AllowAutoConverge": false, "AllowPostCopy": false, "ParallelMigrationThreads": null,
+        "AllowWorkloadDisruption": false, "StallDetectorOptions": null, "Compression": null
+    }))
+    .unwrap()
+}
+
+fn answer(r: Result<tonic::Response<cmd::Response>, tonic::Status>, rpc: &str) -> (bool, String) {
+    let r = r.unwrap_or_else(|e| panic!("{rpc}: {e}")).into_inner();
+    (r.success, r.message)
+}
+
+/// The RPCs of the migration, each timed against virt-handler's 20 s deadline (panics beyond).
+pub struct Rpc;
+
+const DEADLINE: Duration = Duration::from_secs(20);
+
+async fn timed<F: std::future::Future>(rpc: &str, f: F) -> F::Output {
+    let t0 = Instant::now();
+    let out = tokio::time::timeout(DEADLINE, f)
+        .await
+        .unwrap_or_else(|_| panic!("{rpc} took more than {DEADLINE:?}"));
+    eprintln!("{rpc} answered in {:?}", t0.elapsed());
+    out
+}
+
+impl Rpc {
+    /// `SyncMigrationTarget` (default options, as the target handler builds them).
+    pub async fn sync_target(c: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
+        answer(
+            timed(
+                "SyncMigrationTarget",
+                c.sync_migration_target(vmi_request(vmi)),
+            )
+            .await,
+            "SyncMigrationTarget",
+        )
+    }
+
+    /// `MigrateVirtualMachine`.
+    pub async fn migrate(c: &mut Client, vmi: &serde_json::Value, opts: &[u8]) -> (bool, String) {
+        let req = cmd::MigrationRequest {
+            vmi: Some(cmd::Vmi {
+                vmi_json: serde_json::to_vec(vmi).unwrap(),
+            }),
+            options: opts.to_vec(),
+        };
+        answer(
+            timed("MigrateVirtualMachine", c.migrate_virtual_machine(req)).await,
+            "MigrateVirtualMachine",
+        )
+    }
+
+    /// `CancelVirtualMachineMigration`.
+    pub async fn cancel(c: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
+        answer(
+            timed(
+                "CancelVirtualMachineMigration",
+                c.cancel_virtual_machine_migration(vmi_only(vmi)),
+            )
+            .await,
+            "CancelVirtualMachineMigration",
+        )
+    }
+
+    /// `FinalizeVirtualMachineMigration`.
+    pub async fn finalize(c: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
+        answer(
+            timed(
+                "FinalizeVirtualMachineMigration",
+                c.finalize_virtual_machine_migration(vmi_request(vmi)),
+            )
+            .await,
+            "FinalizeVirtualMachineMigration",
+        )
+    }
+
+    /// `SignalTargetPodCleanup`.
+    pub async fn signal_cleanup(c: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
+        answer(
+            timed(
+                "SignalTargetPodCleanup",
+                c.signal_target_pod_cleanup(vmi_only(vmi)),
+            )
+            .await,
+            "SignalTargetPodCleanup",
+        )
+    }
+
+    /// `DeleteVirtualMachine`.
+    pub async fn delete(c: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
+        answer(
+            timed(
+                "DeleteVirtualMachine",
+                c.delete_virtual_machine(vmi_only(vmi)),
+            )
+            .await,
+            "DeleteVirtualMachine",
+        )
+    }
+}
+
+/// Runs `sh -c script` in the guest through the agent (`Exec` on domain `default_hv`); returns
+/// (exit code, stdout), or None when the agent did not answer.
+pub async fn exec(c: &mut Client, script: &str) -> Option<(i32, String)> {
+    let out = c
+        .exec(cmd::ExecRequest {
+            domain_name: "default_hv".into(),
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            timeout_seconds: 20,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    Some((out.exit_code, out.std_out))
+}
+
+/// Polls [`exec`] until the agent answers (up to `timeout`); panics then.
+pub async fn exec_until_ok(c: &mut Client, script: &str, timeout: Duration) -> String {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some((0, out)) = exec(c, script).await {
+            return out;
+        }
+        assert!(Instant::now() < deadline, "the agent never ran {script:?}");
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// The migration record of a domain.
+pub fn metadata(d: &ApiDomain) -> Option<MigrationMetadata> {
+    d.spec.metadata.kubevirt.migration.clone()
+}
+
+/// Waits until a notification of `pod` satisfies `ok`; returns it.
+pub async fn wait_notified(
+    pod: &Pod,
+    what: &str,
+    timeout: Duration,
+    ok: impl Fn(&ApiDomain) -> bool,
+) -> ApiDomain {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some((_, d)) = pod.received.lock().unwrap().iter().find(|(_, d)| ok(d)) {
+            return d.clone();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no notification {what}; got {:?}",
+            pod.events()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The (event type, state, reason, migration record) of each notification of `pod`, consecutive
+/// repeats folded.
+pub fn history(pod: &Pod) -> Vec<(String, String, String, Option<MigrationMetadata>)> {
+    let mut out: Vec<(String, String, String, Option<MigrationMetadata>)> = Vec::new();
+    for (t, d) in pod.received.lock().unwrap().iter() {
+        let e = (
+            t.clone(),
+            format!("{:?}", d.status.status),
+            format!("{:?}", d.status.reason),
+            metadata(d),
+        );
+        if out.last() != Some(&e) {
+            out.push(e);
+        }
+    }
+    out
+}
+
+/// The socket directory of `pod`'s migration proxy.
+pub fn proxy_dir(pod: &Pod) -> PathBuf {
+    pod.share().join("migrationproxy")
+}
+
+/// True when `path` exists.
+pub fn exists(path: &Path) -> bool {
+    path.exists()
+}
