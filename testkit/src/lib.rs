@@ -14,6 +14,8 @@
 //! - [`notify`]: virt-handler's side of the notify API (a gRPC server recording domain events).
 //! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
 //!   GetDomain).
+//! - [`in_process`]: the launcher in the test's process: KubeVirt's directories under a temporary
+//!   root, the cmd server with virt-handler's client, the notify server.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
 //!   test guest as its containerDisk.
 //! - [`run`]: `qlauncher run` in a pod network namespace, as a user runs it.
@@ -36,6 +38,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod handler;
 pub mod hostile;
+pub mod in_process;
 pub mod launcher;
 pub mod monitor;
 pub mod names;
