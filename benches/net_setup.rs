@@ -10,7 +10,7 @@
 
 use qlauncher::net::NetConfig;
 use std::time::{Duration, Instant};
-use testkit::net::{kubevirt_nft, resolv_conf, setup, POD_IPV4};
+use testkit::net::{kubevirt_masquerade_links, kubevirt_nft, resolv_conf, setup, POD_IPV4};
 use testkit::netns::PodNet;
 use testkit::storage::run;
 
@@ -18,36 +18,9 @@ use testkit::storage::run;
 fn with_tools(pod: &testkit::netns::Netns) -> Duration {
     qlauncher::net::netns::run_in(&pod.path(), || {
         let t = Instant::now();
-        for args in [
-            &["link", "add", "k6t-eth0", "type", "bridge"][..],
-            &[
-                "link",
-                "set",
-                "k6t-eth0",
-                "address",
-                "02:00:00:00:00:00",
-                "mtu",
-                "1450",
-            ],
-            &["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
-            &[
-                "-6",
-                "addr",
-                "add",
-                "fd10:0:2::1/120",
-                "dev",
-                "k6t-eth0",
-                "nodad",
-            ],
-            &["link", "set", "k6t-eth0", "up"],
-            &[
-                "tuntap", "add", "dev", "tap0", "mode", "tap", "user", "0", "group", "0",
-            ],
-            &[
-                "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
-            ],
-        ] {
-            run("ip", args);
+        for args in kubevirt_masquerade_links(0, true) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run("ip", &args);
         }
         for (key, v) in [
             ("net/ipv4/ip_forward", "1"),

@@ -306,6 +306,49 @@ pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
     panic!("no connection within 5s");
 }
 
+/// The `ip` commands of virt-handler's masquerade setup in the pod
+/// (`pkg/network/setup/netpod/masquerade`, KubeVirt v1.9.0) for pod link `eth0` with MTU 1450:
+/// bridge `k6t-eth0` with the masquerade bridge MAC and the gateway `10.0.2.1/24` (and
+/// `fd10:0:2::1/120` without DAD when `ipv6`), set up, then tap `tap0` owned by `owner` (uid and
+/// gid) as its port. Arguments of `ip`, in order.
+pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
+    let owner = owner.to_string();
+    let mut cmds: Vec<Vec<&str>> = vec![
+        vec!["link", "add", "k6t-eth0", "type", "bridge"],
+        vec![
+            "link",
+            "set",
+            "k6t-eth0",
+            "address",
+            "02:00:00:00:00:00",
+            "mtu",
+            "1450",
+        ],
+        vec!["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
+    ];
+    if ipv6 {
+        cmds.push(vec![
+            "-6",
+            "addr",
+            "add",
+            "fd10:0:2::1/120",
+            "dev",
+            "k6t-eth0",
+            "nodad",
+        ]);
+    }
+    cmds.push(vec!["link", "set", "k6t-eth0", "up"]);
+    cmds.push(vec![
+        "tuntap", "add", "dev", "tap0", "mode", "tap", "user", &owner, "group", &owner,
+    ]);
+    cmds.push(vec![
+        "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
+    ]);
+    cmds.into_iter()
+        .map(|c| c.into_iter().map(String::from).collect())
+        .collect()
+}
+
 /// The pod IPv4 address of [`crate::netns::PodNet`]'s `eth0`, Istio's extra DNAT destination.
 pub const POD_IPV4: &str = "10.244.0.5";
 
