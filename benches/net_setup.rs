@@ -10,107 +10,17 @@
 
 use qlauncher::net::NetConfig;
 use std::time::{Duration, Instant};
-use testkit::net::{resolv_conf, setup};
+use testkit::net::{kubevirt_masquerade_links, kubevirt_nft, resolv_conf, setup, POD_IPV4};
 use testkit::netns::PodNet;
 use testkit::storage::run;
-
-/// The `nft` command lines KubeVirt runs for the default masquerade interface (all ports).
-fn kubevirt_nft() -> Vec<Vec<String>> {
-    let mut cmds = Vec::new();
-    for (fam, guest, gw, lo) in [
-        ("ip", "10.0.2.2", "10.0.2.1", "127.0.0.1"),
-        ("ip6", "fd10:0:2::2", "fd10:0:2::1", "::1"),
-    ] {
-        let lines = [
-            "add table FAM nat".to_string(),
-            "add chain FAM nat prerouting { type nat hook prerouting priority -100; }".into(),
-            "add chain FAM nat input { type nat hook input priority 100; }".into(),
-            "add chain FAM nat output { type nat hook output priority -100; }".into(),
-            "add chain FAM nat postrouting { type nat hook postrouting priority 100; }".into(),
-            "add chain FAM nat KUBEVIRT_PREINBOUND".into(),
-            "add chain FAM nat KUBEVIRT_POSTINBOUND".into(),
-            format!("add rule FAM nat postrouting FAM saddr {guest} counter masquerade"),
-            "add rule FAM nat prerouting iifname eth0 counter jump KUBEVIRT_PREINBOUND".into(),
-            "add rule FAM nat postrouting oifname k6t-eth0 counter jump KUBEVIRT_POSTINBOUND"
-                .into(),
-            format!("add rule FAM nat KUBEVIRT_PREINBOUND counter dnat to {guest}"),
-            format!(
-                "add rule FAM nat KUBEVIRT_POSTINBOUND FAM saddr {{ {lo} }} counter snat to {gw}"
-            ),
-            format!("add rule FAM nat output FAM daddr {{ {lo} }} counter dnat to {guest}"),
-        ];
-        for l in lines {
-            let l = l.replace("FAM", fam);
-            // nft takes the whole command as separate words; the `{ ... }` stays one word.
-            cmds.push(split_words(&l));
-        }
-    }
-    cmds
-}
-
-/// Splits on spaces, keeping `{ ... }` groups as one word.
-fn split_words(line: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut depth = 0;
-    for ch in line.chars() {
-        match ch {
-            '{' => {
-                depth += 1;
-                cur.push(ch);
-            }
-            '}' => {
-                depth -= 1;
-                cur.push(ch);
-            }
-            ' ' if depth == 0 => {
-                if !cur.is_empty() {
-                    out.push(std::mem::take(&mut cur));
-                }
-            }
-            _ => cur.push(ch),
-        }
-    }
-    if !cur.is_empty() {
-        out.push(cur);
-    }
-    out
-}
 
 /// The tools' way, run on a thread inside the pod namespace (children inherit it).
 fn with_tools(pod: &testkit::netns::Netns) -> Duration {
     qlauncher::net::netns::run_in(&pod.path(), || {
         let t = Instant::now();
-        for args in [
-            &["link", "add", "k6t-eth0", "type", "bridge"][..],
-            &[
-                "link",
-                "set",
-                "k6t-eth0",
-                "address",
-                "02:00:00:00:00:00",
-                "mtu",
-                "1450",
-            ],
-            &["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
-            &[
-                "-6",
-                "addr",
-                "add",
-                "fd10:0:2::1/120",
-                "dev",
-                "k6t-eth0",
-                "nodad",
-            ],
-            &["link", "set", "k6t-eth0", "up"],
-            &[
-                "tuntap", "add", "dev", "tap0", "mode", "tap", "user", "0", "group", "0",
-            ],
-            &[
-                "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
-            ],
-        ] {
-            run("ip", args);
+        for args in kubevirt_masquerade_links(0, true) {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            run("ip", &args);
         }
         for (key, v) in [
             ("net/ipv4/ip_forward", "1"),
@@ -119,7 +29,8 @@ fn with_tools(pod: &testkit::netns::Netns) -> Duration {
         ] {
             std::fs::write(format!("/proc/sys/{key}"), v).expect("sysctl");
         }
-        for cmd in kubevirt_nft() {
+        // The default masquerade interface (all ports), one `nft` process per command.
+        for cmd in kubevirt_nft(&NetConfig::default(), POD_IPV4) {
             let words: Vec<&str> = cmd.iter().map(String::as_str).collect();
             run("nft", &words);
         }

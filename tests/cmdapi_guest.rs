@@ -17,21 +17,15 @@
 
 use testkit::guest;
 use testkit::guest::wait_log_marker as wait_marker;
-use testkit::launcher::KillQemu;
-use testkit::notify as notify_server;
+use testkit::handler::{self, get_domain, Client};
+use testkit::in_process::{InProcess, LauncherRoot};
 
 use guest::GuestImages;
-use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
-use qlauncher::sync::notify::{Notifier, NotifyTiming};
+use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
 use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
-use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tonic::transport::Channel;
 
 /// Guest memory (the memory dump must hold all of it).
 const MEMORY_MIB: u64 = 256;
@@ -56,14 +50,8 @@ fn vmi(uid: &str) -> Value {
     })
 }
 
-fn vmi_request(uid: &str) -> Option<cmd::Vmi> {
-    Some(cmd::Vmi {
-        vmi_json: serde_json::to_vec(&vmi(uid)).unwrap(),
-    })
-}
-
 /// Runs `sh -c script` in the guest through the agent; returns (exit code, stdout).
-async fn sh(client: &mut CmdClient<Channel>, script: &str) -> (i32, String) {
+async fn sh(client: &mut Client, script: &str) -> (i32, String) {
     let out = client
         .exec(cmd::ExecRequest {
             domain_name: "default_agent".into(),
@@ -77,7 +65,7 @@ async fn sh(client: &mut CmdClient<Channel>, script: &str) -> (i32, String) {
     (out.exit_code, out.std_out)
 }
 
-async fn guest_info(client: &mut CmdClient<Channel>) -> Value {
+async fn guest_info(client: &mut Client) -> Value {
     let answer = client
         .get_guest_info(cmd::EmptyRequest {})
         .await
@@ -89,7 +77,7 @@ async fn guest_info(client: &mut CmdClient<Channel>) -> Value {
 
 /// Polls `GetGuestInfo` until `ok` holds.
 async fn guest_info_until(
-    client: &mut CmdClient<Channel>,
+    client: &mut Client,
     what: &str,
     timeout: Duration,
     ok: impl Fn(&Value) -> bool,
@@ -108,15 +96,6 @@ async fn guest_info_until(
     }
 }
 
-async fn get_domain(client: &mut CmdClient<Channel>) -> ApiDomain {
-    let answer = client
-        .get_domain(cmd::EmptyRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    serde_json::from_str(&answer.domain).unwrap()
-}
-
 fn now_secs() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -126,7 +105,7 @@ fn now_secs() -> i64 {
 
 /// The longest gap in seconds between two consecutive lines of the guest's `/data/ticks`, after
 /// checking the ticks go on (the last one is less than 2 s old in guest time).
-async fn longest_tick_gap(client: &mut CmdClient<Channel>) -> i64 {
+async fn longest_tick_gap(client: &mut Client) -> i64 {
     let (code, out) = sh(client, "cat /data/ticks; date +%s").await;
     assert_eq!(code, 0);
     let ticks: Vec<i64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
@@ -168,48 +147,23 @@ fn elf_core_memory(path: &Path) -> u64 {
 #[test]
 fn guest_agent_freeze_screenshot_memory_dump_dirty_rate_and_stats_on_a_real_guest() {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(scenario());
+    testkit::in_process::runtime().block_on(scenario());
 }
 
 async fn scenario() {
     let images = GuestImages::locate();
-    let root = tempfile::tempdir().unwrap();
-    let mut config = SyncConfig::under_root(root.path());
-    let operator_qmp = root.path().join("operator-qmp.sock");
-    config.operator_qmp_socket = Some(operator_qmp.clone());
-    config.vm_stats_collector = true;
-    let disks = PathBuf::from(&config.paths.container_disks);
-    std::fs::create_dir_all(&disks).unwrap();
-    std::os::unix::fs::symlink(&images.disk_qcow2, disks.join("disk_0.img")).unwrap();
-    let private = PathBuf::from(&config.paths.private_dir);
     let uid = format!("5f0c1a2e-0000-4000-8001-{:012}", std::process::id());
-    std::fs::create_dir_all(private.join(&uid)).unwrap();
-    let hotplug = root.path().join("var/run/kubevirt/hotplug-disks/memdump");
+    let mut root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let operator_qmp = root.path().join("operator-qmp.sock");
+    root.config.operator_qmp_socket = Some(operator_qmp.clone());
+    root.config.vm_stats_collector = true;
+    let private = root.private.clone();
+    let hotplug = root.share_dir().join("hotplug-disks/memdump");
     std::fs::create_dir_all(&hotplug).unwrap();
-
-    let share = root.path().join("var/run/kubevirt");
-    let notify_socket = share.join("domain-notify-pipe.sock");
-    let (received, _notify_stop) = notify_server::start(&notify_socket);
-    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
-    let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
-    let _kill = KillQemu(manager.clone());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let paths = CmdSocketPaths::in_share_dir(&share);
-    let server = CmdServer::start(manager.clone(), paths.clone(), async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    server.mark_ready().unwrap();
-    let channel = uds::connect(&paths.ready, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let mut client = CmdClient::new(channel);
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let received = launcher.received.clone();
+    let mut client = launcher.client.clone();
+    let vmi = vmi(&uid);
 
     // Before any domain: GetGuestInfo still answers, with the empty store.
     assert_eq!(
@@ -218,10 +172,7 @@ async fn scenario() {
     );
 
     let answer = client
-        .sync_virtual_machine(cmd::VmiRequest {
-            vmi: vmi_request(&uid),
-            options: None,
-        })
+        .sync_virtual_machine(handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();
@@ -327,7 +278,7 @@ async fn scenario() {
     assert_eq!(fs, json!([data_fs]));
 
     // The domain status carries the OS info (KubeVirt's agent-updated domain event).
-    let domain = get_domain(&mut client).await;
+    let domain = get_domain(&mut client).await.expect("a domain");
     assert_eq!(domain.status.os_info.id, "qlg");
     assert_eq!(domain.status.os_info.version_id, "1");
     assert!(received
@@ -349,7 +300,7 @@ async fn scenario() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let freeze = client
         .freeze_virtual_machine(cmd::FreezeRequest {
-            vmi: vmi_request(&uid),
+            vmi: Some(handler::vmi_message(&vmi)),
             unfreeze_timeout_seconds: 0,
         })
         .await
@@ -365,13 +316,18 @@ async fn scenario() {
     )
     .await;
     assert_eq!(
-        get_domain(&mut client).await.status.fs_freeze_status.status,
+        get_domain(&mut client)
+            .await
+            .expect("a domain")
+            .status
+            .fs_freeze_status
+            .status,
         "frozen"
     );
     // A second Freeze of a frozen guest is a no-op success.
     let again = client
         .freeze_virtual_machine(cmd::FreezeRequest {
-            vmi: vmi_request(&uid),
+            vmi: Some(handler::vmi_message(&vmi)),
             unfreeze_timeout_seconds: 0,
         })
         .await
@@ -382,10 +338,7 @@ async fn scenario() {
         tokio::time::sleep(rest).await;
     }
     let unfreeze = client
-        .unfreeze_virtual_machine(cmd::VmiRequest {
-            vmi: vmi_request(&uid),
-            options: None,
-        })
+        .unfreeze_virtual_machine(handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();
@@ -405,10 +358,7 @@ async fn scenario() {
     .await;
     // Unfreeze of a thawed guest is a no-op success.
     let again = client
-        .unfreeze_virtual_machine(cmd::VmiRequest {
-            vmi: vmi_request(&uid),
-            options: None,
-        })
+        .unfreeze_virtual_machine(handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();
@@ -420,7 +370,7 @@ async fn scenario() {
     tokio::time::sleep(Duration::from_secs(1)).await;
     let freeze = client
         .freeze_virtual_machine(cmd::FreezeRequest {
-            vmi: vmi_request(&uid),
+            vmi: Some(handler::vmi_message(&vmi)),
             unfreeze_timeout_seconds: 3,
         })
         .await
@@ -437,10 +387,7 @@ async fn scenario() {
     // GetScreenshot: a PNG of the console's size (QEMU's own PPM dump through the operator
     // socket gives the size).
     let shot = client
-        .get_screenshot(cmd::VmiRequest {
-            vmi: vmi_request(&uid),
-            options: None,
-        })
+        .get_screenshot(handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();
@@ -478,14 +425,14 @@ async fn scenario() {
     std::fs::write(hotplug.join("old.memory.dump"), b"old").unwrap();
     let name = "agent-memdump-20261201-100000.memory.dump";
     let dump_path = hotplug.join(name);
-    let dump = |client: &mut CmdClient<Channel>| {
+    let dump = |client: &mut Client| {
         let mut client = client.clone();
-        let uid = uid.clone();
+        let vmi = Some(handler::vmi_message(&vmi));
         let dump_path = dump_path.clone();
         async move {
             client
                 .virtual_machine_memory_dump(cmd::MemoryDumpRequest {
-                    vmi: vmi_request(&uid),
+                    vmi,
                     dump_path: dump_path.display().to_string(),
                 })
                 .await
@@ -500,7 +447,7 @@ async fn scenario() {
     assert!(answer.success, "{}", answer.message);
     let deadline = Instant::now() + Duration::from_secs(120);
     let metadata = loop {
-        let d = get_domain(&mut client).await;
+        let d = get_domain(&mut client).await.expect("a domain");
         let m = d.spec.metadata.kubevirt.memory_dump.clone();
         if m.as_ref().is_some_and(|m| m.completed) {
             break m.unwrap();
@@ -541,7 +488,11 @@ async fn scenario() {
     }
     assert_eq!(sh(&mut client, "echo alive").await, (0, "alive\n".into()));
     assert_eq!(
-        get_domain(&mut client).await.status.status,
+        get_domain(&mut client)
+            .await
+            .expect("a domain")
+            .status
+            .status,
         LifeCycle::Running
     );
 
@@ -592,7 +543,7 @@ async fn scenario() {
     // Still "not supported": backup and checkpoints (their own issue).
     let backup = client
         .backup_virtual_machine(cmd::BackupRequest {
-            vmi: vmi_request(&uid),
+            vmi: Some(handler::vmi_message(&vmi)),
             options: vec![],
         })
         .await
@@ -601,10 +552,7 @@ async fn scenario() {
     assert!(!backup.success);
 
     let answer = client
-        .kill_virtual_machine(cmd::VmiRequest {
-            vmi: vmi_request(&uid),
-            options: None,
-        })
+        .kill_virtual_machine(handler::vmi_only(&vmi))
         .await
         .unwrap()
         .into_inner();

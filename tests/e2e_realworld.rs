@@ -18,12 +18,13 @@
 //! Needs root, OVMF (`scripts/install-deps`) and the test guest (`scripts/build-guest`).
 
 use testkit::guest;
+use testkit::storage::{contains_bytes, sha256};
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use guest::GuestImages;
-use testkit::run::{short_tempdir, Pod, Run, STEP};
+use testkit::run::{short_tempdir, write_scratch_marker, Pod, Run, STEP};
 
 /// The tests of this file run one at a time: once, two of their guests lost their serial console
 /// together while the hostile-image test cleaned up its pod (not reproduced; see the round's
@@ -32,18 +33,6 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
     ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn sha256(path: &Path) -> String {
-    testkit::process::run(&["sha256sum", &path.display().to_string()])
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
 }
 
 /// Writes `vmi` as `<dir>/vmi.json`.
@@ -373,18 +362,12 @@ fn ephemeral_pvc_writes_land_in_the_overlay_and_the_pvc_is_unchanged() {
     let pod = Pod::new();
     let mut run = Run::start(&pod, &vmi, &root, &[]);
     let mut console = run.console();
-    let (rc, out) = console
-        .run(
-            &format!("printf {mark} | dd of=/dev/vda2 conv=fsync 2>/dev/null; sync"),
-            STEP,
-        )
-        .unwrap();
-    assert_eq!((rc, out), (0, String::new()));
+    write_scratch_marker(&mut console, &mark);
     run.stop(&mut console);
     drop(run);
     let overlay = root.join("var/run/kubevirt-ephemeral-disks/disk-data/rootdisk/disk.qcow2");
     assert!(
-        contains(&std::fs::read(&overlay).unwrap(), mark.as_bytes()),
+        contains_bytes(&std::fs::read(&overlay).unwrap(), mark.as_bytes()),
         "{} lacks the guest's write",
         overlay.display()
     );
@@ -398,20 +381,7 @@ fn a_container_disk_with_a_hostile_backing_file_is_refused_before_qemu_starts() 
     let _serial = one_at_a_time();
     let tmp = short_tempdir();
     let image = tmp.path().join("hostile.qcow2");
-    testkit::process::run(&[
-        "qemu-img",
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-u",
-        "-b",
-        "/etc/shadow",
-        "-F",
-        "raw",
-        &image.display().to_string(),
-        "16M",
-    ]);
+    testkit::storage::qemu_img_create_unchecked(&image, "16M", "/etc/shadow", "raw");
     let vmi = write_vmi(
         tmp.path(),
         &guest_vmi("hostile", serde_json::json!({}), serde_json::json!({})),

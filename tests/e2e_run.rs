@@ -13,22 +13,10 @@
 //! Needs root and the test guest (`scripts/build-guest`).
 
 use testkit::guest;
+use testkit::storage::{contains_bytes, sha256};
 
 use guest::GuestImages;
-use std::path::Path;
-use testkit::run::{example, short_tempdir, Pod, Run, STEP};
-
-fn sha256(path: &Path) -> String {
-    testkit::run(&["sha256sum", &path.display().to_string()])
-        .split_whitespace()
-        .next()
-        .unwrap()
-        .to_string()
-}
-
-fn contains(haystack: &[u8], needle: &[u8]) -> bool {
-    haystack.windows(needle.len()).any(|w| w == needle)
-}
+use testkit::run::{example, short_tempdir, write_scratch_marker, Pod, Run, STEP};
 
 /// The NoCloud meta-data the guest printed last (decoded).
 fn meta_data(run: &mut Run) -> String {
@@ -97,13 +85,7 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
     let mut console = run.console();
     // The scratch partition vda2 is raw bytes on the root disk (guest/README.md).
-    let (rc, out) = console
-        .run(
-            &format!("printf {mark} | dd of=/dev/vda2 conv=fsync 2>/dev/null; sync"),
-            STEP,
-        )
-        .unwrap();
-    assert_eq!((rc, out), (0, String::new()));
+    write_scratch_marker(&mut console, &mark);
     assert_eq!(meta_data(&mut run), expected_meta_data());
     // Guest to node through masquerade: the node sees the pod's address, not the guest's.
     let server = node_http_server(&pod.net.node.name, 8080);
@@ -124,7 +106,7 @@ fn container_disk_writes_land_in_the_overlay_and_survive_a_second_run() {
     let overlay = root.join("var/run/kubevirt-ephemeral-disks/disk-data/rootdisk/disk.qcow2");
     let bytes = std::fs::read(&overlay).unwrap();
     assert!(
-        contains(&bytes, mark.as_bytes()),
+        contains_bytes(&bytes, mark.as_bytes()),
         "{} lacks the guest's write",
         overlay.display()
     );

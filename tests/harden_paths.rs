@@ -212,18 +212,7 @@ fn backing_dotdot_and_symlinks_out_of_the_root_are_refused() {
 
     // A qcow2 inside the root whose backing file is `../outside.raw`.
     let img = root.join("top.qcow2");
-    testkit::run(&[
-        "qemu-img",
-        "create",
-        "-q",
-        "-f",
-        "qcow2",
-        "-F",
-        "raw",
-        "-b",
-        "../outside.raw",
-        img.to_str().unwrap(),
-    ]);
+    testkit::storage::qemu_img_create(&img, "", Some((Path::new("../outside.raw"), "raw")));
     let err = probe_image("vol", &img, &policy).expect_err("backing `..` out of the root");
     assert!(
         matches!(err, StorageError::OutsideAllowedRoots { .. }),

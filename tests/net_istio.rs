@@ -34,119 +34,6 @@ fn config(vmi: &Vmi) -> NetConfig {
     }
 }
 
-/// The `nft` commands KubeVirt v1.9's `setupNATByFamily` runs for an Istio VMI without ports
-/// (no legacy migration ports: the migration transport is Unix), for both families.
-fn kubevirt_istio_commands() -> Vec<Vec<String>> {
-    let mut cmds: Vec<Vec<String>> = Vec::new();
-    let mut add = |words: &[&str]| cmds.push(words.iter().map(|w| w.to_string()).collect());
-    for (fam, guest, gw, lo) in [
-        ("ip", "10.0.2.2", "10.0.2.1", "127.0.0.1"),
-        ("ip6", "fd10:0:2::2", "fd10:0:2::1", "::1"),
-    ] {
-        add(&["add", "table", fam, "nat"]);
-        for (chain, spec) in [
-            ("prerouting", "{ type nat hook prerouting priority -100; }"),
-            ("input", "{ type nat hook input priority 100; }"),
-            ("output", "{ type nat hook output priority -100; }"),
-            ("postrouting", "{ type nat hook postrouting priority 100; }"),
-        ] {
-            add(&["add", "chain", fam, "nat", chain, spec]);
-        }
-        add(&["add", "chain", fam, "nat", "KUBEVIRT_PREINBOUND"]);
-        add(&["add", "chain", fam, "nat", "KUBEVIRT_POSTINBOUND"]);
-        add(&[
-            "add",
-            "rule",
-            fam,
-            "nat",
-            "postrouting",
-            fam,
-            "saddr",
-            guest,
-            "counter",
-            "masquerade",
-        ]);
-        add(&[
-            "add",
-            "rule",
-            fam,
-            "nat",
-            "prerouting",
-            "iifname",
-            "eth0",
-            "counter",
-            "jump",
-            "KUBEVIRT_PREINBOUND",
-        ]);
-        add(&[
-            "add",
-            "rule",
-            fam,
-            "nat",
-            "postrouting",
-            "oifname",
-            "k6t-eth0",
-            "counter",
-            "jump",
-            "KUBEVIRT_POSTINBOUND",
-        ]);
-        let reserved = "{ 15000, 15001, 15004, 15006, 15008, 15009, 15020, 15021, 15053, 15090 }";
-        for chain in ["output", "KUBEVIRT_POSTINBOUND"] {
-            add(&[
-                "add", "rule", fam, "nat", chain, "tcp", "dport", reserved, fam, "saddr", lo,
-                "counter", "return",
-            ]);
-        }
-        add(&[
-            "add",
-            "rule",
-            fam,
-            "nat",
-            "KUBEVIRT_PREINBOUND",
-            "tcp",
-            "dport",
-            "{ 22 }",
-            "counter",
-            "dnat",
-            "to",
-            guest,
-        ]);
-        let (dnat, snat) = if fam == "ip" {
-            ("{ 127.0.0.1, 10.244.0.5 }", "{ 127.0.0.1, 127.0.0.6 }")
-        } else {
-            ("{ ::1 }", "{ ::1 }")
-        };
-        add(&[
-            "add",
-            "rule",
-            fam,
-            "nat",
-            "KUBEVIRT_POSTINBOUND",
-            fam,
-            "saddr",
-            snat,
-            "counter",
-            "snat",
-            "to",
-            gw,
-        ]);
-        add(&[
-            "add", "rule", fam, "nat", "output", fam, "daddr", dnat, "counter", "dnat", "to", guest,
-        ]);
-    }
-    cmds
-}
-
-fn kubevirt_ruleset() -> String {
-    let scratch = Netns::new("kv-istio");
-    for c in kubevirt_istio_commands() {
-        let mut args = vec!["nft"];
-        args.extend(c.iter().map(String::as_str));
-        scratch.sh(&args);
-    }
-    scratch.nft_ruleset()
-}
-
 /// A guest NIC in its own netns with the masquerade guest addresses and routes back.
 fn guest(net: &PodNet) -> Netns {
     let vm = net.attach_vm("k6t-eth0", GUEST_MAC);
@@ -171,7 +58,7 @@ fn istio_vmi_gets_kubevirts_rules_for_both_families() {
     let resolv = resolv_conf();
     setup(&net.pod, &cfg, resolv.path()).expect("setup");
     let got = net.pod.nft_ruleset();
-    assert_eq!(got, kubevirt_ruleset());
+    assert_eq!(got, kubevirt_nft_ruleset(&cfg));
     assert!(got.contains("table ip6 nat"), "{got}");
 }
 

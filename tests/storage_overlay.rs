@@ -70,22 +70,7 @@ fn overlay_info(path: &Path) -> (String, u64, String, String) {
 fn a_container_disk_with_its_own_backing_file_is_refused() {
     let l = layout("ov-hostile");
     let base = l.bases.join("disk_0.img");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-u",
-            "-b",
-            "/etc/shadow",
-            "-F",
-            "raw",
-            base.to_str().unwrap(),
-            "16M",
-        ],
-    );
+    qemu_img_create_unchecked(&base, "16M", "/etc/shadow", "raw");
     let spec = OverlaySpec::at_kubevirt_path("containerdisk", &base, &l.ephemeral);
     let err = create_overlay(&spec).unwrap_err();
     match &err {
@@ -386,22 +371,7 @@ fn backing_files_outside_the_allowed_roots_are_rejected() {
 
     // A relative name climbing out of the root.
     let relative = l.bases.join("relative.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-u",
-            "-b",
-            "../elsewhere/host-secret.raw",
-            "-F",
-            "raw",
-            relative.to_str().unwrap(),
-            "1M",
-        ],
-    );
+    qemu_img_create_unchecked(&relative, "1M", "../elsewhere/host-secret.raw", "raw");
     assert!(matches!(
         create_overlay(&spec(&l, "vol2", &relative)).unwrap_err(),
         StorageError::OutsideAllowedRoots { .. }
@@ -420,22 +390,7 @@ fn backing_files_outside_the_allowed_roots_are_rejected() {
 
     // A protocol backing name.
     let nbd = l.bases.join("nbd.qcow2");
-    run(
-        "qemu-img",
-        &[
-            "create",
-            "-q",
-            "-f",
-            "qcow2",
-            "-u",
-            "-b",
-            "nbd://127.0.0.1:10809/x",
-            "-F",
-            "raw",
-            nbd.to_str().unwrap(),
-            "1M",
-        ],
-    );
+    qemu_img_create_unchecked(&nbd, "1M", "nbd://127.0.0.1:10809/x", "raw");
     assert!(matches!(
         create_overlay(&spec(&l, "vol4", &nbd)).unwrap_err(),
         StorageError::OutsideAllowedRoots { .. }

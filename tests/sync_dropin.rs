@@ -88,24 +88,10 @@ impl Drop for Launcher {
 /// virt-handler's masquerade setup (`NetConf.Setup`, pkg/network/setup/netpod/masquerade) for
 /// interface `default` on pod link `eth0` (MTU 1450), guest 10.0.2.2, port 80 forwarded.
 fn handler_masquerade_setup(pod: &Netns) {
-    pod.ip(&["link", "add", "k6t-eth0", "type", "bridge"]);
-    pod.ip(&[
-        "link",
-        "set",
-        "k6t-eth0",
-        "address",
-        "02:00:00:00:00:00",
-        "mtu",
-        "1450",
-        "up",
-    ]);
-    pod.ip(&["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"]);
-    pod.ip(&[
-        "tuntap", "add", "dev", "tap0", "mode", "tap", "user", "107", "group", "107",
-    ]);
-    pod.ip(&[
-        "link", "set", "tap0", "master", "k6t-eth0", "mtu", "1450", "up",
-    ]);
+    for args in testkit::net::kubevirt_masquerade_links(107, false) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pod.ip(&args);
+    }
     pod.exec(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
     pod.exec(&["sysctl", "-qw", "net.ipv4.conf.k6t-eth0.route_localnet=1"]);
     let rules = "\

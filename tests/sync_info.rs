@@ -9,22 +9,14 @@
 //! Needs root and the test guest with its agent (`scripts/build-guest`).
 
 use testkit::guest;
-use testkit::notify;
+use testkit::handler::{get_domain, Client};
+use testkit::in_process::{InProcess, LauncherRoot};
 
 use guest::GuestImages;
-use qlauncher::sync::domain::ApiDomain;
-use qlauncher::sync::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
-use qlauncher::sync::{uds, SyncConfig, SyncVmi};
 use serde_json::{json, Value};
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 use testkit::guest::wait_log_marker as wait_marker;
-use testkit::launcher::KillQemu;
-use tonic::transport::Channel;
 
 const CONFIG_TEXT: &str = "hello from a configMap\n";
 
@@ -58,7 +50,7 @@ fn vmi(uid: &str) -> Value {
 }
 
 async fn exec(
-    client: &mut CmdClient<Channel>,
+    client: &mut Client,
     command: &str,
     args: &[&str],
     timeout_seconds: i32,
@@ -88,54 +80,27 @@ fn stats_guest_agent_config_volume_and_host_disk_on_a_real_guest() {
     // A network namespace for this thread only; the runtime's threads, the launcher's
     // netlink sockets and QEMU inherit it. It goes away with the thread and QEMU.
     testkit::netns::unshare_pod_eth0("10.244.0.7/24", Some("0a:58:0a:f4:00:07")).unwrap();
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-        .block_on(scenario());
+    testkit::in_process::runtime().block_on(scenario());
 }
 
 async fn scenario() {
     let images = GuestImages::locate();
-    let root = tempfile::tempdir().unwrap();
-    let mut config = SyncConfig::under_root(root.path());
+    let uid = format!("5f0c1a2e-0000-4000-8000-{:012}", std::process::id());
+    let mut root = LauncherRoot::new(&images.disk_qcow2, &uid);
     let resolv = root.path().join("resolv.conf");
     std::fs::write(
         &resolv,
         "search default.svc.cluster.local\nnameserver 10.96.0.10\n",
     )
     .unwrap();
-    config.resolv_conf = resolv;
-    let disks = PathBuf::from(&config.paths.container_disks);
-    std::fs::create_dir_all(&disks).unwrap();
-    std::os::unix::fs::symlink(&images.disk_qcow2, disks.join("disk_0.img")).unwrap();
-    let private = PathBuf::from(&config.paths.private_dir);
+    root.config.resolv_conf = resolv;
+    let private = root.private.clone();
     std::fs::create_dir_all(private.join("config-map/app-config")).unwrap();
     std::fs::write(private.join("config-map/app-config/greeting"), CONFIG_TEXT).unwrap();
-    // The per-VMI directory (serial console, agent channel) the launcher creates at start.
-    let uid = format!("5f0c1a2e-0000-4000-8000-{:012}", std::process::id());
-    std::fs::create_dir_all(private.join(&uid)).unwrap();
 
-    let share = root.path().join("var/run/kubevirt");
-    std::fs::create_dir_all(&share).unwrap();
-    let notify_socket = share.join("domain-notify-pipe.sock");
-    let (received, _notify_stop) = notify::start(&notify_socket);
-    let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
-    let manager = Arc::new(SyncVmi::new(config, Some(notifier)));
-    let _kill = KillQemu(manager.clone());
-    let (_stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let paths = CmdSocketPaths::in_share_dir(&share);
-    let server = CmdServer::start(manager.clone(), paths.clone(), async move {
-        let _ = stopped.await;
-    })
-    .await
-    .unwrap();
-    server.mark_ready().unwrap();
-    let channel = uds::connect(&paths.ready, Duration::from_secs(5))
-        .await
-        .unwrap();
-    let mut client = CmdClient::new(channel);
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let (manager, received) = (&launcher.manager, &launcher.received);
+    let mut client = launcher.client.clone();
 
     let answer = client
         .sync_virtual_machine(testkit::handler::vmi_only(&vmi(&uid)))
@@ -254,12 +219,7 @@ async fn scenario() {
     // GetDomain carries the guest agent's interfaces (refreshed in the background).
     let deadline = Instant::now() + Duration::from_secs(30);
     let domain = loop {
-        let answer = client
-            .get_domain(cmd::EmptyRequest {})
-            .await
-            .unwrap()
-            .into_inner();
-        let domain: ApiDomain = serde_json::from_str(&answer.domain).unwrap();
+        let domain = get_domain(&mut client).await.expect("a domain");
         if !domain.status.interfaces.is_empty() {
             break domain;
         }

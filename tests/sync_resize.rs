@@ -11,12 +11,13 @@ use testkit::guest;
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::server::DomainManager;
-use qlauncher::sync::{SyncConfig, SyncVmi};
+use qlauncher::sync::SyncVmi;
 use qlauncher::vmi::Vmi;
 use serde_json::json;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use testkit::in_process::LauncherRoot;
 use testkit::launcher::KillQemu;
 
 const MIB: u64 = 1 << 20;
@@ -85,22 +86,13 @@ fn len(path: &Path) -> u64 {
 #[test]
 fn a_grown_filesystem_claim_grows_the_guest_disk_and_never_shrinks() {
     let images = GuestImages::locate();
-    let root = tempfile::tempdir().unwrap();
-    let config = SyncConfig::under_root(root.path());
-    let disks = PathBuf::from(&config.paths.container_disks);
-    std::fs::create_dir_all(&disks).unwrap();
-    std::os::unix::fs::symlink(&images.disk_qcow2, disks.join("disk_0.img")).unwrap();
-    let private = PathBuf::from(&config.paths.private_dir);
     let uid = format!("7e3d5b10-0000-4000-8000-{:012}", std::process::id());
-    std::fs::create_dir_all(private.join(&uid)).unwrap();
+    let root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let private = root.private.clone();
     let image = private.join("vmi-disks/data/disk.img");
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let manager = Arc::new(SyncVmi::new(config, None));
+    let rt = testkit::in_process::runtime();
+    let manager = Arc::new(SyncVmi::new(root.config.clone(), None));
     let _kill = KillQemu(manager.clone());
     let sync = |capacity: &str| {
         rt.block_on(manager.sync_vmi(vmi(&uid, capacity), None))

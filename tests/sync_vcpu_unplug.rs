@@ -25,26 +25,13 @@ use testkit::guest;
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::server::DomainManager;
-use qlauncher::sync::{SyncConfig, SyncVmi};
+use qlauncher::sync::SyncVmi;
 use qlauncher::vmi::Vmi;
 use serde_json::json;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-/// Kills the detached QEMU when the test ends, however it ends.
-struct KillQemu(Arc<SyncVmi>);
-
-impl Drop for KillQemu {
-    fn drop(&mut self) {
-        if let Some(pid) = self.0.qemu_pid() {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGKILL,
-            );
-        }
-    }
-}
+use testkit::in_process::LauncherRoot;
+use testkit::launcher::KillQemu;
 
 fn vmi(uid: &str, sockets: Option<u32>) -> Vmi {
     let mut json = json!({
@@ -96,21 +83,12 @@ fn wait_present(console: &mut Console, want: &str) {
 #[test]
 fn hot_plugged_vcpus_are_unplugged_back_to_the_boot_socket() {
     let images = GuestImages::locate();
-    let root = tempfile::tempdir().unwrap();
-    let config = SyncConfig::under_root(root.path());
-    let disks = PathBuf::from(&config.paths.container_disks);
-    std::fs::create_dir_all(&disks).unwrap();
-    std::os::unix::fs::symlink(&images.disk_qcow2, disks.join("disk_0.img")).unwrap();
-    let private = PathBuf::from(&config.paths.private_dir);
     let uid = format!("9a4c2e10-0000-4000-8000-{:012}", std::process::id());
-    std::fs::create_dir_all(private.join(&uid)).unwrap();
+    let root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let private = root.private.clone();
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let manager = Arc::new(SyncVmi::new(config, None));
+    let rt = testkit::in_process::runtime();
+    let manager = Arc::new(SyncVmi::new(root.config.clone(), None));
     let _kill = KillQemu(manager.clone());
     rt.block_on(manager.sync_vmi(vmi(&uid, None), None))
         .unwrap_or_else(|e| panic!("start: {e}"));

@@ -3,7 +3,7 @@
 //! No I/O happens here (only a warning is logged for each kind of pod input the DHCP options
 //! cannot carry: search domains that are not DNS names or do not fit, routes that do not fit);
 //! every value [`crate::net::apply()`] writes and every option the DHCP
-//! servers hand out is decided in this file, after KubeVirt v1.9.0 `pkg/network/setup/netpod`
+//! servers hand out is decided in this module, after KubeVirt v1.9.0 `pkg/network/setup/netpod`
 //! (masquerade and bridge phases), `pkg/network/dhcp` and `pkg/network/dns`.
 
 use crate::net::config::{bridge_name, renamed_pod_link, tap_name, Binding, NetConfig};
@@ -16,12 +16,17 @@ use crate::net::NetError;
 use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 use std::net::{IpAddr, Ipv4Addr};
 
+mod dhcp_options;
+mod validate;
+
+pub use dhcp_options::{classless_routes, search_domains, ROUTES_MAX_BYTES};
+use validate::validate;
+pub use validate::MAX_QUEUES;
+
 /// The bridge MAC of the masquerade binding (`pkg/network/link/mac.go`).
 pub const MASQUERADE_BRIDGE_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0];
 /// "Infinite" DHCPv4 lease: 999 days in seconds (KubeVirt `dhcp/server`).
 pub const LEASE_SECONDS: u32 = 999 * 24 * 3600;
-/// Tap queues KubeVirt allows at most.
-pub const MAX_QUEUES: u32 = 256;
 
 /// One link-level step, executed in order by [`crate::net::apply()`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -120,147 +125,6 @@ pub struct NetPlan {
     pub router_advertisement: Option<RaConfig>,
     /// The pod facts the plan was made from (teardown of the bridge binding restores them).
     pub facts: PodFacts,
-}
-
-fn validate(cfg: &NetConfig) -> Result<(), NetError> {
-    let name = &cfg.pod_iface;
-    if name.is_empty()
-        || name.len() > 15
-        || name.contains(['/', ' ', ':'])
-        || name == "."
-        || name == ".."
-    {
-        return Err(NetError::invalid(
-            "pod_iface",
-            format!("{name:?} is not a valid interface name"),
-        ));
-    }
-    if cfg.vm_cidr_v4.prefix_len() > 30 {
-        return Err(NetError::invalid(
-            "vm_cidr_v4",
-            format!("{} leaves fewer than 2 host addresses", cfg.vm_cidr_v4),
-        ));
-    }
-    if cfg.vm_cidr_v6.prefix_len() > 126 {
-        return Err(NetError::invalid(
-            "vm_cidr_v6",
-            format!("{} leaves fewer than 2 host addresses", cfg.vm_cidr_v6),
-        ));
-    }
-    for (i, p) in cfg.ports.iter().enumerate() {
-        if p.port == 0 {
-            return Err(NetError::invalid(
-                format!("ports[{i}].port"),
-                "port 0 is not allowed",
-            ));
-        }
-    }
-    if cfg.queues == 0 || cfg.queues > MAX_QUEUES {
-        return Err(NetError::invalid(
-            "queues",
-            format!("{} is outside 1..={MAX_QUEUES}", cfg.queues),
-        ));
-    }
-    if let Some(mac) = cfg.mac {
-        if mac[0] & 1 == 1 || mac == [0; 6] {
-            return Err(NetError::invalid(
-                "mac",
-                "a multicast or zero MAC cannot be a NIC address",
-            ));
-        }
-    }
-    for (i, (code, _)) in cfg.dhcp_options.private_options.iter().enumerate() {
-        if !(224..=254).contains(code) {
-            return Err(NetError::invalid(
-                format!("dhcp_options.private_options[{i}].option"),
-                format!("{code} is outside the private range 224..=254"),
-            ));
-        }
-    }
-    if cfg.hostname.len() > 63 {
-        return Err(NetError::invalid("hostname", "longer than 63 characters"));
-    }
-    Ok(())
-}
-
-/// The search list KubeVirt offers: resolv.conf's (default `cluster.local`), prefixed with
-/// `<subdomain>.<longest *.svc.* domain>` when `spec.subdomain` is set
-/// (`pkg/network/dns/resolveconf.go`, `DomainNameWithSubdomain`). Nothing is added when that
-/// domain already starts with `<subdomain>.` (the pod's list has the entry, as kubelet writes it
-/// since glibc 2.26) or when the list holds the entry anywhere already.
-pub fn search_domains(search: &[String], subdomain: Option<&str>) -> Vec<String> {
-    let mut list: Vec<String> = if search.is_empty() {
-        vec!["cluster.local".into()]
-    } else {
-        search.to_vec()
-    };
-    if let Some(sub) = subdomain.filter(|s| !s.is_empty()) {
-        let svc = list
-            .iter()
-            .filter(|d| d.contains(".svc."))
-            .max_by_key(|d| d.len())
-            .cloned();
-        if let Some(svc) = svc {
-            let prefix = format!("{sub}.");
-            let entry = format!("{sub}.{svc}");
-            let present = svc
-                .to_ascii_lowercase()
-                .starts_with(&prefix.to_ascii_lowercase())
-                || list.iter().any(|d| d.eq_ignore_ascii_case(&entry));
-            if !present {
-                list.insert(0, entry);
-            }
-        }
-    }
-    list
-}
-
-/// The most bytes of classless static routes one option 121 carries.
-pub const ROUTES_MAX_BYTES: usize = 255;
-
-/// Bytes one route takes in option 121 (RFC 3442): the prefix length, the significant octets of
-/// the destination, the router.
-fn route_wire_len(dst: &Ipv4Net) -> usize {
-    1 + usize::from(dst.prefix_len()).div_ceil(8) + 4
-}
-
-/// The bridge binding's classless static routes (option 121), as KubeVirt v1.9
-/// (`netpod/discoverbridge.go`, `dhcp/server/server.go` `formClasslessRoutes`): every IPv4 route
-/// of the pod interface but the one to the guest's own subnet, on-link routes with router
-/// 0.0.0.0 (kubevirt/kubevirt#12613), the default routes last. A client that gets option 121
-/// ignores the router option (RFC 3442), so a default route is kept first when the list has to
-/// be cut at [`ROUTES_MAX_BYTES`]; the routes cut are returned to be named in a warning.
-pub fn classless_routes(
-    routes: &[crate::net::discover::RouteV4],
-    guest_net: Option<Ipv4Net>,
-) -> (Vec<(Ipv4Net, Ipv4Addr)>, Vec<Ipv4Net>) {
-    let local = guest_net.map(|n| n.trunc());
-    let mut other = Vec::new();
-    let mut default = Vec::new();
-    for r in routes {
-        let dst = r.destination.trunc();
-        let gw = r.gateway.unwrap_or(Ipv4Addr::UNSPECIFIED);
-        if dst.prefix_len() == 0 {
-            if !default.iter().any(|(_, g)| *g == gw) {
-                default.push((dst, gw));
-            }
-        } else if Some(dst) != local && !other.iter().any(|(d, _)| *d == dst) {
-            other.push((dst, gw));
-        }
-    }
-    let mut bytes: usize = default.iter().map(|(d, _)| route_wire_len(d)).sum();
-    let mut kept = Vec::new();
-    let mut cut = Vec::new();
-    for (dst, gw) in other {
-        if cut.is_empty() && bytes + route_wire_len(&dst) <= ROUTES_MAX_BYTES {
-            bytes += route_wire_len(&dst);
-            kept.push((dst, gw));
-        } else {
-            cut.push(dst);
-        }
-    }
-    kept.extend(default);
-    (kept, cut)
 }
 
 /// A locally administered MAC derived from `mac` and different from it, for the renamed pod
@@ -724,58 +588,5 @@ mod tests {
                 other => panic!("{field}: {other:?}"),
             }
         }
-    }
-
-    #[test]
-    fn subdomain_prefixes_search_list() {
-        let s = search_domains(&facts().resolv.search, Some("mysub"));
-        assert_eq!(s[0], "mysub.default.svc.cluster.local");
-        assert_eq!(search_domains(&[], None), vec!["cluster.local".to_string()]);
-        // Already there (kubelet writes it): not added again.
-        let mut with = facts().resolv.search;
-        with.insert(0, "mysub.default.svc.cluster.local".into());
-        assert_eq!(search_domains(&with, Some("mysub")), with);
-        let mut later = facts().resolv.search;
-        later.push("mysub.default.svc.cluster.local".into());
-        assert_eq!(search_domains(&later, Some("mysub")), later);
-    }
-
-    #[test]
-    fn bridge_routes_keep_on_link_routes_and_fit_option_121() {
-        let mut f = facts();
-        f.iface.routes_v4.push(RouteV4 {
-            destination: "172.16.0.0/16".parse().unwrap(),
-            gateway: None,
-            protocol: 4,
-        });
-        let (routes, cut) = classless_routes(&f.iface.routes_v4, Some(f.iface.ipv4[0]));
-        assert_eq!(
-            routes,
-            vec![
-                (
-                    "10.96.0.0/12".parse().unwrap(),
-                    "10.244.0.1".parse().unwrap()
-                ),
-                ("172.16.0.0/16".parse().unwrap(), Ipv4Addr::UNSPECIFIED),
-                ("0.0.0.0/0".parse().unwrap(), "10.244.0.1".parse().unwrap()),
-            ]
-        );
-        assert!(cut.is_empty());
-        // 40 /24 routes (8 bytes each) do not fit: the default route stays, the tail is cut.
-        for i in 0..40u8 {
-            f.iface.routes_v4.insert(
-                0,
-                RouteV4 {
-                    destination: Ipv4Net::new(Ipv4Addr::new(192, 168, i, 0), 24).unwrap(),
-                    gateway: Some("10.244.0.1".parse().unwrap()),
-                    protocol: 4,
-                },
-            );
-        }
-        let (routes, cut) = classless_routes(&f.iface.routes_v4, Some(f.iface.ipv4[0]));
-        let bytes: usize = routes.iter().map(|(d, _)| route_wire_len(d)).sum();
-        assert!(bytes <= ROUTES_MAX_BYTES, "{bytes}");
-        assert_eq!(routes.last().unwrap().0.prefix_len(), 0);
-        assert_eq!(routes.len() - 1 + cut.len(), 42);
     }
 }

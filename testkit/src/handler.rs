@@ -36,12 +36,18 @@ pub async fn connect(sock: &Path, timeout: Duration, log: impl Fn() -> String) -
     }
 }
 
+/// The `Vmi` message of `vmi` (JSON) that every per-VMI request carries (`FreezeRequest`,
+/// `MemoryDumpRequest`, ... and [`vmi_request`]).
+pub fn vmi_message(vmi: &serde_json::Value) -> cmd::Vmi {
+    cmd::Vmi {
+        vmi_json: serde_json::to_vec(vmi).expect("VMI JSON"),
+    }
+}
+
 /// The SyncVirtualMachine request for `vmi` (JSON), with default options, as virt-handler sends.
 pub fn vmi_request(vmi: &serde_json::Value) -> cmd::VmiRequest {
     cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(vmi).expect("VMI JSON"),
-        }),
+        vmi: Some(vmi_message(vmi)),
         options: Some(cmd::VirtualMachineOptions::default()),
     }
 }
@@ -50,9 +56,7 @@ pub fn vmi_request(vmi: &serde_json::Value) -> cmd::VmiRequest {
 /// SyncVirtualMachine (pause, CPU and memory hotplug, ...).
 pub fn vmi_only(vmi: &serde_json::Value) -> cmd::VmiRequest {
     cmd::VmiRequest {
-        vmi: Some(cmd::Vmi {
-            vmi_json: serde_json::to_vec(vmi).expect("VMI JSON"),
-        }),
+        vmi: Some(vmi_message(vmi)),
         options: None,
     }
 }

@@ -305,3 +305,185 @@ pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
     }
     panic!("no connection within 5s");
 }
+
+/// The `ip` commands of virt-handler's masquerade setup in the pod
+/// (`pkg/network/setup/netpod/masquerade`, KubeVirt v1.9.0) for pod link `eth0` with MTU 1450:
+/// bridge `k6t-eth0` with the masquerade bridge MAC and the gateway `10.0.2.1/24` (and
+/// `fd10:0:2::1/120` without DAD when `ipv6`), set up, then tap `tap0` owned by `owner` (uid and
+/// gid) as its port. Arguments of `ip`, in order.
+pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
+    let owner = owner.to_string();
+    let mut cmds: Vec<Vec<&str>> = vec![
+        vec!["link", "add", "k6t-eth0", "type", "bridge"],
+        vec![
+            "link",
+            "set",
+            "k6t-eth0",
+            "address",
+            "02:00:00:00:00:00",
+            "mtu",
+            "1450",
+        ],
+        vec!["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
+    ];
+    if ipv6 {
+        cmds.push(vec![
+            "-6",
+            "addr",
+            "add",
+            "fd10:0:2::1/120",
+            "dev",
+            "k6t-eth0",
+            "nodad",
+        ]);
+    }
+    cmds.push(vec!["link", "set", "k6t-eth0", "up"]);
+    cmds.push(vec![
+        "tuntap", "add", "dev", "tap0", "mode", "tap", "user", &owner, "group", &owner,
+    ]);
+    cmds.push(vec![
+        "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
+    ]);
+    cmds.into_iter()
+        .map(|c| c.into_iter().map(String::from).collect())
+        .collect()
+}
+
+/// The pod IPv4 address of [`crate::netns::PodNet`]'s `eth0`, Istio's extra DNAT destination.
+pub const POD_IPV4: &str = "10.244.0.5";
+
+/// KubeVirt v1.9.0's masquerade NAT (`pkg/network/setup/netpod/masquerade/masquerade.go`,
+/// `setupNATByFamily`) as the `nft` command lines its launcher runs, both families in order:
+/// pod link `eth0`, bridge `k6t-eth0`, the default VM CIDRs (guest `10.0.2.2`, `fd10:0:2::2`),
+/// `cfg.ports` (all ports when empty), `cfg.istio` (with `pod_ip` as the pod's IPv4) and
+/// `cfg.legacy_migration_ports`. Each command is split into `nft`'s words (a `{ ... }` set is one
+/// word). An oracle for the rules qlauncher writes: see [`kubevirt_nft_ruleset`].
+pub fn kubevirt_nft(cfg: &NetConfig, pod_ip: &str) -> Vec<Vec<String>> {
+    let mut cmds = Vec::new();
+    for (fam, guest, gw, lo) in [
+        ("ip", "10.0.2.2", "10.0.2.1", "127.0.0.1"),
+        ("ip6", "fd10:0:2::2", "fd10:0:2::1", "::1"),
+    ] {
+        let mut lines: Vec<String> = vec!["add table FAM nat".into()];
+        for (chain, hook) in [
+            ("prerouting", "prerouting priority -100"),
+            ("input", "input priority 100"),
+            ("output", "output priority -100"),
+            ("postrouting", "postrouting priority 100"),
+        ] {
+            lines.push(format!(
+                "add chain FAM nat {chain} {{ type nat hook {hook}; }}"
+            ));
+        }
+        lines.push("add chain FAM nat KUBEVIRT_PREINBOUND".into());
+        lines.push("add chain FAM nat KUBEVIRT_POSTINBOUND".into());
+        lines.push(format!(
+            "add rule FAM nat postrouting FAM saddr {guest} counter masquerade"
+        ));
+        lines.push(
+            "add rule FAM nat prerouting iifname eth0 counter jump KUBEVIRT_PREINBOUND".into(),
+        );
+        lines.push(
+            "add rule FAM nat postrouting oifname k6t-eth0 counter jump KUBEVIRT_POSTINBOUND"
+                .into(),
+        );
+        let skip = |lines: &mut Vec<String>, ports: &str| {
+            for chain in ["output", "KUBEVIRT_POSTINBOUND"] {
+                lines.push(format!(
+                    "add rule FAM nat {chain} tcp dport {ports} FAM saddr {lo} counter return"
+                ));
+            }
+        };
+        if cfg.legacy_migration_ports {
+            skip(&mut lines, "{ 49152, 49153 }");
+        }
+        let istio_v4 = cfg.istio && fam == "ip";
+        let dnat = if istio_v4 {
+            format!("{{ {lo}, {pod_ip} }}")
+        } else {
+            format!("{{ {lo} }}")
+        };
+        let snat = if istio_v4 {
+            format!("{{ {lo}, 127.0.0.6 }}")
+        } else {
+            format!("{{ {lo} }}")
+        };
+        let ssh_only = format!(
+            "add rule FAM nat KUBEVIRT_PREINBOUND tcp dport {{ 22 }} counter dnat to {guest}"
+        );
+        for p in &cfg.ports {
+            let (proto, port) = (p.protocol.keyword(), p.port);
+            if !cfg.istio {
+                lines.push(format!(
+                    "add rule FAM nat KUBEVIRT_PREINBOUND {proto} dport {{ {port} }} counter dnat to {guest}"
+                ));
+            } else if port == 22 {
+                lines.push(ssh_only.clone());
+            }
+            lines.push(format!(
+                "add rule FAM nat KUBEVIRT_POSTINBOUND {proto} dport {port} FAM saddr {snat} counter snat to {gw}"
+            ));
+            lines.push(format!(
+                "add rule FAM nat output FAM daddr {dnat} {proto} dport {port} counter dnat to {guest}"
+            ));
+        }
+        if cfg.ports.is_empty() {
+            if cfg.istio {
+                skip(
+                    &mut lines,
+                    "{ 15000, 15001, 15004, 15006, 15008, 15009, 15020, 15021, 15053, 15090 }",
+                );
+                lines.push(ssh_only);
+            } else {
+                lines.push(format!(
+                    "add rule FAM nat KUBEVIRT_PREINBOUND counter dnat to {guest}"
+                ));
+            }
+            lines.push(format!(
+                "add rule FAM nat KUBEVIRT_POSTINBOUND FAM saddr {snat} counter snat to {gw}"
+            ));
+            lines.push(format!(
+                "add rule FAM nat output FAM daddr {dnat} counter dnat to {guest}"
+            ));
+        }
+        cmds.extend(lines.iter().map(|l| nft_words(&l.replace("FAM", fam))));
+    }
+    cmds
+}
+
+/// Splits an `nft` command line on spaces, keeping `{ ... }` groups as one word.
+fn nft_words(line: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut depth = 0;
+    for ch in line.chars() {
+        match ch {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ' ' if depth == 0 => {
+                if !cur.is_empty() {
+                    out.push(std::mem::take(&mut cur));
+                }
+                continue;
+            }
+            _ => {}
+        }
+        cur.push(ch);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+/// The ruleset (`nft list ruleset`) the real `nft` leaves after running [`kubevirt_nft`] for
+/// `cfg` (pod IPv4 [`POD_IPV4`]) in a scratch namespace: what qlauncher's rules must equal.
+pub fn kubevirt_nft_ruleset(cfg: &NetConfig) -> String {
+    let scratch = Netns::new("kv-nft");
+    for c in kubevirt_nft(cfg, POD_IPV4) {
+        let mut args = vec!["nft"];
+        args.extend(c.iter().map(String::as_str));
+        scratch.sh(&args);
+    }
+    scratch.nft_ruleset()
+}

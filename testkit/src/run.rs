@@ -269,3 +269,15 @@ pub fn short_tempdir() -> tempfile::TempDir {
 pub fn example(name: &str) -> PathBuf {
     crate::repo_root().join("examples").join(name)
 }
+
+/// Writes `mark` at the start of the guest's raw scratch partition `vda2` (guest/README.md) and
+/// syncs, through the serial console; panics unless the command succeeded and printed nothing.
+pub fn write_scratch_marker(console: &mut Console, mark: &str) {
+    let (rc, out) = console
+        .run(
+            &format!("printf {mark} | dd of=/dev/vda2 conv=fsync 2>/dev/null; sync"),
+            STEP,
+        )
+        .expect("write the marker on the console");
+    assert_eq!((rc, out), (0, String::new()));
+}

@@ -205,9 +205,37 @@ pub fn qemu_img_create(path: &Path, size: &str, backing: Option<(&Path, &str)>) 
     run("qemu-img", &args);
 }
 
+/// A qcow2 image of `size` whose header names `backing` (format `format`) as its backing file,
+/// made without qemu-img opening the backing file (`-u`): an untrusted image as a user hands it
+/// in (a backing file outside the roots, a relative climb, a protocol name).
+pub fn qemu_img_create_unchecked(path: &Path, size: &str, backing: &str, format: &str) {
+    let path = path.to_str().expect("UTF-8 path");
+    run(
+        "qemu-img",
+        &[
+            "create", "-q", "-f", "qcow2", "-u", "-b", backing, "-F", format, path, size,
+        ],
+    );
+}
+
 /// (mode & 0o7777, uid, gid) of a path.
 pub fn mode_owner(path: &Path) -> (u32, u32, u32) {
     use std::os::unix::fs::MetadataExt;
     let meta = std::fs::metadata(path).unwrap();
     (meta.mode() & 0o7777, meta.uid(), meta.gid())
+}
+
+/// The SHA-256 of the file at `path` as `sha256sum` prints it (lower-case hex): to show an image
+/// is unchanged.
+pub fn sha256(path: &Path) -> String {
+    crate::run(&["sha256sum", &path.display().to_string()])
+        .split_whitespace()
+        .next()
+        .expect("sha256sum prints the sum")
+        .to_string()
+}
+
+/// Whether `needle` occurs anywhere in `haystack` (a marker the guest wrote, found in an image).
+pub fn contains_bytes(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
 }
