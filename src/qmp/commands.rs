@@ -3,12 +3,14 @@
 //! JSON exists only at the client's edge ([`QmpClient::run`]).
 //!
 //! A command without arguments is a unit struct (sent without `arguments`). Commands whose reply
-//! is `{}` answer [`Empty`]. Replies that the stats and vCPU code read field by field (and test
-//! against recorded replies) are still [`serde_json::Value`]; they are marked so below.
+//! is `{}` answer [`Empty`]. The hotplug commands and their replies are in
+//! [`devices`]. Replies that the stats collection reads field by field (and tests against
+//! recorded replies) and `qom-get` (whose value's type depends on the property) are still
+//! [`serde_json::Value`]; they are marked so below.
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::qmp::client::QmpClient;
 use crate::qmp::QmpError;
@@ -44,6 +46,9 @@ macro_rules! command {
     };
 }
 pub(crate) use command;
+
+mod devices;
+pub use devices::*;
 
 /// `cont`: resume the guest's vCPUs.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -149,33 +154,58 @@ command!(QueryCpusFast, "query-cpus-fast", Value);
 pub struct QueryBlockstats;
 command!(QueryBlockstats, "query-blockstats", Value);
 
-/// `query-block` (reply read by the stats collection and the disk resize).
+/// `query-block`: every drive and its medium (read by the stats collection and the disk
+/// resize).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct QueryBlock;
-command!(QueryBlock, "query-block", Value);
+command!(QueryBlock, "query-block", Vec<BlockInfo>);
+
+/// One drive of `query-block` (`BlockInfo`; the members the launcher reads).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+pub struct BlockInfo {
+    /// The legacy drive id (empty for `-blockdev` drives).
+    #[serde(default)]
+    pub device: String,
+    /// The device's qdev id or QOM path (`ua-cd`, `/machine/peripheral/ua-disk0/virtio-backend`).
+    #[serde(default)]
+    pub qdev: Option<String>,
+    /// The medium; `None` for an empty drive.
+    #[serde(default)]
+    pub inserted: Option<BlockDeviceInfo>,
+}
+
+/// The medium of a drive (`BlockDeviceInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+pub struct BlockDeviceInfo {
+    /// The top node's name.
+    #[serde(rename = "node-name", default)]
+    pub node_name: Option<String>,
+    /// The top node's filename (`json:{..}` for a chain).
+    #[serde(default)]
+    pub file: Option<String>,
+    /// The image.
+    #[serde(default)]
+    pub image: Option<ImageInfo>,
+}
+
+/// An image of `query-block` (`ImageInfo`).
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+pub struct ImageInfo {
+    /// The image file.
+    #[serde(default)]
+    pub filename: Option<String>,
+    /// Guest-visible size, bytes.
+    #[serde(rename = "virtual-size", default)]
+    pub virtual_size: Option<u64>,
+    /// Bytes allocated on the host.
+    #[serde(rename = "actual-size", default)]
+    pub actual_size: Option<u64>,
+}
 
 /// `query-balloon` (reply read by the stats collection).
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct QueryBalloon;
 command!(QueryBalloon, "query-balloon", Value);
-
-/// `query-hotpluggable-cpus` (reply read by the vCPU hotplug).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryHotpluggableCpus;
-command!(QueryHotpluggableCpus, "query-hotpluggable-cpus", Value);
-
-/// `device_add` of a vCPU into a slot of `query-hotpluggable-cpus`.
-#[derive(Debug, Clone, Serialize)]
-pub struct CpuDeviceAdd {
-    /// The slot's CPU type, e.g. `max-x86_64-cpu`.
-    pub driver: String,
-    /// The device id, `vcpu<index>`.
-    pub id: String,
-    /// The slot's properties (`socket-id`, `core-id`, `thread-id`, `node-id`, ...).
-    #[serde(flatten)]
-    pub props: Map<String, Value>,
-}
-command!(CpuDeviceAdd, "device_add", Empty);
 
 /// `object-del`.
 #[derive(Debug, Clone, Serialize)]
@@ -184,26 +214,6 @@ pub struct ObjectDel {
     pub id: String,
 }
 command!(ObjectDel, "object-del", Empty);
-
-/// A command a plan made (the converter's start-up steps, the memory plan's steps): its name and
-/// arguments object as planned.
-#[derive(Debug, Clone)]
-pub struct Planned<'a> {
-    /// Command name.
-    pub execute: &'a str,
-    /// Arguments object.
-    pub arguments: &'a Value,
-}
-
-impl Command for Planned<'_> {
-    type Reply = Empty;
-    fn name(&self) -> &str {
-        self.execute
-    }
-    fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
-        Ok(Some(self.arguments.clone()))
-    }
-}
 
 // Commands behind KubeVirt's cmd API RPCs: screenshot, memory dump, dirty rate, SEV and VFIO
 // host-device hotplug (QEMU `qapi/ui.json`, `qapi/dump.json`, `qapi/migration.json`,
@@ -502,22 +512,6 @@ mod tests {
                     "qom-get",
                     Some(
                         json!({"path": "/machine/peripheral/balloon0", "property": "guest-stats"}),
-                    ),
-                ),
-            ),
-            (
-                wire(&CpuDeviceAdd {
-                    driver: "max-x86_64-cpu".into(),
-                    id: "vcpu1".into(),
-                    props: json!({"socket-id": 1, "core-id": 0})
-                        .as_object()
-                        .unwrap()
-                        .clone(),
-                }),
-                (
-                    "device_add",
-                    Some(
-                        json!({"driver": "max-x86_64-cpu", "id": "vcpu1", "socket-id": 1, "core-id": 0}),
                     ),
                 ),
             ),

@@ -9,7 +9,7 @@
 //! exit without any SHUTDOWN is `Shutoff/Crashed`; `BLOCK_IO_ERROR` with action `stop` pauses with
 //! `IOError`, and the STOP that QEMU emits right after keeps that reason.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::client::{Event, EventStream, QmpClient};
 use super::QmpError;
@@ -311,15 +311,13 @@ pub async fn set_action(client: &QmpClient, actions: Value) -> Result<(), QmpErr
 
 /// `inject-nmi`.
 pub async fn inject_nmi(client: &QmpClient) -> Result<(), QmpError> {
-    client
-        .execute("inject-nmi", Some(json!({})))
-        .await
-        .map(drop)
+    client.run(&super::commands::InjectNmi {}).await.map(drop)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
     use DomainState as S;
     use StateReason as R;
 

@@ -36,7 +36,9 @@ use serde_json::Value;
 use crate::cmdline::context::{IfaceFacts, TapSource};
 use crate::cmdline::plan::{DeviceClass, DomainPlan};
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast};
+use crate::qmp::commands::{
+    BlockDeviceInfo, BlockInfo, QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast,
+};
 use crate::sync::SyncError;
 use crate::sys::procfs::stat_times;
 
@@ -509,13 +511,10 @@ fn qdev_id(qdev: &str) -> &str {
     s.strip_suffix("/virtio-backend").unwrap_or(s)
 }
 
-fn block_stats(blockstats: &Value, block: &Value, names: &DeviceNames) -> Vec<BlockStats> {
-    let images: BTreeMap<&str, &Value> = block
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| Some((qdev_id(b["qdev"].as_str()?), &b["inserted"])))
-        .filter(|(_, inserted)| !inserted.is_null())
+fn block_stats(blockstats: &Value, block: &[BlockInfo], names: &DeviceNames) -> Vec<BlockStats> {
+    let images: BTreeMap<&str, &BlockDeviceInfo> = block
+        .iter()
+        .filter_map(|b| Some((qdev_id(b.qdev.as_deref()?), b.inserted.as_ref()?)))
         .collect();
     let mut out = Vec::new();
     for entry in blockstats.as_array().into_iter().flatten() {
@@ -561,16 +560,16 @@ fn block_stats(blockstats: &Value, block: &Value, names: &DeviceNames) -> Vec<Bl
             b.allocation_set = true;
             b.allocation = v;
         }
-        let image = &inserted["image"];
-        if let Some(path) = image["filename"].as_str().or(inserted["file"].as_str()) {
+        let image = inserted.image.clone().unwrap_or_default();
+        if let Some(path) = image.filename.as_deref().or(inserted.file.as_deref()) {
             b.path_set = true;
             b.path = path.to_string();
         }
-        if let Some(v) = image["virtual-size"].as_u64() {
+        if let Some(v) = image.virtual_size {
             b.capacity_set = true;
             b.capacity = v;
         }
-        if let Some(v) = image["actual-size"].as_u64() {
+        if let Some(v) = image.actual_size {
             b.physical_set = true;
             b.physical = v;
         }

@@ -5,7 +5,7 @@ mod argv;
 mod qmp;
 
 pub use argv::{argv, shell_line};
-pub use qmp::{qmp_plan, DiskHotplug, NicHotplug, QmpCommand, QmpPlan};
+pub use qmp::{qmp_plan, DiskHotplug, NicHotplug, PlacedDevice, QmpCommand, QmpPlan};
 
 use super::plan::PlannedDevice;
 use super::qemu::to_json;

@@ -149,12 +149,13 @@ fn block_entries_carry_target_alias_and_image_facts() {
                    "wr_highest_offset": 65536}},
         {"device": "", "qdev": "ua-cd", "stats": {"rd_bytes": 0}}
     ]);
-    let block = json!([
+    let block: Vec<crate::qmp::commands::BlockInfo> = serde_json::from_value(json!([
         {"device": "", "qdev": "/machine/peripheral/ua-rootdisk/virtio-backend",
          "inserted": {"file": "json:{}", "image": {"filename": "/e/rootdisk/disk.qcow2",
                       "virtual-size": 52428800, "actual-size": 200704}}},
         {"device": "", "qdev": "ua-cd", "tray_open": false}
-    ]);
+    ]))
+    .unwrap();
     let mut names = DeviceNames::default();
     names
         .disks
