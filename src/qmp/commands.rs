@@ -60,6 +60,35 @@ command!(Cont, "cont", Empty);
 pub struct Quit;
 command!(Quit, "quit", Empty);
 
+/// `system_powerdown`: presses the ACPI power button.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SystemPowerdown;
+command!(SystemPowerdown, "system_powerdown", Empty);
+
+/// `system_reset`: hard reset of the machine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SystemReset;
+command!(SystemReset, "system_reset", Empty);
+
+/// `set-action`: what QEMU does on guest shutdown, reboot, panic and watchdog expiry (QEMU
+/// >= 6.0, `qapi/run-state.json`); unset members keep QEMU's setting.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SetAction {
+    /// `poweroff` or `pause`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown: Option<String>,
+    /// `reset` or `shutdown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<String>,
+    /// `none`, `pause`, `shutdown` or `exit-failure`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub panic: Option<String>,
+    /// `reset`, `shutdown`, `poweroff`, `pause`, `debug`, `none` or `inject-nmi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<String>,
+}
+command!(SetAction, "set-action", Empty);
+
 /// `query-version`.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct QueryVersion;
