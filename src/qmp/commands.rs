@@ -4,9 +4,8 @@
 //!
 //! A command without arguments is a unit struct (sent without `arguments`). Commands whose reply
 //! is `{}` answer [`Empty`]. The hotplug commands and their replies are in
-//! [`devices`]. Replies that the stats collection reads field by field (and tests against
-//! recorded replies) and `qom-get` (whose value's type depends on the property) are still
-//! [`serde_json::Value`]; they are marked so below.
+//! [`devices`], the statistics queries in [`stats`]. `qom-get` of an arbitrary property
+//! answers a [`serde_json::Value`] (the value's type depends on the property).
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
@@ -48,7 +47,9 @@ macro_rules! command {
 pub(crate) use command;
 
 mod devices;
+mod stats;
 pub use devices::*;
+pub use stats::*;
 
 /// `cont`: resume the guest's vCPUs.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -172,69 +173,6 @@ pub struct NamedBlockNode {
     #[serde(rename = "node-name", default)]
     pub node_name: String,
 }
-
-/// `query-cpus-fast` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryCpusFast;
-command!(QueryCpusFast, "query-cpus-fast", Value);
-
-/// `query-blockstats` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBlockstats;
-command!(QueryBlockstats, "query-blockstats", Value);
-
-/// `query-block`: every drive and its medium (read by the stats collection and the disk
-/// resize).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBlock;
-command!(QueryBlock, "query-block", Vec<BlockInfo>);
-
-/// One drive of `query-block` (`BlockInfo`; the members the launcher reads).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct BlockInfo {
-    /// The legacy drive id (empty for `-blockdev` drives).
-    #[serde(default)]
-    pub device: String,
-    /// The device's qdev id or QOM path (`ua-cd`, `/machine/peripheral/ua-disk0/virtio-backend`).
-    #[serde(default)]
-    pub qdev: Option<String>,
-    /// The medium; `None` for an empty drive.
-    #[serde(default)]
-    pub inserted: Option<BlockDeviceInfo>,
-}
-
-/// The medium of a drive (`BlockDeviceInfo`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct BlockDeviceInfo {
-    /// The top node's name.
-    #[serde(rename = "node-name", default)]
-    pub node_name: Option<String>,
-    /// The top node's filename (`json:{..}` for a chain).
-    #[serde(default)]
-    pub file: Option<String>,
-    /// The image.
-    #[serde(default)]
-    pub image: Option<ImageInfo>,
-}
-
-/// An image of `query-block` (`ImageInfo`).
-#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
-pub struct ImageInfo {
-    /// The image file.
-    #[serde(default)]
-    pub filename: Option<String>,
-    /// Guest-visible size, bytes.
-    #[serde(rename = "virtual-size", default)]
-    pub virtual_size: Option<u64>,
-    /// Bytes allocated on the host.
-    #[serde(rename = "actual-size", default)]
-    pub actual_size: Option<u64>,
-}
-
-/// `query-balloon` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBalloon;
-command!(QueryBalloon, "query-balloon", Value);
 
 /// `object-del`.
 #[derive(Debug, Clone, Serialize)]
