@@ -307,6 +307,11 @@ fn qemu_starts_every_fixture_paused_with_every_planned_device() {
     assert!(started >= 30, "only {started} fixtures started");
 }
 
+/// The QMP arguments of a typed plan value, as the QMP client sends them.
+fn json<T: serde::Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).expect("plan arguments serialise")
+}
+
 /// Starts QEMU without the plan's hot-pluggable disks and NICs, then adds each one with the QMP
 /// plan's own argument objects (`blockdev-add` bottom first + `device_add`; `netdev_add` +
 /// `device_add`; QEMU opens the tap by name here, so no `getfd`), and checks QEMU shows them.
@@ -334,14 +339,14 @@ fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fa
     let mut qmp = Qmp::connect(&root.join("qmp.sock"), guard);
     for d in &qmp_plan.disks {
         for b in &d.blockdevs {
-            qmp.cmd("blockdev-add", b.clone());
+            qmp.cmd("blockdev-add", json(b));
         }
-        qmp.cmd("device_add", d.device.clone());
+        qmp.cmd("device_add", json(&d.device));
     }
     for nic in &qmp_plan.nics {
         assert!(nic.getfd.is_empty(), "{name}: taps by name need no getfd");
-        qmp.cmd("netdev_add", nic.netdev.clone());
-        qmp.cmd("device_add", nic.device.clone());
+        qmp.cmd("netdev_add", json(&nic.netdev));
+        qmp.cmd("device_add", json(&nic.device));
     }
     let mut qom = BTreeSet::new();
     ids(
@@ -352,7 +357,7 @@ fn hotplug(name: &str, vmi: &qlauncher::vmi::Vmi, facts: &qlauncher::cmdline::Fa
     let block = qmp.cmd("query-block", json!({}));
     for d in &qmp_plan.disks {
         assert!(qom.contains(&d.id), "{name}: {} not plugged", d.id);
-        let top = d.blockdevs.last().unwrap()["node-name"].clone();
+        let top = d.blockdevs.last().unwrap().node_name();
         assert!(
             block
                 .as_array()

@@ -425,7 +425,7 @@ async fn cdrom_media_change_and_eject() {
         ),
         (json!("libvirt-5-format"), json!(true), json!(false))
     );
-    let eject = hotplug::CdromChange {
+    let eject: hotplug::CdromChange = hotplug::CdromChange {
         device_id: "ua-cdrom".into(),
         old_node_names: vec!["libvirt-5-format".into(), "libvirt-5-storage".into()],
         new_blockdevs: vec![],

@@ -3,12 +3,13 @@
 //! JSON exists only at the client's edge ([`QmpClient::run`]).
 //!
 //! A command without arguments is a unit struct (sent without `arguments`). Commands whose reply
-//! is `{}` answer [`Empty`]. Replies that the stats and vCPU code read field by field (and test
-//! against recorded replies) are still [`serde_json::Value`]; they are marked so below.
+//! is `{}` answer [`Empty`]. The hotplug commands and their replies are in
+//! [`devices`], the statistics queries in [`stats`]. `qom-get` of an arbitrary property
+//! answers a [`serde_json::Value`] (the value's type depends on the property).
 
 use serde::de::{DeserializeOwned, IgnoredAny};
 use serde::{Deserialize, Serialize};
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::qmp::client::QmpClient;
 use crate::qmp::QmpError;
@@ -45,6 +46,11 @@ macro_rules! command {
 }
 pub(crate) use command;
 
+mod devices;
+mod stats;
+pub use devices::*;
+pub use stats::*;
+
 /// `cont`: resume the guest's vCPUs.
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Cont;
@@ -54,6 +60,35 @@ command!(Cont, "cont", Empty);
 #[derive(Debug, Clone, Copy, Serialize)]
 pub struct Quit;
 command!(Quit, "quit", Empty);
+
+/// `system_powerdown`: presses the ACPI power button.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SystemPowerdown;
+command!(SystemPowerdown, "system_powerdown", Empty);
+
+/// `system_reset`: hard reset of the machine.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct SystemReset;
+command!(SystemReset, "system_reset", Empty);
+
+/// `set-action`: what QEMU does on guest shutdown, reboot, panic and watchdog expiry (QEMU
+/// >= 6.0, `qapi/run-state.json`); unset members keep QEMU's setting.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct SetAction {
+    /// `poweroff` or `pause`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shutdown: Option<String>,
+    /// `reset` or `shutdown`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<String>,
+    /// `none`, `pause`, `shutdown` or `exit-failure`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub panic: Option<String>,
+    /// `reset`, `shutdown`, `poweroff`, `pause`, `debug`, `none` or `inject-nmi`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub watchdog: Option<String>,
+}
+command!(SetAction, "set-action", Empty);
 
 /// `query-version`.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -139,44 +174,6 @@ pub struct NamedBlockNode {
     pub node_name: String,
 }
 
-/// `query-cpus-fast` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryCpusFast;
-command!(QueryCpusFast, "query-cpus-fast", Value);
-
-/// `query-blockstats` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBlockstats;
-command!(QueryBlockstats, "query-blockstats", Value);
-
-/// `query-block` (reply read by the stats collection and the disk resize).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBlock;
-command!(QueryBlock, "query-block", Value);
-
-/// `query-balloon` (reply read by the stats collection).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryBalloon;
-command!(QueryBalloon, "query-balloon", Value);
-
-/// `query-hotpluggable-cpus` (reply read by the vCPU hotplug).
-#[derive(Debug, Clone, Copy, Serialize)]
-pub struct QueryHotpluggableCpus;
-command!(QueryHotpluggableCpus, "query-hotpluggable-cpus", Value);
-
-/// `device_add` of a vCPU into a slot of `query-hotpluggable-cpus`.
-#[derive(Debug, Clone, Serialize)]
-pub struct CpuDeviceAdd {
-    /// The slot's CPU type, e.g. `max-x86_64-cpu`.
-    pub driver: String,
-    /// The device id, `vcpu<index>`.
-    pub id: String,
-    /// The slot's properties (`socket-id`, `core-id`, `thread-id`, `node-id`, ...).
-    #[serde(flatten)]
-    pub props: Map<String, Value>,
-}
-command!(CpuDeviceAdd, "device_add", Empty);
-
 /// `object-del`.
 #[derive(Debug, Clone, Serialize)]
 pub struct ObjectDel {
@@ -184,26 +181,6 @@ pub struct ObjectDel {
     pub id: String,
 }
 command!(ObjectDel, "object-del", Empty);
-
-/// A command a plan made (the converter's start-up steps, the memory plan's steps): its name and
-/// arguments object as planned.
-#[derive(Debug, Clone)]
-pub struct Planned<'a> {
-    /// Command name.
-    pub execute: &'a str,
-    /// Arguments object.
-    pub arguments: &'a Value,
-}
-
-impl Command for Planned<'_> {
-    type Reply = Empty;
-    fn name(&self) -> &str {
-        self.execute
-    }
-    fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
-        Ok(Some(self.arguments.clone()))
-    }
-}
 
 // Commands behind KubeVirt's cmd API RPCs: screenshot, memory dump, dirty rate, SEV and VFIO
 // host-device hotplug (QEMU `qapi/ui.json`, `qapi/dump.json`, `qapi/migration.json`,
@@ -502,22 +479,6 @@ mod tests {
                     "qom-get",
                     Some(
                         json!({"path": "/machine/peripheral/balloon0", "property": "guest-stats"}),
-                    ),
-                ),
-            ),
-            (
-                wire(&CpuDeviceAdd {
-                    driver: "max-x86_64-cpu".into(),
-                    id: "vcpu1".into(),
-                    props: json!({"socket-id": 1, "core-id": 0})
-                        .as_object()
-                        .unwrap()
-                        .clone(),
-                }),
-                (
-                    "device_add",
-                    Some(
-                        json!({"driver": "max-x86_64-cpu", "id": "vcpu1", "socket-id": 1, "core-id": 0}),
                     ),
                 ),
             ),

@@ -5,29 +5,94 @@
 //! node first then `device_add`; `device_del`, wait for `DEVICE_DELETED`, then `blockdev-del` top
 //! node first; for NICs `getfd` + `netdev_add` + `device_add`, and `device_del` +
 //! `DEVICE_DELETED` + `netdev_del`. The argument objects come ready-made from the converter's QMP
-//! plan; this module only needs their `node-name` / `id` members to roll back. When a step fails,
+//! plan (typed) or from the operator's CLI (JSON); this module only needs their `node-name` / `id`
+//! members to roll back. When a step fails,
 //! what was added before is removed again (newest first) and the error names the failed step.
 
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::Duration;
 
-use serde_json::{json, Value};
+use serde::Serialize;
+use serde_json::Value;
 
 use super::client::QmpClient;
+use super::commands::{
+    BlockResize, BlockdevAdd, BlockdevCloseTray, BlockdevDel, BlockdevInsertMedium,
+    BlockdevOpenTray, BlockdevRemoveMedium, Closefd, DeviceAdd, DeviceDel, NetdevAdd, NetdevDel,
+    ObjectPropertyInfo, QomGet, QomList, SetLink,
+};
 use super::QmpError;
+use crate::cmdline::qemu::{Blockdev, NetdevTap};
+use crate::cmdline::render::PlacedDevice;
 
 /// Default wait for `DEVICE_DELETED` after `device_del` (the guest must release a PCIe device;
 /// Linux takes about 5 s for the attention-button delay).
 pub const DEFAULT_UNPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// `blockdev-add` arguments: the converter's typed [`Blockdev`], or QEMU's JSON as an operator
+/// typed it (`qlauncher hotplug disk attach --blockdev`).
+pub trait BlockdevArgs: Serialize {
+    /// The `node-name` member; `None` when the JSON lacks it.
+    fn node_name(&self) -> Option<&str>;
+}
+
+impl BlockdevArgs for Blockdev {
+    fn node_name(&self) -> Option<&str> {
+        Some(Blockdev::node_name(self))
+    }
+}
+
+impl BlockdevArgs for Value {
+    fn node_name(&self) -> Option<&str> {
+        self.get("node-name")?.as_str()
+    }
+}
+
+/// `device_add` arguments: the converter's typed [`PlacedDevice`], or QEMU's JSON.
+pub trait DeviceArgs: Serialize {
+    /// The `id` member; `None` when the JSON lacks it.
+    fn device_id(&self) -> Option<&str>;
+}
+
+impl DeviceArgs for PlacedDevice {
+    fn device_id(&self) -> Option<&str> {
+        Some(self.id())
+    }
+}
+
+impl DeviceArgs for Value {
+    fn device_id(&self) -> Option<&str> {
+        self.get("id")?.as_str()
+    }
+}
+
+/// `netdev_add` arguments: the converter's typed [`NetdevTap`], or QEMU's JSON.
+pub trait NetdevArgs: Serialize {
+    /// The `id` member; `None` when the JSON lacks it.
+    fn netdev_id(&self) -> Option<&str>;
+}
+
+impl NetdevArgs for NetdevTap {
+    fn netdev_id(&self) -> Option<&str> {
+        Some(&self.id)
+    }
+}
+
+impl NetdevArgs for Value {
+    fn netdev_id(&self) -> Option<&str> {
+        self.get("id")?.as_str()
+    }
+}
+
 /// A disk to hotplug: `blockdev-add` arguments bottom node first (protocol node, then format node),
 /// then the `device_add` arguments (`virtio-blk-pci` on a free root port or `scsi-hd` on the bus).
+/// Typed ([`Blockdev`], [`PlacedDevice`]) from the sync; JSON (the default) from the CLI.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DiskAttach {
-    /// `blockdev-add` argument objects, each with a `node-name`, bottom node first.
-    pub blockdevs: Vec<Value>,
-    /// `device_add` argument object, with `id` and `drive` (the top node-name).
-    pub device: Value,
+pub struct DiskAttach<B = Value, D = Value> {
+    /// `blockdev-add` arguments, each with a `node-name`, bottom node first.
+    pub blockdevs: Vec<B>,
+    /// `device_add` arguments, with `id` and `drive` (the top node-name).
+    pub device: D,
 }
 
 /// A disk to unplug.
@@ -41,18 +106,18 @@ pub struct DiskDetach {
 
 /// A NIC to hotplug on an existing tap.
 #[derive(Debug)]
-pub struct NicAttach {
+pub struct NicAttach<N = Value, D = Value> {
     /// The open tap (`/dev/net/tun` after `TUNSETIFF`); handed to QEMU with `getfd`.
     pub tap_fd: OwnedFd,
-    /// Name the fd gets in QEMU, referenced by `netdev["fd"]`.
+    /// Name the fd gets in QEMU, referenced by the netdev's `fd`.
     pub fd_name: String,
     /// More named fds sent with `getfd` after the tap (vhost-net fds, more queues'
-    /// taps: `netdev["vhostfd"]`, `netdev["fds"]`); usually empty.
+    /// taps: the netdev's `vhostfd`, `fds`); usually empty.
     pub extra_fds: Vec<(String, OwnedFd)>,
     /// `netdev_add` arguments (`{"type": "tap", "fd": fd_name, "id": "hostua-<name>", ...}`).
-    pub netdev: Value,
+    pub netdev: N,
     /// `device_add` arguments (`virtio-net-pci` with `netdev`, `id`, `mac`, `bus`).
-    pub device: Value,
+    pub device: D,
 }
 
 /// A NIC to unplug.
@@ -67,30 +132,52 @@ pub struct NicDetach {
 /// A cdrom media change: the tray is opened (forced), the medium removed, the new nodes added
 /// and inserted, the tray closed, and the old nodes deleted. With no `new_blockdevs` it is an eject.
 #[derive(Debug, Clone, PartialEq)]
-pub struct CdromChange {
+pub struct CdromChange<B = Value> {
     /// The cdrom device id (`ua-<name>`).
     pub device_id: String,
     /// Nodes of the current medium to delete afterwards, top first (empty if the drive was empty).
     pub old_node_names: Vec<String>,
     /// `blockdev-add` arguments of the new medium, bottom first; the last one is inserted.
-    pub new_blockdevs: Vec<Value>,
+    pub new_blockdevs: Vec<B>,
 }
 
-fn str_field(v: &Value, field: &str, object: &str) -> Result<String, QmpError> {
-    v.get(field)
-        .and_then(Value::as_str)
-        .map(str::to_string)
-        .ok_or_else(|| QmpError::HotplugArgs {
-            object: object.to_string(),
-            reason: format!("missing string member \"{field}\""),
-        })
+/// What to undo when a later hotplug step fails.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Undo {
+    /// `blockdev-del` of a node added.
+    BlockdevDel(String),
+    /// `closefd` of an fd passed.
+    Closefd(String),
+    /// `netdev_del` of a netdev added.
+    NetdevDel(String),
+    /// `blockdev-close-tray` of a drive opened.
+    CloseTray(String),
+}
+
+impl Undo {
+    async fn run(self, client: &QmpClient) -> Result<(), QmpError> {
+        match self {
+            Undo::BlockdevDel(node_name) => client.run(&BlockdevDel { node_name }).await,
+            Undo::Closefd(fdname) => client.run(&Closefd { fdname }).await,
+            Undo::NetdevDel(id) => client.run(&NetdevDel { id }).await,
+            Undo::CloseTray(id) => client.run(&BlockdevCloseTray { id }).await,
+        }
+        .map(drop)
+    }
+}
+
+fn member<'a>(v: Option<&'a str>, field: &str, object: &str) -> Result<&'a str, QmpError> {
+    v.ok_or_else(|| QmpError::HotplugArgs {
+        object: object.to_string(),
+        reason: format!("missing string member \"{field}\""),
+    })
 }
 
 /// Runs the undo steps (newest first) and collects their errors.
-async fn rollback(client: &QmpClient, undo: Vec<(String, Value)>) -> Vec<String> {
+async fn rollback(client: &QmpClient, undo: Vec<Undo>) -> Vec<String> {
     let mut errors = Vec::new();
-    for (cmd, args) in undo.into_iter().rev() {
-        if let Err(e) = client.execute(&cmd, Some(args)).await {
+    for step in undo.into_iter().rev() {
+        if let Err(e) = step.run(client).await {
             errors.push(e.to_string());
         }
     }
@@ -101,7 +188,7 @@ async fn fail(
     client: &QmpClient,
     what: &str,
     step: String,
-    undo: Vec<(String, Value)>,
+    undo: Vec<Undo>,
     source: QmpError,
 ) -> QmpError {
     let rollback_errors = rollback(client, undo).await;
@@ -114,36 +201,36 @@ async fn fail(
 }
 
 /// Adds blockdevs in order, recording their undo; on failure rolls back and returns the error.
-async fn add_blockdevs(
+async fn add_blockdevs<B: BlockdevArgs>(
     client: &QmpClient,
     what: &str,
-    blockdevs: &[Value],
-    undo: &mut Vec<(String, Value)>,
+    blockdevs: &[B],
+    undo: &mut Vec<Undo>,
 ) -> Result<(), QmpError> {
     for (i, bd) in blockdevs.iter().enumerate() {
-        let node = str_field(bd, "node-name", &format!("blockdevs[{i}]"))?;
-        if let Err(e) = client.execute("blockdev-add", Some(bd.clone())).await {
+        let node = member(bd.node_name(), "node-name", &format!("blockdevs[{i}]"))?;
+        if let Err(e) = client.run(&BlockdevAdd(bd)).await {
             let undo = std::mem::take(undo);
             return Err(fail(client, what, format!("blockdev-add {node}"), undo, e).await);
         }
-        undo.push(("blockdev-del".into(), json!({ "node-name": node })));
+        undo.push(Undo::BlockdevDel(node.to_string()));
     }
     Ok(())
 }
 
 /// Hotplugs a disk. On failure every node added so far is deleted again.
-pub async fn attach_disk(client: &QmpClient, disk: &DiskAttach) -> Result<(), QmpError> {
-    let id = str_field(&disk.device, "id", "device")?;
+pub async fn attach_disk<B: BlockdevArgs, D: DeviceArgs>(
+    client: &QmpClient,
+    disk: &DiskAttach<B, D>,
+) -> Result<(), QmpError> {
+    let id = member(disk.device.device_id(), "id", "device")?;
     for (i, bd) in disk.blockdevs.iter().enumerate() {
-        str_field(bd, "node-name", &format!("blockdevs[{i}]"))?;
+        member(bd.node_name(), "node-name", &format!("blockdevs[{i}]"))?;
     }
     let mut undo = Vec::new();
-    add_blockdevs(client, &id, &disk.blockdevs, &mut undo).await?;
-    if let Err(e) = client
-        .execute("device_add", Some(disk.device.clone()))
-        .await
-    {
-        return Err(fail(client, &id, format!("device_add {id}"), undo, e).await);
+    add_blockdevs(client, id, &disk.blockdevs, &mut undo).await?;
+    if let Err(e) = client.run(&DeviceAdd(&disk.device)).await {
+        return Err(fail(client, id, format!("device_add {id}"), undo, e).await);
     }
     Ok(())
 }
@@ -156,9 +243,7 @@ pub async fn unplug_device(
     timeout: Duration,
 ) -> Result<(), QmpError> {
     let mut events = client.events();
-    client
-        .execute("device_del", Some(json!({ "id": id })))
-        .await?;
+    client.run(&DeviceDel { id: id.to_string() }).await?;
     events
         .wait_for("DEVICE_DELETED", id, timeout, |ev| {
             ev.name == "DEVICE_DELETED" && ev.data["device"] == id
@@ -184,7 +269,9 @@ pub async fn detach_disk(
         })?;
     for node in &disk.node_names {
         client
-            .execute("blockdev-del", Some(json!({ "node-name": node })))
+            .run(&BlockdevDel {
+                node_name: node.clone(),
+            })
             .await
             .map_err(|e| QmpError::Hotplug {
                 what: disk.device_id.clone(),
@@ -198,25 +285,28 @@ pub async fn detach_disk(
 
 /// Hotplugs a NIC: `getfd` (tap, then `extra_fds`), `netdev_add`, `device_add`. On failure the
 /// netdev is deleted or the named fds closed again.
-pub async fn attach_nic(client: &QmpClient, nic: &NicAttach) -> Result<(), QmpError> {
-    let id = str_field(&nic.device, "id", "device")?;
-    let netdev_id = str_field(&nic.netdev, "id", "netdev")?;
+pub async fn attach_nic<N: NetdevArgs, D: DeviceArgs>(
+    client: &QmpClient,
+    nic: &NicAttach<N, D>,
+) -> Result<(), QmpError> {
+    let id = member(nic.device.device_id(), "id", "device")?;
+    let netdev_id = member(nic.netdev.netdev_id(), "id", "netdev")?;
     let fds = std::iter::once((&nic.fd_name, &nic.tap_fd))
         .chain(nic.extra_fds.iter().map(|(n, f)| (n, f)));
     let mut undo = Vec::new();
     for (name, fd) in fds {
         if let Err(e) = client.getfd(name, fd.as_fd()).await {
-            return Err(fail(client, &id, format!("getfd {name}"), undo, e).await);
+            return Err(fail(client, id, format!("getfd {name}"), undo, e).await);
         }
-        undo.push(("closefd".to_string(), json!({ "fdname": name })));
+        undo.push(Undo::Closefd(name.clone()));
     }
-    if let Err(e) = client.execute("netdev_add", Some(nic.netdev.clone())).await {
-        return Err(fail(client, &id, format!("netdev_add {netdev_id}"), undo, e).await);
+    if let Err(e) = client.run(&NetdevAdd(&nic.netdev)).await {
+        return Err(fail(client, id, format!("netdev_add {netdev_id}"), undo, e).await);
     }
     // netdev_add consumed the named fd; from here the netdev is what to undo.
-    let undo = vec![("netdev_del".to_string(), json!({ "id": netdev_id }))];
-    if let Err(e) = client.execute("device_add", Some(nic.device.clone())).await {
-        return Err(fail(client, &id, format!("device_add {id}"), undo, e).await);
+    let undo = vec![Undo::NetdevDel(netdev_id.to_string())];
+    if let Err(e) = client.run(&DeviceAdd(&nic.device)).await {
+        return Err(fail(client, id, format!("device_add {id}"), undo, e).await);
     }
     Ok(())
 }
@@ -240,7 +330,9 @@ pub async fn detach_nic(
         .await
         .map_err(step(format!("device_del {}", nic.device_id)))?;
     client
-        .execute("netdev_del", Some(json!({ "id": nic.netdev_id })))
+        .run(&NetdevDel {
+            id: nic.netdev_id.clone(),
+        })
         .await
         .map_err(step(format!("netdev_del {}", nic.netdev_id)))?;
     Ok(())
@@ -249,7 +341,10 @@ pub async fn detach_nic(
 /// Changes or ejects a cdrom medium (libvirt's sequence for `UpdateDeviceFlags` on a cdrom).
 /// If adding or inserting the new medium fails, the new nodes are deleted again; the old medium
 /// stays removed (as with libvirt) and the tray is closed.
-pub async fn change_cdrom(client: &QmpClient, change: &CdromChange) -> Result<(), QmpError> {
+pub async fn change_cdrom<B: BlockdevArgs>(
+    client: &QmpClient,
+    change: &CdromChange<B>,
+) -> Result<(), QmpError> {
     let id = change.device_id.clone();
     let step = |step: String| {
         let what = id.clone();
@@ -262,29 +357,31 @@ pub async fn change_cdrom(client: &QmpClient, change: &CdromChange) -> Result<()
     };
     let mut new_top = None;
     for (i, bd) in change.new_blockdevs.iter().enumerate() {
-        new_top = Some(str_field(bd, "node-name", &format!("new_blockdevs[{i}]"))?);
+        new_top = Some(member(
+            bd.node_name(),
+            "node-name",
+            &format!("new_blockdevs[{i}]"),
+        )?);
     }
     client
-        .execute(
-            "blockdev-open-tray",
-            Some(json!({ "id": id, "force": true })),
-        )
+        .run(&BlockdevOpenTray {
+            id: id.clone(),
+            force: true,
+        })
         .await
         .map_err(step("blockdev-open-tray".into()))?;
     client
-        .execute("blockdev-remove-medium", Some(json!({ "id": id })))
+        .run(&BlockdevRemoveMedium { id: id.clone() })
         .await
         .map_err(step("blockdev-remove-medium".into()))?;
     if let Some(top) = new_top {
-        let mut undo = vec![("blockdev-close-tray".to_string(), json!({ "id": id }))];
+        let mut undo = vec![Undo::CloseTray(id.clone())];
         add_blockdevs(client, &id, &change.new_blockdevs, &mut undo).await?;
-        if let Err(e) = client
-            .execute(
-                "blockdev-insert-medium",
-                Some(json!({ "id": id, "node-name": top })),
-            )
-            .await
-        {
+        let insert = BlockdevInsertMedium {
+            id: id.clone(),
+            node_name: top.to_string(),
+        };
+        if let Err(e) = client.run(&insert).await {
             return Err(fail(
                 client,
                 &id,
@@ -296,12 +393,14 @@ pub async fn change_cdrom(client: &QmpClient, change: &CdromChange) -> Result<()
         }
     }
     client
-        .execute("blockdev-close-tray", Some(json!({ "id": id })))
+        .run(&BlockdevCloseTray { id: id.clone() })
         .await
         .map_err(step("blockdev-close-tray".into()))?;
     for node in &change.old_node_names {
         client
-            .execute("blockdev-del", Some(json!({ "node-name": node })))
+            .run(&BlockdevDel {
+                node_name: node.clone(),
+            })
             .await
             .map_err(step(format!("blockdev-del {node}")))?;
     }
@@ -314,21 +413,20 @@ pub async fn resize_disk(
     node_name: &str,
     size_bytes: u64,
 ) -> Result<(), QmpError> {
-    client
-        .execute(
-            "block_resize",
-            Some(json!({ "node-name": node_name, "size": size_bytes })),
-        )
-        .await
-        .map(drop)
+    let resize = BlockResize {
+        node_name: node_name.to_string(),
+        size: size_bytes,
+    };
+    client.run(&resize).await.map(drop)
 }
 
 /// `set_link`: link up or down of a NIC (by device id; KubeVirt's interface `state: down`).
 pub async fn set_link(client: &QmpClient, id: &str, up: bool) -> Result<(), QmpError> {
-    client
-        .execute("set_link", Some(json!({ "name": id, "up": up })))
-        .await
-        .map(drop)
+    let link = SetLink {
+        name: id.to_string(),
+        up,
+    };
+    client.run(&link).await.map(drop)
 }
 
 /// The ids of PCIe root ports with nothing plugged in, sorted: where a hotplugged
@@ -342,12 +440,11 @@ pub async fn free_root_ports(client: &QmpClient) -> Result<Vec<String>, QmpError
     let mut busy_buses = std::collections::BTreeSet::new();
     for container in ["/machine/peripheral", "/machine/peripheral-anon"] {
         let children = client
-            .execute("qom-list", Some(json!({ "path": container })))
+            .run(&QomList {
+                path: container.to_string(),
+            })
             .await?;
-        for child in children.as_array().map(Vec::as_slice).unwrap_or_default() {
-            let (Some(name), Some(ty)) = (child["name"].as_str(), child["type"].as_str()) else {
-                continue;
-            };
+        for ObjectPropertyInfo { name, kind: ty } in &children {
             if !ty.starts_with("child<") {
                 continue;
             }
@@ -356,10 +453,10 @@ pub async fn free_root_ports(client: &QmpClient) -> Result<Vec<String>, QmpError
                 ports.push(name.to_string());
             }
             let bus = client
-                .execute(
-                    "qom-get",
-                    Some(json!({ "path": path, "property": "parent_bus" })),
-                )
+                .run(&QomGet {
+                    path,
+                    property: "parent_bus".into(),
+                })
                 .await?;
             if let Some(bus) = bus.as_str() {
                 busy_buses.insert(bus.to_string());

@@ -9,9 +9,8 @@
 //! exit without any SHUTDOWN is `Shutoff/Crashed`; `BLOCK_IO_ERROR` with action `stop` pauses with
 //! `IOError`, and the STOP that QEMU emits right after keeps that reason.
 
-use serde_json::{json, Value};
-
 use super::client::{Event, EventStream, QmpClient};
+use super::commands;
 use super::QmpError;
 
 /// KubeVirt's `LifeCycle` values (the strings virt-handler expects).
@@ -274,56 +273,51 @@ pub fn track_status(
 /// `query-status`: QEMU's run state string (`running`, `paused`, `prelaunch`, ...) and the
 /// matching domain status.
 pub async fn query_status(client: &QmpClient) -> Result<(String, DomainStatus), QmpError> {
-    let r = client.execute("query-status", None).await?;
-    let status = r["status"].as_str().ok_or_else(|| QmpError::Reply {
-        command: "query-status".into(),
-        reason: format!("no status in {r}"),
-    })?;
-    Ok((status.to_string(), status_from_run_state(status)))
+    let r = client.run(&commands::QueryStatus).await?;
+    let domain = status_from_run_state(&r.status);
+    Ok((r.status, domain))
 }
 
 /// `stop`: pauses the vCPUs (KubeVirt pause).
 pub async fn pause(client: &QmpClient) -> Result<(), QmpError> {
-    client.execute("stop", None).await.map(drop)
+    client.run(&commands::Stop).await.map(drop)
 }
 
 /// `cont`: resumes the vCPUs (KubeVirt unpause, and the start after `-S`).
 pub async fn resume(client: &QmpClient) -> Result<(), QmpError> {
-    client.execute("cont", None).await.map(drop)
+    client.run(&commands::Cont).await.map(drop)
 }
 
 /// `system_powerdown`: presses the ACPI power button; the guest may ignore it.
 pub async fn powerdown(client: &QmpClient) -> Result<(), QmpError> {
-    client.execute("system_powerdown", None).await.map(drop)
+    client.run(&commands::SystemPowerdown).await.map(drop)
 }
 
 /// `system_reset`: hard reset of the machine.
 pub async fn reset(client: &QmpClient) -> Result<(), QmpError> {
-    client.execute("system_reset", None).await.map(drop)
+    client.run(&commands::SystemReset).await.map(drop)
 }
 
 /// `quit`: QEMU exits right away (SHUTDOWN reason `host-qmp-quit`).
 pub async fn quit(client: &QmpClient) -> Result<(), QmpError> {
-    client.execute("quit", None).await.map(drop)
+    client.run(&commands::Quit).await.map(drop)
 }
 
 /// `set-action`: what QEMU does on guest shutdown/reboot/panic/watchdog, e.g.
-/// `{"shutdown": "pause", "panic": "pause"}` (the pre-start setting libvirt sends on 6.0+).
-pub async fn set_action(client: &QmpClient, actions: Value) -> Result<(), QmpError> {
-    client.execute("set-action", Some(actions)).await.map(drop)
+/// `shutdown: pause, panic: pause` (the pre-start setting libvirt sends on 6.0+).
+pub async fn set_action(client: &QmpClient, actions: &commands::SetAction) -> Result<(), QmpError> {
+    client.run(actions).await.map(drop)
 }
 
 /// `inject-nmi`.
 pub async fn inject_nmi(client: &QmpClient) -> Result<(), QmpError> {
-    client
-        .execute("inject-nmi", Some(json!({})))
-        .await
-        .map(drop)
+    client.run(&commands::InjectNmi {}).await.map(drop)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::{json, Value};
     use DomainState as S;
     use StateReason as R;
 

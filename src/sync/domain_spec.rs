@@ -4,11 +4,12 @@
 //! resolved machine type and the channels' connection state (`cmd/virt-launcher`,
 //! `manager.go`'s `GetDomainSpecWithRuntimeInfo`, v1.9.0).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
+use crate::qmp::commands::{QomGet, QueryChardev};
 use crate::sync::domain::{ApiDomain, GracePeriodMetadata};
 use crate::vmi::Vmi;
 
@@ -74,24 +75,22 @@ pub(crate) struct LiveFacts {
 pub(crate) async fn live_facts(client: &QmpClient) -> LiveFacts {
     let mut facts = LiveFacts::default();
     let machine = client
-        .execute(
-            "qom-get",
-            Some(json!({"path": "/machine", "property": "type"})),
-        )
+        .run(&QomGet {
+            path: "/machine".into(),
+            property: "type".into(),
+        })
         .await;
     if let Ok(Value::String(t)) = machine {
         facts.machine = Some(t.strip_suffix("-machine").unwrap_or(&t).to_owned());
     }
-    if let Ok(Value::Array(chardevs)) = client.execute("query-chardev", None).await {
+    if let Ok(chardevs) = client.run(&QueryChardev).await {
         for c in chardevs {
-            let label = c["label"].as_str().unwrap_or_default();
-            if let Some(n) = label
+            if let Some(n) = c
+                .label
                 .strip_prefix("charchannel")
                 .and_then(|n| n.parse().ok())
             {
-                facts
-                    .channels_open
-                    .push((n, c["frontend-open"].as_bool().unwrap_or(false)));
+                facts.channels_open.push((n, c.frontend_open));
             }
         }
     }

@@ -19,13 +19,13 @@ use std::time::Duration;
 
 use tracing::{info, warn};
 
+use crate::cmdline::qemu::node_index;
 use crate::monitor::procfs;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomList, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{ApiDomain, DomainEventType};
-use crate::sync::reconcile::disks::node_indices;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
@@ -191,7 +191,7 @@ impl SyncVmi {
             .run(&QueryNamedBlockNodes)
             .await
             .map_err(SyncError::Qmp)?;
-        let max = nodes.iter().flat_map(|n| node_indices(&n.node_name)).max();
+        let max = nodes.iter().filter_map(|n| node_index(&n.node_name)).max();
         if let Some(max) = max {
             running.next_node = running.next_node.max(max + 1);
         }

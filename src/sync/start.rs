@@ -22,7 +22,7 @@ use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{Cont, Planned};
+use crate::qmp::commands::Cont;
 use crate::qmp::lifecycle;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
@@ -416,11 +416,7 @@ async fn start_up(
     paused: bool,
 ) -> Result<(), SyncError> {
     for step in &qmp_plan.startup {
-        let step = Planned {
-            execute: step.execute,
-            arguments: &step.arguments,
-        };
-        client.run(&step).await.map_err(SyncError::Qmp)?;
+        client.run(step).await.map_err(SyncError::Qmp)?;
     }
     if !paused {
         client.run(&Cont).await.map_err(SyncError::Qmp)?;

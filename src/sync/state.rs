@@ -37,7 +37,7 @@ pub(crate) struct Running {
     /// NICs plugged by diff and link states.
     pub(crate) nics: NicState,
     /// The media of the cdrom drives (not hot-pluggable), by device id, bottom node first.
-    pub(crate) cdroms: BTreeMap<String, Vec<serde_json::Value>>,
+    pub(crate) cdroms: BTreeMap<String, Vec<crate::cmdline::qemu::Blockdev>>,
     /// Boot memory, maxGuest and the virtio-mem request.
     pub(crate) memory: resources::MemoryState,
     /// The next free `libvirt-<N>-` block node index (libvirt numbers nodes per domain, never

@@ -36,7 +36,10 @@ use serde_json::Value;
 use crate::cmdline::context::{IfaceFacts, TapSource};
 use crate::cmdline::plan::{DeviceClass, DomainPlan};
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{QomGet, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast};
+use crate::qmp::commands::{
+    BalloonInfo, BlockDeviceInfo, BlockInfo, BlockStatsInfo, CpuInfoFast, GuestStats,
+    QomGetGuestStats, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast,
+};
 use crate::sync::SyncError;
 use crate::sys::procfs::stat_times;
 
@@ -283,13 +286,7 @@ pub async fn collect(
     let block = client.run(&QueryBlock).await.map_err(SyncError::Qmp)?;
     let balloon = client.run(&QueryBalloon).await.ok();
     let guest_stats = match &names.balloon {
-        Some(path) => client
-            .run(&QomGet {
-                path: path.clone(),
-                property: "guest-stats".into(),
-            })
-            .await
-            .ok(),
+        Some(path) => client.run(&QomGetGuestStats::of(path)).await.ok(),
         None => None,
     };
     let proc_dir = Path::new("/proc").join(pid.to_string());
@@ -375,16 +372,10 @@ fn affinity(tid: i32, host_cpus: usize) -> Vec<bool> {
 }
 
 /// The vCPU thread ids of a `query-cpus-fast` answer, in vCPU order.
-fn vcpu_threads(cpus: &Value) -> Vec<i32> {
+fn vcpu_threads(cpus: &[CpuInfoFast]) -> Vec<i32> {
     let mut list: Vec<(i64, i32)> = cpus
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| {
-            let index = c["cpu-index"].as_i64()?;
-            let tid = i32::try_from(c["thread-id"].as_i64()?).ok()?;
-            Some((index, tid))
-        })
+        .iter()
+        .filter_map(|c| Some((c.cpu_index, i32::try_from(c.thread_id).ok()?)))
         .collect();
     list.sort_unstable();
     list.into_iter().map(|(_, tid)| tid).collect()
@@ -446,26 +437,21 @@ fn vcpu_stats(
     v
 }
 
-/// A balloon statistic that the guest reported (QEMU reports unset ones as -1 or u64::MAX).
-fn stat_value(stats: &Value, key: &str) -> Option<u64> {
-    stats[key].as_u64().filter(|&v| v != u64::MAX)
-}
-
 fn memory_stats(
-    balloon: Option<&Value>,
-    guest_stats: Option<&Value>,
+    balloon: Option<&BalloonInfo>,
+    guest_stats: Option<&GuestStats>,
     statm: Option<&str>,
     page_size: u64,
 ) -> MemoryStats {
     let mut m = MemoryStats::default();
-    if let Some(actual) = balloon.and_then(|b| b["actual"].as_u64()) {
+    if let Some(actual) = balloon.map(|b| b.actual) {
         m.actual_balloon_set = true;
         m.actual_balloon = actual / 1024;
         m.total_set = true;
         m.total = actual / 1024;
     }
-    if let Some(stats) = guest_stats.map(|g| &g["stats"]) {
-        let kib = |key: &str| stat_value(stats, key).map(|v| v / 1024);
+    if let Some(stats) = guest_stats {
+        let kib = |key: &str| stats.get(key).map(|v| v / 1024);
         let set = |slot: (&mut bool, &mut u64), value: Option<u64>| {
             if let Some(v) = value {
                 *slot.0 = true;
@@ -476,11 +462,11 @@ fn memory_stats(
         set((&mut m.swap_out_set, &mut m.swap_out), kib("stat-swap-out"));
         set(
             (&mut m.major_fault_set, &mut m.major_fault),
-            stat_value(stats, "stat-major-faults"),
+            stats.get("stat-major-faults"),
         );
         set(
             (&mut m.minor_fault_set, &mut m.minor_fault),
-            stat_value(stats, "stat-minor-faults"),
+            stats.get("stat-minor-faults"),
         );
         set((&mut m.unused_set, &mut m.unused), kib("stat-free-memory"));
         set(
@@ -510,24 +496,25 @@ fn qdev_id(qdev: &str) -> &str {
     s.strip_suffix("/virtio-backend").unwrap_or(s)
 }
 
-fn block_stats(blockstats: &Value, block: &Value, names: &DeviceNames) -> Vec<BlockStats> {
-    let images: BTreeMap<&str, &Value> = block
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|b| Some((qdev_id(b["qdev"].as_str()?), &b["inserted"])))
-        .filter(|(_, inserted)| !inserted.is_null())
+fn block_stats(
+    blockstats: &[BlockStatsInfo],
+    block: &[BlockInfo],
+    names: &DeviceNames,
+) -> Vec<BlockStats> {
+    let images: BTreeMap<&str, &BlockDeviceInfo> = block
+        .iter()
+        .filter_map(|b| Some((qdev_id(b.qdev.as_deref()?), b.inserted.as_ref()?)))
         .collect();
     let mut out = Vec::new();
-    for entry in blockstats.as_array().into_iter().flatten() {
-        let Some(id) = entry["qdev"].as_str().map(qdev_id) else {
+    for entry in blockstats {
+        let Some(id) = entry.qdev.as_deref().map(qdev_id) else {
             continue;
         };
         let Some(inserted) = images.get(id) else {
             // An empty cdrom tray: libvirt lists no stats for it either.
             continue;
         };
-        let s = &entry["stats"];
+        let s = &entry.stats;
         let (name, alias) = match names.disks.get(id) {
             Some((target, alias)) => (target.clone(), alias.clone()),
             None => (
@@ -535,43 +522,42 @@ fn block_stats(blockstats: &Value, block: &Value, names: &DeviceNames) -> Vec<Bl
                 id.strip_prefix("ua-").unwrap_or(id).to_string(),
             ),
         };
-        let counter = |key: &str| s[key].as_u64();
         let mut b = BlockStats {
             name_set: true,
             name,
             alias,
             ..BlockStats::default()
         };
-        let pairs: [(&str, &mut bool, &mut u64); 8] = [
-            ("rd_operations", &mut b.rd_reqs_set, &mut b.rd_reqs),
-            ("rd_bytes", &mut b.rd_bytes_set, &mut b.rd_bytes),
-            ("rd_total_time_ns", &mut b.rd_times_set, &mut b.rd_times),
-            ("wr_operations", &mut b.wr_reqs_set, &mut b.wr_reqs),
-            ("wr_bytes", &mut b.wr_bytes_set, &mut b.wr_bytes),
-            ("wr_total_time_ns", &mut b.wr_times_set, &mut b.wr_times),
-            ("flush_operations", &mut b.fl_reqs_set, &mut b.fl_reqs),
-            ("flush_total_time_ns", &mut b.fl_times_set, &mut b.fl_times),
+        let pairs: [(Option<u64>, &mut bool, &mut u64); 8] = [
+            (s.rd_operations, &mut b.rd_reqs_set, &mut b.rd_reqs),
+            (s.rd_bytes, &mut b.rd_bytes_set, &mut b.rd_bytes),
+            (s.rd_total_time_ns, &mut b.rd_times_set, &mut b.rd_times),
+            (s.wr_operations, &mut b.wr_reqs_set, &mut b.wr_reqs),
+            (s.wr_bytes, &mut b.wr_bytes_set, &mut b.wr_bytes),
+            (s.wr_total_time_ns, &mut b.wr_times_set, &mut b.wr_times),
+            (s.flush_operations, &mut b.fl_reqs_set, &mut b.fl_reqs),
+            (s.flush_total_time_ns, &mut b.fl_times_set, &mut b.fl_times),
         ];
-        for (key, set, value) in pairs {
-            if let Some(v) = counter(key) {
+        for (counter, set, value) in pairs {
+            if let Some(v) = counter {
                 *set = true;
                 *value = v;
             }
         }
-        if let Some(v) = counter("wr_highest_offset") {
+        if let Some(v) = s.wr_highest_offset {
             b.allocation_set = true;
             b.allocation = v;
         }
-        let image = &inserted["image"];
-        if let Some(path) = image["filename"].as_str().or(inserted["file"].as_str()) {
+        let image = inserted.image.clone().unwrap_or_default();
+        if let Some(path) = image.filename.as_deref().or(inserted.file.as_deref()) {
             b.path_set = true;
             b.path = path.to_string();
         }
-        if let Some(v) = image["virtual-size"].as_u64() {
+        if let Some(v) = image.virtual_size {
             b.capacity_set = true;
             b.capacity = v;
         }
-        if let Some(v) = image["actual-size"].as_u64() {
+        if let Some(v) = image.actual_size {
             b.physical_set = true;
             b.physical = v;
         }

@@ -12,6 +12,7 @@ use std::collections::BTreeMap;
 use tracing::info;
 
 use crate::cmdline::plan::{Backend, DomainPlan, FirmwarePlan};
+use crate::cmdline::qemu::node_index;
 use crate::cmdline::render;
 use crate::qmp::client::QmpClient;
 use crate::sync::state::Running;
@@ -30,7 +31,7 @@ pub enum DiskStep {
         node_names: Vec<String>,
     },
     /// Attach this disk of the new plan (nodes renumbered by the executor).
-    Attach(render::DiskHotplug),
+    Attach(Box<render::DiskHotplug>),
 }
 
 /// The disk diff: detach every running disk `wanted` (the new QMP plan's disks) lacks, in device
@@ -46,18 +47,14 @@ pub fn diff(
         .filter(|(id, _)| !wanted.contains_key(id.as_str()))
         .map(|(id, d)| DiskStep::Detach {
             id: id.clone(),
-            node_names: d
-                .blockdev_del
-                .iter()
-                .filter_map(|v| v["node-name"].as_str().map(String::from))
-                .collect(),
+            node_names: d.node_names_top_first(),
         })
         .collect();
     steps.extend(
         wanted
             .into_iter()
             .filter(|(id, _)| !running.contains_key(*id))
-            .map(|(_, d)| DiskStep::Attach(d.clone())),
+            .map(|(_, d)| DiskStep::Attach(Box::new(d.clone()))),
     );
     steps
 }
@@ -85,20 +82,16 @@ pub(crate) async fn apply(
             }
             DiskStep::Attach(d) => {
                 let id = d.id.clone();
-                let mut d = renumber_nodes(&d, &mut running.next_node)?;
+                let mut d = d.renumbered(&mut running.next_node);
                 // The re-plan may place the disk on a port in use; take a free root port instead.
-                if d.device["bus"]
-                    .as_str()
-                    .is_some_and(|b| b.starts_with("pci."))
-                {
+                if d.device.on_root_port() {
                     let ports = crate::qmp::hotplug::free_root_ports(client)
                         .await
                         .map_err(SyncError::Qmp)?;
                     let port = ports.first().ok_or_else(|| {
                         SyncError::Unsupported(format!("hotplug of {id}: no free PCIe root port"))
                     })?;
-                    d.device["bus"] = port.clone().into();
-                    d.device["addr"] = "0x0".into();
+                    d.device.place_on_root_port(port);
                 }
                 let attach = crate::qmp::hotplug::DiskAttach {
                     blockdevs: d.blockdevs.clone(),
@@ -130,64 +123,81 @@ pub(crate) fn next_node_index(plan: &DomainPlan) -> u32 {
     devices
         .chain(firmware)
         .flatten()
-        .flat_map(|b| node_indices(b.node_name()))
+        .filter_map(|b| node_index(b.node_name()))
         .max()
         .map_or(1, |n| n + 1)
-}
-
-/// The `N` of every `libvirt-N-` node name in `text`.
-pub(crate) fn node_indices(text: &str) -> Vec<u32> {
-    text.split("libvirt-")
-        .skip(1)
-        .filter_map(|rest| {
-            let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-            let after = rest[digits.len()..].starts_with('-');
-            (after && !digits.is_empty())
-                .then(|| digits.parse().ok())
-                .flatten()
-        })
-        .collect()
-}
-
-/// `disk` with each of its `libvirt-N-` node indices replaced by a fresh one from `next`.
-pub(crate) fn renumber_nodes(
-    disk: &render::DiskHotplug,
-    next: &mut u32,
-) -> Result<render::DiskHotplug, SyncError> {
-    let mut json = serde_json::to_string(&(&disk.blockdevs, &disk.device, &disk.blockdev_del))
-        .map_err(SyncError::EncodeDomain)?;
-    let mut old: Vec<u32> = node_indices(&json);
-    old.sort_unstable();
-    old.dedup();
-    for k in old {
-        json = json.replace(&format!("\"libvirt-{k}-"), &format!("\"qlnode-{next}-"));
-        *next += 1;
-    }
-    let json = json.replace("\"qlnode-", "\"libvirt-");
-    let (blockdevs, device, blockdev_del) =
-        serde_json::from_str(&json).map_err(SyncError::EncodeDomain)?;
-    Ok(render::DiskHotplug {
-        blockdevs,
-        device,
-        blockdev_del,
-        ..disk.clone()
-    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmdline::qemu::{
+        BackingNode, Blockdev, BlockdevDel, BlockdevFormat, BlockdevProtocol, Device, DeviceDel,
+        DeviceVirtioBlk, FormatDriver, ProtocolDriver,
+    };
+    use crate::cmdline::render::PlacedDevice;
 
-    fn disk(name: &str) -> render::DiskHotplug {
+    /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`.
+    fn disk_on(name: &str, n: u32) -> render::DiskHotplug {
+        let storage = format!("libvirt-{n}-storage");
+        let format = format!("libvirt-{n}-format");
         render::DiskHotplug {
             name: name.into(),
             id: format!("ua-{name}"),
             target: None,
-            blockdevs: vec![serde_json::json!({"node-name": "libvirt-1-storage"})],
-            device: serde_json::json!({"id": format!("ua-{name}"), "drive": "libvirt-1-storage"}),
-            device_del: serde_json::json!({"id": format!("ua-{name}")}),
-            blockdev_del: vec![serde_json::json!({"node-name": "libvirt-1-storage"})],
+            blockdevs: vec![
+                Blockdev::Protocol(BlockdevProtocol {
+                    driver: ProtocolDriver::File,
+                    filename: format!("/d/{name}.img"),
+                    node_name: storage.clone(),
+                    aio: None,
+                    cache: None,
+                    auto_read_only: true,
+                    discard: None,
+                }),
+                Blockdev::Format(BlockdevFormat {
+                    node_name: format.clone(),
+                    read_only: false,
+                    discard: None,
+                    cache: None,
+                    driver: FormatDriver::Raw,
+                    file: storage.clone(),
+                    backing: BackingNode::Absent,
+                }),
+            ],
+            device: PlacedDevice {
+                device: Device::VirtioBlk(DeviceVirtioBlk {
+                    driver: "virtio-blk-pci-non-transitional",
+                    share_rw: None,
+                    drive: format.clone(),
+                    id: format!("ua-{name}"),
+                    bootindex: None,
+                    write_cache: None,
+                    werror: None,
+                    rerror: None,
+                    serial: Some(format!("libvirt-{n}-serial")),
+                    iothread: None,
+                    num_queues: None,
+                    logical_block_size: None,
+                    physical_block_size: None,
+                    discard_granularity: None,
+                }),
+                iommu_platform: None,
+                bus: Some("pci.5".into()),
+                addr: Some("0x0".into()),
+            },
+            device_del: DeviceDel {
+                id: format!("ua-{name}"),
+            },
+            blockdev_del: vec![
+                BlockdevDel { node_name: format },
+                BlockdevDel { node_name: storage },
+            ],
         }
+    }
+
+    fn disk(name: &str) -> render::DiskHotplug {
+        disk_on(name, 1)
     }
 
     #[test]
@@ -202,9 +212,9 @@ mod tests {
         };
         let detach = |n: &str| DiskStep::Detach {
             id: format!("ua-{n}"),
-            node_names: vec!["libvirt-1-storage".into()],
+            node_names: vec!["libvirt-1-format".into(), "libvirt-1-storage".into()],
         };
-        let attach = |n: &str| DiskStep::Attach(disk(n));
+        let attach = |n: &str| DiskStep::Attach(Box::new(disk(n)));
         let cases: Vec<(&[&str], Vec<render::DiskHotplug>, Vec<DiskStep>)> = vec![
             (&[], vec![], vec![]),
             (&["a"], vec![disk("a")], vec![]),
@@ -223,33 +233,15 @@ mod tests {
 
     #[test]
     fn hotplugged_disk_nodes_get_fresh_indices() {
-        let disk = render::DiskHotplug {
-            name: "hp1".into(),
-            id: "ua-hp1".into(),
-            target: None,
-            blockdevs: vec![
-                serde_json::json!({"node-name": "libvirt-1-storage", "filename": "/x"}),
-                serde_json::json!({"node-name": "libvirt-1-format", "file": "libvirt-1-storage"}),
-            ],
-            device: serde_json::json!({"id": "ua-hp1", "drive": "libvirt-1-format"}),
-            device_del: serde_json::json!({"id": "ua-hp1"}),
-            blockdev_del: vec![
-                serde_json::json!({"node-name": "libvirt-1-format"}),
-                serde_json::json!({"node-name": "libvirt-1-storage"}),
-            ],
-        };
         let mut next = 4;
-        let d = renumber_nodes(&disk, &mut next).unwrap();
+        let d = disk_on("hp1", 1).renumbered(&mut next);
         assert_eq!(next, 5);
-        assert_eq!(
-            d.blockdevs[1],
-            serde_json::json!({"node-name": "libvirt-4-format", "file": "libvirt-4-storage"})
-        );
-        assert_eq!(d.device["drive"], "libvirt-4-format");
-        assert_eq!(d.blockdev_del[1]["node-name"], "libvirt-4-storage");
-        assert_eq!(
-            node_indices("a libvirt-3-x libvirt-12-y libvirt-z"),
-            vec![3, 12]
-        );
+        let mut want = disk_on("hp1", 4);
+        // Only node names are renumbered: the serial is the user's.
+        if let Device::VirtioBlk(b) = &mut want.device.device {
+            b.serial = Some("libvirt-1-serial".into());
+        }
+        assert_eq!(d, want);
+        assert_eq!(d.node_indices().into_iter().collect::<Vec<_>>(), vec![4]);
     }
 }

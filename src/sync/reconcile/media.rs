@@ -10,32 +10,24 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use serde_json::Value;
 use tracing::info;
 
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
-use crate::cmdline::qemu::to_json;
-use crate::cmdline::render::{self, device_json};
+use crate::cmdline::qemu::{renumber_nodes, Blockdev};
 use crate::qmp::client::QmpClient;
-use crate::sync::reconcile::disks::renumber_nodes;
 use crate::sync::state::Running;
 use crate::sync::SyncError;
 
 /// The cdrom drives of `plan` that are not hot-pluggable, by device id (`ua-<name>`), each with
 /// the `blockdev-add` arguments of its medium, bottom node first (empty: no medium).
-pub fn cdroms(plan: &DomainPlan) -> BTreeMap<String, Vec<Value>> {
+pub fn cdroms(plan: &DomainPlan) -> BTreeMap<String, Vec<Blockdev>> {
     plan.devices
         .iter()
         .filter(|d| d.class == DeviceClass::Disk && !d.hotpluggable)
-        .filter(|d| {
-            matches!(
-                device_json(d)["driver"].as_str(),
-                Some("ide-cd") | Some("scsi-cd")
-            )
-        })
+        .filter(|d| matches!(d.device.driver(), "ide-cd" | "scsi-cd"))
         .map(|d| {
             let medium = match &d.backend {
-                Backend::Blockdevs(bs) => bs.iter().map(to_json).collect(),
+                Backend::Blockdevs(bs) => bs.clone(),
                 _ => Vec::new(),
             };
             (d.device.id().to_string(), medium)
@@ -43,36 +35,31 @@ pub fn cdroms(plan: &DomainPlan) -> BTreeMap<String, Vec<Value>> {
         .collect()
 }
 
-/// A medium without its node names (which differ between conversions): what the guest would see.
-fn without_node_names(medium: &[Value]) -> Vec<Value> {
-    let names: BTreeSet<&str> = medium
-        .iter()
-        .filter_map(|b| b["node-name"].as_str())
-        .collect();
+/// A medium with its own node names blanked (they differ between conversions): what the guest
+/// would see.
+fn without_node_names(medium: &[Blockdev]) -> Vec<Blockdev> {
+    let names: BTreeSet<&str> = medium.iter().map(Blockdev::node_name).collect();
     medium
         .iter()
         .map(|b| {
             let mut b = b.clone();
-            if let Some(o) = b.as_object_mut() {
-                o.remove("node-name");
-                o.retain(|_, v| !v.as_str().is_some_and(|s| names.contains(s)));
-            }
+            b.rename_nodes(&mut |n| names.contains(n).then(String::new));
             b
         })
         .collect()
 }
 
 /// True when the two media are the same image (same blockdev arguments but for node names).
-pub fn same_medium(a: &[Value], b: &[Value]) -> bool {
+pub fn same_medium(a: &[Blockdev], b: &[Blockdev]) -> bool {
     without_node_names(a) == without_node_names(b)
 }
 
 /// The node names of `medium`, top node first (the `blockdev-del` order).
-pub fn node_names_top_first(medium: &[Value]) -> Vec<String> {
+pub fn node_names_top_first(medium: &[Blockdev]) -> Vec<String> {
     medium
         .iter()
         .rev()
-        .filter_map(|b| b["node-name"].as_str().map(str::to_string))
+        .map(|b| b.node_name().to_string())
         .collect()
 }
 
@@ -82,14 +69,14 @@ pub struct MediumChange {
     /// Device id (`ua-<name>`).
     pub id: String,
     /// The new medium's `blockdev-add` arguments, bottom node first (node indices as planned).
-    pub new: Vec<Value>,
+    pub new: Vec<Blockdev>,
 }
 
 /// The media diff: for each cdrom of `running` whose medium differs from `wanted`'s (a drive
 /// `wanted` lacks is ejected), in device id order. Pure.
 pub fn diff(
-    running: &BTreeMap<String, Vec<Value>>,
-    mut wanted: BTreeMap<String, Vec<Value>>,
+    running: &BTreeMap<String, Vec<Blockdev>>,
+    mut wanted: BTreeMap<String, Vec<Blockdev>>,
 ) -> Vec<MediumChange> {
     running
         .iter()
@@ -110,17 +97,8 @@ pub(crate) async fn apply(
     running: &mut Running,
     plan: &DomainPlan,
 ) -> Result<(), SyncError> {
-    for MediumChange { id, new } in diff(&running.cdroms, cdroms(plan)) {
-        let carrier = render::DiskHotplug {
-            name: String::new(),
-            id: id.clone(),
-            target: None,
-            blockdevs: new,
-            device: serde_json::Value::Null,
-            device_del: serde_json::Value::Null,
-            blockdev_del: vec![],
-        };
-        let new = renumber_nodes(&carrier, &mut running.next_node)?.blockdevs;
+    for MediumChange { id, mut new } in diff(&running.cdroms, cdroms(plan)) {
+        renumber_nodes(&mut new, &mut running.next_node);
         let old_node_names = running
             .cdroms
             .get(&id)
@@ -129,13 +107,13 @@ pub(crate) async fn apply(
         let change = crate::qmp::hotplug::CdromChange {
             device_id: id.clone(),
             old_node_names,
-            new_blockdevs: new.clone(),
+            new_blockdevs: new,
         };
         crate::qmp::hotplug::change_cdrom(client, &change)
             .await
             .map_err(SyncError::Qmp)?;
-        info!(device = %id, inserted = !new.is_empty(), "cdrom medium changed");
-        running.cdroms.insert(id, new);
+        info!(device = %id, inserted = !change.new_blockdevs.is_empty(), "cdrom medium changed");
+        running.cdroms.insert(id, change.new_blockdevs);
     }
     Ok(())
 }
@@ -143,17 +121,32 @@ pub(crate) async fn apply(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
+    use crate::cmdline::qemu::{
+        BackingNode, BlockdevFormat, BlockdevProtocol, FormatDriver, ProtocolDriver,
+    };
 
-    fn medium(n: u32, path: &str) -> Vec<Value> {
+    fn medium(n: u32, path: &str) -> Vec<Blockdev> {
         vec![
-            json!({"driver": "file", "filename": path, "node-name": format!("libvirt-{n}-storage"),
-                   "auto-read-only": true}),
-            json!({"driver": "raw", "file": format!("libvirt-{n}-storage"),
-                   "node-name": format!("libvirt-{n}-format"), "read-only": true}),
+            Blockdev::Protocol(BlockdevProtocol {
+                driver: ProtocolDriver::File,
+                filename: path.into(),
+                node_name: format!("libvirt-{n}-storage"),
+                aio: None,
+                cache: None,
+                auto_read_only: true,
+                discard: None,
+            }),
+            Blockdev::Format(BlockdevFormat {
+                node_name: format!("libvirt-{n}-format"),
+                read_only: true,
+                discard: None,
+                cache: None,
+                driver: FormatDriver::Raw,
+                file: format!("libvirt-{n}-storage"),
+                backing: BackingNode::Absent,
+            }),
         ]
     }
-
     #[test]
     fn media_compare_without_node_names() {
         assert!(same_medium(&medium(1, "/a.img"), &medium(7, "/a.img")));
@@ -168,13 +161,13 @@ mod tests {
 
     #[test]
     fn media_diff_changes_only_what_differs() {
-        let map = |items: &[(&str, Vec<Value>)]| -> BTreeMap<String, Vec<Value>> {
+        let map = |items: &[(&str, Vec<Blockdev>)]| -> BTreeMap<String, Vec<Blockdev>> {
             items
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect()
         };
-        let change = |id: &str, new: Vec<Value>| MediumChange { id: id.into(), new };
+        let change = |id: &str, new: Vec<Blockdev>| MediumChange { id: id.into(), new };
         let cases = [
             // Same image under other node numbers: nothing.
             (

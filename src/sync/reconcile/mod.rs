@@ -1,14 +1,19 @@
 //! Applying a sync's diff to the running domain, KubeVirt's `SyncVMI` on a running domain
 //! (`manager.go`, v1.9.0). The VMI is converted again against the running domain's facts and the
-//! new plan compared with what runs, in this order:
+//! new plan compared with what runs. Each reconciler is a pure `diff(running, wanted) -> Vec<Step>`
+//! over typed blockdevs, devices and QMP commands, with table tests beside it, and an executor
+//! that runs the steps; they run in the order of [`RECONCILERS`]:
 //!
 //! 1. [`disks`]: hot-pluggable disks attached and detached;
 //! 2. [`media`]: cdrom media inserted, changed, ejected;
 //! 3. [`resize`]: claim-backed disks grown;
 //! 4. [`nics`]: NICs on Multus networks plugged and unplugged, link states set.
 //!
-//! vCPUs and memory change through their own RPCs ([`resources`]). Other changes are logged and
-//! left for a restart.
+//! vCPUs and memory change through their own RPCs ([`resources`]: `diff_vcpus`, `diff_memory`).
+//! Other changes are logged and left for a restart.
+//!
+//! To add a sync diff: a file here with its `Step` type, `diff` and table tests, a variant of
+//! [`Reconciler`] in [`RECONCILERS`], and its arm in [`SyncVmi::hotplug`].
 
 pub mod disks;
 pub mod media;
@@ -25,6 +30,28 @@ use crate::sync::vmi_sync::{SyncVmi, HOTPLUG_TIMEOUT};
 use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
+/// One reconciler of a sync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reconciler {
+    /// [`disks`].
+    Disks,
+    /// [`media`].
+    Media,
+    /// [`resize`].
+    Resize,
+    /// [`nics`].
+    Nics,
+}
+
+/// Every reconciler of a sync, in the order they run (as the converter's `CONFIGURATORS`): disks
+/// leave and join, media change, claims grow, then NICs take the free root ports the disks left.
+pub const RECONCILERS: [Reconciler; 4] = [
+    Reconciler::Disks,
+    Reconciler::Media,
+    Reconciler::Resize,
+    Reconciler::Nics,
+];
+
 impl SyncVmi {
     /// Applies the difference between the running domain and `vmi` (see the module doc).
     pub(crate) async fn hotplug(&self, running: &mut Running, vmi: &Vmi) -> Result<(), SyncError> {
@@ -39,14 +66,20 @@ impl SyncVmi {
         let view = secondary::convert_view(vmi, &secondary);
         let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
         let qmp_plan = render::qmp_plan(&plan);
-        disks::apply(&client, running, &qmp_plan.disks).await?;
-        media::apply(&client, running, &plan).await?;
-        resize::grow_disks(&client, vmi, &plan).await;
-        let nics = running
-            .nics
-            .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
-            .await;
-        let nics = nics?;
+        let mut nics = nics::NicChanges::default();
+        for reconciler in RECONCILERS {
+            match reconciler {
+                Reconciler::Disks => disks::apply(&client, running, &qmp_plan.disks).await?,
+                Reconciler::Media => media::apply(&client, running, &plan).await?,
+                Reconciler::Resize => resize::grow_disks(&client, vmi, &plan).await,
+                Reconciler::Nics => {
+                    nics = running
+                        .nics
+                        .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
+                        .await?;
+                }
+            }
+        }
         // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
         self.shared.update_domain(|d| {
             let before = d.spec.clone();

@@ -176,9 +176,22 @@ impl NicState {
         Ok(())
     }
 
-    /// Applies the NIC part of the diff against the converted `plan`: unplugs the plugged NICs
-    /// whose interface is no longer a ready secondary interface, plugs the ready ones not plugged
-    /// yet (`nics`: the QMP plan's NICs), then sets every NIC's link as the spec says.
+    /// What runs, as the diff sees it: the plugged interfaces and the link states.
+    pub fn view(&self) -> NicView {
+        NicView {
+            plugged: self.plugged.keys().cloned().collect(),
+            links: self
+                .link_up
+                .iter()
+                .map(|(id, up)| (id.clone(), *up))
+                .collect(),
+        }
+    }
+
+    /// Applies the NIC part of the diff against the converted `plan` ([`diff`] of [`Self::view`]
+    /// against [`wanted`]): unplugs the plugged NICs whose interface is no longer a ready
+    /// secondary interface, plugs the ready ones not plugged yet (`nics`: the QMP plan's NICs),
+    /// then sets every NIC's link as the spec says.
     pub async fn apply(
         &mut self,
         client: &QmpClient,
@@ -187,77 +200,168 @@ impl NicState {
         secondary: &[SecondaryIface],
         unplug_timeout: Duration,
     ) -> Result<NicChanges, SyncError> {
+        let wanted = wanted(plan, secondary);
         let mut changes = NicChanges::default();
-        let ready: BTreeSet<&str> = secondary
-            .iter()
-            .filter(|s| s.ready)
-            .map(|s| s.name.as_str())
-            .collect();
-        let gone: Vec<String> = self
-            .plugged
-            .keys()
-            .filter(|n| !ready.contains(n.as_str()))
-            .cloned()
-            .collect();
-        for name in gone {
-            let Some(p) = self.plugged.get(&name) else {
-                continue;
-            };
-            let detach = NicDetach {
-                device_id: p.device_id.clone(),
-                netdev_id: p.netdev_id.clone(),
-            };
-            hotplug::detach_nic(client, &detach, unplug_timeout)
-                .await
-                .map_err(|e| in_iface(&name, SyncError::Qmp(e)))?;
-            let Some(p) = self.plugged.remove(&name) else {
-                continue;
-            };
-            self.link_up.remove(&p.device_id);
-            let _ = p.dhcp_stop.send(true);
-            let undone = net::teardown(&p.net, &p.applied)
-                .await
-                .map_err(|e| in_iface(&name, SyncError::Net(e)))?;
-            info!(interface = %name, device = %p.device_id, ?undone, "NIC unplugged");
-            changes.removed.push(name);
-        }
-        for s in secondary.iter().filter(|s| s.ready) {
-            if self.plugged.contains_key(&s.name) {
-                continue;
+        for step in diff(&self.view(), &wanted) {
+            match step {
+                NicStep::Unplug { name } => {
+                    self.unplug(client, &name, unplug_timeout).await?;
+                    changes.removed.push(name);
+                }
+                NicStep::Plug { name, id } => {
+                    let nic = nics.iter().find(|n| n.id == id).ok_or_else(|| {
+                        SyncError::Unsupported(format!(
+                            "interface {name}: the converter made no hot-pluggable NIC for it"
+                        ))
+                    })?;
+                    let Some(net_plan) = self.prepared.remove(&name) else {
+                        continue;
+                    };
+                    let plugged = plug(client, nic, net_plan)
+                        .await
+                        .map_err(|e| in_iface(&name, e))?;
+                    changes
+                        .added
+                        .push((name.clone(), MacAddr(plugged.net.guest_mac).to_string()));
+                    self.plugged.insert(name, plugged);
+                }
+                NicStep::SetLink { id, up } => {
+                    hotplug::set_link(client, &id, up)
+                        .await
+                        .map_err(SyncError::Qmp)?;
+                    info!(device = %id, up, "NIC link state set");
+                    self.link_up.insert(id.clone(), up);
+                    changes.links.push((id, up));
+                }
             }
-            let id = crate::cmdline::names::alias(&s.name);
-            let nic = nics.iter().find(|n| n.id == id).ok_or_else(|| {
-                SyncError::Unsupported(format!(
-                    "interface {}: the converter made no hot-pluggable NIC for it",
-                    s.name
-                ))
-            })?;
-            let Some(net_plan) = self.prepared.remove(&s.name) else {
-                continue;
-            };
-            let plugged = plug(client, nic, net_plan)
-                .await
-                .map_err(|e| in_iface(&s.name, e))?;
-            changes
-                .added
-                .push((s.name.clone(), MacAddr(plugged.net.guest_mac).to_string()));
-            self.plugged.insert(s.name.clone(), plugged);
         }
-        for d in plan.devices.iter().filter(|d| d.class == DeviceClass::Nic) {
-            let id = d.device.id().to_string();
-            let want_up = !plan.links_down.contains(&id);
-            let is_up = self.link_up.get(&id).copied().unwrap_or(true);
-            if want_up != is_up {
-                hotplug::set_link(client, &id, want_up)
-                    .await
-                    .map_err(SyncError::Qmp)?;
-                info!(device = %id, up = want_up, "NIC link state set");
-                changes.links.push((id.clone(), want_up));
-            }
-            self.link_up.insert(id, want_up);
+        for (id, up) in wanted.links {
+            self.link_up.insert(id, up);
         }
         Ok(changes)
     }
+
+    /// Unplugs the NIC of interface `name` and tears its binding down.
+    async fn unplug(
+        &mut self,
+        client: &QmpClient,
+        name: &str,
+        unplug_timeout: Duration,
+    ) -> Result<(), SyncError> {
+        let Some(p) = self.plugged.get(name) else {
+            return Ok(());
+        };
+        let detach = NicDetach {
+            device_id: p.device_id.clone(),
+            netdev_id: p.netdev_id.clone(),
+        };
+        hotplug::detach_nic(client, &detach, unplug_timeout)
+            .await
+            .map_err(|e| in_iface(name, SyncError::Qmp(e)))?;
+        let Some(p) = self.plugged.remove(name) else {
+            return Ok(());
+        };
+        self.link_up.remove(&p.device_id);
+        let _ = p.dhcp_stop.send(true);
+        let undone = net::teardown(&p.net, &p.applied)
+            .await
+            .map_err(|e| in_iface(name, SyncError::Net(e)))?;
+        info!(interface = %name, device = %p.device_id, ?undone, "NIC unplugged");
+        Ok(())
+    }
+}
+
+/// The domain's NICs as the diff compares them.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NicView {
+    /// Secondary interfaces plugged by diff, by VMI interface name (running: as plugged;
+    /// wanted: the ready ones, in spec order).
+    pub plugged: Vec<String>,
+    /// Link state by NIC device id (running: absent means up; wanted: every NIC of the plan,
+    /// in plan order).
+    pub links: Vec<(String, bool)>,
+}
+
+/// The NICs `plan` wants: the ready secondary interfaces plugged, and each NIC's link up unless
+/// the plan lists it in `links_down` (`state: down`).
+pub fn wanted(plan: &DomainPlan, secondary: &[SecondaryIface]) -> NicView {
+    NicView {
+        plugged: secondary
+            .iter()
+            .filter(|s| s.ready)
+            .map(|s| s.name.clone())
+            .collect(),
+        links: plan
+            .devices
+            .iter()
+            .filter(|d| d.class == DeviceClass::Nic)
+            .map(|d| {
+                let id = d.device.id().to_string();
+                let up = !plan.links_down.contains(&id);
+                (id, up)
+            })
+            .collect(),
+    }
+}
+
+/// One step of the NIC diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NicStep {
+    /// Unplug the NIC of this interface (`device_del`, `DEVICE_DELETED`, `netdev_del`) and tear
+    /// its binding down.
+    Unplug {
+        /// VMI interface name.
+        name: String,
+    },
+    /// Set the binding of this interface up and plug its NIC (`getfd`, `netdev_add`,
+    /// `device_add` into a free root port).
+    Plug {
+        /// VMI interface name.
+        name: String,
+        /// Its device id in the QMP plan (`ua-<name>`).
+        id: String,
+    },
+    /// `set_link` of a NIC.
+    SetLink {
+        /// Device id.
+        id: String,
+        /// Link up.
+        up: bool,
+    },
+}
+
+/// The NIC diff of what runs against what is wanted: unplugs (running order), then plugs
+/// (wanted order), then the link changes (a NIC without a running state is up). Pure.
+pub fn diff(running: &NicView, wanted: &NicView) -> Vec<NicStep> {
+    let wanted_names: BTreeSet<&str> = wanted.plugged.iter().map(String::as_str).collect();
+    let running_names: BTreeSet<&str> = running.plugged.iter().map(String::as_str).collect();
+    let running_links: BTreeMap<&str, bool> = running
+        .links
+        .iter()
+        .map(|(id, up)| (id.as_str(), *up))
+        .collect();
+    let unplug = running
+        .plugged
+        .iter()
+        .filter(|n| !wanted_names.contains(n.as_str()))
+        .map(|name| NicStep::Unplug { name: name.clone() });
+    let plug = wanted
+        .plugged
+        .iter()
+        .filter(|n| !running_names.contains(n.as_str()))
+        .map(|name| NicStep::Plug {
+            name: name.clone(),
+            id: crate::cmdline::names::alias(name),
+        });
+    let links = wanted
+        .links
+        .iter()
+        .filter(|(id, up)| running_links.get(id.as_str()).copied().unwrap_or(true) != *up)
+        .map(|(id, up)| NicStep::SetLink {
+            id: id.clone(),
+            up: *up,
+        });
+    unplug.chain(plug).chain(links).collect()
 }
 
 /// `e` as the failure of interface `name`.
@@ -296,7 +400,7 @@ async fn plug(
     info!(device = %nic.id, tap = %net_plan.tap, pod_iface = %net_plan.pod_iface, "NIC plugged");
     Ok(PluggedNic {
         device_id: nic.id.clone(),
-        netdev_id: nic.netdev["id"].as_str().unwrap_or_default().to_string(),
+        netdev_id: nic.netdev.id.clone(),
         net: net_plan,
         applied,
         dhcp_stop,
@@ -308,7 +412,7 @@ async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), S
     let fd_name = nic
         .getfd
         .first()
-        .and_then(|g| g["fdname"].as_str())
+        .map(|g| g.fdname.as_str())
         .ok_or_else(|| {
             SyncError::Unsupported(format!("NIC {}: hotplug needs exactly one tap fd", nic.id))
         })?
@@ -326,8 +430,7 @@ async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), S
     let port = ports.first().ok_or_else(|| {
         SyncError::Unsupported(format!("hotplug of {}: no free PCIe root port", nic.id))
     })?;
-    device["bus"] = port.clone().into();
-    device["addr"] = "0x0".into();
+    device.place_on_root_port(port);
     let tap_fd = crate::qmp::tap::open_tap(tap, true).map_err(SyncError::Qmp)?;
     let attach = NicAttach {
         tap_fd,
@@ -339,4 +442,83 @@ async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), S
     hotplug::attach_nic(client, &attach)
         .await
         .map_err(SyncError::Qmp)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(plugged: &[&str], links: &[(&str, bool)]) -> NicView {
+        NicView {
+            plugged: plugged.iter().map(|s| s.to_string()).collect(),
+            links: links.iter().map(|(id, up)| (id.to_string(), *up)).collect(),
+        }
+    }
+
+    fn unplug(name: &str) -> NicStep {
+        NicStep::Unplug { name: name.into() }
+    }
+
+    fn plug(name: &str) -> NicStep {
+        NicStep::Plug {
+            name: name.into(),
+            id: format!("ua-{name}"),
+        }
+    }
+
+    fn link(id: &str, up: bool) -> NicStep {
+        NicStep::SetLink { id: id.into(), up }
+    }
+
+    #[test]
+    fn nic_diff_unplugs_plugs_then_sets_links() {
+        let cases = [
+            // Nothing plugged, nothing wanted.
+            (view(&[], &[]), view(&[], &[("ua-default", true)]), vec![]),
+            // A new ready interface is plugged; its NIC starts up.
+            (
+                view(&[], &[]),
+                view(&["blue"], &[("ua-default", true), ("ua-blue", true)]),
+                vec![plug("blue")],
+            ),
+            // Plugged in spec order, not name order.
+            (
+                view(&[], &[]),
+                view(&["red", "blue"], &[]),
+                vec![plug("red"), plug("blue")],
+            ),
+            // An interface that left (or turned absent) is unplugged first.
+            (
+                view(&["blue", "red"], &[("ua-blue", true)]),
+                view(&["green", "red"], &[("ua-red", true), ("ua-green", true)]),
+                vec![unplug("blue"), plug("green")],
+            ),
+            // state: down on a running NIC, and up again.
+            (
+                view(&[], &[("ua-default", true)]),
+                view(&[], &[("ua-default", false)]),
+                vec![link("ua-default", false)],
+            ),
+            (
+                view(&[], &[("ua-default", false)]),
+                view(&[], &[("ua-default", true)]),
+                vec![link("ua-default", true)],
+            ),
+            // A NIC plugged down: plugged, then its link set down.
+            (
+                view(&[], &[]),
+                view(&["blue"], &[("ua-blue", false)]),
+                vec![plug("blue"), link("ua-blue", false)],
+            ),
+            // Nothing changed.
+            (
+                view(&["blue"], &[("ua-blue", false)]),
+                view(&["blue"], &[("ua-blue", false)]),
+                vec![],
+            ),
+        ];
+        for (running, wanted, steps) in cases {
+            assert_eq!(diff(&running, &wanted), steps, "{running:?} -> {wanted:?}");
+        }
+    }
 }

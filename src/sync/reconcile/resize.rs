@@ -24,11 +24,11 @@ use std::io::{Seek, SeekFrom};
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 
-use serde_json::Value;
 use tracing::{info, warn};
 
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
-use crate::cmdline::qemu::to_json;
+use crate::cmdline::qemu::{Blockdev, FormatDriver, ProtocolDriver};
+use crate::qmp::commands::BlockInfo;
 use crate::qmp::QmpClient;
 use crate::vmi::status::PersistentVolumeClaimInfo;
 use crate::vmi::Vmi;
@@ -38,9 +38,11 @@ const MIB: u64 = 1 << 20;
 
 /// A drive as QEMU has it (`query-block`): its top node and its virtual size in bytes.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct QemuDrive {
-    node_name: String,
-    size: u64,
+pub struct QemuDrive {
+    /// The top node.
+    pub node_name: String,
+    /// Virtual size, bytes.
+    pub size: u64,
 }
 
 /// How one disk should change.
@@ -124,20 +126,17 @@ async fn qemu_drives(client: &QmpClient) -> Result<BTreeMap<String, QemuDrive>, 
     Ok(parse_query_block(&list))
 }
 
-fn parse_query_block(list: &Value) -> BTreeMap<String, QemuDrive> {
-    list.as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
-        .iter()
+fn parse_query_block(list: &[BlockInfo]) -> BTreeMap<String, QemuDrive> {
+    list.iter()
         .filter_map(|b| {
-            let qdev = b["qdev"].as_str()?;
+            let qdev = b.qdev.as_deref()?;
             let id = qdev
                 .strip_prefix("/machine/peripheral/")
                 .map_or(qdev, |rest| rest.split('/').next().unwrap_or(rest));
-            let inserted = &b["inserted"];
+            let inserted = b.inserted.as_ref()?;
             let drive = QemuDrive {
-                node_name: inserted["node-name"].as_str()?.to_string(),
-                size: inserted["image"]["virtual-size"].as_u64()?,
+                node_name: inserted.node_name.clone()?,
+                size: inserted.image.as_ref()?.virtual_size?,
             };
             Some((id.to_string(), drive))
         })
@@ -168,7 +167,8 @@ fn extend_image(image: &Path, size: u64) -> std::io::Result<()> {
 }
 
 /// What one planned disk is backed by, when it may be resized.
-enum Source {
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Source {
     /// A block device claim.
     Block(String),
     /// A raw image file of a filesystem claim.
@@ -177,24 +177,122 @@ enum Source {
 
 /// The source of a raw, overlay-free blockdev chain (`file`/`host_device` under an optional
 /// `raw` node); `None` otherwise.
-fn source(blockdevs: &[Value]) -> Option<Source> {
-    let bottom = blockdevs.first()?;
-    let rest_raw = blockdevs[1..].iter().all(|b| b["driver"] == "raw");
-    if !rest_raw || blockdevs.len() > 2 {
+fn source(blockdevs: &[Blockdev]) -> Option<Source> {
+    let (Blockdev::Protocol(bottom), rest) = blockdevs.split_first()? else {
+        return None;
+    };
+    let rest_raw = rest
+        .iter()
+        .all(|b| matches!(b, Blockdev::Format(f) if f.driver == FormatDriver::Raw));
+    if !rest_raw || rest.len() > 1 {
         return None;
     }
-    let filename = bottom["filename"].as_str()?.to_string();
-    match bottom["driver"].as_str()? {
-        "host_device" => Some(Source::Block(filename)),
-        "file" => Some(Source::File(filename)),
-        _ => None,
-    }
+    let filename = bottom.filename.clone();
+    Some(match bottom.driver {
+        ProtocolDriver::HostDevice => Source::Block(filename),
+        ProtocolDriver::File => Source::File(filename),
+    })
 }
 
-/// Grows every claim-backed disk of `plan` whose usable size exceeds QEMU's (module doc). Logs
-/// what it does and every failure; returns nothing.
-pub async fn grow_disks(client: &QmpClient, vmi: &Vmi, plan: &DomainPlan) {
-    let mut drives = None;
+/// A claim-backed disk of the plan and the size it may have: the facts the diff needs, read from
+/// the pod (the device's size, the image's filesystem).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimDisk {
+    /// Disk name in the VMI.
+    pub disk: String,
+    /// Device id (`ua-<name>`).
+    pub device_id: String,
+    /// What backs it.
+    pub source: Source,
+    /// Its usable size in bytes, or why it has none.
+    pub usable: Result<u64, String>,
+}
+
+/// Why the resize diff leaves a disk as it is (logged by the executor).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Leave {
+    /// QEMU has no drive with the disk's device id.
+    NoDrive,
+    /// The usable size is unknown.
+    NoUsableSize(String),
+    /// The usable size is below QEMU's: disks never shrink.
+    Shrink {
+        /// QEMU's size, bytes.
+        current: u64,
+        /// The usable size, bytes.
+        usable: u64,
+    },
+}
+
+/// One step of the resize diff.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResizeStep {
+    /// Grow the disk: extend the image file first (filesystem claims), then `block_resize`.
+    Grow {
+        /// Disk name.
+        disk: String,
+        /// The drive's top node.
+        node_name: String,
+        /// QEMU's size, bytes.
+        from: u64,
+        /// The new size, bytes.
+        to: u64,
+        /// The image file to extend to `to` first (`None`: a block device).
+        image: Option<String>,
+    },
+    /// Leave the disk alone.
+    Leave {
+        /// Disk name.
+        disk: String,
+        /// Why.
+        why: Leave,
+    },
+}
+
+/// The resize diff of QEMU's drives (`running`, by device id) against the claim-backed disks of
+/// the plan and their usable sizes (`wanted`), in `wanted` order; a disk already at its usable
+/// size gives no step. Pure.
+pub fn diff(running: &BTreeMap<String, QemuDrive>, wanted: &[ClaimDisk]) -> Vec<ResizeStep> {
+    wanted
+        .iter()
+        .filter_map(|c| {
+            let leave = |why| {
+                Some(ResizeStep::Leave {
+                    disk: c.disk.clone(),
+                    why,
+                })
+            };
+            let Some(drive) = running.get(&c.device_id) else {
+                return leave(Leave::NoDrive);
+            };
+            let usable = match &c.usable {
+                Ok(u) => *u,
+                Err(e) => return leave(Leave::NoUsableSize(e.clone())),
+            };
+            match growth(drive.size, usable) {
+                Growth::Unchanged => None,
+                Growth::RefusedShrink { current, usable } => {
+                    leave(Leave::Shrink { current, usable })
+                }
+                Growth::Grow(to) => Some(ResizeStep::Grow {
+                    disk: c.disk.clone(),
+                    node_name: drive.node_name.clone(),
+                    from: drive.size,
+                    to,
+                    image: match &c.source {
+                        Source::File(path) => Some(path.clone()),
+                        Source::Block(_) => None,
+                    },
+                }),
+            }
+        })
+        .collect()
+}
+
+/// The claim-backed disks of `plan` with a raw, overlay-free chain, and their usable sizes
+/// (module doc): reads each block device's size or each image's filesystem.
+fn claim_disks(vmi: &Vmi, plan: &DomainPlan) -> Vec<ClaimDisk> {
+    let mut out = Vec::new();
     for d in &plan.devices {
         let (DeviceClass::Disk, Some(name), Backend::Blockdevs(bs)) =
             (d.class, &d.name, &d.backend)
@@ -204,50 +302,66 @@ pub async fn grow_disks(client: &QmpClient, vmi: &Vmi, plan: &DomainPlan) {
         let Some(info) = pvc_info(vmi, name) else {
             continue;
         };
-        let blockdevs: Vec<Value> = bs.iter().map(to_json).collect();
-        let Some(source) = source(&blockdevs) else {
+        let Some(source) = source(bs) else {
             info!(disk = %name, "not a raw image without overlay: not resized");
-            continue;
-        };
-        if drives.is_none() {
-            match qemu_drives(client).await {
-                Ok(d) => drives = Some(d),
-                Err(e) => {
-                    warn!(error = %e, "cannot read the drives' sizes: no disk resized");
-                    return;
-                }
-            }
-        }
-        let Some(drive) = drives.as_ref().and_then(|m| m.get(d.device.id())) else {
-            warn!(disk = %name, device = d.device.id(), "QEMU has no such drive: not resized");
             continue;
         };
         let usable = match &source {
             Source::Block(path) => device_size(Path::new(path)).map_err(|e| format!("{path}: {e}")),
             Source::File(path) => file_usable_size(info, Path::new(path)),
         };
-        let usable = match usable {
-            Ok(u) => u,
-            Err(e) => {
-                info!(disk = %name, reason = %e, "no usable size: not resized");
-                continue;
-            }
-        };
-        match growth(drive.size, usable) {
-            Growth::Unchanged => {}
-            Growth::RefusedShrink { current, usable } => {
-                info!(disk = %name, current, usable, "usable size below QEMU's: disks never shrink");
-            }
-            Growth::Grow(size) => {
-                if let Source::File(path) = &source {
-                    if let Err(e) = extend_image(Path::new(path), size) {
-                        warn!(disk = %name, image = %path, error = %e, "cannot extend the image");
+        out.push(ClaimDisk {
+            disk: name.clone(),
+            device_id: d.device.id().to_string(),
+            source,
+            usable,
+        });
+    }
+    out
+}
+
+/// Grows every claim-backed disk of `plan` whose usable size exceeds QEMU's (module doc): the
+/// [`diff`] of QEMU's drives against the plan's claim disks, run. Logs what it does and every
+/// failure; returns nothing.
+pub async fn grow_disks(client: &QmpClient, vmi: &Vmi, plan: &DomainPlan) {
+    let wanted = claim_disks(vmi, plan);
+    if wanted.is_empty() {
+        return;
+    }
+    let drives = match qemu_drives(client).await {
+        Ok(d) => d,
+        Err(e) => {
+            warn!(error = %e, "cannot read the drives' sizes: no disk resized");
+            return;
+        }
+    };
+    for step in diff(&drives, &wanted) {
+        match step {
+            ResizeStep::Leave { disk, why } => match why {
+                Leave::NoDrive => warn!(disk = %disk, "QEMU has no such drive: not resized"),
+                Leave::NoUsableSize(reason) => {
+                    info!(disk = %disk, reason = %reason, "no usable size: not resized");
+                }
+                Leave::Shrink { current, usable } => {
+                    info!(disk = %disk, current, usable, "usable size below QEMU's: disks never shrink");
+                }
+            },
+            ResizeStep::Grow {
+                disk,
+                node_name,
+                from,
+                to,
+                image,
+            } => {
+                if let Some(path) = &image {
+                    if let Err(e) = extend_image(Path::new(path), to) {
+                        warn!(disk = %disk, image = %path, error = %e, "cannot extend the image");
                         continue;
                     }
                 }
-                match crate::qmp::hotplug::resize_disk(client, &drive.node_name, size).await {
-                    Ok(()) => info!(disk = %name, from = drive.size, to = size, "disk grown"),
-                    Err(e) => warn!(disk = %name, size, error = %e, "block_resize failed"),
+                match crate::qmp::hotplug::resize_disk(client, &node_name, to).await {
+                    Ok(()) => info!(disk = %disk, from, to, "disk grown"),
+                    Err(e) => warn!(disk = %disk, size = to, error = %e, "block_resize failed"),
                 }
             }
         }
@@ -389,46 +503,149 @@ mod tests {
 
     #[test]
     fn query_block_drives_by_device_id() {
-        let list = json!([
+        let list: Vec<BlockInfo> = serde_json::from_value(json!([
             {"device": "", "qdev": "/machine/peripheral/ua-data/virtio-backend",
              "inserted": {"node-name": "libvirt-2-format", "image": {"virtual-size": 67108864}}},
             {"device": "", "qdev": "ua-cd", "inserted": {"node-name": "libvirt-3-format",
              "image": {"virtual-size": 4096}}},
             {"device": "", "qdev": "ua-empty"}
-        ]);
+        ]))
+        .unwrap();
         let drives = parse_query_block(&list);
         assert_eq!(
             drives.into_iter().collect::<Vec<_>>(),
             vec![
-                (
-                    "ua-cd".to_string(),
-                    QemuDrive {
-                        node_name: "libvirt-3-format".into(),
-                        size: 4096
-                    }
-                ),
-                (
-                    "ua-data".to_string(),
-                    QemuDrive {
-                        node_name: "libvirt-2-format".into(),
-                        size: 64 << 20
-                    }
-                ),
+                ("ua-cd".to_string(), drive("libvirt-3-format", 4096)),
+                ("ua-data".to_string(), drive("libvirt-2-format", 64 << 20)),
             ]
         );
     }
 
+    fn drive(node_name: &str, size: u64) -> QemuDrive {
+        QemuDrive {
+            node_name: node_name.into(),
+            size,
+        }
+    }
+
+    fn protocol(driver: ProtocolDriver, filename: &str) -> Blockdev {
+        Blockdev::Protocol(crate::cmdline::qemu::BlockdevProtocol {
+            driver,
+            filename: filename.into(),
+            node_name: "a".into(),
+            aio: None,
+            cache: None,
+            auto_read_only: true,
+            discard: None,
+        })
+    }
+
+    fn format(driver: FormatDriver) -> Blockdev {
+        Blockdev::Format(crate::cmdline::qemu::BlockdevFormat {
+            node_name: "b".into(),
+            read_only: false,
+            discard: None,
+            cache: None,
+            driver,
+            file: "a".into(),
+            backing: crate::cmdline::qemu::BackingNode::Absent,
+        })
+    }
+
     #[test]
     fn only_raw_chains_without_overlay_are_resized() {
-        let file = json!({"driver": "file", "filename": "/d/disk.img", "node-name": "a"});
-        let raw = json!({"driver": "raw", "file": "a", "node-name": "b"});
-        let qcow2 = json!({"driver": "qcow2", "file": "a", "node-name": "b"});
-        assert!(
-            matches!(source(&[file.clone(), raw]), Some(Source::File(p)) if p == "/d/disk.img")
-        );
-        assert!(source(&[file.clone(), qcow2]).is_none());
-        let dev = json!({"driver": "host_device", "filename": "/dev/data", "node-name": "a"});
-        assert!(matches!(source(&[dev]), Some(Source::Block(p)) if p == "/dev/data"));
-        assert!(source(&[]).is_none());
+        let file = protocol(ProtocolDriver::File, "/d/disk.img");
+        let dev = protocol(ProtocolDriver::HostDevice, "/dev/data");
+        let cases = [
+            (
+                vec![file.clone(), format(FormatDriver::Raw)],
+                Some(Source::File("/d/disk.img".into())),
+            ),
+            (vec![file.clone(), format(FormatDriver::Qcow2)], None),
+            (
+                vec![
+                    file.clone(),
+                    format(FormatDriver::Raw),
+                    format(FormatDriver::Raw),
+                ],
+                None,
+            ),
+            (vec![dev], Some(Source::Block("/dev/data".into()))),
+            (vec![format(FormatDriver::Raw)], None),
+            (vec![], None),
+        ];
+        for (chain, want) in cases {
+            assert_eq!(source(&chain), want, "{chain:?}");
+        }
+    }
+
+    #[test]
+    fn resize_diff_grows_only_what_qemu_has_smaller() {
+        let claim = |disk: &str, source: Source, usable: Result<u64, String>| ClaimDisk {
+            disk: disk.into(),
+            device_id: format!("ua-{disk}"),
+            source,
+            usable,
+        };
+        let file = || Source::File("/d/disk.img".into());
+        let block = || Source::Block("/dev/data".into());
+        let running: BTreeMap<String, QemuDrive> = [
+            ("ua-data".to_string(), drive("libvirt-2-format", 64 * MIB)),
+            ("ua-blk".to_string(), drive("libvirt-3-storage", 64 * MIB)),
+        ]
+        .into_iter()
+        .collect();
+        let leave = |disk: &str, why| ResizeStep::Leave {
+            disk: disk.into(),
+            why,
+        };
+        let cases = [
+            // A filesystem claim grown: the image is extended, then the node resized.
+            (
+                vec![claim("data", file(), Ok(120 * MIB))],
+                vec![ResizeStep::Grow {
+                    disk: "data".into(),
+                    node_name: "libvirt-2-format".into(),
+                    from: 64 * MIB,
+                    to: 120 * MIB,
+                    image: Some("/d/disk.img".into()),
+                }],
+            ),
+            // A block claim grown: only the node.
+            (
+                vec![claim("blk", block(), Ok(128 * MIB))],
+                vec![ResizeStep::Grow {
+                    disk: "blk".into(),
+                    node_name: "libvirt-3-storage".into(),
+                    from: 64 * MIB,
+                    to: 128 * MIB,
+                    image: None,
+                }],
+            ),
+            // Already at its size: nothing.
+            (vec![claim("data", file(), Ok(64 * MIB))], vec![]),
+            // Smaller, unknown, or not in QEMU: left alone.
+            (
+                vec![
+                    claim("data", file(), Ok(60 * MIB)),
+                    claim("blk", block(), Err("no capacity".into())),
+                    claim("gone", file(), Ok(MIB)),
+                ],
+                vec![
+                    leave(
+                        "data",
+                        Leave::Shrink {
+                            current: 64 * MIB,
+                            usable: 60 * MIB,
+                        },
+                    ),
+                    leave("blk", Leave::NoUsableSize("no capacity".into())),
+                    leave("gone", Leave::NoDrive),
+                ],
+            ),
+        ];
+        for (wanted, steps) in cases {
+            assert_eq!(diff(&running, &wanted), steps, "{wanted:?}");
+        }
     }
 }

@@ -16,12 +16,14 @@
 
 use std::time::Duration;
 
-use serde_json::{json, Value};
 use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
+use crate::cmdline::qemu::{ObjectMemoryBackend, QomSet};
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands;
+use crate::qmp::commands::{
+    self, CpuDeviceAdd, DeviceDel, HotpluggableCpu, ObjectAdd, ObjectDel, VirtioMemPciAdd,
+};
 use crate::qmp::hotplug;
 use crate::sync::SyncError;
 
@@ -33,121 +35,132 @@ pub const VIRTIO_MEM_ID: &str = "virtiomem0";
 pub const VIRTIO_MEM_BACKEND_ID: &str = "memvirtiomem0";
 
 /// One slot of `query-hotpluggable-cpus`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CpuSlot {
-    /// The CPU device type (`max-x86_64-cpu`).
-    pub driver: String,
-    /// The slot's properties (`socket-id`, `core-id`, `thread-id`, `node-id`, ...).
-    pub props: serde_json::Map<String, Value>,
-    /// The QOM path of the CPU in the slot; `None` when empty.
-    pub qom_path: Option<String>,
-}
+pub type CpuSlot = HotpluggableCpu;
 
-/// The slots of a `query-hotpluggable-cpus` reply, in vCPU index order. Errors: the reply is not
-/// a list of objects with `type` and `props`.
-pub fn cpu_slots(reply: &Value) -> Result<Vec<CpuSlot>, SyncError> {
-    let bad = || SyncError::Unsupported("unexpected query-hotpluggable-cpus reply".into());
-    let mut slots = Vec::new();
-    for entry in reply.as_array().ok_or_else(bad)? {
-        let driver = entry["type"].as_str().ok_or_else(bad)?.to_string();
-        let props = entry["props"].as_object().ok_or_else(bad)?.clone();
-        slots.push(CpuSlot {
-            driver,
-            props,
-            qom_path: entry["qom-path"].as_str().map(str::to_string),
-        });
-    }
+/// The slots of a `query-hotpluggable-cpus` reply in vCPU index order (socket, die, cluster,
+/// core, thread; QEMU lists them highest first).
+pub fn cpu_slots(mut reply: Vec<HotpluggableCpu>) -> Vec<CpuSlot> {
     let key = |s: &CpuSlot| {
         ["socket-id", "die-id", "cluster-id", "core-id", "thread-id"]
-            .map(|k| s.props.get(k).and_then(Value::as_u64).unwrap_or(0))
+            .map(|k| s.props.get(k).copied().unwrap_or(0))
     };
-    slots.sort_by_key(key);
-    Ok(slots)
+    reply.sort_by_key(key);
+    reply
 }
 
-/// What a vCPU sync must do: `(index, slot)` to plug, or device ids to unplug (highest first).
+/// One step of a vCPU or memory sync, a QMP command (or, for an unplug, a command and the wait
+/// for the guest).
 #[derive(Debug, Clone, PartialEq)]
-pub enum VcpuChange {
-    /// Nothing.
-    None,
-    /// Plug these empty slots (`id: vcpu<index>`).
-    Plug(Vec<(usize, CpuSlot)>),
-    /// Unplug these hot-plugged vCPUs, by device id.
-    Unplug(Vec<String>),
+pub enum ResourceStep {
+    /// `device_add` of a vCPU into an empty slot (`id: vcpu<index>`).
+    PlugVcpu(CpuDeviceAdd),
+    /// `device_del` of a hot-plugged vCPU and the wait for the guest to eject it.
+    UnplugVcpu {
+        /// Device id (`vcpu<index>`).
+        id: String,
+    },
+    /// `object-add` of the virtio-mem device's RAM backend.
+    AddMemoryBackend(ObjectMemoryBackend),
+    /// `device_add` of the virtio-mem device.
+    AddVirtioMem(VirtioMemPciAdd),
+    /// `qom-set` of the virtio-mem device's `requested-size`.
+    SetVirtioMemSize(QomSet),
 }
 
-/// Plans the change from the slots' state to `wanted` vCPUs. Errors: more than the slots, or
-/// fewer than the vCPUs that were not hot-plugged (they cannot be removed).
-pub fn plan_vcpus(slots: &[CpuSlot], wanted: u32) -> Result<VcpuChange, SyncError> {
+/// The vCPU diff: from the slots' state (`running`, in vCPU index order) to `wanted` vCPUs,
+/// the empty slots to plug from the lowest index, or the hot-plugged vCPUs to unplug from the
+/// highest. Pure. Errors: more than the slots, or fewer than the vCPUs that were not
+/// hot-plugged (they cannot be removed).
+pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>, SyncError> {
     let wanted = wanted as usize;
-    if wanted == 0 || wanted > slots.len() {
+    if wanted == 0 || wanted > running.len() {
         return Err(SyncError::InvalidVmi(format!(
             "spec.domain.cpu: {wanted} vCPUs, the domain has room for 1 to {}",
-            slots.len()
+            running.len()
         )));
     }
-    let present = slots.iter().filter(|s| s.qom_path.is_some()).count();
-    if wanted > present {
-        let plug = slots
+    let present = running.iter().filter(|s| s.qom_path.is_some()).count();
+    if wanted >= present {
+        return Ok(running
             .iter()
             .enumerate()
             .filter(|(_, s)| s.qom_path.is_none())
             .take(wanted - present)
-            .map(|(i, s)| (i, s.clone()))
-            .collect();
-        return Ok(VcpuChange::Plug(plug));
+            .map(|(i, s)| {
+                ResourceStep::PlugVcpu(CpuDeviceAdd {
+                    driver: s.driver.clone(),
+                    id: format!("vcpu{i}"),
+                    props: s.props.clone(),
+                })
+            })
+            .collect());
     }
-    if wanted == present {
-        return Ok(VcpuChange::None);
-    }
-    let removable: Vec<String> = slots
+    let removable: Vec<ResourceStep> = running
         .iter()
         .rev()
         .filter_map(|s| s.qom_path.as_deref())
         .filter_map(|p| p.strip_prefix("/machine/peripheral/"))
         .take(present - wanted)
-        .map(str::to_string)
+        .map(|id| ResourceStep::UnplugVcpu { id: id.to_string() })
         .collect();
     if removable.len() < present - wanted {
         return Err(SyncError::InvalidVmi(format!(
             "spec.domain.cpu: {wanted} vCPUs is below the vCPUs the domain booted with"
         )));
     }
-    Ok(VcpuChange::Unplug(removable))
+    Ok(removable)
 }
 
-/// Sets the domain's vCPU count to `wanted` (boot vCPUs of the new VMI's topology).
+/// Sets the domain's vCPU count to `wanted` (boot vCPUs of the new VMI's topology); returns the
+/// steps run.
 pub async fn set_vcpus(
     client: &QmpClient,
     wanted: u32,
     unplug_timeout: Duration,
-) -> Result<VcpuChange, SyncError> {
+) -> Result<Vec<ResourceStep>, SyncError> {
     let reply = client
         .run(&commands::QueryHotpluggableCpus)
         .await
         .map_err(SyncError::Qmp)?;
-    let change = plan_vcpus(&cpu_slots(&reply)?, wanted)?;
-    match &change {
-        VcpuChange::None => {}
-        VcpuChange::Plug(slots) => {
-            for (index, slot) in slots {
-                let add = commands::CpuDeviceAdd {
-                    driver: slot.driver.clone(),
-                    id: format!("vcpu{index}"),
-                    props: slot.props.clone(),
-                };
-                client.run(&add).await.map_err(SyncError::Qmp)?;
-                info!(vcpu = index, "vCPU plugged");
-            }
-        }
-        VcpuChange::Unplug(ids) => {
-            for id in ids {
+    let steps = diff_vcpus(&cpu_slots(reply), wanted)?;
+    run(client, &steps, unplug_timeout).await?;
+    Ok(steps)
+}
+
+/// Runs resource steps in order. A failed `device_add` of the virtio-mem device deletes the
+/// backend this run added.
+pub async fn run(
+    client: &QmpClient,
+    steps: &[ResourceStep],
+    unplug_timeout: Duration,
+) -> Result<(), SyncError> {
+    let mut added_backend = None;
+    for step in steps {
+        let done = match step {
+            ResourceStep::PlugVcpu(add) => client.run(add).await.map(|_| {
+                info!(device = %add.id, "vCPU plugged");
+            }),
+            ResourceStep::UnplugVcpu { id } => {
                 unplug_vcpu(client, id, unplug_timeout).await?;
                 info!(device = %id, "vCPU unplugged");
+                Ok(())
             }
+            ResourceStep::AddMemoryBackend(object) => {
+                client.run(&ObjectAdd(object)).await.map(|_| {
+                    added_backend = Some(object.id.clone());
+                })
+            }
+            ResourceStep::AddVirtioMem(add) => client.run(add).await.map(drop),
+            ResourceStep::SetVirtioMemSize(set) => client.run(set).await.map(drop),
+        };
+        if let Err(e) = done {
+            if let Some(id) = added_backend {
+                let _ = client.run(&ObjectDel { id }).await;
+            }
+            return Err(SyncError::Qmp(e));
         }
     }
-    Ok(change)
+    Ok(())
 }
 
 /// Unplugs the hot-plugged vCPU `id` as libvirt does for `SetVcpusFlags` downwards:
@@ -169,7 +182,7 @@ pub async fn unplug_vcpu(client: &QmpClient, id: &str, timeout: Duration) -> Res
     let path = format!("/machine/peripheral/{id}");
     let mut events = client.events();
     client
-        .execute("device_del", Some(json!({ "id": id })))
+        .run(&DeviceDel { id: id.to_string() })
         .await
         .map_err(SyncError::Qmp)?;
     events
@@ -188,10 +201,10 @@ pub async fn unplug_vcpu(client: &QmpClient, id: &str, timeout: Duration) -> Res
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
         let reply = client
-            .execute("query-hotpluggable-cpus", None)
+            .run(&commands::QueryHotpluggableCpus)
             .await
             .map_err(SyncError::Qmp)?;
-        let present = cpu_slots(&reply)?
+        let present = reply
             .iter()
             .any(|s| s.qom_path.as_deref() == Some(path.as_str()));
         if !present {
@@ -228,13 +241,16 @@ impl MemoryState {
     }
 }
 
-/// What a memory sync does, as QMP commands in order (pure).
-pub fn plan_memory(
-    state: &MemoryState,
+/// The memory diff: from `running` to `wanted` bytes of guest memory. The first growth adds the
+/// RAM backend and the virtio-mem device (in `free_port`), later ones set its requested size.
+/// Pure. Errors: outside boot..=maxGuest, not block-aligned, no maxGuest, no free port.
+pub fn diff_memory(
+    running: &MemoryState,
     plan: &DomainPlan,
     wanted: u64,
     free_port: Option<&str>,
-) -> Result<Vec<(&'static str, Value)>, SyncError> {
+) -> Result<Vec<ResourceStep>, SyncError> {
+    let state = running;
     let Some(max) = state.max else {
         return if wanted == state.boot {
             Ok(vec![])
@@ -259,50 +275,38 @@ pub fn plan_memory(
     }
     match state.requested {
         Some(r) if r == requested => Ok(vec![]),
-        Some(_) => Ok(vec![(
-            "qom-set",
-            json!({
-                "path": format!("/machine/peripheral/{VIRTIO_MEM_ID}"),
-                "property": "requested-size",
-                "value": requested,
-            }),
-        )]),
+        Some(_) => Ok(vec![ResourceStep::SetVirtioMemSize(QomSet {
+            path: format!("/machine/peripheral/{VIRTIO_MEM_ID}"),
+            property: "requested-size".into(),
+            value: requested,
+        })]),
         None if requested == 0 => Ok(vec![]),
         None => {
             let port = free_port.ok_or_else(|| {
                 SyncError::Unsupported("memory hotplug: no free PCIe root port".into())
             })?;
             let backend = plan.memory.backend.as_ref();
-            let mut object = json!({
-                "qom-type": backend.map_or("memory-backend-ram", |b| b.qom_type),
-                "id": VIRTIO_MEM_BACKEND_ID,
-                "size": max - state.boot,
-            });
-            if let Some(b) = backend {
-                for (k, v) in [("hugetlb", b.hugetlb), ("share", b.share)] {
-                    if let Some(v) = v {
-                        object[k] = v.into();
-                    }
-                }
-                if let Some(s) = b.hugetlbsize {
-                    object["hugetlbsize"] = s.into();
-                }
-            }
+            let object = ObjectMemoryBackend {
+                qom_type: backend.map_or("memory-backend-ram", |b| b.qom_type),
+                id: VIRTIO_MEM_BACKEND_ID.into(),
+                size: max - state.boot,
+                hugetlb: backend.and_then(|b| b.hugetlb),
+                hugetlbsize: backend.and_then(|b| b.hugetlbsize),
+                share: backend.and_then(|b| b.share),
+                prealloc: None,
+            };
             Ok(vec![
-                ("object-add", object),
-                (
-                    "device_add",
-                    json!({
-                        "driver": "virtio-mem-pci",
-                        "id": VIRTIO_MEM_ID,
-                        "memdev": VIRTIO_MEM_BACKEND_ID,
-                        "node": 0,
-                        "block-size": VIRTIO_MEM_BLOCK,
-                        "requested-size": requested,
-                        "bus": port,
-                        "addr": "0x0",
-                    }),
-                ),
+                ResourceStep::AddMemoryBackend(object),
+                ResourceStep::AddVirtioMem(VirtioMemPciAdd {
+                    driver: "virtio-mem-pci",
+                    id: VIRTIO_MEM_ID.into(),
+                    memdev: VIRTIO_MEM_BACKEND_ID.into(),
+                    node: 0,
+                    block_size: VIRTIO_MEM_BLOCK,
+                    requested_size: requested,
+                    bus: port.into(),
+                    addr: "0x0".into(),
+                }),
             ])
         }
     }
@@ -324,24 +328,8 @@ pub async fn set_memory(
     } else {
         None
     };
-    let steps = plan_memory(state, plan, wanted, port.as_deref())?;
-    let mut added_backend = false;
-    for (cmd, args) in &steps {
-        let step = commands::Planned {
-            execute: cmd,
-            arguments: args,
-        };
-        if let Err(e) = client.run(&step).await {
-            if added_backend {
-                let del = commands::ObjectDel {
-                    id: VIRTIO_MEM_BACKEND_ID.into(),
-                };
-                let _ = client.run(&del).await;
-            }
-            return Err(SyncError::Qmp(e));
-        }
-        added_backend |= *cmd == "object-add";
-    }
+    let steps = diff_memory(state, plan, wanted, port.as_deref())?;
+    run(client, &steps, Duration::ZERO).await?;
     let mut next = *state;
     if !steps.is_empty() {
         next.requested = Some(wanted - state.boot);
@@ -356,92 +344,146 @@ pub async fn set_memory(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmdline::plan::MemoryPlan;
 
-    fn slot(socket: u64, present: Option<&str>) -> Value {
-        let mut v = json!({
-            "type": "max-x86_64-cpu", "vcpus-count": 1,
-            "props": {"socket-id": socket, "core-id": 0, "thread-id": 0, "node-id": 0}
-        });
-        if let Some(p) = present {
-            v["qom-path"] = p.into();
-        }
-        v
-    }
-
-    #[test]
-    fn vcpu_slots_are_ordered_and_planned() {
-        // QEMU lists the slots highest first.
-        let reply = json!([
-            slot(3, None),
-            slot(2, None),
-            slot(1, Some("/machine/peripheral/vcpu1")),
-            slot(0, Some("/machine/unattached/device[0]"))
-        ]);
-        let slots = cpu_slots(&reply).unwrap();
-        assert_eq!(
-            slots
-                .iter()
-                .map(|s| s.props["socket-id"].as_u64().unwrap())
-                .collect::<Vec<_>>(),
-            vec![0, 1, 2, 3]
-        );
-        assert_eq!(plan_vcpus(&slots, 2).unwrap(), VcpuChange::None);
-        let VcpuChange::Plug(p) = plan_vcpus(&slots, 4).unwrap() else {
-            panic!("plug expected")
-        };
-        assert_eq!(p.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![2, 3]);
-        assert_eq!(
-            plan_vcpus(&slots, 1).unwrap(),
-            VcpuChange::Unplug(vec!["vcpu1".into()])
-        );
-        assert!(plan_vcpus(&slots, 5).is_err());
-        assert!(plan_vcpus(&slots, 0).is_err());
-        let boot_only = cpu_slots(&json!([
-            slot(1, Some("/machine/unattached/device[1]")),
-            slot(0, Some("/machine/unattached/device[0]"))
-        ]))
-        .unwrap();
-        assert!(plan_vcpus(&boot_only, 1).is_err());
-    }
-
-    #[test]
-    fn virtio_mem_is_added_once_then_resized() {
-        let mut plan = DomainPlan::default();
-        plan.memory.size = 1 << 30;
-        plan.memory.maxmem = Some(4 << 30);
-        let state = MemoryState::at_boot(&plan);
-        assert_eq!(plan_memory(&state, &plan, 1 << 30, None).unwrap(), vec![]);
-        let steps = plan_memory(&state, &plan, 2 << 30, Some("pci.7")).unwrap();
-        assert_eq!(
-            steps,
-            vec![
-                (
-                    "object-add",
-                    json!({"qom-type": "memory-backend-ram", "id": "memvirtiomem0", "size": 3u64 << 30})
-                ),
-                (
-                    "device_add",
-                    json!({"driver": "virtio-mem-pci", "id": "virtiomem0", "memdev": "memvirtiomem0",
-                           "node": 0, "block-size": 2097152, "requested-size": 1u64 << 30,
-                           "bus": "pci.7", "addr": "0x0"})
-                )
+    fn slot(socket: i64, present: Option<&str>) -> CpuSlot {
+        CpuSlot {
+            driver: "max-x86_64-cpu".into(),
+            vcpus_count: 1,
+            props: [
+                ("socket-id", socket),
+                ("core-id", 0),
+                ("thread-id", 0),
+                ("node-id", 0),
             ]
-        );
-        let state = MemoryState {
-            requested: Some(1 << 30),
-            ..state
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect(),
+            qom_path: present.map(str::to_string),
+        }
+    }
+
+    fn plug(index: usize, socket: i64) -> ResourceStep {
+        let CpuSlot { driver, props, .. } = slot(socket, None);
+        ResourceStep::PlugVcpu(CpuDeviceAdd {
+            driver,
+            id: format!("vcpu{index}"),
+            props,
+        })
+    }
+
+    #[test]
+    fn vcpu_slots_are_ordered_by_index() {
+        // QEMU lists the slots highest first.
+        let slots = cpu_slots(vec![
+            slot(3, None),
+            slot(1, None),
+            slot(2, None),
+            slot(0, None),
+        ]);
+        let sockets: Vec<i64> = slots.iter().map(|s| s.props["socket-id"]).collect();
+        assert_eq!(sockets, vec![0, 1, 2, 3]);
+    }
+
+    #[test]
+    fn vcpu_diff_plugs_from_the_lowest_and_unplugs_from_the_highest() {
+        let two_of_four = vec![
+            slot(0, Some("/machine/unattached/device[0]")),
+            slot(1, Some("/machine/peripheral/vcpu1")),
+            slot(2, None),
+            slot(3, None),
+        ];
+        let boot_only = vec![
+            slot(0, Some("/machine/unattached/device[0]")),
+            slot(1, Some("/machine/unattached/device[1]")),
+        ];
+        let unplug = |id: &str| ResourceStep::UnplugVcpu { id: id.into() };
+        let ok_cases = [
+            (&two_of_four, 2, vec![]),
+            (&two_of_four, 3, vec![plug(2, 2)]),
+            (&two_of_four, 4, vec![plug(2, 2), plug(3, 3)]),
+            (&two_of_four, 1, vec![unplug("vcpu1")]),
+            (&boot_only, 2, vec![]),
+        ];
+        for (running, wanted, steps) in ok_cases {
+            assert_eq!(diff_vcpus(running, wanted).unwrap(), steps, "{wanted}");
+        }
+        // Beyond the slots, zero, or below the boot vCPUs.
+        for (running, wanted) in [(&two_of_four, 5), (&two_of_four, 0), (&boot_only, 1)] {
+            assert!(diff_vcpus(running, wanted).is_err(), "{wanted}");
+        }
+    }
+
+    #[test]
+    fn memory_diff_adds_virtio_mem_once_then_resizes() {
+        let plan = DomainPlan {
+            memory: MemoryPlan {
+                size: 1 << 30,
+                maxmem: Some(4 << 30),
+                ..Default::default()
+            },
+            ..Default::default()
         };
-        assert_eq!(
-            plan_memory(&state, &plan, 3 << 30, None).unwrap(),
-            vec![(
-                "qom-set",
-                json!({"path": "/machine/peripheral/virtiomem0", "property": "requested-size",
-                       "value": 2u64 << 30})
-            )]
-        );
-        assert!(plan_memory(&state, &plan, 5 << 30, None).is_err());
-        assert!(plan_memory(&state, &plan, (1 << 30) + 4096, None).is_err());
-        let no_max = MemoryState { max: None, ..state };
-        assert!(plan_memory(&no_max, &plan, 2 << 30, None).is_err());
+        let boot = MemoryState::at_boot(&plan);
+        let resized = MemoryState {
+            requested: Some(1 << 30),
+            ..boot
+        };
+        let add = vec![
+            ResourceStep::AddMemoryBackend(ObjectMemoryBackend {
+                qom_type: "memory-backend-ram",
+                id: "memvirtiomem0".into(),
+                size: 3 << 30,
+                hugetlb: None,
+                hugetlbsize: None,
+                share: None,
+                prealloc: None,
+            }),
+            ResourceStep::AddVirtioMem(VirtioMemPciAdd {
+                driver: "virtio-mem-pci",
+                id: "virtiomem0".into(),
+                memdev: "memvirtiomem0".into(),
+                node: 0,
+                block_size: 2 << 20,
+                requested_size: 1 << 30,
+                bus: "pci.7".into(),
+                addr: "0x0".into(),
+            }),
+        ];
+        let set = |bytes: u64| {
+            vec![ResourceStep::SetVirtioMemSize(QomSet {
+                path: "/machine/peripheral/virtiomem0".into(),
+                property: "requested-size".into(),
+                value: bytes,
+            })]
+        };
+        let ok_cases = [
+            (boot, 1u64 << 30, None, vec![]),
+            (boot, 2 << 30, Some("pci.7"), add),
+            (resized, 2 << 30, None, vec![]),
+            (resized, 3 << 30, None, set(2 << 30)),
+            (resized, 1 << 30, None, set(0)),
+        ];
+        for (running, wanted, port, steps) in ok_cases {
+            assert_eq!(
+                diff_memory(&running, &plan, wanted, port).unwrap(),
+                steps,
+                "{wanted}"
+            );
+        }
+        let no_max = MemoryState { max: None, ..boot };
+        let err_cases = [
+            (resized, 5u64 << 30, None),
+            (resized, (1 << 30) + 4096, None),
+            (boot, 512 << 20, None),
+            (boot, 2 << 30, None),
+            (no_max, 2 << 30, None),
+        ];
+        for (running, wanted, port) in err_cases {
+            assert!(
+                diff_memory(&running, &plan, wanted, port).is_err(),
+                "{wanted}"
+            );
+        }
     }
 }

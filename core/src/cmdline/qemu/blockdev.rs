@@ -138,3 +138,164 @@ impl Blockdev {
         }
     }
 }
+
+impl Blockdev {
+    /// Renames every node name this node carries (its own `node-name`, a format node's `file`
+    /// and `backing`) for which `rename` returns a new name; others stay.
+    pub fn rename_nodes(&mut self, rename: &mut impl FnMut(&str) -> Option<String>) {
+        let mut apply = |n: &mut String| {
+            if let Some(new) = rename(n) {
+                *n = new;
+            }
+        };
+        match self {
+            Blockdev::Protocol(b) => apply(&mut b.node_name),
+            Blockdev::Format(b) => {
+                apply(&mut b.node_name);
+                apply(&mut b.file);
+                if let BackingNode::Node(n) = &mut b.backing {
+                    apply(n);
+                }
+            }
+        }
+    }
+}
+
+/// The index `N` of a libvirt-style node name `libvirt-<N>-<role>` (`libvirt-3-format`);
+/// `None` for other names (`libvirt-pflash0-storage`, QEMU's `#block123`). libvirt numbers block
+/// nodes per domain and never reuses an index (`qemu_block.c`).
+pub fn node_index(name: &str) -> Option<u32> {
+    let rest = name.strip_prefix("libvirt-")?;
+    let (digits, role) = rest.split_once('-')?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) || role.is_empty() {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// `name` with its libvirt node index replaced by `index` (`libvirt-3-format`, 7 ->
+/// `libvirt-7-format`); `None` when `name` carries no index ([`node_index`]).
+pub fn with_node_index(name: &str, index: u32) -> Option<String> {
+    node_index(name)?;
+    let role = name.strip_prefix("libvirt-")?.split_once('-')?.1;
+    Some(format!("libvirt-{index}-{role}"))
+}
+
+/// Gives the nodes of `blockdevs` fresh libvirt indices from `next` on: each distinct index in
+/// use, in ascending order, becomes `*next` (then `*next` + 1, ...), and `*next` ends past the
+/// last one used. Returns the mapping (old index to new) so that the device above can follow.
+pub fn renumber_nodes(
+    blockdevs: &mut [Blockdev],
+    next: &mut u32,
+) -> std::collections::BTreeMap<u32, u32> {
+    let mut old: Vec<u32> = Vec::new();
+    for b in blockdevs.iter_mut() {
+        b.rename_nodes(&mut |n| {
+            old.extend(node_index(n));
+            None
+        });
+    }
+    old.sort_unstable();
+    old.dedup();
+    let map: std::collections::BTreeMap<u32, u32> = old
+        .into_iter()
+        .map(|k| {
+            let n = *next;
+            *next += 1;
+            (k, n)
+        })
+        .collect();
+    for b in blockdevs.iter_mut() {
+        b.rename_nodes(&mut |n| renamed_node(n, &map));
+    }
+    map
+}
+
+/// `name` renamed through `map` (old index to new), `None` when it keeps its name.
+pub fn renamed_node(name: &str, map: &std::collections::BTreeMap<u32, u32>) -> Option<String> {
+    with_node_index(name, *map.get(&node_index(name)?)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn node_indices_come_from_libvirt_node_names_only() {
+        let cases = [
+            ("libvirt-3-format", Some(3)),
+            ("libvirt-12-storage", Some(12)),
+            ("libvirt-pflash0-storage", None),
+            ("libvirt-3-", None),
+            ("libvirt--x", None),
+            ("#block123", None),
+            ("xlibvirt-3-format", None),
+        ];
+        for (name, want) in cases {
+            assert_eq!(node_index(name), want, "{name}");
+        }
+        assert_eq!(
+            with_node_index("libvirt-3-format", 9).as_deref(),
+            Some("libvirt-9-format")
+        );
+        assert_eq!(with_node_index("libvirt-pflash0-storage", 9), None);
+    }
+
+    #[test]
+    fn renumbering_renames_nodes_and_their_references() {
+        let storage = |n: u32| {
+            Blockdev::Protocol(BlockdevProtocol {
+                driver: ProtocolDriver::File,
+                filename: format!("/d/{n}"),
+                node_name: format!("libvirt-{n}-storage"),
+                aio: None,
+                cache: None,
+                auto_read_only: true,
+                discard: None,
+            })
+        };
+        let format = |n: u32, backing: BackingNode| {
+            Blockdev::Format(BlockdevFormat {
+                node_name: format!("libvirt-{n}-format"),
+                read_only: false,
+                discard: None,
+                cache: None,
+                driver: FormatDriver::Qcow2,
+                file: format!("libvirt-{n}-storage"),
+                backing,
+            })
+        };
+        let mut chain = vec![
+            storage(2),
+            format(2, BackingNode::Null),
+            storage(1),
+            format(1, BackingNode::Node("libvirt-2-format".into())),
+        ];
+        let mut next = 7;
+        let map = renumber_nodes(&mut chain, &mut next);
+        assert_eq!(next, 9);
+        assert_eq!(map, [(1, 7), (2, 8)].into_iter().collect());
+        assert_eq!(
+            chain,
+            vec![
+                storage(8),
+                format(8, BackingNode::Null),
+                storage(7),
+                format(7, BackingNode::Node("libvirt-8-format".into())),
+            ]
+            .into_iter()
+            .map(|mut b| {
+                if let Blockdev::Protocol(p) = &mut b {
+                    // The file names are data, never renumbered.
+                    p.filename = if p.node_name == "libvirt-8-storage" {
+                        "/d/2".into()
+                    } else {
+                        "/d/1".into()
+                    };
+                }
+                b
+            })
+            .collect::<Vec<_>>()
+        );
+    }
+}

@@ -411,6 +411,17 @@ impl Device {
         }
     }
 
+    /// The node name of the top blockdev this device reads (`drive`), for the disk frontends;
+    /// `None` for other devices and for an empty cdrom. Mutable so that a hot-plugged disk's
+    /// nodes can be renumbered on the typed value.
+    pub fn drive_mut(&mut self) -> Option<&mut String> {
+        match self {
+            Device::VirtioBlk(d) => Some(&mut d.drive),
+            Device::DiskFrontend(d) => d.drive.as_mut(),
+            _ => None,
+        }
+    }
+
     /// The QEMU driver name of this device.
     pub fn driver(&self) -> &'static str {
         match self {

@@ -10,6 +10,7 @@ mod device;
 mod keyval;
 mod netdev;
 mod object;
+mod qmp_args;
 
 pub use blockdev::*;
 pub use chardev::*;
@@ -17,6 +18,7 @@ pub use device::*;
 pub use keyval::{escape_value, KeyVal};
 pub use netdev::*;
 pub use object::*;
+pub use qmp_args::*;
 
 /// Serializes a QEMU argument struct to a JSON value. Every struct here serializes infallibly
 /// (strings, numbers, booleans and nested structs only), so a failure is mapped to `null` rather

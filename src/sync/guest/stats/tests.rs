@@ -82,23 +82,26 @@ fn vcpu_times_delay_and_wait() {
 
 #[test]
 fn vcpu_threads_follow_cpu_index() {
-    let cpus = json!([
+    let cpus: Vec<crate::qmp::commands::CpuInfoFast> = serde_json::from_value(json!([
         {"cpu-index": 1, "thread-id": 20, "qom-path": "/machine/unattached/device[1]"},
         {"cpu-index": 0, "thread-id": 10, "qom-path": "/machine/unattached/device[0]"}
-    ]);
+    ]))
+    .unwrap();
     assert_eq!(vcpu_threads(&cpus), vec![10, 20]);
 }
 
 #[test]
 fn memory_from_balloon_guest_stats_and_statm() {
-    let balloon = json!({"actual": 268435456u64});
-    let guest = json!({"stats": {
+    let balloon: crate::qmp::commands::BalloonInfo =
+        serde_json::from_value(json!({"actual": 268435456u64})).unwrap();
+    let guest: crate::qmp::commands::GuestStats = serde_json::from_value(json!({"stats": {
         "stat-swap-in": 0, "stat-swap-out": 0, "stat-major-faults": 12,
         "stat-minor-faults": 3400, "stat-free-memory": 104857600u64,
         "stat-total-memory": 209715200u64, "stat-available-memory": 157286400u64,
         "stat-disk-caches": 1048576, "stat-htlb-pgalloc": 0,
         "stat-htlb-pgfail": 0
-    }, "last-update": 1700000000});
+    }, "last-update": 1700000000}))
+    .unwrap();
     let m = memory_stats(
         Some(&balloon),
         Some(&guest),
@@ -133,14 +136,17 @@ fn memory_from_balloon_guest_stats_and_statm() {
         }
     );
     // Before the guest driver reports, QEMU answers -1 for every statistic.
-    let unset = json!({"stats": {"stat-free-memory": -1, "stat-total-memory": u64::MAX}});
+    let unset: crate::qmp::commands::GuestStats = serde_json::from_value(
+        json!({"stats": {"stat-free-memory": -1, "stat-total-memory": u64::MAX}}),
+    )
+    .unwrap();
     let m = memory_stats(None, Some(&unset), None, 4096);
     assert_eq!(m, MemoryStats::default());
 }
 
 #[test]
 fn block_entries_carry_target_alias_and_image_facts() {
-    let blockstats = json!([
+    let blockstats: Vec<crate::qmp::commands::BlockStatsInfo> = serde_json::from_value(json!([
         {"device": "", "node-name": "libvirt-2-format",
          "qdev": "/machine/peripheral/ua-rootdisk/virtio-backend",
          "stats": {"rd_bytes": 5242880, "wr_bytes": 4096, "rd_operations": 300,
@@ -148,13 +154,15 @@ fn block_entries_carry_target_alias_and_image_facts() {
                    "wr_total_time_ns": 800, "flush_total_time_ns": 70,
                    "wr_highest_offset": 65536}},
         {"device": "", "qdev": "ua-cd", "stats": {"rd_bytes": 0}}
-    ]);
-    let block = json!([
+    ]))
+    .unwrap();
+    let block: Vec<crate::qmp::commands::BlockInfo> = serde_json::from_value(json!([
         {"device": "", "qdev": "/machine/peripheral/ua-rootdisk/virtio-backend",
          "inserted": {"file": "json:{}", "image": {"filename": "/e/rootdisk/disk.qcow2",
                       "virtual-size": 52428800, "actual-size": 200704}}},
         {"device": "", "qdev": "ua-cd", "tray_open": false}
-    ]);
+    ]))
+    .unwrap();
     let mut names = DeviceNames::default();
     names
         .disks
