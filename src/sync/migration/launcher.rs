@@ -36,7 +36,7 @@ use crate::qmp::migration::MigrateCancel;
 use crate::qmp::QmpClient;
 use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
-use crate::sync::migration::source::{resolved_machine, run_source, SourcePlan};
+use crate::sync::migration::source::{resolved_machine, run_source_with, SourcePlan};
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::{
     proxy_socket, MigrationError, MigrationOptions, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT,
@@ -391,7 +391,16 @@ impl SyncVmi {
             ))
         })?;
         self.shared.migrating.store(true, Ordering::SeqCst);
-        let end = run_source(conn, client, domain, &plan, abort_rx).await;
+        // Post-copy started or the guest paused to converge: the record's mode changes at once,
+        // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
+        let mut on_event = |e: crate::sync::migration::source::SourceEvent| {
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.mode = e.mode().into();
+                }
+            })
+        };
+        let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
         self.shared.migrating.store(false, Ordering::SeqCst);
         let end = end?;
         info!(
