@@ -67,6 +67,8 @@ impl SyncVmi {
                 ctx.qemu = version;
             }
         }
+        // The `qemu --version` probe started with the launcher; waiting for it is on this path.
+        let t_probe = t0.elapsed();
         // Storage (blocking file work on a blocking thread).
         let storage_vmi = vmi.clone();
         let paths = self.config.paths.clone();
@@ -157,7 +159,8 @@ impl SyncVmi {
         let t_running = t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         info!(
-            storage_ms = ms(t_storage),
+            qemu_version_probe_ms = ms(t_probe),
+            storage_ms = ms(t_storage - t_probe),
             network_ms = ms(t_network - t_storage),
             convert_ms = ms(t_convert - t_network),
             qemu_ms = ms(t_running - t_convert),
