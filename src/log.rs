@@ -13,7 +13,7 @@
 //! [`init`] installs the formatter as the global `tracing` subscriber; [`Logger::format`] is the
 //! pure formatting step, used by the tests.
 use std::fmt;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::SystemTime;
 
 use serde_json::{Map, Value};
 use tracing::field::{Field, Visit};
@@ -96,36 +96,9 @@ pub fn level_name(level: Level) -> &'static str {
     }
 }
 
-/// Formats a time as RFC 3339 in UTC with microseconds: `2026-11-30T00:41:07.123456Z`.
-/// Times before 1970 print as the epoch.
-pub fn rfc3339_micros(time: SystemTime) -> String {
-    let d = time.duration_since(UNIX_EPOCH).unwrap_or_default();
-    let secs = d.as_secs();
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let (y, m, day) = civil_from_days(days);
-    format!(
-        "{y:04}-{m:02}-{day:02}T{:02}:{:02}:{:02}.{:06}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60,
-        d.subsec_micros()
-    )
-}
-
-/// Days since 1970-01-01 to (year, month, day), Howard Hinnant's `civil_from_days`.
-fn civil_from_days(z: i64) -> (i64, u32, u32) {
-    let z = z + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let y = yoe + era * 400;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = (doy - (153 * mp + 2) / 5 + 1) as u32;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
-    (if m <= 2 { y + 1 } else { y }, m, d)
-}
+/// Formats a time as RFC 3339 in UTC with microseconds (`2026-11-30T00:41:07.123456Z`): the
+/// monitor crate's formatter, shared so that both components print the same timestamps.
+pub use qlauncher_monitor::log::rfc3339_micros;
 
 /// Collects an event's fields: `message` becomes `msg`, the rest structured values.
 #[derive(Default)]
@@ -232,7 +205,7 @@ pub fn init(component: &str, vmi: VmiRef, verbosity: u32) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Duration;
+    use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
     fn record_is_one_sorted_json_line_with_the_vmi() {

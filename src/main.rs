@@ -67,7 +67,7 @@ fn main() -> ExitCode {
     let argv0 = argv.next().unwrap_or_default();
     match argv0.rsplit('/').next().unwrap_or_default() {
         "virt-launcher-monitor" => return cli::monitor::main(argv.collect()),
-        "virt-launcher" => return cli::launcher::main(argv.collect()),
+        "virt-launcher" => return qlauncher::sync::launcher::main(argv.collect()),
         _ => {}
     }
     let result = match Cli::parse() {
@@ -81,7 +81,7 @@ fn main() -> ExitCode {
             qlauncher_libvirt_xml::cli::golden_cmd(&common, &expected)
         }
         Cli::Monitor { args } => return cli::monitor::main(args),
-        Cli::Launcher { args } => return cli::launcher::main(args),
+        Cli::Launcher { args } => return qlauncher::sync::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),
         Cli::Run(args) => cli::run::run(args),
         Cli::NetProbe(args) => ok(cli::net::run(args)),

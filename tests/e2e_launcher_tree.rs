@@ -84,7 +84,8 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
          hostname=demo domain=default.svc.cluster.local"
     );
 
-    // Every process of the pod runs a program of the tree: qlauncher or QEMU.
+    // Every process of the pod runs a program of the tree: the dedicated monitor and launcher
+    // binaries (`qlauncher run` execs them, as the image's PID 1 is) or QEMU.
     let mut programs: Vec<String> = pod
         .pids()
         .into_iter()
@@ -99,7 +100,11 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
     programs.dedup();
     assert_eq!(
         programs,
-        ["/usr/bin/qemu-system-x86_64", "/usr/bin/qlauncher"],
+        [
+            "/usr/bin/qemu-system-x86_64",
+            "/usr/bin/virt-launcher",
+            "/usr/bin/virt-launcher-monitor"
+        ],
         "qlauncher run:\n{}",
         run.output()
     );

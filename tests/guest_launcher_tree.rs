@@ -91,7 +91,12 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
     programs.sort();
     assert_eq!(
         programs,
-        ["usr/bin/qemu-system-x86_64", "usr/bin/qlauncher"]
+        [
+            "usr/bin/qemu-system-x86_64",
+            "usr/bin/qlauncher",
+            "usr/bin/virt-launcher",
+            "usr/bin/virt-launcher-monitor"
+        ]
     );
 
     let root_arg = root.to_str().unwrap();

@@ -36,6 +36,51 @@ fn monitor_exits_with_the_launcher_code() {
     }
 }
 
+/// The dedicated `virt-launcher-monitor` binary (the image's PID 1) behaves as `qlauncher monitor`:
+/// the launcher's exit code, the log's shape, `QLAUNCHER_MONITOR_PID` (recovery's scan of the
+/// monitor's children) set to its own pid for the launcher, and none of the launcher's runtime
+/// linked in.
+#[test]
+fn dedicated_monitor_binary_runs_the_launcher_and_links_no_runtime() {
+    let tmp = tempfile::tempdir().unwrap();
+    let monitor = env!("CARGO_BIN_EXE_virt-launcher-monitor");
+    let env_out = tmp.path().join("monitor-pid");
+    for code in [0, 9] {
+        let script = format!(
+            "echo \"$QLAUNCHER_MONITOR_PID $PPID\" > {}; exit {code}",
+            env_out.display()
+        );
+        let mut cmd = Command::new(monitor);
+        cmd.args(["-c", &script])
+            .args(["--name", "testvmi"])
+            .env(TEST_LAUNCHER_ENV, "/bin/sh")
+            .env("QLAUNCHER_LOG", "debug");
+        let mut m = Running::start(cmd, &tmp.path().join("monitor.log"));
+        let pid = m.pid();
+        let status = m
+            .wait_timeout(Duration::from_secs(20))
+            .expect("monitor exits");
+        assert_eq!(status.code(), Some(code));
+        let launcher_exit = m.record("virt-launcher exited").expect("exit logged");
+        assert_eq!(launcher_exit["code"], code);
+        assert_eq!(launcher_exit["component"], "virt-launcher-monitor");
+        assert_eq!(launcher_exit["name"], "testvmi");
+        assert_eq!(
+            std::fs::read_to_string(&env_out).unwrap(),
+            format!("{pid} {pid}\n"),
+            "QLAUNCHER_MONITOR_PID is the monitor's pid, the launcher's parent"
+        );
+    }
+    let image = std::fs::read(monitor).unwrap();
+    for crate_name in [&b"tokio"[..], b"serde_json", b"clap", b"tracing_subscriber"] {
+        assert!(
+            !image.windows(crate_name.len()).any(|w| w == crate_name),
+            "{} linked into virt-launcher-monitor",
+            String::from_utf8_lossy(crate_name)
+        );
+    }
+}
+
 #[test]
 fn launcher_gets_ambient_net_bind_service() {
     if !nix::unistd::geteuid().is_root() {

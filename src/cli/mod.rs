@@ -1,6 +1,5 @@
 //! The subcommands of the `qlauncher` binary, one file per area. Only the binary uses these.
 pub mod convert;
-pub mod launcher;
 pub mod monitor;
 pub mod net;
 pub mod qmp;

@@ -4,7 +4,8 @@
 //! Places every KubeVirt path under `--root`, links the local images the VMI's containerDisk
 //! volumes (and kernelBoot container) name where KubeVirt's disk sidecars would put them
 //! (`<root>/var/run/kubevirt/container-disks/disk_<i>.img`, `.../kernel-boot/`), and then becomes
-//! `qlauncher monitor` (exec) with virt-launcher's flags and the VMI in `STANDALONE_VMI`: one
+//! the monitor (exec: the dedicated `virt-launcher-monitor` and `virt-launcher` binaries when they
+//! sit next to `qlauncher`, as in the image, else `qlauncher monitor`) with virt-launcher's flags and the VMI in `STANDALONE_VMI`: one
 //! process tree (monitor, launcher, QEMU). Ctrl-C or SIGTERM presses the ACPI power button and
 //! kills QEMU when the grace period (`spec.terminationGracePeriodSeconds`, default 30 s) ends.
 //! The network binding is set up in the current network namespace on its `eth0`.
@@ -191,17 +192,27 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         flags.push("--allow-emulation".into());
     }
     let exe = std::env::current_exe().context("cannot find the qlauncher binary")?;
+    // As in the pod's image: the dedicated PID 1 and launcher binaries when both sit next to this
+    // one (the monitor then starts `virt-launcher`), else this binary's `monitor` subcommand.
+    let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
+    let (monitor, launcher) = (dir.join("virt-launcher-monitor"), dir.join("virt-launcher"));
+    let exe = if monitor.is_file() && launcher.is_file() {
+        flags.remove(0);
+        monitor
+    } else {
+        exe
+    };
     let mut command = std::process::Command::new(exe);
     command
         .args(flags)
         .env("STANDALONE_VMI", json)
-        .env(super::launcher::ROOT_ENV, &root)
+        .env(qlauncher::sync::launcher::ROOT_ENV, &root)
         .env(
-            super::launcher::OPERATOR_QMP_ENV,
+            qlauncher::sync::launcher::OPERATOR_QMP_ENV,
             under("var/run/kubevirt-private/qlauncher/operator.sock"),
         )
         .env(
-            super::launcher::EMULATION_ENV,
+            qlauncher::sync::launcher::EMULATION_ENV,
             match args.emulation {
                 Emulation::On => "on",
                 Emulation::Off => "off",

@@ -6,17 +6,16 @@
 //! QEMU, removes the container-disk sockets and exits with the launcher's code.
 //!
 //! What lives here:
-//! - [`pid1`]: the monitor's signal and reap loop (`virt-launcher-monitor`), synchronous and without
-//!   threads so that it stays small;
-//! - [`reaper`]: the zombie reaper that leaves alone the children someone else waits on;
-//! - [`procfs`]: `/proc` reading (children, zombies, QEMU recognition, RSS);
+//! - [`pid1`], [`reaper`], [`procfs`], [`flags`], [`istio`]: re-exported from the
+//!   `qlauncher-monitor` crate, which the dedicated `virt-launcher-monitor` binary links alone
+//!   (libc and nix): the monitor's signal and reap loop, the zombie reaper that leaves alone the
+//!   children someone else waits on, `/proc` reading, Go-style flag scanning shared by both
+//!   command lines, telling an Istio sidecar to quit once the VM is gone;
 //! - [`qemu`]: starting QEMU detached so that it becomes a child of PID 1, and watching a QEMU pid
 //!   through a pidfd;
 //! - [`grace`]: the graceful-shutdown logic (ACPI power button, kill when the grace period ends);
 //! - [`launcher`]: virt-launcher's flags, directories, `STANDALONE_VMI` and the `--qemu-timeout`
 //!   wait, generic over a [`launcher::SupervisedDomain`] that the sync module implements;
-//! - [`flags`]: Go-style flag scanning shared by both command lines;
-//! - [`istio`]: telling an Istio sidecar to quit once the VM is gone;
 //! - [`trim`]: giving back start-up memory once the domain runs;
 //! - [`kvm_probe`]: whether KVM actually runs a guest (a tiny probe guest under `accel=kvm`), for
 //!   `--emulation auto` and `--allow-emulation`.
@@ -24,16 +23,13 @@
 //! This module imports nothing else from the crate.
 use std::path::PathBuf;
 
-pub mod flags;
 pub mod grace;
-pub mod istio;
 pub mod kvm_probe;
 pub mod launcher;
-pub mod pid1;
-pub use crate::sys::procfs;
 pub mod qemu;
-pub mod reaper;
 pub mod trim;
+
+pub use qlauncher_monitor::{flags, istio, pid1, procfs, reaper};
 
 /// Errors of the monitor and launcher plumbing. Each variant names the step that failed.
 #[derive(Debug, thiserror::Error)]
@@ -136,4 +132,13 @@ pub enum MonitorError {
         /// QEMU's last stderr lines.
         stderr: String,
     },
+}
+
+impl From<flags::FlagError> for MonitorError {
+    fn from(e: flags::FlagError) -> Self {
+        MonitorError::ParseFlag {
+            flag: e.flag,
+            reason: e.reason,
+        }
+    }
 }

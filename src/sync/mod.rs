@@ -17,7 +17,8 @@
 //! - [`guest`]: the guest agent ([`agent`]), domain statistics ([`stats`]) and [`info`];
 //! - [`cmdapi`]: the guest-agent info, freeze, screenshot, memory-dump, dirty-rate, VM-stats,
 //!   host-device and SEV RPCs;
-//! - [`domain`]: the `api.Domain` JSON both carry.
+//! - [`domain`]: the `api.Domain` JSON both carry;
+//! - [`launcher`]: the launcher program (`virt-launcher`, `qlauncher launcher`) over all of it.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -28,6 +29,7 @@ pub mod domain;
 pub(crate) mod domain_spec;
 pub mod facts;
 pub mod guest;
+pub mod launcher;
 pub mod migration;
 pub mod privileges;
 pub mod reconcile;

@@ -77,21 +77,57 @@ pub fn qemu_processes(qmp_socket: &Path) -> Vec<i32> {
     qemu_among(candidates, qmp_socket)
 }
 
-/// The live QEMU processes among `candidates` whose command line names `qmp_socket`.
+/// The live QEMU processes among `candidates` whose command line names `qmp_socket`, or that hold
+/// the socket listening there (QEMU started with the launcher's pre-bound QMP fd,
+/// `crate::sync::start::QMP_FD`, whose command line names only the fd).
 fn qemu_among(candidates: Vec<i32>, qmp_socket: &Path) -> Vec<i32> {
     let needle = qmp_socket.display().to_string();
+    let inodes = listening_inodes(&needle);
     let mut pids: Vec<i32> = candidates
         .into_iter()
         .filter(|pid| procfs::stat(*pid).is_some_and(|s| !s.is_zombie()))
         .filter(|pid| {
             procfs::cmdline(*pid).is_some_and(|argv| {
                 argv.first().is_some_and(|a| procfs::is_qemu_name(a))
-                    && argv.iter().any(|a| names_path(a, &needle))
+                    && (argv.iter().any(|a| names_path(a, &needle)) || holds_any(*pid, &inodes))
             })
         })
         .collect();
     pids.sort_unstable();
     pids
+}
+
+/// The inodes of the unix sockets bound at `path` in this network namespace (`/proc/net/unix`:
+/// `Num RefCount Protocol Flags Type St Inode Path`).
+fn listening_inodes(path: &str) -> Vec<u64> {
+    let text = std::fs::read_to_string("/proc/net/unix").unwrap_or_default();
+    text.lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            (fields.get(7) == Some(&path)).then(|| fields.get(6)?.parse().ok())?
+        })
+        .collect()
+}
+
+/// True when one of `pid`'s fds is a socket whose inode is in `inodes`.
+fn holds_any(pid: i32, inodes: &[u64]) -> bool {
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.flatten().any(|fd| {
+        std::fs::read_link(fd.path()).is_ok_and(|target| {
+            let target = target.to_string_lossy();
+            target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|n| n.parse::<u64>().ok())
+                .is_some_and(|n| inodes.contains(&n))
+        })
+    })
 }
 
 /// True when `arg` holds `path` as a whole value (preceded by the start, `=`, `:`, `,` or a JSON

@@ -7,9 +7,12 @@
 //!
 //! QEMU is started with [`crate::monitor::qemu::spawn_detached`] (double fork plus `setsid`), so
 //! that it becomes a child of PID 1 of the compute container (the monitor, a child subreaper),
-//! where virt-handler looks for it, as libvirt's daemonized QEMU is. It inherits no fds: the QMP
-//! monitor is a socket path QEMU binds (`MonitorSocket::Path`) and the tap is opened by name
-//! (`TapSource::Ifname`).
+//! where virt-handler looks for it, as libvirt's daemonized QEMU is. The QMP monitor's socket is
+//! created, bound and listening before QEMU starts and QEMU inherits it as fd [`QMP_FD`]
+//! (`MonitorSocket::Fd`: `-chardev socket,id=charmonitor,fd=3,server=on,wait=off`), so the
+//! launcher connects at once, without polling for QEMU to bind a path; the socket file stays at
+//! [`crate::sync::SyncConfig::qmp_socket`] for later launchers of the pod. The tap is opened by
+//! name (`TapSource::Ifname`); the vhost-vsock fd, when any, is inherited as `VSOCK_FD`.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -17,7 +20,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::info;
 
-use crate::cmdline::context::{IfaceFacts, TapSource};
+use crate::cmdline::context::{IfaceFacts, MonitorSocket, TapSource};
 use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
@@ -37,6 +40,9 @@ use crate::sync::{privileges, recover, SyncError};
 use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
+/// The fd QEMU inherits its QMP monitor's listening socket as.
+pub const QMP_FD: i32 = 3;
+
 impl SyncVmi {
     /// Starts (or adopts) the domain of `vmi`; `spec` is what later syncs compare against.
     pub(crate) async fn start(
@@ -52,6 +58,7 @@ impl SyncVmi {
             running,
             vsock,
             t0,
+            t_probe,
             t_storage,
             t_network,
             t_convert,
@@ -77,7 +84,8 @@ impl SyncVmi {
         let t_running = t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         info!(
-            storage_ms = ms(t_storage),
+            qemu_version_probe_ms = ms(t_probe),
+            storage_ms = ms(t_storage - t_probe),
             network_ms = ms(t_network - t_storage),
             convert_ms = ms(t_convert - t_network),
             qemu_ms = ms(t_running - t_convert),
@@ -128,11 +136,14 @@ impl SyncVmi {
 
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
+        ctx.monitor = MonitorSocket::Fd(QMP_FD);
         if let Some(probe) = &self.config.qemu_probe {
             if let Some((version, _)) = probe.answer().await {
                 ctx.qemu = version;
             }
         }
+        // The `qemu --version` probe started with the launcher; waiting for it is on this path.
+        let t_probe = t0.elapsed();
         // Storage (blocking file work on a blocking thread).
         let storage_vmi = vmi.clone();
         let paths = self.config.paths.clone();
@@ -212,6 +223,7 @@ impl SyncVmi {
             running,
             vsock,
             t0,
+            t_probe,
             t_storage,
             t_network,
             t_convert,
@@ -260,10 +272,7 @@ impl SyncVmi {
         plan: &DomainPlan,
         vsock: Option<&std::os::fd::OwnedFd>,
     ) -> Result<(i32, Qemu), SyncError> {
-        let qmp = &self.config.qmp_socket;
-        if qmp.exists() {
-            let _ = std::fs::remove_file(qmp);
-        }
+        let qmp_listener = self.bind_qmp()?;
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -293,6 +302,9 @@ impl SyncVmi {
         if let Some(fd) = vsock {
             hardware::inherit_fd(&mut command, fd, hardware::VSOCK_FD);
         }
+        // After the vsock fd's placement: the listener's own number is 64 or above, so that
+        // placement cannot have overwritten it.
+        hardware::inherit_fd(&mut command, &qmp_listener, QMP_FD);
         let detached =
             crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
         let pid = detached.pid;
@@ -301,12 +313,45 @@ impl SyncVmi {
         Ok((pid, watcher))
     }
 
-    /// Connects to QEMU's QMP socket; fails with the log's tail when QEMU exits first.
+    /// Replaces a stale QMP socket file with a fresh listening socket bound at
+    /// [`crate::sync::SyncConfig::qmp_socket`], for QEMU to inherit: its fd is 64 or above and
+    /// close-on-exec (only [`hardware::inherit_fd`] hands it to QEMU). The socket file gets the
+    /// owner and mode QEMU would have given it (the runtime user's, mode `0775` from umask
+    /// [`privileges::QEMU_UMASK`]).
+    fn bind_qmp(&self) -> Result<std::os::fd::OwnedFd, SyncError> {
+        use std::os::fd::{AsRawFd, FromRawFd};
+        use std::os::unix::fs::PermissionsExt;
+        let qmp = &self.config.qmp_socket;
+        if qmp.symlink_metadata().is_ok() {
+            let _ = std::fs::remove_file(qmp);
+        }
+        let failed = |source| SyncError::PrepareQemu {
+            what: format!("listen on {}", qmp.display()),
+            source,
+        };
+        let listener = std::os::unix::net::UnixListener::bind(qmp).map_err(failed)?;
+        let mode = 0o777 & !privileges::QEMU_UMASK;
+        std::fs::set_permissions(qmp, std::fs::Permissions::from_mode(mode)).map_err(failed)?;
+        let uid = self.config.runtime_uid;
+        if privileges::drops_privileges(uid) {
+            std::os::unix::fs::chown(qmp, Some(uid), Some(uid)).map_err(failed)?;
+        }
+        // SAFETY: F_DUPFD_CLOEXEC on an open fd returns a new fd that nothing else owns.
+        let fd = unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 64) };
+        if fd < 0 {
+            return Err(failed(std::io::Error::last_os_error()));
+        }
+        // SAFETY: `fd` was just returned by fcntl and is owned here alone.
+        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// Connects to QEMU's QMP socket, which listens already (QEMU accepts once it is up); fails
+    /// with the log's tail when QEMU exits first.
     async fn connect(&self, watcher: &Qemu) -> Result<QmpClient, SyncError> {
-        let connect = connect_retry(&self.config.qmp_socket, QMP_CONNECT_TIMEOUT);
+        let connect = QmpClient::connect(&self.config.qmp_socket, QMP_CONNECT_TIMEOUT);
         tokio::pin!(connect);
         tokio::select! {
-            c = &mut connect => c,
+            c = &mut connect => c.map_err(SyncError::Qmp),
             _ = watcher.exited() => Err(SyncError::QemuExitedEarly {
                 log_tail: log_tail(&self.config.qemu_log),
             }),
@@ -357,6 +402,8 @@ pub(crate) struct Prepared {
     /// The vhost-vsock fd QEMU inherits.
     pub(crate) vsock: Option<std::os::fd::OwnedFd>,
     t0: Instant,
+    /// Waiting for the `qemu --version` probe started with the launcher.
+    t_probe: Duration,
     t_storage: Duration,
     t_network: Duration,
     t_convert: Duration,
@@ -422,22 +469,6 @@ async fn start_up(
         client.run(&Cont).await.map_err(SyncError::Qmp)?;
     }
     Ok(())
-}
-
-/// Connects to `path`, retrying every 20 ms until `timeout`.
-async fn connect_retry(path: &Path, timeout: Duration) -> Result<QmpClient, SyncError> {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        match QmpClient::connect(path, timeout).await {
-            Ok(c) => return Ok(c),
-            Err(e) => {
-                if tokio::time::Instant::now() >= deadline {
-                    return Err(SyncError::Qmp(e));
-                }
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        }
-    }
 }
 
 /// The last 10 lines of QEMU's log.

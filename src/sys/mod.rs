@@ -4,5 +4,5 @@
 
 pub mod error;
 pub mod mac;
-pub mod procfs;
+pub use qlauncher_monitor::procfs;
 pub mod tun;

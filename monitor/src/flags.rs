@@ -8,7 +8,22 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use super::MonitorError;
+/// A flag value that does not parse. Names the flag (without dashes) and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FlagError {
+    /// Flag name without dashes.
+    pub flag: String,
+    /// What is wrong with the value.
+    pub reason: String,
+}
+
+impl std::fmt::Display for FlagError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "flag --{}: {}", self.flag, self.reason)
+    }
+}
+
+impl std::error::Error for FlagError {}
 
 /// Whether a known flag takes a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,12 +51,12 @@ impl ScannedFlags {
 
     /// A boolean flag: absent is `false`; `true`, `1`, `t`, `TRUE` and `True` are true (Go's
     /// `strconv.ParseBool`). Errors name the flag.
-    pub fn bool(&self, name: &str) -> Result<bool, MonitorError> {
+    pub fn bool(&self, name: &str) -> Result<bool, FlagError> {
         match self.get(name) {
             None => Ok(false),
             Some("1" | "t" | "T" | "true" | "TRUE" | "True") => Ok(true),
             Some("0" | "f" | "F" | "false" | "FALSE" | "False") => Ok(false),
-            Some(other) => Err(MonitorError::ParseFlag {
+            Some(other) => Err(FlagError {
                 flag: name.to_string(),
                 reason: format!("{other:?} is not a boolean"),
             }),
@@ -54,10 +69,10 @@ impl ScannedFlags {
     }
 
     /// An integer flag with a default. Errors name the flag.
-    pub fn int<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, MonitorError> {
+    pub fn int<T: std::str::FromStr>(&self, name: &str, default: T) -> Result<T, FlagError> {
         match self.get(name) {
             None => Ok(default),
-            Some(v) => v.parse().map_err(|_| MonitorError::ParseFlag {
+            Some(v) => v.parse().map_err(|_| FlagError {
                 flag: name.to_string(),
                 reason: format!("{v:?} is not an integer"),
             }),
@@ -65,10 +80,10 @@ impl ScannedFlags {
     }
 
     /// A Go duration flag (`240s`, `3m`, `1h30m`, `1.5s`) with a default. Errors name the flag.
-    pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, MonitorError> {
+    pub fn duration(&self, name: &str, default: Duration) -> Result<Duration, FlagError> {
         match self.get(name) {
             None => Ok(default),
-            Some(v) => parse_go_duration(v).ok_or_else(|| MonitorError::ParseFlag {
+            Some(v) => parse_go_duration(v).ok_or_else(|| FlagError {
                 flag: name.to_string(),
                 reason: format!("{v:?} is not a duration"),
             }),

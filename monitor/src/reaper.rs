@@ -21,7 +21,7 @@ use nix::errno::Errno;
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
-use super::procfs;
+use crate::procfs;
 
 /// One reaped child.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,7 +1,10 @@
-//! `qlauncher launcher` / `virt-launcher`: the per-VMI launcher process.
+//! The per-VMI launcher program: the `virt-launcher` binary and `qlauncher launcher` run [`main`].
 //!
 //! Parses virt-launcher's flags, sets up logging, creates the directories, reads `STANDALONE_VMI`,
-//! and runs the lifecycle of [`qlauncher::monitor::launcher::run`]. The domain is a
+//! and runs the lifecycle of [`crate::monitor::launcher::run`]. It lives in the library (not in
+//! the `qlauncher` tool's commands) so that the dedicated `virt-launcher` binary links only what
+//! the launcher runs: no argument parser for the tool's subcommands, no libvirt XML text,
+//! comparison or golden code. The domain is a
 //! [`SyncVmi`] behind the command server on `<share-dir>/sockets/launcher-sock`; the standalone
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
 //! KubeVirt's does when no domain is defined.
@@ -9,15 +12,15 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use qlauncher::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
-use qlauncher::sync::{SyncConfig, SyncVmi};
-use qlauncher::vmi::Vmi;
+use crate::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
+use crate::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
+use crate::sync::{SyncConfig, SyncVmi};
+use crate::vmi::Vmi;
 use std::sync::Arc;
 
-use qlauncher::monitor::kvm_probe;
-use qlauncher::monitor::launcher::{self, LauncherConfig};
-use qlauncher::monitor::MonitorError;
+use crate::monitor::kvm_probe;
+use crate::monitor::launcher::{self, LauncherConfig};
+use crate::monitor::MonitorError;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -29,7 +32,8 @@ pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
 /// Path of a second QMP monitor socket for operators' tools (set by `qlauncher run`).
 pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
 
-/// Runs the launcher; exit code 0 on a clean end, 1 on failure, 2 on a bad command line.
+/// Runs the launcher with virt-launcher's flags (`args`, without the program name); exit code 0
+/// on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
     launcher::main(&args, run)
 }
@@ -107,7 +111,7 @@ async fn run_sync(
     result
 }
 
-use qlauncher::sys::error::error_chain;
+use crate::sys::error::error_chain;
 
 fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
     MonitorError::QemuExited {
@@ -145,7 +149,7 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         c.runtime_uid = launcher::QEMU_UID;
     }
     c.vm_stats_collector = config.vm_stats_collector;
-    c.agent_poll = qlauncher::sync::cmdapi::guest_info::PollIntervals {
+    c.agent_poll = crate::sync::cmdapi::guest_info::PollIntervals {
         version: config.agent_version_interval,
         filesystems: config.agent_file_interval,
         fsfreeze: config.fsfreeze_status_interval,
@@ -154,7 +158,7 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     };
     // `qemu --version` runs once, in the background: the converter and GetQemuVersion (before a
     // domain exists) wait for its answer, the command server does not.
-    let probe = qlauncher::sync::config::QemuProbe::new(c.qemu.clone());
+    let probe = crate::sync::config::QemuProbe::new(c.qemu.clone());
     let early = probe.clone();
     tokio::spawn(async move {
         early.answer().await;

@@ -6,14 +6,14 @@
 //! the launcher (with ambient `CAP_NET_BIND_SERVICE` when we hold it), reaps every zombie, forwards
 //! SIGINT/SIGTERM/SIGQUIT to the launcher as SIGTERM, and once the launcher is gone stops a QEMU
 //! still running among its children (SIGTERM, then after [`MonitorConfig::qemu_stop_timeout`]
-//! SIGKILL and exit code 1), asks an Istio sidecar to quit ([`super::istio`]), deletes the `*.sock`
+//! SIGKILL and exit code 1), asks an Istio sidecar to quit ([`crate::istio`]), deletes the `*.sock`
 //! files of the container-disk directory so that the container-disk sidecars end, and returns the
 //! launcher's exit code.
 //!
 //! Process tree: QEMU must be a direct child of PID 1 (virt-handler looks for it only among the
 //! children of the launcher's parent). In KubeVirt, virtqemud daemonizes QEMU (double fork), so the
 //! kernel re-parents it to PID 1. qlauncher's launcher starts QEMU the same way
-//! ([`super::qemu::spawn_detached`]), and the monitor is child subreaper so that the same tree
+//! (`qlauncher::monitor::qemu::spawn_detached`), and the monitor is child subreaper so that the same tree
 //! forms outside a PID namespace too (`qlauncher run`).
 //!
 //! Must be called before any thread is started: the signal mask is per thread.
@@ -26,11 +26,41 @@ use std::time::{Duration, Instant};
 use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
-use tracing::{debug, error, info, warn};
 
-use super::istio::{quit_istio_proxy, IstioProxy};
-use super::reaper::{exit_code, Reaper};
-use super::{procfs, MonitorError};
+use crate::istio::{quit_istio_proxy, IstioProxy};
+use crate::procfs;
+use crate::reaper::{exit_code, Reaper};
+use crate::{debug, error, info, warn};
+
+/// Errors of the monitor's loop. Each variant names the step that failed.
+#[derive(Debug)]
+pub enum Pid1Error {
+    /// `prctl(PR_SET_CHILD_SUBREAPER)` failed.
+    Subreaper(nix::Error),
+    /// Blocking or waiting for signals failed.
+    Signals(std::io::Error),
+    /// The launcher process could not be started.
+    SpawnLauncher {
+        /// The program executed.
+        program: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+}
+
+impl std::fmt::Display for Pid1Error {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Pid1Error::Subreaper(e) => write!(f, "becoming child subreaper: {e}"),
+            Pid1Error::Signals(e) => write!(f, "handling signals: {e}"),
+            Pid1Error::SpawnLauncher { program, source } => {
+                write!(f, "starting the launcher {}: {source}", program.display())
+            }
+        }
+    }
+}
+
+impl std::error::Error for Pid1Error {}
 
 /// How the monitor runs. Built by the `monitor` subcommand from the command line.
 #[derive(Debug, Clone)]
@@ -126,7 +156,7 @@ extern "C" fn noop_handler(_: libc::c_int) {}
 /// `sigtimedwait`; the handler only matters for PID 1 of a PID namespace, to which the kernel does
 /// not deliver a signal whose disposition is the default one. Handlers reset to the default on exec,
 /// so the launcher is unaffected.
-fn install_noop_handlers(set: &SigSet) -> Result<(), MonitorError> {
+fn install_noop_handlers(set: &SigSet) -> Result<(), Pid1Error> {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler};
     let action = SigAction::new(
         SigHandler::Handler(noop_handler),
@@ -135,13 +165,13 @@ fn install_noop_handlers(set: &SigSet) -> Result<(), MonitorError> {
     );
     for sig in set.iter() {
         // SAFETY: the handler is async-signal-safe (does nothing).
-        unsafe { sigaction(sig, &action) }.map_err(|e| MonitorError::Signals(e.into()))?;
+        unsafe { sigaction(sig, &action) }.map_err(|e| Pid1Error::Signals(e.into()))?;
     }
     Ok(())
 }
 
 /// Waits up to `timeout` for one of the signals in `set`; `None` on timeout.
-fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, MonitorError> {
+fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, Pid1Error> {
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -152,7 +182,7 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, Monito
         let err = std::io::Error::last_os_error();
         return match err.raw_os_error() {
             Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
-            _ => Err(MonitorError::Signals(err)),
+            _ => Err(Pid1Error::Signals(err)),
         };
     }
     Ok(Signal::try_from(r).ok())
@@ -162,12 +192,12 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, Monito
 /// exit code (the launcher's; 1 when a leftover QEMU survived its SIGTERM).
 ///
 /// Errors: becoming subreaper, blocking signals or starting the launcher failed.
-pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
-    nix::sys::prctl::set_child_subreaper(true).map_err(MonitorError::Subreaper)?;
+pub fn run(config: &MonitorConfig) -> Result<i32, Pid1Error> {
+    nix::sys::prctl::set_child_subreaper(true).map_err(Pid1Error::Subreaper)?;
     let signals = monitored_signals();
     signals
         .thread_block()
-        .map_err(|e| MonitorError::Signals(e.into()))?;
+        .map_err(|e| Pid1Error::Signals(e.into()))?;
     install_noop_handlers(&signals)?;
     let reaper = Reaper::new();
 
@@ -187,22 +217,23 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
             Ok(())
         });
     }
-    let launcher = command
-        .spawn()
-        .map_err(|source| MonitorError::SpawnLauncher {
-            program: config.launcher_program.clone(),
-            source,
-        })?;
+    let launcher = command.spawn().map_err(|source| Pid1Error::SpawnLauncher {
+        program: config.launcher_program.clone(),
+        source,
+    })?;
     let launcher_pid = launcher.id() as i32;
     // The reaper owns every child, the launcher included.
     drop(launcher);
-    info!(pid = launcher_pid, "virt-launcher started");
+    info!("virt-launcher started", pid = launcher_pid);
 
     let mut launcher_status: Option<WaitStatus> = None;
     while launcher_status.is_none() {
         let sig = wait_signal(&signals, Duration::from_secs(1))?;
         if let Some(sig @ (Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)) = sig {
-            info!(signal = %sig, "forwarding SIGTERM to virt-launcher");
+            info!(
+                "forwarding SIGTERM to virt-launcher",
+                signal = sig.to_string()
+            );
             let _ = kill(Pid::from_raw(launcher_pid), Signal::SIGTERM);
         }
         for reaped in reaper.reap() {
@@ -214,7 +245,7 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
     }
     let mut code = launcher_status.as_ref().map(exit_code).unwrap_or(0);
     if code != 0 {
-        warn!(code, "dirty virt-launcher shutdown");
+        warn!("dirty virt-launcher shutdown", code = code);
     }
 
     if !stop_leftover_qemu(&reaper, &signals, config.qemu_stop_timeout)? {
@@ -229,8 +260,8 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
 
     if config.keep_after_failure && code != 0 {
         info!(
-            code,
-            "keeping the monitor alive after the failure (--keep-after-failure)"
+            "keeping the monitor alive after the failure (--keep-after-failure)",
+            code = code
         );
         loop {
             let sig = wait_signal(&signals, Duration::from_secs(1))?;
@@ -245,19 +276,24 @@ pub fn run(config: &MonitorConfig) -> Result<i32, MonitorError> {
             }
         }
     }
-    info!(code, "virt-launcher-monitor exiting");
+    info!("virt-launcher-monitor exiting", code = code);
     Ok(code)
 }
 
-fn log_reaped(reaped: &super::reaper::Reaped, launcher_pid: i32) {
+fn log_reaped(reaped: &crate::reaper::Reaped, launcher_pid: i32) {
     let code = exit_code(&reaped.status);
     if reaped.pid == launcher_pid {
-        info!(pid = reaped.pid, code, "virt-launcher exited");
+        info!("virt-launcher exited", pid = reaped.pid, code = code);
     } else if procfs::is_qemu_name(&reaped.comm) {
         let how = format!("{:?}", reaped.status);
-        info!(pid = reaped.pid, code, status = %how, "QEMU exited");
+        info!("QEMU exited", pid = reaped.pid, code = code, status = how);
     } else {
-        debug!(pid = reaped.pid, comm = %reaped.comm, code, "reaped");
+        debug!(
+            "reaped",
+            pid = reaped.pid,
+            comm = reaped.comm.as_str(),
+            code = code
+        );
     }
 }
 
@@ -268,7 +304,7 @@ fn stop_leftover_qemu(
     reaper: &Reaper,
     signals: &SigSet,
     timeout: Duration,
-) -> Result<bool, MonitorError> {
+) -> Result<bool, Pid1Error> {
     let me = std::process::id() as i32;
     let leftovers = procfs::qemu_children(me);
     if leftovers.is_empty() {
@@ -276,8 +312,8 @@ fn stop_leftover_qemu(
     }
     for q in &leftovers {
         info!(
-            pid = q.pid,
-            "QEMU still running after virt-launcher exited, sending SIGTERM"
+            "QEMU still running after virt-launcher exited, sending SIGTERM",
+            pid = q.pid
         );
         let _ = kill(Pid::from_raw(q.pid), Signal::SIGTERM);
     }
@@ -297,8 +333,8 @@ fn stop_leftover_qemu(
         if now >= deadline {
             for q in alive {
                 error!(
-                    pid = q.pid,
-                    "QEMU did not stop within the timeout, killing it"
+                    "QEMU did not stop within the timeout, killing it",
+                    pid = q.pid
                 );
                 let _ = kill(Pid::from_raw(q.pid), Signal::SIGKILL);
             }
@@ -317,16 +353,26 @@ fn stop_leftover_qemu(
 /// go and exit. Failures are logged, never fatal.
 pub fn remove_container_disk_sockets(dir: &Path) {
     let Ok(entries) = std::fs::read_dir(dir) else {
-        debug!(dir = %dir.display(), "no container-disk directory");
+        debug!(
+            "no container-disk directory",
+            dir = dir.display().to_string()
+        );
         return;
     };
     for entry in entries.flatten() {
         let path = entry.path();
         if path.extension().is_some_and(|e| e == "sock") {
             match std::fs::remove_file(&path) {
-                Ok(()) => info!(path = %path.display(), "removed container-disk socket"),
+                Ok(()) => info!(
+                    "removed container-disk socket",
+                    path = path.display().to_string()
+                ),
                 Err(e) => {
-                    warn!(path = %path.display(), error = %e, "removing container-disk socket")
+                    warn!(
+                        "removing container-disk socket",
+                        path = path.display().to_string(),
+                        error = e.to_string()
+                    )
                 }
             }
         }
