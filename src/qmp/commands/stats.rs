@@ -143,6 +143,9 @@ pub struct BlockDeviceInfo {
     /// The top node's name.
     #[serde(rename = "node-name", default)]
     pub node_name: Option<String>,
+    /// Read-only medium (QEMU always sends it; `None` when absent).
+    #[serde(default)]
+    pub ro: Option<bool>,
     /// The top node's filename (`json:{..}` for a chain).
     #[serde(default)]
     pub file: Option<String>,

@@ -470,28 +470,28 @@ impl SyncVmi {
         let local = [&p.ephemeral_disks, &p.empty_disks, &p.cloud_init];
         let blocks = client.run(&QueryBlock).await?;
         let mut out = Vec::new();
-        for b in blocks.as_array().into_iter().flatten() {
-            let Some(ins) = b.get("inserted") else {
+        for b in &blocks {
+            let Some(ins) = &b.inserted else {
                 continue;
             };
-            if ins["ro"].as_bool().unwrap_or(true) {
+            if ins.ro.unwrap_or(true) {
                 continue;
             }
-            let file = ins["file"].as_str().unwrap_or_default();
+            let file = ins.file.as_deref().unwrap_or_default();
             if !local
                 .iter()
                 .any(|root| !root.is_empty() && file.contains(root.as_str()))
             {
                 continue;
             }
-            let qdev = b["qdev"].as_str().unwrap_or_default();
+            let qdev = b.qdev.as_deref().unwrap_or_default();
             let alias = qdev
                 .strip_prefix("/machine/peripheral/")
                 .map(|rest| rest.split('/').next().unwrap_or(rest))
                 .unwrap_or(qdev);
             let (Some(node), Some(size)) = (
-                ins["node-name"].as_str(),
-                ins["image"]["virtual-size"].as_u64(),
+                ins.node_name.as_deref(),
+                ins.image.as_ref().and_then(|i| i.virtual_size),
             ) else {
                 continue;
             };
