@@ -211,6 +211,29 @@ fn request(vmi: &serde_json::Value) -> cmd::VmiRequest {
     }
 }
 
+/// Each device of `domain` by list name, with its `Alias`, `Address` and `Target`.
+fn device_identities(domain: &ApiDomain) -> Vec<(String, [serde_json::Value; 3])> {
+    let devices = serde_json::to_value(&domain.spec.devices).unwrap();
+    let mut out = Vec::new();
+    for (list, value) in devices.as_object().unwrap() {
+        let items = match value {
+            serde_json::Value::Array(items) => items.clone(),
+            other => vec![other.clone()],
+        };
+        for d in items {
+            out.push((
+                list.clone(),
+                [
+                    d["Alias"].clone(),
+                    d["Address"].clone(),
+                    d["Target"].clone(),
+                ],
+            ));
+        }
+    }
+    out
+}
+
 async fn get_domain(client: &mut CmdClient<tonic::transport::Channel>) -> Option<ApiDomain> {
     let answer = client
         .get_domain(cmd::EmptyRequest {})
@@ -507,6 +530,7 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
     }
 
     // Hotplug: the volume is mounted into the pod, then the sync with it Ready.
+    let devices_before = device_identities(&get_domain(&mut client).await.unwrap());
     let hp = share.join("hotplug-disks/hp1.img");
     std::fs::File::create(&hp)
         .unwrap()
@@ -533,6 +557,11 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
         if let Some(hp1) = hp1.filter(|d| !d.target.device.is_empty()) {
             assert!(hp1.alias.as_ref().unwrap().user_defined);
             assert!(hp1.target.device.starts_with("sd"), "{hp1:?}");
+            // No other device moved: libvirt's live XML keeps every device's address.
+            let now = device_identities(&d);
+            for device in &devices_before {
+                assert!(now.contains(device), "{device:?} changed: {now:#?}");
+            }
             break;
         }
         assert!(
