@@ -198,7 +198,8 @@ fn vmi(uid: &str, hotplug: bool) -> serde_json::Value {
             "networks": [{"name": "default", "pod": {}}],
             "volumes": volumes
         },
-        "status": {"volumeStatus": status}
+        // virt-controller sets the Unix migration transport on every VMI whose pod has it.
+        "status": {"volumeStatus": status, "migrationTransport": "Unix"}
     })
 }
 
