@@ -149,3 +149,112 @@ fn bridge_binding_moves_pod_identity_and_serves_the_guest_mac_only() {
     assert_eq!(names[0], "lo");
     assert!(names[1].starts_with("eth0@"), "{links}");
 }
+
+/// virt-handler's bridge binding for `default` on pod link `eth0`, as KubeVirt v1.9's
+/// `NetConf.Setup` makes it (`pkg/network/setup/netpod/netpod.go`, `bridgeBindingSpec`): the
+/// bridge `k6t-eth0` up with 169.254.75.10/32; the pod link renamed `eth0-nic`, its addresses
+/// gone, the bridge's MAC copied to it, a port of the bridge without learning; `tap0` owned by
+/// 107:107 with the pod MTU, a port of the bridge; and a link `eth0` with the pod's MAC, MTU and
+/// addresses. KubeVirt makes that last one a dummy link; this kernel has no dummy links, so the
+/// test makes it an ifb, which adoption treats alike (only its presence is checked).
+fn handler_bridge_setup(pod: &Netns) {
+    pod.ip(&["link", "add", "k6t-eth0", "type", "bridge"]);
+    pod.ip(&["link", "set", "k6t-eth0", "up"]);
+    pod.ip(&["addr", "add", "169.254.75.10/32", "dev", "k6t-eth0"]);
+    let bridge_mac = link_json(pod, "k6t-eth0")["address"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    pod.ip(&["addr", "flush", "dev", "eth0"]);
+    pod.ip(&["link", "set", "eth0", "down"]);
+    pod.ip(&["link", "set", "eth0", "name", "eth0-nic"]);
+    pod.ip(&["link", "set", "eth0-nic", "address", &bridge_mac]);
+    pod.ip(&["link", "set", "eth0-nic", "master", "k6t-eth0", "up"]);
+    pod.ip(&[
+        "link",
+        "set",
+        "dev",
+        "eth0-nic",
+        "type",
+        "bridge_slave",
+        "learning",
+        "off",
+    ]);
+    pod.ip(&[
+        "tuntap", "add", "dev", "tap0", "mode", "tap", "user", "107", "group", "107",
+    ]);
+    pod.ip(&[
+        "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
+    ]);
+    // An ifb takes its MAC only when made.
+    pod.ip(&[
+        "link", "add", "eth0", "address", POD_MAC, "mtu", "1450", "type", "ifb",
+    ]);
+    pod.ip(&["link", "set", "eth0", "up"]);
+    pod.ip(&["addr", "add", "10.244.0.5/24", "dev", "eth0"]);
+}
+
+/// The links of the binding, with what adoption must not change.
+fn binding_links(pod: &Netns) -> Vec<String> {
+    ["k6t-eth0", "eth0-nic", "tap0", "eth0"]
+        .iter()
+        .map(|name| {
+            let l = link_json(pod, name);
+            let addrs = pod.ip(&["-br", "addr", "show", "dev", name]);
+            format!(
+                "{name} kind={} mac={} mtu={} master={} owner={} learning={} addrs={}",
+                l["linkinfo"]["info_kind"],
+                l["address"],
+                l["mtu"],
+                l["master"],
+                l["linkinfo"]["info_data"]["user"],
+                l["linkinfo"]["info_slave_data"]["learning"],
+                addrs
+                    .split_whitespace()
+                    .skip(2)
+                    .collect::<Vec<_>>()
+                    .join(",")
+            )
+        })
+        .collect()
+}
+
+/// The pod network virt-handler set up for the bridge binding is adopted as it is: nothing is
+/// changed, the guest's MAC gets the pod address over DHCP, and teardown removes nothing.
+#[test]
+fn virt_handler_bridge_setup_is_adopted_unchanged() {
+    let net = PodNet::new(false);
+    let resolv = resolv_conf();
+    handler_bridge_setup(&net.pod);
+    let before = binding_links(&net.pod);
+    let ruleset = net.pod.nft_ruleset();
+
+    let (plan, applied) = setup(&net.pod, &config(), resolv.path()).unwrap();
+    assert!(applied.adopted, "{applied:?}");
+    assert_eq!(applied.changed, Vec::<String>::new());
+    assert_eq!(binding_links(&net.pod), before);
+    assert_eq!(net.pod.nft_ruleset(), ruleset);
+    let dhcp = plan
+        .dhcp_v4
+        .as_ref()
+        .expect("the guest gets the pod address by DHCP");
+    assert_eq!(dhcp.client_mac, Some(POD_MAC_BYTES));
+
+    // The guest (the pod's MAC on the bridge) gets the pod's address.
+    let servers = Servers::start(&net.pod, &plan);
+    let guest = net.attach_vm("k6t-eth0", POD_MAC);
+    let dir = ClientDir::new();
+    let script = dir.script(false);
+    let out = udhcpc(&guest, &script, 5, &[]);
+    assert!(out.status.success(), "{out:?}");
+    let env = dir.wait_env(5);
+    assert_eq!(env.get("ip").map(String::as_str), Some("10.244.0.5"));
+    drop(guest);
+    drop(servers);
+
+    assert_eq!(
+        teardown(&net.pod, &plan, &applied).unwrap(),
+        Vec::<String>::new()
+    );
+    assert_eq!(binding_links(&net.pod), before, "teardown left it alone");
+}

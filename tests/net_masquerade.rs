@@ -2,8 +2,11 @@
 //! links and sysctls, idempotent re-runs and exact teardown.
 
 use qlauncher::net::{NetConfig, Port, Protocol};
-use testkit::net::{kubevirt_nft_ruleset, reapply, resolv_conf, setup, teardown};
-use testkit::netns::PodNet;
+use testkit::net::{
+    kubevirt_masquerade_links, kubevirt_nft, kubevirt_nft_ruleset, reapply, resolv_conf, setup,
+    teardown,
+};
+use testkit::netns::{Netns, PodNet};
 
 fn variants() -> Vec<(&'static str, NetConfig, &'static str)> {
     let ports = vec![
@@ -490,4 +493,144 @@ fn changed_ports_replace_the_tables_in_one_transaction() {
         ]
     );
     assert_eq!(net.pod.nft_ruleset(), expected);
+}
+
+/// virt-handler's masquerade links as its `NetConf.Setup` makes them for `default` on `eth0`
+/// (IPv4 only, tap owned by 107).
+fn handler_masquerade_links(pod: &Netns) {
+    for c in kubevirt_masquerade_links(107, false) {
+        let args: Vec<&str> = c.iter().map(String::as_str).collect();
+        pod.ip(&args);
+    }
+}
+
+/// KubeVirt's `nft` commands for the `ip` family only (the pod has no IPv6).
+fn handler_nat_v4(pod: &Netns, cfg: &NetConfig) {
+    for c in kubevirt_nft(cfg, "10.244.0.5") {
+        if c[2] != "ip" {
+            continue;
+        }
+        let mut args = vec!["nft"];
+        args.extend(c.iter().map(String::as_str));
+        pod.sh(&args);
+    }
+}
+
+/// A launcher that can read nftables compares virt-handler's nat table with KubeVirt v1.9's, rule
+/// by rule: made by KubeVirt's own `nft` commands it is adopted unchanged; with one rule changed,
+/// one rule more or a chain's priority changed, the setup is refused naming what differs, and left
+/// as it was.
+#[test]
+fn virt_handler_nat_rules_are_compared_with_kubevirts() {
+    let resolv = resolv_conf();
+    for (name, cfg) in [
+        ("all ports", NetConfig::default()),
+        (
+            "listed ports",
+            NetConfig {
+                ports: vec![
+                    Port {
+                        protocol: Protocol::Tcp,
+                        port: 80,
+                    },
+                    Port {
+                        protocol: Protocol::Udp,
+                        port: 53,
+                    },
+                ],
+                legacy_migration_ports: true,
+                ..Default::default()
+            },
+        ),
+    ] {
+        let net = PodNet::new(false);
+        handler_masquerade_links(&net.pod);
+        handler_nat_v4(&net.pod, &cfg);
+        let before = net.pod.nft_ruleset();
+        let (plan, applied) =
+            setup(&net.pod, &cfg, resolv.path()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(applied.adopted, "{name}");
+        assert_eq!(applied.changed, Vec::<String>::new(), "{name}");
+        assert_eq!(net.pod.nft_ruleset(), before, "{name}");
+        assert_eq!(
+            teardown(&net.pod, &plan, &applied).unwrap(),
+            Vec::<String>::new()
+        );
+        assert_eq!(
+            net.pod.nft_ruleset(),
+            before,
+            "{name}: teardown left it alone"
+        );
+    }
+
+    let cases: [(&str, &[&[&str]], &str); 3] = [
+        (
+            "a changed rule",
+            &[
+                &["flush", "chain", "ip", "nat", "KUBEVIRT_PREINBOUND"],
+                &[
+                    "add",
+                    "rule",
+                    "ip",
+                    "nat",
+                    "KUBEVIRT_PREINBOUND",
+                    "tcp",
+                    "dport",
+                    "22",
+                    "counter",
+                    "dnat",
+                    "to",
+                    "10.0.2.2",
+                ],
+            ],
+            "chain ip nat KUBEVIRT_PREINBOUND rule 1 is not KubeVirt's `counter dnat to 10.0.2.2`",
+        ),
+        (
+            "a rule more",
+            &[&[
+                "add",
+                "rule",
+                "ip",
+                "nat",
+                "postrouting",
+                "counter",
+                "accept",
+            ]],
+            "chain ip nat postrouting has 3 rules, KubeVirt's 2",
+        ),
+        (
+            "another priority",
+            &[
+                &["delete", "chain", "ip", "nat", "input"],
+                &[
+                    "add",
+                    "chain",
+                    "ip",
+                    "nat",
+                    "input",
+                    "{ type nat hook input priority 50; }",
+                ],
+            ],
+            "chain ip nat input has hook and priority Some((1, 50)), KubeVirt's Some((1, 100))",
+        ),
+    ];
+    for (name, change, expected) in cases {
+        let net = PodNet::new(false);
+        handler_masquerade_links(&net.pod);
+        handler_nat_v4(&net.pod, &NetConfig::default());
+        for c in change {
+            let mut args = vec!["nft"];
+            args.extend_from_slice(c);
+            net.pod.sh(&args);
+        }
+        let before = net.pod.nft_ruleset();
+        let err = setup(&net.pod, &NetConfig::default(), resolv.path()).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.starts_with("the pod network set up in this namespace differs from the plan")
+                && message.contains(expected),
+            "{name}: {message}"
+        );
+        assert_eq!(net.pod.nft_ruleset(), before, "{name}: left alone");
+    }
 }

@@ -667,3 +667,151 @@ async fn launcher_sock_subcommand_queries_a_running_server() {
     let version = run("qemu-version").await.unwrap();
     assert_eq!(String::from_utf8_lossy(&version.stdout), "7.2.0\n");
 }
+
+/// A raw HTTP/2 client: what gRPC C-core (grpcio) sends, byte for byte where it matters.
+mod raw_h2 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+        let mut out = (payload.len() as u32).to_be_bytes()[1..].to_vec();
+        out.extend_from_slice(&[kind, flags]);
+        out.extend_from_slice(&stream.to_be_bytes());
+        out.extend_from_slice(payload);
+        out
+    }
+
+    pub struct Frame {
+        pub kind: u8,
+        pub flags: u8,
+        pub stream: u32,
+        pub payload: Vec<u8>,
+    }
+
+    pub async fn read_frame(stream: &mut UnixStream) -> Frame {
+        let mut header = [0u8; 9];
+        stream.read_exact(&mut header).await.unwrap();
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let mut payload = vec![0; len];
+        stream.read_exact(&mut payload).await.unwrap();
+        Frame {
+            kind: header[3],
+            flags: header[4],
+            stream: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
+            payload,
+        }
+    }
+
+    /// Sends a unary gRPC call with `authority` on `stream_id` (empty request message).
+    pub async fn call(
+        stream: &mut UnixStream,
+        encoder: &mut loona_hpack::Encoder<'_>,
+        stream_id: u32,
+        path: &str,
+        authority: &str,
+    ) {
+        let headers: Vec<(&[u8], &[u8])> = vec![
+            (b":method", b"POST"),
+            (b":scheme", b"http"),
+            (b":path", path.as_bytes()),
+            (b":authority", authority.as_bytes()),
+            (b"content-type", b"application/grpc"),
+            (b"te", b"trailers"),
+            (
+                b"user-agent",
+                b"grpc-python/1.76.0 grpc-c/51.0.0 (linux; chttp2)",
+            ),
+        ];
+        let block = encoder.encode(headers);
+        let mut out = frame(0x1, 0x4, stream_id, &block);
+        out.extend(frame(0x0, 0x1, stream_id, &[0, 0, 0, 0, 0]));
+        stream.write_all(&out).await.unwrap();
+    }
+}
+
+/// gRPC C-core (grpcio) sends its default authority for `unix:` targets: the socket path without
+/// its leading `/`, percent-encoded since C-core 1.57 and raw before. h2 alone answers such a
+/// request with RST_STREAM PROTOCOL_ERROR; the server answers it as if it were `localhost`.
+#[tokio::test]
+async fn any_authority_is_accepted_as_grpc_core_sends_it() {
+    use qlauncher::sync::proto::cmd::info::CmdInfoResponse;
+    use tokio::io::AsyncWriteExt;
+    let launcher = Launcher::start().await;
+    launcher.server.as_ref().unwrap().mark_ready().unwrap();
+    let path = launcher.paths.ready.to_str().unwrap().to_owned();
+    let percent = path.trim_start_matches('/').replace('/', "%2F");
+    let raw = path.trim_start_matches('/').to_owned();
+    let calls = [
+        (1, "/kubevirt.cmd.info.CmdInfo/Info", percent.clone()),
+        (3, "/kubevirt.cmd.v1.Cmd/Ping", raw),
+        (5, "/kubevirt.cmd.info.CmdInfo/Info", path.clone()),
+        (7, "/kubevirt.cmd.v1.Cmd/Ping", "localhost".to_owned()),
+    ];
+
+    let mut stream = tokio::net::UnixStream::connect(&launcher.paths.ready)
+        .await
+        .unwrap();
+    let mut hello = raw_h2::PREFACE.to_vec();
+    hello.extend(raw_h2::frame(0x4, 0, 0, &[]));
+    stream.write_all(&hello).await.unwrap();
+    let mut encoder = loona_hpack::Encoder::new();
+    for (id, rpc, authority) in &calls {
+        raw_h2::call(&mut stream, &mut encoder, *id, rpc, authority).await;
+    }
+
+    let mut decoder = loona_hpack::Decoder::new();
+    let mut statuses = std::collections::BTreeMap::new();
+    let mut messages = std::collections::BTreeMap::<u32, Vec<u8>>::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while statuses.len() < calls.len() {
+        let frame = tokio::time::timeout_at(deadline, raw_h2::read_frame(&mut stream))
+            .await
+            .expect("every call is answered within 10 s");
+        match frame.kind {
+            0x4 if frame.flags & 0x1 == 0 => {
+                stream
+                    .write_all(&raw_h2::frame(0x4, 0x1, 0, &[]))
+                    .await
+                    .unwrap();
+            }
+            0x3 => panic!(
+                "stream {} reset (error code {:?}): the authority was refused",
+                frame.stream, frame.payload
+            ),
+            0x7 => panic!("GOAWAY: {:?}", frame.payload),
+            0x1 => {
+                let headers = decoder.decode(&frame.payload).unwrap();
+                if let Some((_, status)) = headers.iter().find(|(n, _)| n == b"grpc-status") {
+                    statuses.insert(frame.stream, String::from_utf8(status.clone()).unwrap());
+                }
+            }
+            0x0 => messages
+                .entry(frame.stream)
+                .or_default()
+                .extend_from_slice(&frame.payload),
+            _ => {}
+        }
+    }
+    for (id, _, authority) in &calls {
+        assert_eq!(
+            statuses[id], "0",
+            "call on stream {id} with :authority {authority}"
+        );
+    }
+    let info = <CmdInfoResponse as prost::Message>::decode(&messages[&1][5..]).unwrap();
+    assert_eq!(info.supported_cmd_versions, vec![1]);
+    let ping = <cmd::Response as prost::Message>::decode(&messages[&3][5..]).unwrap();
+    assert_eq!(ping, ok());
+
+    // The Go client (authority `localhost`) still works on the same server.
+    let answer = launcher
+        .ready_client()
+        .await
+        .ping(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(answer, ok());
+}

@@ -13,12 +13,16 @@
 //! and [`crate::net::apply::teardown()`] removes nothing. Anything else is refused with
 //! [`NetError::IncompatibleSetup`] naming each difference.
 //!
-//! The `nat` tables of an adopted setup are checked for presence when they can be read (reading
-//! nftables needs `NET_ADMIN`; without it they are taken as virt-handler's); their chains and
-//! rules are virt-handler's and are not compared.
+//! The `nat` tables of an adopted setup are compared with KubeVirt v1.9's when they can be read
+//! (reading nftables needs `NET_ADMIN`; without it they are taken as virt-handler's): every chain
+//! with its hook and priority, and every rule, expression by expression, against the rules
+//! qlauncher would commit for the same plan (`nft_dump`: KubeVirt's `setupNATByFamily`). A missing
+//! or extra chain, a different hook, a rule that differs or an extra rule is a difference, named
+//! with the rule KubeVirt has there in `nft` syntax.
 
 use crate::net::apply::{addresses_of, link, LinkFacts};
 use crate::net::config::Binding;
+use crate::net::nft_dump;
 use crate::net::nft_netlink::{self, TableState};
 use crate::net::plan::{LinkStep, NetPlan};
 use crate::net::NetError;
@@ -54,7 +58,7 @@ pub async fn adoption(handle: &Handle, plan: &NetPlan) -> Result<Adoption, NetEr
     let mut unreadable = None;
     for t in &plan.nat_tables {
         match nft_netlink::table_state(t.family) {
-            Ok(TableState::Foreign) => foreign_tables.push(t.family.keyword()),
+            Ok(TableState::Foreign) => foreign_tables.push(t),
             Ok(TableState::Absent) => absent_tables.push(t.family.keyword()),
             // Made by an earlier qlauncher in this pod: ours to re-apply.
             Ok(TableState::Ours(_)) => return Ok(Adoption::Build),
@@ -83,6 +87,16 @@ pub async fn adoption(handle: &Handle, plan: &NetPlan) -> Result<Adoption, NetEr
     let mut differences = Vec::new();
     for table in &absent_tables {
         differences.push(format!("table {table} nat is missing"));
+    }
+    if unreadable.is_none() {
+        for table in &foreign_tables {
+            let have = nft_dump::kernel(table.family)?;
+            differences.extend(nft_dump::differences(
+                table,
+                &nft_dump::planned(table),
+                &have,
+            ));
+        }
     }
     let bridge_index = bridge.as_ref().map(|b| b.index);
     for step in &plan.links {

@@ -27,6 +27,7 @@ pub mod dhcp;
 pub mod discover;
 pub mod netns;
 pub mod nft;
+mod nft_dump;
 mod nft_netlink;
 pub mod plan;
 pub mod sysctl;

@@ -26,14 +26,14 @@ const MARKER_PREFIX: &[u8] = b"qlauncher/";
 /// The userdata TLV type of the marker; nft only knows type 0 (comment) for tables.
 const MARKER_TLV: u8 = 0x71;
 
-fn proto_family(f: Family) -> ProtoFamily {
+pub(crate) fn proto_family(f: Family) -> ProtoFamily {
     match f {
         Family::Ip => ProtoFamily::Ipv4,
         Family::Ip6 => ProtoFamily::Ipv6,
     }
 }
 
-fn nft_err(step: impl Into<String>, source: io::Error) -> NetError {
+pub(crate) fn nft_err(step: impl Into<String>, source: io::Error) -> NetError {
     NetError::Nftables {
         step: step.into(),
         source,
@@ -172,16 +172,16 @@ unsafe impl NlMsg for MarkedTable {
 }
 
 /// A receive buffer aligned for `nlmsghdr`, as libmnl requires.
-struct AlignedBuf(Vec<u64>);
+pub(crate) struct AlignedBuf(Vec<u64>);
 
 impl AlignedBuf {
-    fn new() -> AlignedBuf {
+    pub(crate) fn new() -> AlignedBuf {
         AlignedBuf(vec![
             0u64;
             (nftnl::nft_nlmsg_maxsize() as usize).div_ceil(8)
         ])
     }
-    fn bytes(&mut self) -> &mut [u8] {
+    pub(crate) fn bytes(&mut self) -> &mut [u8] {
         let len = self.0.len() * 8;
         // SAFETY: a u64 buffer viewed as bytes, same allocation and length in bytes.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) }
@@ -313,7 +313,7 @@ fn addr_payload(family: Family, src: bool) -> Payload {
 }
 
 /// Adds one table (chains, anonymous sets, rules) to `batch`.
-fn add_table(batch: &mut Batch, t: &NatTable) {
+pub(crate) fn add_table(batch: &mut Batch, t: &NatTable) {
     let pf = proto_family(t.family);
     let table = Table::new(c"nat", pf);
     batch.add(&MarkedTable::new(pf, &marker(t)), MsgType::Add);

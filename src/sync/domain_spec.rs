@@ -3,15 +3,28 @@
 //! grace-period metadata, and the live facts libvirt would add to the domain XML it reports: the
 //! resolved machine type and the channels' connection state (`cmd/virt-launcher`,
 //! `manager.go`'s `GetDomainSpecWithRuntimeInfo`, v1.9.0).
+//!
+//! Identity of running devices: libvirt's live XML keeps each device's address, alias and target
+//! from the moment it was created; a hotplug adds a device and changes no other. A re-converted plan
+//! numbers PCI slots, SCSI units and targets afresh, so [`apply_converted`] carries over every
+//! device's identity from the spec it replaces ([`carry_identity`]), and [`report_hotplug`] reads
+//! where QEMU put the devices a hotplug added (`parent_bus` and `addr` of the device).
 
-use serde_json::Value;
+use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QueryChardev};
-use crate::sync::domain::{ApiDomain, GracePeriodMetadata};
+use crate::sync::domain::{ApiDomain, ApiDomainSpec, Devices, GracePeriodMetadata};
+use crate::sync::state::Shared;
 use crate::vmi::Vmi;
+
+/// The fields of a device that name it and place it: kept across a re-conversion.
+const IDENTITY: [&str; 3] = ["Address", "Alias", "Target"];
+/// Device lists QEMU cannot change while running, kept whole once reported (hotplug adds ports'
+/// devices, never ports: the spare root ports were made at start).
+const FIXED_LISTS: [&str; 1] = ["Controllers"];
 
 /// KubeVirt's grace period when the VMI sets none (`v1.DefaultGracePeriodSeconds`).
 pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
@@ -25,6 +38,7 @@ pub(crate) fn apply_converted(
     ctx: &ConverterContext,
     plan: &DomainPlan,
 ) {
+    let previous = domain.spec.clone();
     let converted = qlauncher_libvirt_xml::export(vmi, ctx, plan)
         .and_then(|d| qlauncher_libvirt_xml::to_api_spec(&d));
     match converted {
@@ -58,6 +72,227 @@ pub(crate) fn apply_converted(
         .grace_period
         .get_or_insert_with(GracePeriodMetadata::default);
     grace.deletion_grace_period_seconds = seconds;
+    carry_identity(&previous, &mut domain.spec);
+}
+
+/// Gives the devices of `next` (a re-converted spec) the identity they have in `previous` (the
+/// spec the running domain was reported with): for each device found in both, its `Address`,
+/// `Alias` and `Target`; the `Controllers` list whole; the domain UUID. Devices are matched by
+/// alias, and those without one by their `Type` and their rank among the devices of that list
+/// and type without alias. A device new in `next` keeps what the converter gave it. `previous`
+/// empty (a first report): nothing changes.
+pub(crate) fn carry_identity(previous: &ApiDomainSpec, next: &mut ApiDomainSpec) {
+    if !previous.uuid.is_empty() {
+        next.uuid = previous.uuid.clone();
+    }
+    let (Ok(Value::Object(old)), Ok(Value::Object(mut new))) = (
+        serde_json::to_value(&previous.devices),
+        serde_json::to_value(&next.devices),
+    ) else {
+        return;
+    };
+    if old.is_empty() {
+        return;
+    }
+    for (list, value) in new.iter_mut() {
+        let Some(before) = old.get(list) else {
+            continue;
+        };
+        if FIXED_LISTS.contains(&list.as_str()) {
+            *value = before.clone();
+            continue;
+        }
+        match (value, before) {
+            (Value::Array(devices), Value::Array(before)) => {
+                let mut ranks = Map::new();
+                for device in devices.iter_mut() {
+                    let key = device_key(device, &mut ranks);
+                    let mut ranks_before = Map::new();
+                    let found = before
+                        .iter()
+                        .find(|b| device_key(b, &mut ranks_before) == key);
+                    if let Some(found) = found {
+                        copy_identity(found, device);
+                    }
+                }
+            }
+            (device @ Value::Object(_), before @ Value::Object(_)) => copy_identity(before, device),
+            _ => {}
+        }
+    }
+    match serde_json::from_value::<Devices>(Value::Object(new)) {
+        Ok(devices) => next.devices = devices,
+        Err(e) => warn!(error = %e, "cannot keep the running devices' identity"),
+    }
+}
+
+/// How a device is recognised in its list: its alias, else its `Type` and rank among the
+/// alias-less devices of that type seen so far (`ranks` counts them).
+fn device_key(device: &Value, ranks: &mut Map<String, Value>) -> String {
+    if let Some(alias) = device
+        .get("Alias")
+        .and_then(|a| a.get("Name"))
+        .and_then(Value::as_str)
+    {
+        let user = device["Alias"]["UserDefined"].as_bool().unwrap_or(false);
+        return format!("alias:{user}:{alias}");
+    }
+    let kind = device
+        .get("Type")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_owned();
+    let rank = ranks.entry(kind.clone()).or_insert(Value::from(0u64));
+    let n = rank.as_u64().unwrap_or(0);
+    *rank = Value::from(n + 1);
+    format!("rank:{kind}:{n}")
+}
+
+fn copy_identity(from: &Value, to: &mut Value) {
+    let (Value::Object(from), Value::Object(to)) = (from, to) else {
+        return;
+    };
+    for field in IDENTITY {
+        if let Some(v) = from.get(field) {
+            to.insert(field.to_owned(), v.clone());
+        }
+    }
+}
+
+/// The QEMU device id of an `api.Alias` JSON value: `ua-<name>` for user-defined aliases.
+fn qemu_id(alias: &Value) -> Option<String> {
+    let name = alias.get("Name")?.as_str()?;
+    Some(if alias["UserDefined"].as_bool().unwrap_or(false) {
+        format!("ua-{name}")
+    } else {
+        name.to_owned()
+    })
+}
+
+/// The QEMU ids of the PCI devices (disks, interfaces, host devices...) `after` has and `before`
+/// had not: the devices a hotplug added.
+pub(crate) fn added_pci_devices(before: &ApiDomainSpec, after: &ApiDomainSpec) -> Vec<String> {
+    let ids = |spec: &ApiDomainSpec, pci_only: bool| -> Vec<String> {
+        let Ok(Value::Object(devices)) = serde_json::to_value(&spec.devices) else {
+            return Vec::new();
+        };
+        devices
+            .values()
+            .flat_map(|v| match v {
+                Value::Array(list) => list.clone(),
+                other => vec![other.clone()],
+            })
+            .filter(|d| !pci_only || d["Address"]["Type"].as_str() == Some("pci"))
+            .filter_map(|d| qemu_id(d.get("Alias")?))
+            .collect()
+    };
+    let known = ids(before, false);
+    ids(after, true)
+        .into_iter()
+        .filter(|id| !known.contains(id))
+        .collect()
+}
+
+/// Where QEMU has the PCI device `id`, as an `api.Address` (`Bus` is libvirt's controller index:
+/// the `N` of root port `pci.N`, 0 on `pcie.0`). `None` when QEMU does not answer (unplugged
+/// meanwhile, or not a PCI device).
+pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Value> {
+    let path = format!("/machine/peripheral/{id}");
+    let get = |property: &'static str| QomGet {
+        path: path.clone(),
+        property: property.into(),
+    };
+    let bus = client.run(&get("parent_bus")).await.ok()?;
+    let devfn = client.run(&get("addr")).await.ok()?;
+    pci_address(bus.as_str()?, &devfn)
+}
+
+/// The `api.Address` of a device on QOM bus `parent_bus` (`/machine/peripheral/pci.5/pci.5`,
+/// `/machine/q35/pcie.0`) at `addr` (QEMU 7.2 answers the devfn as a number: 34 is slot 4
+/// function 2; a `04.2` string is read too).
+fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
+    let bus = parent_bus.rsplit('/').next()?;
+    let bus: u32 = match bus.strip_prefix("pci.") {
+        Some(n) => n.parse().ok()?,
+        None if bus.starts_with("pcie.") => 0,
+        None => return None,
+    };
+    let devfn = match addr {
+        Value::Number(n) => u32::try_from(n.as_u64()?).ok()?,
+        Value::String(s) => {
+            let (slot, function) = s.split_once('.').unwrap_or((s, "0"));
+            u32::from_str_radix(slot, 16).ok()? << 3 | u32::from_str_radix(function, 16).ok()?
+        }
+        _ => return None,
+    };
+    Some(json!({
+        "Type": "pci",
+        "Domain": "0x0000",
+        "Bus": format!("0x{bus:02x}"),
+        "Slot": format!("0x{:02x}", devfn >> 3),
+        "Function": format!("0x{:x}", devfn & 7),
+    }))
+}
+
+/// Sets the `Address` of the device whose QEMU id is `id`. True when it changed.
+pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &Value) -> bool {
+    let Ok(Value::Object(mut devices)) = serde_json::to_value(&spec.devices) else {
+        return false;
+    };
+    let mut changed = false;
+    for value in devices.values_mut() {
+        let list: Vec<&mut Value> = match value {
+            Value::Array(list) => list.iter_mut().collect(),
+            other => vec![other],
+        };
+        for device in list {
+            let matches = device.get("Alias").and_then(qemu_id).as_deref() == Some(id);
+            if matches && device.get("Address") != Some(address) {
+                device["Address"] = address.clone();
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        match serde_json::from_value::<Devices>(Value::Object(devices)) {
+            Ok(d) => spec.devices = d,
+            Err(_) => return false,
+        }
+    }
+    changed
+}
+
+/// Reports the domain after a hotplug: the spec re-converted from `plan` ([`apply_converted`]:
+/// the devices that ran keep their identity), the added PCI devices at the address QEMU gave
+/// them; MODIFIED is notified when the spec changed.
+pub(crate) async fn report_hotplug(
+    shared: &Shared,
+    client: &QmpClient,
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    plan: &DomainPlan,
+) {
+    let added = {
+        let domain = shared.domain.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(d) = domain.as_ref() else { return };
+        let mut probe = d.clone();
+        apply_converted(&mut probe, vmi, ctx, plan);
+        added_pci_devices(&d.spec, &probe.spec)
+    };
+    let mut placed = Vec::new();
+    for id in added {
+        if let Some(address) = qemu_pci_address(client, &id).await {
+            placed.push((id, address));
+        }
+    }
+    shared.update_domain(|d| {
+        let before = d.spec.clone();
+        apply_converted(d, vmi, ctx, plan);
+        for (id, address) in &placed {
+            set_device_address(&mut d.spec, id, address);
+        }
+        d.spec != before
+    });
 }
 
 /// What libvirt knows of a running QEMU and writes into the live domain XML.
@@ -130,4 +365,205 @@ pub(crate) fn set_channel_open(domain: &mut ApiDomain, index: usize, open: bool)
     }
     channel.target.state = Some(state.to_owned());
     true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::context::{IfaceFacts, ImageFormat, StorageKind, TapSource, VolumeFacts};
+    use crate::cmdline::convert;
+
+    fn vmi(hotplugged: bool) -> Vmi {
+        let mut disks = vec![
+            json!({"name": "rootdisk", "disk": {"bus": "virtio"}}),
+            json!({"name": "data", "disk": {"bus": "virtio"}}),
+        ];
+        let mut volumes = vec![
+            json!({"name": "rootdisk", "containerDisk": {"image": "guest"}}),
+            json!({"name": "data", "emptyDisk": {"capacity": "1Gi"}}),
+        ];
+        let mut interfaces = vec![json!({"name": "default", "masquerade": {}})];
+        let mut networks = vec![json!({"name": "default", "pod": {}})];
+        if hotplugged {
+            // Listed first: a fresh conversion would give them the lowest slots.
+            disks.insert(0, json!({"name": "hp1", "disk": {"bus": "virtio"}}));
+            volumes.insert(
+                0,
+                json!({"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}),
+            );
+            interfaces.insert(0, json!({"name": "blue", "bridge": {}}));
+            networks.insert(
+                0,
+                json!({"name": "blue", "multus": {"networkName": "blue-net"}}),
+            );
+        }
+        let vmi = json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm", "namespace": "default", "uid": "uid-1"},
+            "spec": {
+                "domain": {
+                    "firmware": {"uuid": "5d307ca9-b3ef-428c-8861-06e72d69f223"},
+                    "resources": {"requests": {"memory": "256Mi"}},
+                    "devices": {"disks": disks, "interfaces": interfaces, "rng": {}}
+                },
+                "networks": networks,
+                "volumes": volumes
+            },
+            "status": {"volumeStatus": if hotplugged {
+                json!([{"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}])
+            } else {
+                json!([])
+            }}
+        });
+        let mut vmi = Vmi::from_json_or_yaml(&vmi.to_string()).unwrap();
+        vmi.apply_defaults(&crate::vmi::DefaultsConfig::for_vmi(&vmi));
+        vmi
+    }
+
+    fn ctx() -> ConverterContext {
+        let mut ctx = ConverterContext::default();
+        for (name, mac, fd) in [
+            ("default", "0a:58:0a:00:00:02", 7),
+            ("blue", "02:00:00:00:00:0b", 9),
+        ] {
+            ctx.interfaces.insert(
+                name.into(),
+                IfaceFacts {
+                    mac: Some(mac.into()),
+                    mtu: Some(1400),
+                    tap: TapSource::Fds {
+                        fds: vec![fd],
+                        vhostfds: vec![],
+                    },
+                },
+            );
+        }
+        for name in ["rootdisk", "data", "hp1"] {
+            ctx.volumes.insert(
+                name.into(),
+                VolumeFacts {
+                    kind: StorageKind::File,
+                    format: ImageFormat::Raw,
+                    virtual_size: Some(1 << 30),
+                    direct_io: true,
+                    preallocated: false,
+                },
+            );
+        }
+        ctx
+    }
+
+    fn reported(vmi: &Vmi, domain: &mut ApiDomain) -> Value {
+        let plan = convert(vmi, &ctx()).unwrap();
+        apply_converted(domain, vmi, &ctx(), &plan);
+        serde_json::to_value(&domain.spec.devices).unwrap()
+    }
+
+    /// Every device's address and alias, by list and rank.
+    fn identities(devices: &Value) -> Vec<(String, Value, Value)> {
+        let mut out = Vec::new();
+        for (list, value) in devices.as_object().unwrap() {
+            let items = match value {
+                Value::Array(items) => items.clone(),
+                other => vec![other.clone()],
+            };
+            for item in items {
+                out.push((list.clone(), item["Alias"].clone(), item["Address"].clone()));
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn qemu_buses_and_devfns_become_libvirt_addresses() {
+        let address = |bus: &str, slot: &str, function: &str| {
+            Some(
+                json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
+            )
+        };
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),
+            address("0x05", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/q35/pcie.0", &json!(34)),
+            address("0x00", "0x04", "0x2")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.12/pci.12", &json!("00.0")),
+            address("0x0c", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/scsi0/scsi0.0", &json!(0)),
+            None
+        );
+    }
+
+    #[test]
+    fn a_hotplug_changes_no_other_devices_address_alias_or_target() {
+        let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
+        let boot = reported(&vmi(false), &mut domain);
+        let boot_ids = identities(&boot);
+        assert!(
+            boot_ids
+                .iter()
+                .filter(|(_, _, a)| a["Type"] == "pci")
+                .count()
+                >= 4
+        );
+
+        // The same VMI with a disk and a NIC more, converted afresh: its own slots move.
+        let mut fresh = ApiDomain::for_vmi("default", "vm", "uid-1");
+        let fresh_ids = identities(&reported(&vmi(true), &mut fresh));
+        let moved = boot_ids
+            .iter()
+            .filter(|b| b.1.is_object() && !fresh_ids.contains(b));
+        assert!(
+            moved.count() > 0,
+            "the fixture must renumber: {fresh_ids:#?}"
+        );
+
+        let after = reported(&vmi(true), &mut domain);
+        let after_ids = identities(&after);
+        for id in &boot_ids {
+            assert!(after_ids.contains(id), "{id:?} changed: {after_ids:#?}");
+        }
+        for (i, disk) in boot["Disks"].as_array().unwrap().iter().enumerate() {
+            let name = &disk["Alias"]["Name"];
+            let now = after["Disks"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|d| &d["Alias"]["Name"] == name);
+            assert_eq!(now.unwrap()["Target"], disk["Target"], "disk {i}");
+        }
+        assert_eq!(after["Controllers"], boot["Controllers"]);
+        for name in ["hp1", "blue"] {
+            assert!(
+                after_ids.iter().any(|(_, alias, _)| alias["Name"] == name),
+                "{name} is reported: {after_ids:#?}"
+            );
+        }
+
+        // The added devices get the address QEMU gave them.
+        let added = added_pci_devices(
+            &serde_json::from_value::<ApiDomainSpec>(json!({"Devices": boot})).unwrap(),
+            &domain.spec,
+        );
+        assert_eq!(added.len(), 2, "{added:?}");
+        assert!(added.contains(&"ua-hp1".to_owned()) && added.contains(&"ua-blue".to_owned()));
+        let port = json!({"Type": "pci", "Domain": "0x0000", "Bus": "0x0b", "Slot": "0x00", "Function": "0x0"});
+        assert!(set_device_address(&mut domain.spec, "ua-hp1", &port));
+        assert!(!set_device_address(&mut domain.spec, "ua-hp1", &port));
+        let json = serde_json::to_value(&domain.spec.devices).unwrap();
+        let hp1 = json["Disks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|d| d["Alias"]["Name"] == "hp1");
+        assert_eq!(hp1.unwrap()["Address"], port);
+        // A resync of the same VMI keeps it there.
+        let again = reported(&vmi(true), &mut domain);
+        assert_eq!(again, json);
+    }
 }

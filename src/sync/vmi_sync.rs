@@ -38,6 +38,9 @@ pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 pub(crate) const AGENT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long it listens for the agent refusing `guest-shutdown` (it says nothing when it obeys).
 pub(crate) const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);
+/// How long a Shutdown whose power button met a closing monitor waits for the domain to show
+/// it shut down (its SHUTDOWN event or QEMU's exit) before it reports the QMP error.
+const SHUTDOWN_SETTLE: Duration = Duration::from_secs(2);
 
 /// KubeVirt's SyncVMI over QEMU: implements the command server's [`DomainManager`] and the
 /// launcher's [`crate::monitor::launcher::SupervisedDomain`].
@@ -246,9 +249,38 @@ impl DomainManager for SyncVmi {
         Err(decode_failed("soft reboot needs the guest agent"))
     }
 
+    /// KubeVirt's `SignalShutdownVMI` signals only a running or paused domain: one already
+    /// shutting down or off (its guest powered off, QEMU quitting) is success, also when QEMU's
+    /// monitor closed under the power button.
     async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
         self.shared.graceful.store(true, Ordering::SeqCst);
-        self.graceful_shutdown().await
+        let signalable = || {
+            let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            s.shutdown.is_none()
+                && matches!(
+                    s.state,
+                    lifecycle::DomainState::Running | lifecycle::DomainState::Paused
+                )
+        };
+        if !signalable() {
+            return Ok(());
+        }
+        match self.graceful_shutdown().await {
+            Err(SyncError::Qmp(e)) => {
+                // The monitor closing is how a QEMU whose guest powered off ends; its SHUTDOWN
+                // event may still be on its way to the event task.
+                let deadline = tokio::time::Instant::now() + SHUTDOWN_SETTLE;
+                while signalable() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if signalable() {
+                    return Err(SyncError::Qmp(e));
+                }
+                info!(error = %e, "the domain shut down meanwhile");
+                Ok(())
+            }
+            other => other,
+        }
     }
 
     /// Kills QEMU; a QEMU already gone (or never started) is success, as libvirt's destroy of an

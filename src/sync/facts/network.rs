@@ -69,6 +69,13 @@ pub(crate) fn net_configs(
                 hostname: hostname.clone(),
                 subdomain: vmi.spec.subdomain.clone(),
                 istio: net::config::istio_proxy_injection(vmi),
+                // KubeVirt skips forwarding libvirt's migration ports unless the VMI migrates
+                // over Unix sockets (`pkg/network/setup/netconf.go`, `newMasqueradeAdapter`).
+                legacy_migration_ports: vmi
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.migration_transport.as_deref())
+                    != Some("Unix"),
                 ..NetConfig::default()
             },
         ));
@@ -136,4 +143,33 @@ pub fn serve_dhcp(plan: &NetPlan, stop: watch::Receiver<bool>) -> Result<(), Syn
         ));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vmi(status: serde_json::Value) -> Vmi {
+        let vmi = serde_json::json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm", "namespace": "default"},
+            "spec": {
+                "domain": {"devices": {"interfaces": [{"name": "default", "masquerade": {}}]}},
+                "networks": [{"name": "default", "pod": {}}]
+            },
+            "status": status
+        });
+        Vmi::from_json_or_yaml(&vmi.to_string()).unwrap()
+    }
+
+    #[test]
+    fn migration_ports_are_skipped_unless_the_vmi_migrates_over_unix_sockets() {
+        let legacy = |status| {
+            net_configs(&vmi(status), 107).unwrap()[0]
+                .1
+                .legacy_migration_ports
+        };
+        assert!(legacy(serde_json::json!({})));
+        assert!(!legacy(serde_json::json!({"migrationTransport": "Unix"})));
+    }
 }

@@ -81,11 +81,7 @@ impl SyncVmi {
             }
         }
         // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-        self.shared.update_domain(|d| {
-            let before = d.spec.clone();
-            domain_spec::apply_converted(d, &view, &ctx, &plan);
-            d.spec != before
-        });
+        domain_spec::report_hotplug(&self.shared, &client, &view, &ctx, &plan).await;
         running.ctx = ctx;
         self.shared.publish_nic_changes(&nics);
         Ok(())

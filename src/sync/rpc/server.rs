@@ -7,6 +7,8 @@
 //! answers; [`CmdServer::mark_ready`] then renames the socket to `launcher-sock`, which is the
 //! readiness signal virt-handler waits for. When the caller's shutdown future completes, the server
 //! stops (at most 1 s for in-flight calls) and the init socket path is removed, as KubeVirt does.
+//! Each accepted connection's requests pass [`crate::sync::rpc::authority`], so a client's
+//! `:authority` that h2 would reject (gRPC C-core sends the socket path) is served as `localhost`.
 //!
 //! Every RPC is dispatched to a [`DomainManager`]. Failures are carried in-band (`Response{success:
 //! false, message}`, gRPC status OK), except `Exec` and `GuestPing`, whose failures KubeVirt returns as
@@ -16,8 +18,10 @@
 
 use crate::sync::proto::cmd::info as cmd_info;
 use crate::sync::proto::cmd::v1 as cmd;
+use crate::sync::rpc::authority::AuthorityFilteredStream;
 use crate::sync::rpc::service::CmdService;
 use crate::sync::{uds, SyncError};
+use futures_util::TryStreamExt;
 use std::future::Future;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -91,10 +95,11 @@ impl CmdServer {
             .add_service(cmd_info::cmd_info_server::CmdInfoServer::new(InfoService))
             .add_service(cmd::cmd_server::CmdServer::new(CmdService { manager }));
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
-        let serving =
-            router.serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
-                let _ = stop_rx.await;
-            });
+        // Any `:authority` is accepted: gRPC C-core clients send the socket path (see `authority`).
+        let incoming = UnixListenerStream::new(listener).map_ok(AuthorityFilteredStream::new);
+        let serving = router.serve_with_incoming_shutdown(incoming, async move {
+            let _ = stop_rx.await;
+        });
         let init_path = paths.init.clone();
         let task = tokio::spawn(async move {
             let mut serving = std::pin::pin!(serving);
