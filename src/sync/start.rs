@@ -350,11 +350,24 @@ impl SyncVmi {
     async fn connect(&self, watcher: &Qemu) -> Result<QmpClient, SyncError> {
         let connect = QmpClient::connect(&self.config.qmp_socket, QMP_CONNECT_TIMEOUT);
         tokio::pin!(connect);
+        let exited_early = || SyncError::QemuExitedEarly {
+            log_tail: log_tail(&self.config.qemu_log),
+        };
         tokio::select! {
-            c = &mut connect => c.map_err(SyncError::Qmp),
-            _ = watcher.exited() => Err(SyncError::QemuExitedEarly {
-                log_tail: log_tail(&self.config.qemu_log),
-            }),
+            c = &mut connect => match c {
+                Ok(c) => Ok(c),
+                // The listener was bound before QEMU ran, so the connection itself succeeds and a
+                // QEMU that exits during start-up shows as a greeting cut short: report its log.
+                Err(e) => {
+                    let exited = tokio::time::timeout(Duration::from_secs(1), watcher.exited());
+                    if exited.await.is_ok() {
+                        Err(exited_early())
+                    } else {
+                        Err(SyncError::Qmp(e))
+                    }
+                }
+            },
+            _ = watcher.exited() => Err(exited_early()),
         }
     }
 
