@@ -98,7 +98,15 @@ pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
             Backend::Blockdevs(bs) => out.disks.push(DiskHotplug {
                 name,
                 target: d.target.clone(),
-                device: device_json(d),
+                device: {
+                    let mut v = device_json(d);
+                    if plan.default_boot_disk.as_deref() == Some(id.as_str()) {
+                        if let Some(o) = v.as_object_mut() {
+                            o.remove("bootindex");
+                        }
+                    }
+                    v
+                },
                 device_del: json!({ "id": id }),
                 blockdevs: bs.iter().map(to_json).collect(),
                 blockdev_del: bs
