@@ -96,7 +96,6 @@ pub const ALLOWLIST: &[Allowed] = &[
     ok("device pci.*", Kind::OnlyLibvirt, "*", NIC_PORTS),
     ok("device pci.*", Kind::Differs, "multifunction", NIC_PORTS),
     ok("netdev nic*", Kind::Differs, "*", TAP_FDS),
-    ok("device ua-*", Kind::Differs, "bootindex", "with no <boot order> anywhere libvirt turns its default <os><boot dev='hd'/> into bootindex=1 on the first disk; qlauncher sets no bootindex and the firmware boots the same first disk"),
     ok("device ua-*", Kind::Differs, "discard_granularity", "<blockio discard_granularity> is newer than libvirt 9.0 (Debian 12), which ignores it; KubeVirt v1.9's libvirt 11.10 passes it like qlauncher"),
     ok("blockdev format:*", Kind::Differs, "backing", "a qcow2 without <backingStore> (emptyDisk): libvirt's real start probes the image and then writes \"backing\":null like qlauncher; domxml-to-native opens no images"),
     ok("rtc", Kind::Differs, "base", "clock.utc.offsetSeconds: the RTC start date is now + offset; the plan uses the context's fixed time, libvirt the current time"),

@@ -392,6 +392,11 @@ pub struct DomainPlan {
     pub launch_security: Option<ObjectLaunchSecurity>,
     /// Host hardware the plan needs, present or not (see [`HardwareNeed`]).
     pub hardware: Vec<HardwareNeed>,
+    /// Id of the disk holding `bootindex=1` only because no device has a `bootOrder` (libvirt's
+    /// default `<boot dev='hd'/>` on the first disk, `devices/disks/mod.rs`). libvirt derives it
+    /// at start only: a disk KubeVirt attaches later gets none, so the QMP plan's `device_add`
+    /// of this disk leaves it out (and can never clash with a live `bootindex=1`).
+    pub default_boot_disk: Option<String>,
 }
 
 impl DomainPlan {

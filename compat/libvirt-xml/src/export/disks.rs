@@ -61,7 +61,6 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         write_cache: Option<&'static str>,
         werror: Option<OnError>,
         serial: Option<String>,
-        bootindex: Option<u32>,
         iothread: Option<u32>,
         queues: Option<u32>,
         sizes: (Option<u32>, Option<u32>, Option<u32>),
@@ -75,7 +74,6 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             write_cache: v.write_cache,
             werror: v.werror,
             serial: v.serial.clone(),
-            bootindex: v.bootindex,
             iothread: v
                 .iothread
                 .as_deref()
@@ -101,7 +99,6 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             write_cache: f.write_cache,
             werror: f.werror,
             serial: f.serial.clone(),
-            bootindex: f.bootindex,
             iothread: None,
             queues: None,
             sizes: (
@@ -248,7 +245,12 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             .filter(|s| *s)
             .map(|_| Empty::default()),
         alias: alias(d.device.id()),
-        boot: front.bootindex.map(|order| BootOrder { order }),
+        // The VMI's own `bootOrder` only: the plan's `bootindex=1` on the first disk when no
+        // device has one is what libvirt derives from its default `<boot dev='hd'/>`, which
+        // KubeVirt's domain leaves implicit.
+        boot: spec
+            .and_then(|s| s.boot_order)
+            .map(|order| BootOrder { order }),
         address,
         backing_store,
         blockio: (lbs.is_some() || pbs.is_some() || dg.is_some()).then_some(BlockIo {

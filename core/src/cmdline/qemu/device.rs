@@ -388,6 +388,17 @@ pub enum Device {
 }
 
 impl Device {
+    /// Drops the device's `bootindex`, on the device kinds that have one.
+    pub fn clear_bootindex(&mut self) {
+        match self {
+            Device::VirtioBlk(d) => d.bootindex = None,
+            Device::DiskFrontend(d) => d.bootindex = None,
+            Device::Nic(d) => d.bootindex = None,
+            Device::VfioPci(d) => d.bootindex = None,
+            _ => {}
+        }
+    }
+
     /// The QEMU id of this device.
     pub fn id(&self) -> &str {
         match self {

@@ -198,7 +198,15 @@ pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
             Backend::Blockdevs(bs) => out.disks.push(DiskHotplug {
                 name,
                 target: d.target.clone(),
-                device: PlacedDevice::of(d),
+                device: {
+                    let mut placed = PlacedDevice::of(d);
+                    // libvirt derives the default boot disk's `bootindex=1` at start only: the same
+                    // disk attached later carries none (it would clash with the running one).
+                    if plan.default_boot_disk.as_deref() == Some(id.as_str()) {
+                        placed.device.clear_bootindex();
+                    }
+                    placed
+                },
                 device_del: DeviceDel { id: id.clone() },
                 blockdevs: bs.clone(),
                 blockdev_del: bs

@@ -20,7 +20,9 @@
 //! * `discard: unmap` by KubeVirt's two-stage rule (`drive::discard`: a disk or lun device
 //!   unless `status.volumeStatus[].persistentVolumeClaimInfo.preallocated`, then per volume
 //!   kind; a table test below lists every kind); `errorPolicy` (default `stop`) -> `werror`/`rerror`;
-//!   readonly; serial; bootOrder -> `bootindex`; dedicated/pooled IOThreads; `blockMultiQueue`
+//!   readonly; serial; bootOrder -> `bootindex` (with none on any disk or NIC, `bootindex=1` on
+//!   the first disk or lun in libvirt's disk order, `default_boot_disk`); downwardMetrics read-only
+//!   with a bare driver; dedicated/pooled IOThreads; `blockMultiQueue`
 //!   -> `num-queues`; custom block sizes. Target names `vdX`/`sdX`, reusing
 //!   `status.volumeStatus[].target`.
 //! * Hotplug volumes (PVC/DataVolume `hotpluggable: true`, or a `hotplugVolume` status) are
@@ -66,6 +68,43 @@ struct Item {
     hotplug: bool,
     facts: VolumeFacts,
     discard: Option<&'static str>,
+    /// A downwardMetrics volume: KubeVirt replaces the whole disk driver
+    /// (`Convert_v1_DownwardMetricSource_To_api_Disk`, `converter.go:871-884`), so the spec's
+    /// cache, io and `blockMultiQueue` queues are dropped (cache and io come only from the later
+    /// defaulting, `SetDriverCacheMode`/`SetOptimalIOMode`); the error policy and IOThread are
+    /// set after it (`converter.go:1179-1184`) and stay.
+    bare_driver: bool,
+}
+
+/// The disk libvirt gives `bootindex=1` when no device has a boot order, as a position in
+/// `items` (`(candidate, bus, target index)` in VMI disk order; a candidate is a `disk` or `lun`
+/// device). KubeVirt's converter never writes `<os><boot dev=...>` (nothing sets
+/// `api.OS.BootOrder`), so libvirt's post-parse adds its default `<boot dev='hd'/>` when no
+/// device has a `<boot order>` (`domain_postparse.c` `virDomainDefBootOrderPostParse`), and its
+/// QEMU driver turns `hd` into `bootindex=1` on the first `disk` or `lun` of `def->disks` (a
+/// cdrom would need `cdrom`, a NIC `network`). `def->disks` is not XML order: each parsed disk
+/// goes after the last one on its bus, before one with a higher target index
+/// (`virDomainDiskInsertPreAlloced`), so disks group by bus in the order the buses first appear,
+/// by target index within a bus. Checked against libvirt 9's argv by the compat tests
+/// (`boot-order-default` fixture: a sata disk listed after a virtio one boots).
+fn default_boot_disk(items: &[(bool, Bus, usize)]) -> Option<usize> {
+    let mut order: Vec<usize> = Vec::with_capacity(items.len());
+    for (k, &(_, bus, index)) in items.iter().enumerate() {
+        let mut at = None;
+        for (pos, &j) in order.iter().enumerate().rev() {
+            let (_, b, i) = items[j];
+            if b != bus {
+                continue;
+            }
+            if i > index {
+                at = Some(pos);
+            } else if at.is_none() {
+                at = Some(pos + 1);
+            }
+        }
+        order.insert(at.unwrap_or(order.len()), k);
+    }
+    order.into_iter().find(|&k| items[k].0)
 }
 
 impl crate::cmdline::convert::Configurator for DisksConfigurator {
@@ -119,15 +158,18 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                 }
             };
             let vd = drive::VolumeDiscard::of(vol.map(|(_, v)| v), hotplug);
+            let bare_driver = vol.is_some_and(|(_, v)| v.downward_metrics.is_some());
             items.push(Item {
                 i,
                 kind,
                 bus,
-                ro,
+                // KubeVirt's downwardMetrics disk is read-only whatever the disk says.
+                ro: ro || bare_driver,
                 chain,
                 hotplug,
                 facts,
                 discard: drive::discard(kind, vd, ignored),
+                bare_driver,
             });
         }
 
@@ -143,12 +185,48 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
             .map(|(it, (_, index))| (it.i, *index))
             .collect();
         buses::sata_controllers(&sata, plan)?;
+        // Only the devices in the domain count: disks planned here and every interface
+        // (KubeVirt copies `bootOrder` onto NICs and SR-IOV host devices alike).
+        let explicit_boot = items.iter().any(|it| disks[it.i].boot_order.is_some())
+            || vmi
+                .spec
+                .domain
+                .devices
+                .interfaces
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .any(|n| n.boot_order.is_some());
+        let default_boot = if explicit_boot {
+            None
+        } else {
+            default_boot_disk(
+                &items
+                    .iter()
+                    .zip(&targets)
+                    .map(|(it, (_, index))| {
+                        (matches!(it.kind, Kind::Disk | Kind::Lun), it.bus, *index)
+                    })
+                    .collect::<Vec<_>>(),
+            )
+        };
 
         let mut node = items.iter().map(|it| it.chain.len()).sum::<usize>();
-        for (it, (target, index)) in items.into_iter().zip(targets) {
+        for (k, (it, (target, index))) in items.into_iter().zip(targets).enumerate() {
             let d = &disks[it.i];
             let p = devices_path().key("disks").index(it.i);
-            let opts = drive::options(d, &p, !it.chain.is_empty(), &it.facts, it.discard)?;
+            let bare;
+            let spec = if it.bare_driver {
+                bare = crate::vmi::Disk {
+                    cache: None,
+                    io: None,
+                    ..d.clone()
+                };
+                &bare
+            } else {
+                d
+            };
+            let opts = drive::options(spec, &p, !it.chain.is_empty(), &it.facts, it.discard)?;
             if d.disk
                 .as_ref()
                 .and_then(|t| t.pci_address.as_ref())
@@ -174,7 +252,7 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                 read_only: it.ro,
                 index,
                 id: alias(&d.name),
-                bootindex: d.boot_order,
+                bootindex: d.boot_order.or((default_boot == Some(k)).then_some(1)),
                 drive,
                 opts,
                 iothread: threads
@@ -182,10 +260,13 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
                     .copied()
                     .flatten()
                     .map(|t| format!("iothread{t}")),
-                num_queues: multiqueue.then_some(queues),
+                num_queues: (multiqueue && !it.bare_driver).then_some(queues),
                 hotplug: it.hotplug,
                 storage: it.facts.kind,
             })?;
+            if default_boot == Some(k) {
+                plan.default_boot_disk = Some(device.id().to_string());
+            }
             plan.devices.push(PlannedDevice {
                 class: DeviceClass::Disk,
                 name: Some(d.name.clone()),
@@ -211,7 +292,7 @@ mod tests {
     use super::*;
     use crate::cmdline::context::StorageKind;
     use crate::cmdline::convert::Configurator;
-    use crate::cmdline::qemu::{Blockdev, FormatDriver, ProtocolDriver};
+    use crate::cmdline::qemu::{Aio, Blockdev, FormatDriver, OnError, ProtocolDriver};
     use serde_json::{json, Value};
 
     fn vmi(disks: Value, volumes: Value) -> Vmi {
@@ -380,6 +461,231 @@ mod tests {
                 .unwrap();
             assert_eq!(summary(&plan), want, "{disks}");
         }
+    }
+
+    fn bootindex(d: &PlannedDevice) -> Option<u32> {
+        match &d.device {
+            crate::cmdline::qemu::Device::VirtioBlk(v) => v.bootindex,
+            crate::cmdline::qemu::Device::DiskFrontend(f) => f.bootindex,
+            other => panic!("not a disk: {other:?}"),
+        }
+    }
+
+    /// (disks, interfaces, status targets, per disk (name, bootindex)).
+    type BootCase<'a> = (Value, Value, Value, Vec<(&'a str, Option<u32>)>);
+
+    /// The boot order libvirt derives from KubeVirt's domain: the VMI's `bootOrder` where any
+    /// disk or interface has one, else `bootindex=1` on the first `disk`/`lun` of libvirt's
+    /// disk order (grouped by bus, by target index within a bus; cdroms skipped).
+    #[test]
+    fn boot_order_table() {
+        let cd = |n: &str, bus: &str| json!({"name": n, "cdrom": {"bus": bus}});
+        let disk = |n: &str, bus: &str| json!({"name": n, "disk": {"bus": bus}});
+        let with_boot = |mut d: Value, order: u32| {
+            d["bootOrder"] = json!(order);
+            d
+        };
+        #[rustfmt::skip]
+        let cases: Vec<BootCase> = vec![
+            // No bootOrder anywhere: the first disk boots.
+            (json!([disk("a", "virtio"), disk("b", "virtio")]), json!([]), json!([]),
+             vec![("a", Some(1)), ("b", None)]),
+            // A cdrom first: libvirt's default `hd` skips it.
+            (json!([cd("cd", "sata"), disk("root", "virtio")]), json!([]), json!([]),
+             vec![("cd", None), ("root", Some(1))]),
+            // Only cdroms: nothing boots by index.
+            (json!([cd("cd1", "sata"), cd("cd2", "scsi")]), json!([]), json!([]),
+             vec![("cd1", None), ("cd2", None)]),
+            // Buses in the order they first appear: the sata disk before the virtio one.
+            (json!([cd("cd", "sata"), disk("s", "sata"), disk("v", "virtio")]), json!([]), json!([]),
+             vec![("cd", None), ("s", Some(1)), ("v", None)]),
+            // Within a bus by target index: `y` reuses no target and gets vda, before x's vdb.
+            (json!([disk("x", "virtio"), disk("y", "virtio")]), json!([]),
+             json!([{"name": "x", "target": "vdb"}]),
+             vec![("x", None), ("y", Some(1))]),
+            // A lun counts as a disk.
+            (json!([cd("cd", "scsi"), {"name": "l", "lun": {"bus": "scsi"}}]), json!([]), json!([]),
+             vec![("cd", None), ("l", Some(1))]),
+            // bootOrder on some disks: exactly those, nothing derived.
+            (json!([disk("a", "virtio"), with_boot(disk("b", "virtio"), 2), with_boot(cd("cd", "sata"), 1)]),
+             json!([]), json!([]),
+             vec![("a", None), ("b", Some(2)), ("cd", Some(1))]),
+            // bootOrder on a NIC only: no disk gets one.
+            (json!([disk("a", "virtio")]),
+             json!([{"name": "default", "masquerade": {}, "bootOrder": 1}]), json!([]),
+             vec![("a", None)]),
+            // A NIC without bootOrder changes nothing.
+            (json!([disk("a", "virtio")]), json!([{"name": "default", "masquerade": {}}]), json!([]),
+             vec![("a", Some(1))]),
+        ];
+        for (disks, ifaces, status, want) in cases {
+            let volumes: Vec<Value> = disks
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| json!({"name": d["name"], "emptyDisk": {"capacity": "1Gi"}}))
+                .collect();
+            let mut v = vmi(disks.clone(), json!(volumes));
+            v.spec.domain.devices.interfaces = serde_json::from_value(ifaces.clone()).unwrap();
+            if status != json!([]) {
+                v.status = Some(serde_json::from_value(json!({"volumeStatus": status})).unwrap());
+            }
+            let mut plan = DomainPlan::default();
+            DisksConfigurator
+                .configure(&v, &ConverterContext::default(), &mut plan)
+                .unwrap_or_else(|e| panic!("{disks}: {e}"));
+            let got: Vec<(String, Option<u32>)> = plan
+                .devices_of(DeviceClass::Disk)
+                .map(|d| (d.name.clone().unwrap(), bootindex(d)))
+                .collect();
+            let want: Vec<(String, Option<u32>)> =
+                want.into_iter().map(|(n, b)| (n.to_string(), b)).collect();
+            // The derived boot disk is recorded only where no device has a bootOrder.
+            let explicit = format!("{disks}{ifaces}").contains("bootOrder");
+            let derived = want
+                .iter()
+                .find(|(_, b)| *b == Some(1) && !explicit)
+                .map(|(n, _)| format!("ua-{n}"));
+            assert_eq!(plan.default_boot_disk, derived, "{disks} {ifaces}");
+            assert_eq!(got, want, "{disks} {ifaces}");
+        }
+    }
+
+    /// A hotplug volume ready at start can be libvirt's default boot disk (here the scsi `hp`
+    /// groups with the scsi cdrom, before the sata root): the argv carries `bootindex=1` as
+    /// libvirt's start does, the QMP plan's `device_add` none, as KubeVirt's later attach.
+    #[test]
+    fn a_default_boot_hotplug_disk_attaches_without_bootindex() {
+        let mut v = vmi(
+            json!([{"name": "cd", "cdrom": {"bus": "scsi"}},
+                   {"name": "root", "disk": {"bus": "sata"}},
+                   {"name": "hp", "disk": {"bus": "scsi"}}]),
+            json!([{"name": "cd", "containerDisk": {"image": "i"}},
+                   {"name": "root", "containerDisk": {"image": "i"}},
+                   {"name": "hp", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]),
+        );
+        v.status = Some(
+            serde_json::from_value(json!({"volumeStatus": [
+                {"name": "hp", "target": "", "phase": "Ready", "hotplugVolume": {}}]}))
+            .unwrap(),
+        );
+        let mut plan = DomainPlan::default();
+        DisksConfigurator
+            .configure(&v, &ConverterContext::default(), &mut plan)
+            .unwrap();
+        let got: Vec<(String, Option<u32>)> = plan
+            .devices_of(DeviceClass::Disk)
+            .map(|d| (d.name.clone().unwrap(), bootindex(d)))
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("cd".to_string(), None),
+                ("root".to_string(), None),
+                ("hp".to_string(), Some(1))
+            ]
+        );
+        assert_eq!(plan.default_boot_disk.as_deref(), Some("ua-hp"));
+        let qmp = crate::cmdline::render::qmp_plan(&plan);
+        let hp = qmp.disks.iter().find(|d| d.name == "hp").unwrap();
+        let device = serde_json::to_value(&hp.device).unwrap();
+        assert_eq!(device.get("bootindex"), None, "{device}");
+        assert_eq!(hp.device.id(), "ua-hp");
+    }
+
+    /// KubeVirt's downwardMetrics disk (`converter.go:871-884`): read-only, a fresh driver (the
+    /// spec's cache, io and `blockMultiQueue` queues are gone, cache and io come from the later
+    /// defaulting), the error policy set after it (`setErrorPolicy`, `:1179`); an ordinary disk
+    /// with the same spec keeps them.
+    #[test]
+    fn downward_metrics_disk_has_a_bare_driver() {
+        let spec = |name: &str| {
+            json!({"name": name, "disk": {"bus": "virtio"}, "cache": "writeback", "io": "threads",
+                   "errorPolicy": "report"})
+        };
+        let mut v = vmi(
+            json!([spec("metrics"), spec("data")]),
+            json!([{"name": "metrics", "downwardMetrics": {}},
+                   {"name": "data", "emptyDisk": {"capacity": "1Gi"}}]),
+        );
+        v.spec.domain.devices.block_multi_queue = Some(true);
+        let facts = VolumeFacts {
+            direct_io: true,
+            ..Default::default()
+        };
+        let ctx = ConverterContext {
+            volumes: [
+                ("metrics".to_string(), facts.clone()),
+                ("data".to_string(), facts),
+            ]
+            .into(),
+            ..Default::default()
+        };
+        let mut plan = DomainPlan::default();
+        DisksConfigurator.configure(&v, &ctx, &mut plan).unwrap();
+        // (name, format read-only, O_DIRECT, aio, werror, rerror, num-queues)
+        type Row = (
+            String,
+            bool,
+            bool,
+            Option<Aio>,
+            Option<OnError>,
+            Option<OnError>,
+            Option<u32>,
+        );
+        let rows: Vec<Row> = plan
+            .devices_of(DeviceClass::Disk)
+            .map(|d| {
+                let Backend::Blockdevs(nodes) = &d.backend else {
+                    panic!("no blockdevs")
+                };
+                let (mut ro, mut direct, mut aio) = (false, false, None);
+                for n in nodes {
+                    match n {
+                        Blockdev::Format(f) => ro = f.read_only,
+                        Blockdev::Protocol(p) => {
+                            direct = p.cache.is_some_and(|c| c.direct);
+                            aio = p.aio;
+                        }
+                    }
+                }
+                let crate::cmdline::qemu::Device::VirtioBlk(b) = &d.device else {
+                    panic!("not virtio-blk")
+                };
+                (
+                    d.name.clone().unwrap(),
+                    ro,
+                    direct,
+                    aio,
+                    b.werror,
+                    b.rerror,
+                    b.num_queues,
+                )
+            })
+            .collect();
+        assert_eq!(
+            rows,
+            vec![
+                (
+                    "metrics".to_string(),
+                    true,
+                    true,
+                    None,
+                    Some(OnError::Report),
+                    Some(OnError::Report),
+                    None
+                ),
+                (
+                    "data".to_string(),
+                    false,
+                    false,
+                    Some(Aio::Threads),
+                    Some(OnError::Report),
+                    Some(OnError::Report),
+                    Some(1)
+                ),
+            ]
+        );
     }
 
     /// (kind, device, volume source, status preallocated, image fully allocated, discard).
