@@ -497,6 +497,29 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_version_1_source_which_cannot_carry_hotplugged_devices_is_refused() {
+        let (mut s, mut t) = duplex(1 << 12);
+        let source = async {
+            write_message(
+                &mut s,
+                &Message::Hello(Hello {
+                    version: 1,
+                    launcher: "0.1.0".into(),
+                }),
+            )
+            .await
+            .unwrap();
+            read_message(&mut s).await.unwrap()
+        };
+        let (answer, target) = tokio::join!(source, hello_as_target(&mut t));
+        assert!(matches!(
+            target.unwrap_err(),
+            ProtocolError::VersionMismatch { peer: 1, .. }
+        ));
+        assert!(matches!(answer, Message::Refused { .. }), "{answer:?}");
+    }
+
+    #[tokio::test]
     async fn a_source_meeting_an_older_target_fails_cleanly() {
         let (mut s, mut t) = duplex(1 << 12);
         let target = async {
