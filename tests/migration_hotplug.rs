@@ -6,7 +6,9 @@
 //! a file. The target pod has the same volume mounted (the same image: a shared PVC) at its own
 //! path. After `MigrateVirtualMachine` the target's guest has the disk with the same serial at
 //! the same PCI path, the file readable on the still-mounted file system, and `GetDomain` on the
-//! target lists the disk with its target and alias. Needs root and the test guest
+//! target lists the disk with its target and alias. The domain then moves on to a third pod (the
+//! former target sends the disk on as hot-plugged), where the disk unplugs by a sync without the
+//! volume. Needs root and the test guest
 //! (`scripts/build-guest`).
 
 use std::time::Duration;
@@ -191,4 +193,70 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
     );
     assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
     source.wait_launcher(s, Duration::from_secs(60)).await;
+
+    // On to a third pod: the former target knows the disk was hot-plugged (its own QEMU started
+    // without it) and sends it on.
+    let mut third = Pod::new(&images.disk_qcow2, false);
+    third.uid = uid.clone();
+    let hdir = third.share().join("hotplug-disks");
+    std::fs::create_dir_all(&hdir).unwrap();
+    std::fs::hard_link(&image, hdir.join("hp1.img")).unwrap();
+    let vmi2 = with_hotplug(
+        migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),
+        &dev_target,
+    );
+    let h = third.start_launcher();
+    let mut hc = third.client(h).await;
+    assert_eq!(
+        Rpc::sync_target(&mut hc, &vmi2).await,
+        (true, String::new())
+    );
+    let _relay2 = Relay::start(&target, &third, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut tc, &vmi2, &options("0", 150)).await,
+        (true, String::new())
+    );
+    wait_notified(
+        &third,
+        "third pod Running with EndTimestamp",
+        MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && metadata(d).is_some_and(|m| m.uid == "mig-hp2" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    let again = exec_until_ok(
+        &mut hc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(again.trim(), format!("{dev} {pci_path}"));
+    assert_eq!(
+        exec_until_ok(&mut hc, "cat /mnt/hp/f /mnt/hp/g", Duration::from_secs(30)).await,
+        "hotplug-file\nafter\n"
+    );
+
+    // The migrated disk unplugs like any hot-plugged one (its block nodes are the ones that run).
+    exec_until_ok(&mut hc, "umount /mnt/hp", Duration::from_secs(30)).await;
+    let mut unplugged = vmi2.clone();
+    unplugged["spec"] = plain["spec"].clone();
+    unplugged["status"]["volumeStatus"] = serde_json::json!([]);
+    assert_eq!(sync(&mut hc, &unplugged).await, (true, String::new()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(&mut hc).await.as_ref().and_then(hp1).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hp1 still in GetDomain\n{}",
+            third.log(h)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        &mut hc,
+        &format!("test -z \"$({FIND})\""),
+        Duration::from_secs(60),
+    )
+    .await;
 }
