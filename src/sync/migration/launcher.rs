@@ -84,6 +84,17 @@ struct PreparedTarget {
     view: Vmi,
 }
 
+/// The target's QEMU definition for one incoming migration ([`SyncVmi::boot_conversion`]).
+struct BootConversion {
+    /// QEMU's argv (with `-S`, without `-incoming`): what the source's QEMU started with.
+    argv: Vec<String>,
+    /// The source's hot-plugged disks, placed as the source runs them, attached before
+    /// `migrate-incoming`.
+    placed: Vec<crate::cmdline::render::DiskHotplug>,
+    /// The plan `argv` renders, when it differs from the prepared one (hot-plugged disks).
+    plan: Option<crate::cmdline::plan::DomainPlan>,
+}
+
 impl MigrationCtl {
     /// Remembers the argv QEMU was started with.
     pub(crate) fn set_boot_argv(&self, argv: Vec<String>) {
@@ -696,11 +707,11 @@ impl SyncVmi {
             }
         };
         let boot = self.boot_conversion(&target, &session.domain);
-        let argv = boot.and_then(|(local, placed, plan)| {
-            incoming_argv(&normalized(&local, &self.config), &session.domain)?;
+        let argv = boot.and_then(|b| {
+            incoming_argv(&normalized(&b.argv, &self.config), &session.domain)?;
             let mut d = session.domain.clone();
             d.argv.clear();
-            Ok((incoming_argv(&local, &d)?, placed, plan))
+            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan))
         });
         let (argv, placed, boot_plan) = match argv {
             Ok(a) => a,
@@ -802,27 +813,22 @@ impl SyncVmi {
         }
     }
 
-    /// The target's QEMU argv matching the source's boot argv, the source's hot-plugged disks
-    /// placed as the source runs them, and (when there are any) the plan that argv renders:
-    /// without hot-plugged disks the prepared argv; with them the VMI converted again without
-    /// those disks ([`hotplug::boot_view`]), and the disks from the prepared (full) plan with the
-    /// target's own paths ([`hotplug::place_like_source`]).
-    #[allow(clippy::type_complexity)]
+    /// The target's QEMU definition for the source's `domain` ([`BootConversion`]): without
+    /// hot-plugged disks the prepared argv; with them the VMI converted again without those disks
+    /// ([`hotplug::boot_view`]), and the disks from the prepared (full) plan with the target's own
+    /// paths, placed as the source runs them ([`hotplug::place_like_source`]).
     fn boot_conversion(
         &self,
         target: &PreparedTarget,
         domain: &RunningDomain,
-    ) -> Result<
-        (
-            Vec<String>,
-            Vec<crate::cmdline::render::DiskHotplug>,
-            Option<crate::cmdline::plan::DomainPlan>,
-        ),
-        MigrationError,
-    > {
+    ) -> Result<BootConversion, MigrationError> {
         hotplug::refuse_hotplugged_nics(&domain.hotplugged)?;
         if domain.hotplugged.is_empty() {
-            return Ok((target.prepared.argv.clone(), Vec::new(), None));
+            return Ok(BootConversion {
+                argv: target.prepared.argv.clone(),
+                placed: Vec::new(),
+                plan: None,
+            });
         }
         let view = hotplug::boot_view(&target.view, &domain.hotplugged);
         let plan = crate::cmdline::convert(&view, &target.prepared.running.ctx).map_err(|e| {
@@ -835,7 +841,11 @@ impl SyncVmi {
             .iter()
             .map(|h| hotplug::place_like_source(&target.prepared.qmp_plan.disks, h))
             .collect::<Result<Vec<_>, _>>()?;
-        Ok((self.argv(&plan), placed, Some(plan)))
+        Ok(BootConversion {
+            argv: self.argv(&plan),
+            placed,
+            plan: Some(plan),
+        })
     }
 
     /// `SignalTargetPodCleanup`.
