@@ -231,7 +231,7 @@ impl SyncVmi {
     }
 
     /// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
-    fn argv(&self, plan: &DomainPlan) -> Vec<String> {
+    pub(crate) fn argv(&self, plan: &DomainPlan) -> Vec<String> {
         let mut argv = render::argv(plan);
         if let Some(p) = &self.config.operator_qmp_socket {
             argv.push("-qmp".into());

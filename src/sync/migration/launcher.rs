@@ -30,10 +30,14 @@ use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::cmdline::plan::DomainPlan;
+use crate::cmdline::render::{qmp_plan, DiskHotplug};
 use crate::qmp::commands::{QueryBlock, Quit};
+use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::migration::MigrateCancel;
 use crate::qmp::QmpClient;
+use crate::sync::migration::hotplug;
 use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourcePlan};
@@ -79,6 +83,19 @@ pub(crate) struct MigrationCtl {
 struct PreparedTarget {
     prepared: Prepared,
     vmi_uid: String,
+    /// The VMI as the converter saw it (hot-plugged disks are converted again without it).
+    view: Vmi,
+}
+
+/// The target's QEMU definition for one incoming migration ([`SyncVmi::boot_conversion`]).
+struct BootConversion {
+    /// QEMU's argv (with `-S`, without `-incoming`): what the source's QEMU started with.
+    argv: Vec<String>,
+    /// The source's hot-plugged disks, placed as the source runs them, attached before
+    /// `migrate-incoming`.
+    placed: Vec<DiskHotplug>,
+    /// The plan `argv` renders, when it differs from the prepared one (hot-plugged disks).
+    plan: Option<DomainPlan>,
 }
 
 impl MigrationCtl {
@@ -367,12 +384,16 @@ impl SyncVmi {
             .and_then(|v| v["base-memory"].as_u64())
             .unwrap_or(0);
         let data_bytes = memory + copied_disks.iter().map(|d| d.size).sum::<u64>();
+        let hotplugged = match self.running.lock().await.as_ref() {
+            Some(r) => hotplug::hotplugged_disks(&r.disks, &argv),
+            None => Vec::new(),
+        };
         let domain = RunningDomain {
             vmi_uid: vmi_uid.to_owned(),
             migration_uid: migration_uid.to_owned(),
             machine,
             argv: normalized(&argv, &self.config),
-            hotplugged: Vec::new(),
+            hotplugged,
             copied_disks,
             capabilities: Vec::new(),
             multifd_channels: None,
@@ -602,6 +623,9 @@ impl SyncVmi {
         // runs with the source's guest MACs.
         keep_guest_macs(&mut vmi);
         let prepared = self.prepare(&vmi, spec).await?;
+        let secondary =
+            crate::sync::facts::secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
+        let view = crate::sync::facts::secondary::convert_view(&vmi, &secondary);
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
         let dir = &self.config.migration_proxy_dir;
@@ -633,6 +657,7 @@ impl SyncVmi {
         *self.migration.target.lock().await = Some(PreparedTarget {
             prepared,
             vmi_uid: vmi_uid.clone(),
+            view,
         });
         *self
             .migration
@@ -693,21 +718,38 @@ impl SyncVmi {
                 ))
             }
         };
-        let local = &target.prepared.argv;
-        let check = incoming_argv(&normalized(local, &self.config), &session.domain);
-        let argv = check.and_then(|_| {
+        let boot = self.boot_conversion(&target, &session.domain);
+        let argv = boot.and_then(|b| {
+            incoming_argv(&normalized(&b.argv, &self.config), &session.domain)?;
             let mut d = session.domain.clone();
             d.argv.clear();
-            incoming_argv(local, &d)
+            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan))
         });
-        let argv = match argv {
+        let (argv, placed, boot_plan) = match argv {
             Ok(a) => a,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
                 return Err((Some(target), e));
             }
         };
-        let PreparedTarget { prepared, .. } = target;
+        let PreparedTarget { mut prepared, .. } = target;
+        if let Some(plan) = &boot_plan {
+            // What runs: the boot plan's disks and media, then the source's hot-plugged disks.
+            let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
+                .disks
+                .into_iter()
+                .map(|d| (d.id.clone(), d))
+                .collect();
+            for d in &placed {
+                disks.insert(d.id.clone(), d.clone());
+            }
+            prepared.running.next_node = hotplug::next_node_after(
+                &disks,
+                crate::sync::reconcile::disks::next_node_index(plan),
+            );
+            prepared.running.disks = disks;
+            prepared.running.cdroms = crate::sync::reconcile::media::cdroms(plan);
+        }
         let mut domain = prepared.domain.clone();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
         let vsock = prepared.vsock;
@@ -722,6 +764,20 @@ impl SyncVmi {
                 return Err((None, MigrationError::Peer(reason)));
             }
         };
+        // The source's hot-plugged disks, before the device state arrives.
+        for d in &placed {
+            let attach = DiskAttach {
+                blockdevs: d.blockdevs.clone(),
+                device: d.device.clone(),
+            };
+            if let Err(e) = attach_disk(&client, &attach).await {
+                let e = MigrationError::Qmp(e);
+                session.fail(&e.failure_reason()).await;
+                let _ = client.run(&Quit).await;
+                return Err((None, e));
+            }
+            info!(device = %d.id, "hot-plugged disk of the source attached");
+        }
         // What a later migration away from here sends: this QEMU's argv without `-incoming`.
         let boot: Vec<String> = argv
             .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
@@ -766,6 +822,41 @@ impl SyncVmi {
                 Err((None, e))
             }
         }
+    }
+
+    /// The target's QEMU definition for the source's `domain` ([`BootConversion`]): without
+    /// hot-plugged disks the prepared argv; with them the VMI converted again without those disks
+    /// ([`hotplug::boot_view`]), and the disks from the prepared (full) plan with the target's own
+    /// paths, placed as the source runs them ([`hotplug::place_like_source`]).
+    fn boot_conversion(
+        &self,
+        target: &PreparedTarget,
+        domain: &RunningDomain,
+    ) -> Result<BootConversion, MigrationError> {
+        hotplug::refuse_hotplugged_nics(&domain.hotplugged)?;
+        if domain.hotplugged.is_empty() {
+            return Ok(BootConversion {
+                argv: target.prepared.argv.clone(),
+                placed: Vec::new(),
+                plan: None,
+            });
+        }
+        let view = hotplug::boot_view(&target.view, &domain.hotplugged);
+        let plan = crate::cmdline::convert(&view, &target.prepared.running.ctx).map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot convert the VMI without its hot-plugged disks: {e}"
+            ))
+        })?;
+        let placed = domain
+            .hotplugged
+            .iter()
+            .map(|h| hotplug::place_like_source(&target.prepared.qmp_plan.disks, h))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(BootConversion {
+            argv: self.argv(&plan),
+            placed,
+            plan: Some(plan),
+        })
     }
 
     /// `SignalTargetPodCleanup`.

@@ -4,6 +4,7 @@
 //!   proxy's role-0 channel (the channel libvirt uses between its daemons);
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
 //! - [`source`], [`target`]: the two QMP halves of a migration;
+//! - [`hotplug`]: hot-plugged disks carried to the target;
 //! - [`launcher`]: the five migration RPCs of the launcher over them;
 //! - this module: the sockets virt-handler's migration proxy connects
 //!   (`pkg/virt-handler/migration-proxy/migration-proxy.go`, v1.9.0), the options virt-handler
@@ -15,6 +16,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod hotplug;
 pub mod launcher;
 pub mod metadata;
 pub mod protocol;

@@ -31,7 +31,11 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// The control protocol version this launcher speaks. Bump it on any incompatible change of
 /// [`Message`] or of the meaning of a field.
-pub const PROTOCOL_VERSION: u32 = 1;
+///
+/// Version 2: [`RunningDomain::hotplugged`] carries the hot-plugged disks as
+/// [`HotpluggedDevice`] placements (version 1 always sent an empty list of keyval strings, so a
+/// version 1 peer cannot migrate a domain with hot-plugged devices and is refused at the hello).
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// The largest frame accepted, in bytes (a domain definition is a few KiB).
 pub const MAX_FRAME: u32 = 4 * 1024 * 1024;
@@ -85,15 +89,44 @@ pub struct RunningDomain {
     pub paused: bool,
 }
 
-/// One device hot-plugged into the running source: its `device_add` properties, as a list of
-/// `key=value` pairs in order (the same keyval words the argv renderer writes for `-device`).
+/// The kind of a hot-plugged device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum HotplugKind {
+    /// A disk: block nodes plus its frontend device.
+    Disk,
+    /// A NIC: netdev plus its device.
+    Nic,
+}
+
+/// One device hot-plugged into the running source since QEMU started, as the running domain
+/// has it: what the target must reproduce so that the device state loads (the qdev id and the
+/// place on the bus are in the migration stream; the block node names keep later unplugs and
+/// the domain view the same). The target never runs these words: it converts the VMI itself
+/// (with its own paths, e.g. its pod's hotplug disk image) and only takes the placement, after
+/// checking the identity properties match (libvirt carries the same facts in the migrated XML).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HotpluggedDevice {
-    /// The qdev id.
+    /// Disk or NIC.
+    pub kind: HotplugKind,
+    /// The disk's (or interface's) name in the VMI.
+    pub name: String,
+    /// The qdev id (`ua-<name>`).
     pub id: String,
-    /// The device's keyval string, driver first (`virtio-net-pci,id=...,bus=...,addr=...`).
-    pub keyval: String,
+    /// The device's bus (`pci.7`, `scsi0.0`), when it has one.
+    pub bus: Option<String>,
+    /// The device's address on a PCI bus (`0x0`), when it has one.
+    pub addr: Option<String>,
+    /// The SCSI LUN, for a disk on a SCSI bus.
+    pub lun: Option<u64>,
+    /// A disk's block node names, bottom node first (`libvirt-5-storage`, `libvirt-5-format`).
+    pub node_names: Vec<String>,
+    /// A disk's serial.
+    pub serial: Option<String>,
+    /// A disk is read-only.
+    pub read_only: bool,
+    /// A NIC's guest MAC.
+    pub mac: Option<String>,
 }
 
 /// A disk the source copies to the target.
@@ -243,8 +276,9 @@ pub async fn read_message<R: AsyncRead + Unpin>(r: &mut R) -> Result<Message, Pr
     serde_json::from_slice(&body).map_err(ProtocolError::Decode)
 }
 
-/// Checks the peer's hello against ours. Only an equal version is compatible: version 1 has no
-/// negotiation of optional parts.
+/// Checks the peer's hello against ours. Only an equal version is compatible: there is no
+/// negotiation of optional parts (a version 1 peer, which cannot carry hot-plugged devices, is
+/// refused before any definition is sent).
 pub fn check_hello(peer: &Hello) -> Result<(), ProtocolError> {
     if peer.version == PROTOCOL_VERSION {
         Ok(())
@@ -338,8 +372,16 @@ mod tests {
             machine: "pc-q35-7.2".into(),
             argv: vec!["-machine".into(), "pc-q35-7.2,accel=tcg".into()],
             hotplugged: vec![HotpluggedDevice {
-                id: "ua-nic2".into(),
-                keyval: "virtio-net-pci,id=ua-nic2,bus=pci.5,addr=0x0".into(),
+                kind: HotplugKind::Disk,
+                name: "hp1".into(),
+                id: "ua-hp1".into(),
+                bus: Some("pci.7".into()),
+                addr: Some("0x0".into()),
+                lun: None,
+                node_names: vec!["libvirt-5-storage".into(), "libvirt-5-format".into()],
+                serial: Some("HP1".into()),
+                read_only: false,
+                mac: None,
             }],
             copied_disks: vec![CopiedDisk {
                 node: "libvirt-1-format".into(),
@@ -452,6 +494,29 @@ mod tests {
             reason.contains(&format!("version {}", PROTOCOL_VERSION + 1)),
             "{reason}"
         );
+    }
+
+    #[tokio::test]
+    async fn a_version_1_source_which_cannot_carry_hotplugged_devices_is_refused() {
+        let (mut s, mut t) = duplex(1 << 12);
+        let source = async {
+            write_message(
+                &mut s,
+                &Message::Hello(Hello {
+                    version: 1,
+                    launcher: "0.1.0".into(),
+                }),
+            )
+            .await
+            .unwrap();
+            read_message(&mut s).await.unwrap()
+        };
+        let (answer, target) = tokio::join!(source, hello_as_target(&mut t));
+        assert!(matches!(
+            target.unwrap_err(),
+            ProtocolError::VersionMismatch { peer: 1, .. }
+        ));
+        assert!(matches!(answer, Message::Refused { .. }), "{answer:?}");
     }
 
     #[tokio::test]

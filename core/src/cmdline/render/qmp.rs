@@ -114,15 +114,29 @@ impl DiskHotplug {
     /// blockdevs, the device's `drive` and the `blockdev-del` arguments alike. `*next` ends past
     /// the last index used.
     pub fn renumbered(&self, next: &mut u32) -> DiskHotplug {
+        let mut blockdevs = self.blockdevs.clone();
+        let map = renumber_nodes(&mut blockdevs, next);
+        self.with_nodes_renamed(|n| renamed_node(n, &map))
+    }
+
+    /// The disk with every node name for which `rename` returns a new name renamed, in the
+    /// blockdevs (their `node-name`, `file`, `backing`), the device's `drive` and the
+    /// `blockdev-del` arguments alike; other names stay.
+    pub fn with_nodes_renamed(
+        &self,
+        mut rename: impl FnMut(&str) -> Option<String>,
+    ) -> DiskHotplug {
         let mut d = self.clone();
-        let map = renumber_nodes(&mut d.blockdevs, next);
+        for b in &mut d.blockdevs {
+            b.rename_nodes(&mut rename);
+        }
         if let Some(drive) = d.device.device.drive_mut() {
-            if let Some(new) = renamed_node(drive, &map) {
+            if let Some(new) = rename(drive) {
                 *drive = new;
             }
         }
         for b in &mut d.blockdev_del {
-            if let Some(new) = renamed_node(&b.node_name, &map) {
+            if let Some(new) = rename(&b.node_name) {
                 b.node_name = new;
             }
         }

@@ -1,0 +1,417 @@
+//! Hot-plugged devices across a live migration.
+//!
+//! A disk hot-plugged into the running source (a KubeVirt hotplug volume, attached by a
+//! `SyncVirtualMachine` after the start) is not in the argv QEMU was started with, yet its device
+//! state is in the migration stream: the target must have the same device, with the same qdev id
+//! on the same bus and address, before `migrate-incoming`. libvirt carries it in the migrated
+//! XML, so the target's command line has it (`qemuMigrationSrcBeginPhase`,
+//! `qemuMigrationDstPrepare`); KubeVirt's target virt-handler mounts the volume into the target
+//! pod before `SyncMigrationTarget` (`migration-target.go`, v1.9.0).
+//!
+//! qlauncher's target never runs words it received: the source sends the placement of each
+//! hot-plugged disk ([`HotpluggedDevice`]); the target converts the VMI itself, once without
+//! those disks (which must then equal the source's boot argv) and once with them (its own
+//! hot-plug plan, with the image path in its own pod), takes the source's bus, address and node
+//! names for them after checking serial and read-only agree, and attaches them to its
+//! `-S -incoming defer` QEMU before `migrate-incoming`.
+//!
+//! Hot-plugged NICs are not carried yet: the target's conversion has the NIC at boot while the
+//! source's boot argv lacks it, so the argv comparison refuses the migration before QEMU starts;
+//! a definition listing a NIC is refused by [`refuse_hotplugged_nics`].
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::cmdline::qemu::{node_index, Blockdev, Device};
+use crate::cmdline::render::DiskHotplug;
+use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice};
+use crate::sync::migration::MigrationError;
+use crate::vmi::Vmi;
+
+/// The `id` of a `-device` word (the rest of its properties are not read).
+#[derive(serde::Deserialize)]
+struct DeviceWord {
+    id: Option<String>,
+}
+
+/// The qdev ids of the `-device` words of `argv` (each a JSON object, as the argv renderer
+/// writes them).
+pub fn argv_device_ids(argv: &[String]) -> BTreeSet<String> {
+    argv.windows(2)
+        .filter(|w| w[0] == "-device")
+        .filter_map(|w| serde_json::from_str::<DeviceWord>(&w[1]).ok())
+        .filter_map(|w| w.id)
+        .collect()
+}
+
+/// The hot-pluggable disks of the running domain (`running`, by device id) that are not in the
+/// argv QEMU started with (`boot_argv`): the disks hot-plugged since, with their placement as
+/// they run, in device id order.
+pub fn hotplugged_disks(
+    running: &BTreeMap<String, DiskHotplug>,
+    boot_argv: &[String],
+) -> Vec<HotpluggedDevice> {
+    let at_boot = argv_device_ids(boot_argv);
+    running
+        .values()
+        .filter(|d| !at_boot.contains(&d.id))
+        .map(describe_disk)
+        .collect()
+}
+
+/// The placement of one running disk: its bus (the PCI bus of its address, else a frontend's
+/// own bus), address, SCSI LUN, node names (bottom first), serial and read-only flag.
+pub fn describe_disk(d: &DiskHotplug) -> HotpluggedDevice {
+    HotpluggedDevice {
+        kind: HotplugKind::Disk,
+        name: d.name.clone(),
+        id: d.id.clone(),
+        bus: d.device.bus().map(str::to_owned),
+        addr: d.device.addr.clone(),
+        lun: match &d.device.device {
+            Device::DiskFrontend(f) => f.lun.map(u64::from),
+            _ => None,
+        },
+        node_names: d
+            .blockdevs
+            .iter()
+            .map(|b| b.node_name().to_owned())
+            .collect(),
+        serial: serial(&d.device.device).map(str::to_owned),
+        read_only: d
+            .blockdevs
+            .iter()
+            .any(|b| matches!(b, Blockdev::Format(f) if f.read_only)),
+        mac: None,
+    }
+}
+
+/// The serial of a disk device.
+fn serial(d: &Device) -> Option<&str> {
+    match d {
+        Device::VirtioBlk(b) => b.serial.as_deref(),
+        Device::DiskFrontend(f) => f.serial.as_deref(),
+        _ => None,
+    }
+}
+
+/// Fails when the source's definition lists a hot-plugged NIC (not carried by this version).
+pub fn refuse_hotplugged_nics(devices: &[HotpluggedDevice]) -> Result<(), MigrationError> {
+    match devices.iter().find(|d| d.kind == HotplugKind::Nic) {
+        Some(d) => Err(MigrationError::Peer(format!(
+            "interface {} was hot-plugged into the running domain; qlauncher cannot migrate \
+             hot-plugged interfaces yet",
+            d.name
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// `view` (the VMI as the converter sees it) without the hot-plugged disks of `devices` and
+/// their volumes: the VMI as the source converted it when QEMU started.
+pub fn boot_view(view: &Vmi, devices: &[HotpluggedDevice]) -> Vmi {
+    let hot: BTreeSet<&str> = devices
+        .iter()
+        .filter(|d| d.kind == HotplugKind::Disk)
+        .map(|d| d.name.as_str())
+        .collect();
+    let mut v = view.clone();
+    if let Some(disks) = v.spec.domain.devices.disks.as_mut() {
+        disks.retain(|d| !hot.contains(d.name.as_str()));
+    }
+    if let Some(volumes) = v.spec.volumes.as_mut() {
+        volumes.retain(|vol| !hot.contains(vol.name.as_str()));
+    }
+    v
+}
+
+/// The target's own hot-plug plan of disk `sent.name` (`local`, from converting the VMI with
+/// its hotplug volumes), placed as the source runs it: the source's bus, address, LUN and block
+/// node names. Errors (the migration is refused before QEMU starts): the target has no such
+/// disk, its serial, read-only flag, device id or node count differs from the source's, or a
+/// name the source sent is not a `libvirt-<N>-` node name or a plain bus word.
+pub fn place_like_source(
+    local: &[DiskHotplug],
+    sent: &HotpluggedDevice,
+) -> Result<DiskHotplug, MigrationError> {
+    let refuse = |why: String| {
+        MigrationError::Peer(format!(
+            "hot-plugged disk {} of the source cannot be recreated here: {why}",
+            sent.name
+        ))
+    };
+    let d = local
+        .iter()
+        .find(|d| d.name == sent.name)
+        .ok_or_else(|| refuse("the target pod has no such hotplug volume ready".into()))?;
+    let mine = describe_disk(d);
+    if mine.id != sent.id {
+        return Err(refuse(format!(
+            "device id {} here, {} there",
+            mine.id, sent.id
+        )));
+    }
+    if mine.serial != sent.serial || mine.read_only != sent.read_only {
+        return Err(refuse(format!(
+            "serial {:?} read-only {} here, serial {:?} read-only {} there",
+            mine.serial, mine.read_only, sent.serial, sent.read_only
+        )));
+    }
+    if mine.node_names.len() != sent.node_names.len()
+        || sent
+            .node_names
+            .iter()
+            .any(|n| node_index(n).is_none() || !plain(n))
+    {
+        return Err(refuse(format!(
+            "block nodes {:?} here, {:?} there",
+            mine.node_names, sent.node_names
+        )));
+    }
+    for w in [&sent.bus, &sent.addr].into_iter().flatten() {
+        if !plain(w) {
+            return Err(refuse(format!("invalid bus or address {w:?}")));
+        }
+    }
+    // Node names: each of ours replaced by the source's at the same position.
+    let rename: BTreeMap<&str, &str> = mine
+        .node_names
+        .iter()
+        .map(String::as_str)
+        .zip(sent.node_names.iter().map(String::as_str))
+        .collect();
+    let mut placed = d.with_nodes_renamed(|n| rename.get(n).map(|s| (*s).to_owned()));
+    let device = &mut placed.device;
+    match (&mut device.device, device.bus.is_none()) {
+        // A frontend on its controller's bus (`scsi0.0`, `usb.0`), not on a PCI address.
+        (Device::DiskFrontend(f), true) => {
+            f.bus = sent
+                .bus
+                .clone()
+                .ok_or_else(|| refuse(format!("no bus for the {} frontend", f.driver)))?;
+        }
+        _ => device.bus = sent.bus.clone(),
+    }
+    device.addr = sent.addr.clone();
+    match (&mut device.device, sent.lun) {
+        (_, None) => {}
+        (Device::DiskFrontend(f), Some(lun)) => {
+            f.lun = Some(u32::try_from(lun).map_err(|_| refuse(format!("invalid LUN {lun}")))?);
+        }
+        (other, Some(lun)) => {
+            return Err(refuse(format!(
+                "LUN {lun} for a {} device, which has none",
+                other.driver()
+            )))
+        }
+    }
+    Ok(placed)
+}
+
+/// A bus, address or node name word: ASCII letters, digits, `.`, `-`, `_`.
+fn plain(w: &str) -> bool {
+    !w.is_empty()
+        && w.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'-' || b == b'_')
+}
+
+/// The first block node index none of `disks` uses (at least `floor`).
+pub fn next_node_after(disks: &BTreeMap<String, DiskHotplug>, floor: u32) -> u32 {
+    disks
+        .values()
+        .flat_map(DiskHotplug::node_indices)
+        .map(|n| n + 1)
+        .fold(floor, u32::max)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::qemu::{
+        BackingNode, BlockdevDel, BlockdevFormat, BlockdevProtocol, DeviceDel, DeviceDiskFrontend,
+        DeviceVirtioBlk, FormatDriver, ProtocolDriver,
+    };
+    use crate::cmdline::render::PlacedDevice;
+
+    /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`, on `bus`.
+    fn disk(name: &str, n: u32, bus: &str) -> DiskHotplug {
+        let storage = format!("libvirt-{n}-storage");
+        let format = format!("libvirt-{n}-format");
+        DiskHotplug {
+            name: name.into(),
+            id: format!("ua-{name}"),
+            target: Some("vdb".into()),
+            blockdevs: vec![
+                Blockdev::Protocol(BlockdevProtocol {
+                    driver: ProtocolDriver::File,
+                    filename: format!("/pod/hotplug-disks/{name}.img"),
+                    node_name: storage.clone(),
+                    aio: None,
+                    cache: None,
+                    auto_read_only: true,
+                    discard: None,
+                }),
+                Blockdev::Format(BlockdevFormat {
+                    node_name: format.clone(),
+                    read_only: false,
+                    discard: None,
+                    cache: None,
+                    driver: FormatDriver::Raw,
+                    file: storage.clone(),
+                    backing: BackingNode::Absent,
+                }),
+            ],
+            device: PlacedDevice {
+                device: Device::VirtioBlk(DeviceVirtioBlk {
+                    driver: "virtio-blk-pci",
+                    share_rw: None,
+                    drive: format.clone(),
+                    id: format!("ua-{name}"),
+                    bootindex: None,
+                    write_cache: None,
+                    werror: None,
+                    rerror: None,
+                    serial: Some("HP1".into()),
+                    iothread: None,
+                    num_queues: None,
+                    logical_block_size: None,
+                    physical_block_size: None,
+                    discard_granularity: None,
+                }),
+                iommu_platform: None,
+                bus: Some(bus.into()),
+                addr: Some("0x0".into()),
+            },
+            device_del: DeviceDel {
+                id: format!("ua-{name}"),
+            },
+            blockdev_del: vec![
+                BlockdevDel { node_name: format },
+                BlockdevDel { node_name: storage },
+            ],
+        }
+    }
+
+    /// The same disk as a `scsi-hd` on `scsi0.0`, unit `lun`.
+    fn scsi_disk(name: &str, n: u32, lun: u32) -> DiskHotplug {
+        let mut d = disk(name, n, "unused");
+        d.device = PlacedDevice {
+            device: Device::DiskFrontend(DeviceDiskFrontend {
+                driver: "scsi-hd",
+                bus: "scsi0.0".into(),
+                channel: Some(0),
+                scsi_id: Some(0),
+                lun: Some(lun),
+                device_id: Some("HP1".into()),
+                port: None,
+                removable: None,
+                share_rw: None,
+                drive: Some(format!("libvirt-{n}-format")),
+                id: format!("ua-{name}"),
+                bootindex: None,
+                write_cache: None,
+                werror: None,
+                rerror: None,
+                serial: Some("HP1".into()),
+                logical_block_size: None,
+                physical_block_size: None,
+                discard_granularity: None,
+            }),
+            iommu_platform: None,
+            bus: None,
+            addr: None,
+        };
+        d
+    }
+
+    fn drive(d: &DiskHotplug) -> Option<String> {
+        d.device.device.clone().drive_mut().cloned()
+    }
+
+    #[test]
+    fn only_disks_missing_from_the_boot_argv_are_hotplugged() {
+        let running: BTreeMap<String, DiskHotplug> =
+            [disk("boot", 2, "pci.5"), disk("hp1", 7, "pci.8")]
+                .into_iter()
+                .map(|d| (d.id.clone(), d))
+                .collect();
+        let argv = vec![
+            "-device".to_owned(),
+            r#"{"driver":"virtio-blk-pci","id":"ua-boot","bus":"pci.5"}"#.to_owned(),
+        ];
+        let hot = hotplugged_disks(&running, &argv);
+        assert_eq!(hot.len(), 1);
+        let h = &hot[0];
+        assert_eq!(
+            (h.id.as_str(), h.bus.as_deref(), h.addr.as_deref()),
+            ("ua-hp1", Some("pci.8"), Some("0x0"))
+        );
+        assert_eq!(h.node_names, ["libvirt-7-storage", "libvirt-7-format"]);
+        assert_eq!(h.serial.as_deref(), Some("HP1"));
+        assert!(!h.read_only);
+        assert_eq!(next_node_after(&running, 3), 8);
+    }
+
+    #[test]
+    fn the_targets_disk_takes_the_sources_placement_and_keeps_its_own_path() {
+        let source = describe_disk(&disk("hp1", 7, "pci.8"));
+        let mut local = disk("hp1", 3, "pci.6");
+        if let Blockdev::Protocol(p) = &mut local.blockdevs[0] {
+            p.filename = "/target/hotplug-disks/hp1.img".into();
+        }
+        let placed = place_like_source(&[local], &source).unwrap();
+        assert_eq!(placed.device.bus.as_deref(), Some("pci.8"));
+        assert_eq!(drive(&placed).as_deref(), Some("libvirt-7-format"));
+        match &placed.blockdevs[..] {
+            [Blockdev::Protocol(p), Blockdev::Format(f)] => {
+                assert_eq!(p.filename, "/target/hotplug-disks/hp1.img");
+                assert_eq!(p.node_name, "libvirt-7-storage");
+                assert_eq!(f.file, "libvirt-7-storage");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(placed.blockdev_del[0].node_name, "libvirt-7-format");
+        assert_eq!(describe_disk(&placed), source);
+    }
+
+    #[test]
+    fn a_scsi_disk_takes_the_sources_controller_bus_and_lun() {
+        let source = describe_disk(&scsi_disk("hp1", 7, 2));
+        assert_eq!(
+            (source.bus.as_deref(), source.addr.as_deref(), source.lun),
+            (Some("scsi0.0"), None, Some(2))
+        );
+        let placed = place_like_source(&[scsi_disk("hp1", 3, 0)], &source).unwrap();
+        assert_eq!(describe_disk(&placed), source);
+        assert_eq!(placed.device.bus, None);
+        assert_eq!(drive(&placed).as_deref(), Some("libvirt-7-format"));
+        // A LUN for a virtio disk cannot be placed.
+        let mut bad = describe_disk(&disk("hp1", 7, "pci.8"));
+        bad.lun = Some(1);
+        assert!(place_like_source(&[disk("hp1", 3, "pci.6")], &bad).is_err());
+    }
+
+    #[test]
+    fn a_disk_that_differs_or_is_missing_is_refused() {
+        let source = describe_disk(&disk("hp1", 7, "pci.8"));
+        assert!(place_like_source(&[], &source).is_err());
+        let mut other = disk("hp1", 3, "pci.6");
+        if let Device::VirtioBlk(b) = &mut other.device.device {
+            b.serial = Some("OTHER".into());
+        }
+        let e = place_like_source(&[other], &source)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("serial"), "{e}");
+        let mut bad = source.clone();
+        bad.bus = Some("pci.8,x=y".into());
+        assert!(place_like_source(&[disk("hp1", 3, "pci.6")], &bad).is_err());
+        let mut bad = source.clone();
+        bad.node_names[0] = "evil".into();
+        assert!(place_like_source(&[disk("hp1", 3, "pci.6")], &bad).is_err());
+        let nic = HotpluggedDevice {
+            kind: HotplugKind::Nic,
+            ..source
+        };
+        assert!(refuse_hotplugged_nics(&[nic]).is_err());
+    }
+}

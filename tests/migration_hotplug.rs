@@ -1,0 +1,262 @@
+//! Live migration of a domain with a hot-plugged disk (issue 19), between two real launchers, the
+//! test playing both virt-handlers and the migration proxy ([`testkit::migration`]).
+//!
+//! The source boots without the disk; a `SyncVirtualMachine` with a hotplug volume Ready (the
+//! image mounted into the pod, as virt-handler does) attaches it; the guest mounts it and writes
+//! a file. The target pod has the same volume mounted (the same image: a shared PVC) at its own
+//! path. After `MigrateVirtualMachine` the target's guest has the disk with the same serial at
+//! the same PCI path, the file readable on the still-mounted file system, and `GetDomain` on the
+//! target lists the disk with its target and alias. The domain then moves on to a third pod (the
+//! former target sends the disk on as hot-plugged), where the disk unplugs by a sync without the
+//! volume. Needs root and the test guest
+//! (`scripts/build-guest`).
+
+use std::time::Duration;
+
+use qlauncher::sync::domain::{ApiDomain, LifeCycle as L, StateChangeReason as R};
+use testkit::guest::GuestImages;
+use testkit::launcher::{get_domain, sync, Pod};
+use testkit::migration::{
+    exec_until_ok, metadata, migrating_vmi, options, wait_notified, Relay, Rpc,
+};
+
+const BOOT: Duration = Duration::from_secs(240);
+const MIGRATION: Duration = Duration::from_secs(240);
+const SERIAL: &str = "HP1SERIAL";
+
+/// `vmi` with the hotplug volume `hp1` (a virtio disk with serial [`SERIAL`]) Ready, its
+/// `volumeStatus` target `target` (empty until the domain reports one).
+fn with_hotplug(mut vmi: serde_json::Value, target: &str) -> serde_json::Value {
+    vmi["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}, "serial": SERIAL}));
+    vmi["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
+        ));
+    if vmi["status"].is_null() {
+        vmi["status"] = serde_json::json!({});
+    }
+    vmi["status"]["volumeStatus"] = serde_json::json!([
+        {"name": "hp1", "target": target, "phase": "Ready", "hotplugVolume": {}}
+    ]);
+    vmi
+}
+
+/// The `hp1` disk of a domain: (target device, alias name, user-defined alias).
+fn hp1(d: &ApiDomain) -> Option<(String, String, bool)> {
+    d.spec
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.alias.as_ref().is_some_and(|a| a.name == "hp1"))
+        .filter(|d| !d.target.device.is_empty())
+        .map(|d| {
+            let a = d.alias.as_ref().unwrap();
+            (d.target.device.clone(), a.name.clone(), a.user_defined)
+        })
+}
+
+/// The guest's block device with serial [`SERIAL`] and its sysfs device path (the PCI path).
+const FIND: &str = "for b in /sys/block/vd*; do \
+     [ \"$(cat $b/serial 2>/dev/null)\" = HP1SERIAL ] && echo ${b##*/} $(readlink -f $b/device); \
+     done";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
+    let images = GuestImages::locate();
+    let mut source = Pod::new(&images.disk_qcow2, false);
+    let mut target = Pod::new(&images.disk_qcow2, false);
+    target.uid = source.uid.clone();
+    let uid = source.uid.clone();
+    let mut plain = testkit::launcher::vmi(&uid);
+    plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
+
+    let s = source.start_launcher();
+    let mut sc = source.client(s).await;
+    assert_eq!(sync(&mut sc, &plain).await, (true, String::new()));
+    source.wait_event((L::Running, R::Unknown), BOOT).await;
+    exec_until_ok(&mut sc, "true", BOOT).await;
+
+    // virt-handler mounts the hotplug volume into the pod (an ext4 image here), then syncs.
+    let dir = source.share().join("hotplug-disks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("hp1.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .status()
+        .unwrap();
+    assert!(mkfs.success());
+    assert_eq!(
+        sync(&mut sc, &with_hotplug(plain.clone(), "")).await,
+        (true, String::new())
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let (dev_target, _, _) = loop {
+        if let Some(h) = get_domain(&mut sc).await.as_ref().and_then(hp1) {
+            break h;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hp1 never in GetDomain"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The guest sees it, mounts it and writes a file.
+    let seen = exec_until_ok(
+        &mut sc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (dev, pci_path) = seen.trim().split_once(' ').unwrap();
+    let (dev, pci_path) = (dev.to_owned(), pci_path.to_owned());
+    exec_until_ok(
+        &mut sc,
+        &format!(
+            "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+    let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
+        .mac
+        .clone()
+        .unwrap()
+        .mac;
+    let vmi = with_hotplug(
+        migrating_vmi(&uid, "mig-hp", &target.pod_name(), &guest_mac),
+        &dev_target,
+    );
+
+    // The target pod has the same volume (the shared claim) at its own path.
+    let tdir = target.share().join("hotplug-disks");
+    std::fs::create_dir_all(&tdir).unwrap();
+    std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
+    let t = target.start_launcher();
+    let mut tc = target.client(t).await;
+    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
+    let _relay = Relay::start(&source, &target, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
+        (true, String::new())
+    );
+    let ended = wait_notified(&source, "source migration ended", MIGRATION, |d| {
+        metadata(d).is_some_and(|m| m.end_timestamp.is_some())
+    })
+    .await;
+    let m = metadata(&ended).unwrap();
+    assert!(!m.failed, "{m:?}\nsource log:\n{}", source.log(s));
+    wait_notified(
+        &target,
+        "target Running with EndTimestamp",
+        MIGRATION,
+        |d| d.status.status == L::Running && metadata(d).is_some_and(|m| m.end_timestamp.is_some()),
+    )
+    .await;
+    assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
+
+    // On the target: the same disk (serial, PCI path), the file on the mounted file system.
+    let moved = exec_until_ok(
+        &mut tc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(moved.trim(), format!("{dev} {pci_path}"));
+    assert_eq!(
+        exec_until_ok(&mut tc, "cat /mnt/hp/f", Duration::from_secs(30)).await,
+        "hotplug-file\n"
+    );
+    // And it still takes writes.
+    exec_until_ok(
+        &mut tc,
+        "echo after >/mnt/hp/g && sync && cat /mnt/hp/g",
+        Duration::from_secs(30),
+    )
+    .await;
+    let d = get_domain(&mut tc).await.unwrap();
+    assert_eq!(
+        hp1(&d),
+        Some((dev_target.clone(), "hp1".to_owned(), true)),
+        "{:?}",
+        d.spec.devices.disks
+    );
+    assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
+    source.wait_launcher(s, Duration::from_secs(60)).await;
+
+    // On to a third pod: the former target knows the disk was hot-plugged (its own QEMU started
+    // without it) and sends it on.
+    let mut third = Pod::new(&images.disk_qcow2, false);
+    third.uid = uid.clone();
+    let hdir = third.share().join("hotplug-disks");
+    std::fs::create_dir_all(&hdir).unwrap();
+    std::fs::hard_link(&image, hdir.join("hp1.img")).unwrap();
+    let vmi2 = with_hotplug(
+        migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),
+        &dev_target,
+    );
+    let h = third.start_launcher();
+    let mut hc = third.client(h).await;
+    assert_eq!(
+        Rpc::sync_target(&mut hc, &vmi2).await,
+        (true, String::new())
+    );
+    let _relay2 = Relay::start(&target, &third, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut tc, &vmi2, &options("0", 150)).await,
+        (true, String::new())
+    );
+    wait_notified(
+        &third,
+        "third pod Running with EndTimestamp",
+        MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && metadata(d).is_some_and(|m| m.uid == "mig-hp2" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    let again = exec_until_ok(
+        &mut hc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(again.trim(), format!("{dev} {pci_path}"));
+    assert_eq!(
+        exec_until_ok(&mut hc, "cat /mnt/hp/f /mnt/hp/g", Duration::from_secs(30)).await,
+        "hotplug-file\nafter\n"
+    );
+
+    // The migrated disk unplugs like any hot-plugged one (its block nodes are the ones that run).
+    exec_until_ok(&mut hc, "umount /mnt/hp", Duration::from_secs(30)).await;
+    let mut unplugged = vmi2.clone();
+    unplugged["spec"] = plain["spec"].clone();
+    unplugged["status"]["volumeStatus"] = serde_json::json!([]);
+    assert_eq!(sync(&mut hc, &unplugged).await, (true, String::new()));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(&mut hc).await.as_ref().and_then(hp1).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hp1 still in GetDomain\n{}",
+            third.log(h)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        &mut hc,
+        &format!("test -z \"$({FIND})\""),
+        Duration::from_secs(60),
+    )
+    .await;
+}
