@@ -54,6 +54,9 @@ enum Cli {
     Run(cli::run::RunArgs),
     /// Print the pod interface facts and the masquerade NAT tables (read-only).
     NetProbe(cli::net::NetProbe),
+    /// Record `qemu-system-x86_64 --version` for the launcher (run when the image is built).
+    #[command(hide = true)]
+    QemuVersionRecord(cli::qemu_version::QemuVersionRecordArgs),
 }
 
 /// Exit status for commands that only succeed or fail.
@@ -87,6 +90,7 @@ fn main() -> ExitCode {
         Cli::NetProbe(args) => ok(cli::net::run(args)),
         Cli::Qmp(args) => ok(cli::qmp::run_qmp(args)),
         Cli::Hotplug(args) => ok(cli::qmp::run_hotplug(args)),
+        Cli::QemuVersionRecord(args) => ok(cli::qemu_version::run(args)),
     };
     match result {
         Ok(code) => code,

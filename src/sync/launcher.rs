@@ -122,7 +122,8 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
 /// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
 /// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION` and
 /// `--allow-emulation` pick the accelerator ([`choose_accel`]); `QLAUNCHER_OPERATOR_QMP` adds
-/// QEMU's operator QMP monitor.
+/// QEMU's operator QMP monitor. QEMU's version record
+/// ([`crate::sync::config::QEMU_VERSION_RECORD`]) is looked up under the root, then under `/`.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let root = std::env::var_os(ROOT_ENV)
         .map(PathBuf::from)
@@ -156,9 +157,20 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         sys: config.agent_sys_interval,
         users: config.agent_user_interval,
     };
-    // `qemu --version` runs once, in the background: the converter and GetQemuVersion (before a
-    // domain exists) wait for its answer, the command server does not.
-    let probe = crate::sync::config::QemuProbe::new(c.qemu.clone());
+    // QEMU's version: from the image's version record `usr/share/qlauncher/qemu-version.json`
+    // when it matches the binary (no process); else `qemu --version` runs once,
+    // in the background: the converter and GetQemuVersion (before a domain exists) wait for its
+    // answer, the command server does not.
+    // Under `QLAUNCHER_ROOT` first (a test's pod), then the system's (the image's, also for
+    // `qlauncher run` chrooted in the image's tree); a probe writes it under the root.
+    let record = [
+        root.join(crate::sync::config::QEMU_VERSION_RECORD),
+        Path::new("/").join(crate::sync::config::QEMU_VERSION_RECORD),
+    ]
+    .into_iter()
+    .find(|p| p.exists())
+    .unwrap_or_else(|| root.join(crate::sync::config::QEMU_VERSION_RECORD));
+    let probe = crate::sync::config::QemuProbe::with_record(c.qemu.clone(), record);
     let early = probe.clone();
     tokio::spawn(async move {
         early.answer().await;

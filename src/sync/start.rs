@@ -59,6 +59,7 @@ impl SyncVmi {
             vsock,
             t0,
             t_probe,
+            version_source,
             t_storage,
             t_network,
             t_convert,
@@ -85,6 +86,7 @@ impl SyncVmi {
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         info!(
             qemu_version_probe_ms = ms(t_probe),
+            qemu_version_source = version_source,
             storage_ms = ms(t_storage - t_probe),
             network_ms = ms(t_network - t_storage),
             convert_ms = ms(t_convert - t_network),
@@ -137,12 +139,16 @@ impl SyncVmi {
         let t0 = Instant::now();
         let mut ctx = facts::base_context(&self.config);
         ctx.monitor = MonitorSocket::Fd(QMP_FD);
+        let mut version_source = "configured";
         if let Some(probe) = &self.config.qemu_probe {
-            if let Some((version, _)) = probe.answer().await {
+            let (answer, source) = probe.answer_with_source().await;
+            version_source = source.as_str();
+            if let Some((version, _)) = answer {
                 ctx.qemu = version;
             }
         }
-        // The `qemu --version` probe started with the launcher; waiting for it is on this path.
+        // The version record read at launcher start, or the `qemu --version` probe started with
+        // the launcher: waiting for it is on this path.
         let t_probe = t0.elapsed();
         // Storage (blocking file work on a blocking thread).
         let storage_vmi = vmi.clone();
@@ -224,6 +230,7 @@ impl SyncVmi {
             vsock,
             t0,
             t_probe,
+            version_source,
             t_storage,
             t_network,
             t_convert,
@@ -415,8 +422,11 @@ pub(crate) struct Prepared {
     /// The vhost-vsock fd QEMU inherits.
     pub(crate) vsock: Option<std::os::fd::OwnedFd>,
     t0: Instant,
-    /// Waiting for the `qemu --version` probe started with the launcher.
+    /// Waiting for QEMU's version (the record read at launcher start, or the `qemu --version`
+    /// probe started with the launcher).
     t_probe: Duration,
+    /// Where the version came from: `record`, `probe` or `configured` (no probe configured).
+    version_source: &'static str,
     t_storage: Duration,
     t_network: Duration,
     t_convert: Duration,
