@@ -16,8 +16,9 @@ pub struct SyncConfig {
     /// QEMU's version (chooses renderer details); replaced by [`SyncConfig::qemu_probe`]'s answer
     /// when there is one.
     pub qemu_version: QemuVersion,
-    /// `qemu --version`, run once in the background (not on the start path) for the converter
-    /// and for `GetQemuVersion` before a domain exists.
+    /// QEMU's version for the converter and for `GetQemuVersion` before a domain exists: the
+    /// image's version record when it matches the binary ([`QemuProbe::with_record`], no
+    /// process), else `qemu --version`, run once in the background.
     pub qemu_probe: Option<QemuProbe>,
     /// Use KVM.
     pub kvm: bool,
