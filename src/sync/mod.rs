@@ -2,8 +2,8 @@
 //!
 //! Laid out as KubeVirt's `SyncVMI` reads (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0):
 //!
-//! - [`vmi_sync`]: [`SyncVmi`], one serialised, idempotent sync at a time, and the
-//!   [`server::DomainManager`] impl (each RPC a few lines);
+//! - [`vmi_sync`]: [`SyncVmi`], one serialised, idempotent sync at a time; `manager_impl.rs`:
+//!   its [`server::DomainManager`] impl (each RPC a few lines);
 //! - [`facts`]: gathering what the converter needs (storage, pod network, secondary interfaces,
 //!   hotplug volumes, host hardware), KubeVirt's `generateConverterContext`;
 //! - [`start`]: the first sync: facts, convert, spawn QEMU, connect, start-up, `cont`;
@@ -30,6 +30,7 @@ pub(crate) mod domain_spec;
 pub mod facts;
 pub mod guest;
 pub mod launcher;
+mod manager_impl;
 pub mod migration;
 pub mod privileges;
 pub mod reconcile;

@@ -1,0 +1,296 @@
+//! The command server's [`DomainManager`] over [`SyncVmi`]: each RPC a few lines calling the
+//! work where it lives (the sync in `vmi_sync.rs`, the life cycle over [`lifecycle`], the
+//! resources in `reconcile/`, the cmd API in `cmdapi/`, migration in `migration/`), as
+//! KubeVirt's `LibvirtDomainManager` methods answer them (`pkg/virt-launcher/virtwrap/manager.go`,
+//! v1.9.0).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tracing::info;
+
+use crate::qmp::commands::QueryVersion;
+use crate::qmp::lifecycle;
+use crate::sync::cmdapi::screenshot::Screenshot;
+use crate::sync::domain::ApiDomain;
+use crate::sync::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
+use crate::sync::server::{DomainManager, ExecOutput};
+use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::SyncError;
+use crate::vmi::Vmi;
+
+/// How long a Shutdown whose power button met a closing monitor waits for the domain to show
+/// it shut down (its SHUTDOWN event or QEMU's exit) before it reports the QMP error.
+const SHUTDOWN_SETTLE: Duration = Duration::from_secs(2);
+
+fn decode_failed(what: &str) -> SyncError {
+    SyncError::Unsupported(what.to_string())
+}
+
+impl DomainManager for SyncVmi {
+    type Vmi = Vmi;
+    type Error = SyncError;
+
+    async fn sync_vmi(
+        &self,
+        vmi: Vmi,
+        _options: Option<VirtualMachineOptions>,
+    ) -> Result<(), SyncError> {
+        self.sync(vmi).await
+    }
+
+    async fn pause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        lifecycle::pause(&self.client()?)
+            .await
+            .map_err(SyncError::Qmp)
+    }
+
+    async fn unpause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        lifecycle::resume(&self.client()?)
+            .await
+            .map_err(SyncError::Qmp)
+    }
+
+    async fn reset_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        lifecycle::reset(&self.client()?)
+            .await
+            .map_err(SyncError::Qmp)
+    }
+
+    async fn soft_reboot_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        Err(decode_failed("soft reboot needs the guest agent"))
+    }
+
+    /// KubeVirt's `SignalShutdownVMI` signals only a running or paused domain: one already
+    /// shutting down or off (its guest powered off, QEMU quitting) is success, also when QEMU's
+    /// monitor closed under the power button.
+    async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        self.shared.graceful.store(true, Ordering::SeqCst);
+        let signalable = || {
+            let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            s.shutdown.is_none()
+                && matches!(
+                    s.state,
+                    lifecycle::DomainState::Running | lifecycle::DomainState::Paused
+                )
+        };
+        if !signalable() {
+            return Ok(());
+        }
+        match self.graceful_shutdown().await {
+            Err(SyncError::Qmp(e)) => {
+                // The monitor closing is how a QEMU whose guest powered off ends; its SHUTDOWN
+                // event may still be on its way to the event task.
+                let deadline = tokio::time::Instant::now() + SHUTDOWN_SETTLE;
+                while signalable() && tokio::time::Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                if signalable() {
+                    return Err(SyncError::Qmp(e));
+                }
+                info!(error = %e, "the domain shut down meanwhile");
+                Ok(())
+            }
+            other => other,
+        }
+    }
+
+    /// Kills QEMU; a QEMU already gone (or never started) is success, as libvirt's destroy of an
+    /// inactive domain is for KubeVirt's `KillVMI`.
+    async fn kill_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        let alive = |pid: i32| {
+            !matches!(
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None),
+                Err(nix::errno::Errno::ESRCH)
+            )
+        };
+        match self.qemu_pid() {
+            Some(pid) if alive(pid) => {
+                let q = match crate::monitor::qemu::Qemu::from_pid(pid) {
+                    Ok(q) => q,
+                    Err(_) if !alive(pid) => return Ok(()),
+                    Err(e) => return Err(SyncError::StartQemu(e)),
+                };
+                crate::monitor::grace::kill(&q, crate::monitor::grace::KILL_ESCALATION)
+                    .await
+                    .map_err(SyncError::StartQemu)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Records the deletion (any number of times); the launcher then sends the final delete
+    /// notification and exits once QEMU is gone.
+    async fn delete_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
+        self.deleted.send_replace(true);
+        Ok(())
+    }
+
+    async fn sync_vcpus(
+        &self,
+        vmi: Vmi,
+        _options: Option<VirtualMachineOptions>,
+    ) -> Result<(), SyncError> {
+        self.apply_vcpus(vmi).await
+    }
+
+    async fn sync_memory(
+        &self,
+        vmi: Vmi,
+        _options: Option<VirtualMachineOptions>,
+    ) -> Result<(), SyncError> {
+        self.apply_memory(vmi).await
+    }
+
+    async fn get_domain(&self) -> Result<Option<ApiDomain>, SyncError> {
+        self.info.refresh_interfaces();
+        Ok(self.domain())
+    }
+
+    async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
+        let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
+        let mut stats = self.info.stats(&self.client()?, pid).await?;
+        if let Some(job) = self.migration_job_info().await {
+            stats["MigrateDomainJobInfo"] = job;
+        }
+        Ok(stats)
+    }
+
+    /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the
+    /// answer of `qemu --version`, asked once.
+    async fn qemu_version(&self) -> Result<String, SyncError> {
+        if let Ok(client) = self.client() {
+            if let Ok(v) = client.run(&QueryVersion).await {
+                return Ok(format!(
+                    "{}.{}.{}",
+                    v.qemu.major, v.qemu.minor, v.qemu.micro
+                ));
+            }
+        }
+        let probe = self
+            .config
+            .qemu_probe
+            .clone()
+            .unwrap_or_else(|| crate::sync::config::QemuProbe::new(self.config.qemu.clone()));
+        match probe.answer().await {
+            Some((_, text)) => Ok(text),
+            None => Err(SyncError::Unsupported(format!(
+                "{} --version gave no version",
+                self.config.qemu.display()
+            ))),
+        }
+    }
+
+    async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {
+        self.info.agent.ping(timeout).await
+    }
+
+    async fn exec(
+        &self,
+        _domain_name: String,
+        command: String,
+        args: Vec<String>,
+        timeout: Duration,
+    ) -> Result<ExecOutput, SyncError> {
+        self.info.agent.exec(&command, &args, timeout).await
+    }
+
+    async fn freeze_vmi(
+        &self,
+        _vmi: Vmi,
+        unfreeze_timeout: Duration,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.freeze(unfreeze_timeout).await)
+    }
+
+    async fn unfreeze_vmi(&self, _vmi: Vmi) -> Option<Result<(), SyncError>> {
+        Some(self.unfreeze().await)
+    }
+
+    async fn guest_info(&self) -> Option<String> {
+        Some(self.cmdapi.store.guest_info_json())
+    }
+
+    async fn guest_users(&self) -> Option<String> {
+        Some(self.cmdapi.store.users_json())
+    }
+
+    async fn guest_filesystems(&self) -> Option<String> {
+        Some(self.cmdapi.store.filesystems_json())
+    }
+
+    async fn screenshot(&self, _vmi: Vmi) -> Option<Result<Screenshot, SyncError>> {
+        Some(self.take_screenshot().await)
+    }
+
+    async fn memory_dump(&self, _vmi: Vmi, dump_path: String) -> Option<Result<(), SyncError>> {
+        Some(self.start_memory_dump(&dump_path))
+    }
+
+    async fn dirty_rate(&self) -> Option<Result<i64, SyncError>> {
+        Some(self.dirty_rate_mbs().await)
+    }
+
+    async fn vm_stats(
+        &self,
+        request: VmStatsRequest,
+    ) -> Option<Result<VmStatsResponse, SyncError>> {
+        Some(self.collect_vm_stats(request).await)
+    }
+
+    async fn migrate_vmi(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.migrate(vmi_json, options).await)
+    }
+
+    async fn sync_migration_target(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Option<VirtualMachineOptions>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.sync_target(vmi_json, options).await)
+    }
+
+    async fn cancel_migration(self: Arc<Self>, vmi_json: Vec<u8>) -> Option<Result<(), SyncError>> {
+        Some(self.cancel(vmi_json).await)
+    }
+
+    async fn signal_target_pod_cleanup(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.signal_cleanup(vmi_json).await)
+    }
+
+    async fn finalize_migration(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Option<VirtualMachineOptions>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.finalize(vmi_json, options).await)
+    }
+
+    async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {
+        Some(self.hotplug_sriov(&vmi).await)
+    }
+
+    async fn sev_info(&self) -> Option<Result<Vec<u8>, SyncError>> {
+        Some(self.sev_platform_info().await)
+    }
+
+    async fn launch_measurement(&self, _vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
+        Some(self.sev_launch_measurement().await)
+    }
+
+    async fn inject_launch_secret(
+        &self,
+        _vmi: Vmi,
+        options: Vec<u8>,
+    ) -> Option<Result<(), SyncError>> {
+        Some(self.sev_inject_secret(&options).await)
+    }
+}
