@@ -57,7 +57,7 @@ pub struct DomainStats {
     /// Memory (KiB).
     pub memory: Option<MemoryStats>,
     /// Migration job info: `null` unless an outgoing migration runs (then filled by
-    /// `sync::migration::launcher::job_info`).
+    /// `sync::migration::outgoing::job_info`).
     pub migrate_domain_job_info: Option<Value>,
     /// One entry per vCPU.
     pub vcpu: Vec<VcpuStats>,

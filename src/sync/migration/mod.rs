@@ -5,7 +5,9 @@
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
 //! - [`source`], [`target`]: the two QMP halves of a migration;
 //! - [`hotplug`]: hot-plugged disks carried to the target;
-//! - [`launcher`]: the five migration RPCs of the launcher over them;
+//! - [`launcher`]: the five migration RPCs of the launcher over them and what both sides share;
+//!   [`outgoing`] the source's (`MigrateVirtualMachine`, cancel, job statistics),
+//!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize);
 //! - this module: the sockets virt-handler's migration proxy connects
 //!   (`pkg/virt-handler/migration-proxy/migration-proxy.go`, v1.9.0), the options virt-handler
 //!   sends with `MigrateVirtualMachine` (`cmdclient.MigrationOptions`) and the deadlines derived
@@ -17,8 +19,10 @@ use std::time::Duration;
 use serde::Deserialize;
 
 pub mod hotplug;
+pub mod incoming;
 pub mod launcher;
 pub mod metadata;
+pub mod outgoing;
 pub mod protocol;
 pub mod source;
 pub mod target;

@@ -1,0 +1,408 @@
+//! The source side of a migration: `MigrateVirtualMachine` (the outgoing migration's task over
+//! [`super::source`]), `CancelVirtualMachineMigration`, and the job statistics GetDomainStats
+//! reports while it runs (KubeVirt v1.9.0 `live-migration-source.go`, `manager.go`).
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::net::UnixStream;
+use tokio::sync::watch;
+use tracing::{info, warn};
+
+use crate::qmp::commands::{QueryBlock, Quit};
+use crate::qmp::lifecycle::{DomainState, StateReason};
+use crate::qmp::migration::MigrateCancel;
+use crate::qmp::QmpClient;
+use crate::sync::migration::hotplug;
+use crate::sync::migration::launcher::{
+    annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
+    FORCE_FAILURE_ANNOTATION,
+};
+use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
+use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
+use crate::sync::migration::source::{resolved_machine, run_source_with, SourcePlan};
+use crate::sync::migration::{MigrationError, MigrationOptions};
+use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::SyncError;
+
+/// How long KubeVirt lets an abort take before it reports `AbortStatus: Failed`.
+const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+impl SyncVmi {
+    /// `MigrateVirtualMachine`.
+    pub(crate) async fn migrate(
+        self: Arc<Self>,
+        vmi_json: Vec<u8>,
+        options: Vec<u8>,
+    ) -> Result<(), SyncError> {
+        let (vmi, state) = decode(&vmi_json)?;
+        require_unix_transport(&vmi)?;
+        if let Some(name) = state.as_ref().and_then(|s| s.running_backup.as_deref()) {
+            return Err(failed(format!(
+                "cannot migrate VMI until backup {name} is completed"
+            )));
+        }
+        let uid = state
+            .as_ref()
+            .and_then(VmiMigrationState::uid)
+            .ok_or_else(|| failed("cannot migrate VMI until migrationState is ready".into()))?;
+        let options = MigrationOptions::from_json(&options)
+            .map_err(|e| failed(format!("invalid migration options: {e}")))?;
+        let client = self.client()?;
+        let decision = {
+            let mut m = self
+                .migration
+                .metadata
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            MigrationMetadata::start(&mut m, &uid, SystemTime::now())
+        };
+        match decision {
+            StartDecision::AlreadyRunning => return Ok(()),
+            StartDecision::AlreadyExecuted => {
+                let m = self.migration.metadata().unwrap_or_default();
+                return Err(failed(format!(
+                    "migration job {uid} already executed, finished at {}, failed: {}, \
+                     abortStatus: {}",
+                    m.end_timestamp.unwrap_or_default(),
+                    m.failed,
+                    m.abort_status
+                )));
+            }
+            StartDecision::Start => {}
+        }
+        self.set_metadata(|_| {});
+        info!(migration = %uid, "migration accepted");
+        if annotation(&vmi, FORCE_FAILURE_ANNOTATION).is_some() {
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.finish(
+                        Some("Failed migration to satisfy functional test condition"),
+                        SystemTime::now(),
+                    );
+                }
+            });
+            return Ok(());
+        }
+        let (abort_tx, abort_rx) = watch::channel(false);
+        *self
+            .migration
+            .abort
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = Some(abort_tx);
+        let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
+        tokio::spawn(async move {
+            let result = self
+                .run_outgoing(&client, &vmi_uid, &uid, options, abort_rx)
+                .await;
+            self.outgoing_ended(&client, result).await;
+        });
+        Ok(())
+    }
+
+    async fn run_outgoing(
+        &self,
+        client: &QmpClient,
+        vmi_uid: &str,
+        migration_uid: &str,
+        options: MigrationOptions,
+        abort_rx: watch::Receiver<bool>,
+    ) -> Result<(), MigrationError> {
+        let (control, stream, nbd) = self.migration_proxy_sockets(vmi_uid);
+        let machine = resolved_machine(client).await?;
+        let copied_disks = self.copied_disks(client).await?;
+        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let argv = self
+            .migration
+            .boot_argv
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let memory = client
+            .execute("query-memory-size-summary", None)
+            .await
+            .ok()
+            .and_then(|v| v["base-memory"].as_u64())
+            .unwrap_or(0);
+        let data_bytes = memory + copied_disks.iter().map(|d| d.size).sum::<u64>();
+        let hotplugged = match self.running.lock().await.as_ref() {
+            Some(r) => hotplug::hotplugged_disks(&r.disks, &argv),
+            None => Vec::new(),
+        };
+        let domain = RunningDomain {
+            vmi_uid: vmi_uid.to_owned(),
+            migration_uid: migration_uid.to_owned(),
+            machine,
+            argv: normalized(&argv, &self.config),
+            hotplugged,
+            copied_disks,
+            capabilities: Vec::new(),
+            multifd_channels: None,
+            paused: status.state == DomainState::Paused && status.reason == StateReason::User,
+        };
+        let plan = SourcePlan {
+            stream,
+            nbd,
+            options,
+            data_bytes,
+        };
+        let conn = UnixStream::connect(&control).await.map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot reach the migration target at {}: {e}",
+                control.display()
+            ))
+        })?;
+        self.shared.migrating.store(true, Ordering::SeqCst);
+        // Post-copy started or the guest paused to converge: the record's mode changes at once,
+        // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
+        let mut on_event = |e: crate::sync::migration::source::SourceEvent| {
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.mode = e.mode().into();
+                }
+            })
+        };
+        let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
+        self.shared.migrating.store(false, Ordering::SeqCst);
+        let end = end?;
+        info!(
+            total_ms = end.total_ms,
+            downtime_ms = end.downtime_ms,
+            "migration completed"
+        );
+        Ok(())
+    }
+
+    /// The result of an outgoing migration: on success QEMU is stopped (Shutoff/Migrated) and
+    /// `EndTimestamp` set; on failure the abort status and `Failed` + reason.
+    async fn outgoing_ended(&self, client: &QmpClient, result: Result<(), MigrationError>) {
+        match result {
+            Ok(()) => {
+                self.shared.migrated.store(true, Ordering::SeqCst);
+                let _ = client.run(&Quit).await;
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+                while tokio::time::Instant::now() < deadline {
+                    let s = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+                    if s.state == DomainState::Shutoff {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                self.set_metadata(|m| {
+                    if let Some(m) = m {
+                        m.finish(None, SystemTime::now());
+                    }
+                });
+            }
+            Err(e) => {
+                let reason = e.failure_reason();
+                warn!(reason = %reason, "migration failed");
+                let aborted = matches!(e, MigrationError::Aborted);
+                self.set_metadata(|m| {
+                    if let Some(m) = m {
+                        if m.abort_status == abort::ABORTING {
+                            m.abort_status = if aborted {
+                                abort::SUCCEEDED
+                            } else {
+                                abort::FAILED
+                            }
+                            .into();
+                        }
+                    }
+                });
+                self.set_metadata(|m| {
+                    if let Some(m) = m {
+                        m.finish(Some(&reason), SystemTime::now());
+                    }
+                });
+            }
+        }
+        *self
+            .migration
+            .abort
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// The local disks to mirror (KubeVirt `getDiskTargetsForMigration`): every writable disk
+    /// whose image lives in the pod's own storage (containerDisk and ephemeral overlays, empty
+    /// disks, cloud-init and config ISOs), by format node, with export `drive-<alias>`.
+    async fn copied_disks(&self, client: &QmpClient) -> Result<Vec<CopiedDisk>, MigrationError> {
+        let p = &self.config.paths;
+        let local = [&p.ephemeral_disks, &p.empty_disks, &p.cloud_init];
+        let blocks = client.run(&QueryBlock).await?;
+        let mut out = Vec::new();
+        for b in &blocks {
+            let Some(ins) = &b.inserted else {
+                continue;
+            };
+            if ins.ro.unwrap_or(true) {
+                continue;
+            }
+            let file = ins.file.as_deref().unwrap_or_default();
+            if !local
+                .iter()
+                .any(|root| !root.is_empty() && file.contains(root.as_str()))
+            {
+                continue;
+            }
+            let qdev = b.qdev.as_deref().unwrap_or_default();
+            let alias = qdev
+                .strip_prefix("/machine/peripheral/")
+                .map(|rest| rest.split('/').next().unwrap_or(rest))
+                .unwrap_or(qdev);
+            let (Some(node), Some(size)) = (
+                ins.node_name.as_deref(),
+                ins.image.as_ref().and_then(|i| i.virtual_size),
+            ) else {
+                continue;
+            };
+            if alias.is_empty() {
+                continue;
+            }
+            out.push(CopiedDisk {
+                node: node.to_owned(),
+                export: format!("drive-{alias}"),
+                size,
+            });
+        }
+        Ok(out)
+    }
+
+    /// `CancelVirtualMachineMigration`.
+    pub(crate) async fn cancel(self: Arc<Self>, vmi_json: Vec<u8>) -> Result<(), SyncError> {
+        decode(&vmi_json)?;
+        let Some(m) = self.migration.metadata() else {
+            return Ok(());
+        };
+        if !m.cancel_applies() {
+            return Ok(());
+        }
+        self.set_metadata(|m| {
+            if let Some(m) = m {
+                m.abort_status = abort::ABORTING.into();
+            }
+        });
+        let sender = self
+            .migration
+            .abort
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        let Some(sender) = sender else {
+            // No migration job runs: the abort fails (KubeVirt: no active job).
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.abort_status = abort::FAILED.into();
+                }
+            });
+            return Ok(());
+        };
+        sender.send_replace(true);
+        if let Ok(client) = self.client() {
+            let _ = client.run(&MigrateCancel).await;
+        }
+        let me = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(ABORT_TIMEOUT).await;
+            me.set_metadata(|m| {
+                if let Some(m) = m {
+                    if m.abort_status == abort::ABORTING {
+                        m.abort_status = abort::FAILED.into();
+                    }
+                }
+            });
+        });
+        Ok(())
+    }
+}
+
+/// KubeVirt's `stats.DomainJobInfo` (Go field names) of a running migration, as libvirt's job
+/// statistics map QEMU's: data = RAM plus the disk mirrors (`query-block-jobs` offset/len),
+/// `MemoryBps` = `ram.mbps` × 125 000 (QEMU's unit is 10^6 bit/s), `MemDirtyRate` in bytes/s
+/// (dirty pages/s × page size).
+pub fn job_info(
+    info: &crate::qmp::migration::MigrationInfo,
+    jobs: &[crate::qmp::migration::BlockJobInfo],
+) -> serde_json::Value {
+    let ram = info.ram.clone().unwrap_or_default();
+    let (len, offset) = jobs
+        .iter()
+        .filter(|j| j.device.starts_with("drive-"))
+        .fold((0u64, 0u64), |(l, o), j| (l + j.len, o + j.offset));
+    let page = if ram.page_size == 0 {
+        4096
+    } else {
+        ram.page_size
+    };
+    serde_json::json!({
+        "DataTotalSet": true, "DataTotal": ram.total + len,
+        "DataProcessedSet": true, "DataProcessed": ram.transferred + offset,
+        "MemoryBpsSet": true, "MemoryBps": (ram.mbps * 125_000.0) as u64,
+        "DataRemainingSet": true, "DataRemaining": ram.remaining + len.saturating_sub(offset),
+        "MemDirtyRateSet": true, "MemDirtyRate": ram.dirty_pages_rate.saturating_mul(page),
+    })
+}
+
+impl SyncVmi {
+    /// `MigrateDomainJobInfo` for GetDomainStats while an outgoing migration runs (`None`
+    /// otherwise).
+    pub(crate) async fn migration_job_info(&self) -> Option<serde_json::Value> {
+        let active = self
+            .migration
+            .abort
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some();
+        if !active {
+            return None;
+        }
+        let client = self.client().ok()?;
+        let info = client
+            .run(&crate::qmp::migration::QueryMigrate)
+            .await
+            .ok()?;
+        let jobs = client
+            .run(&crate::qmp::migration::QueryBlockJobs)
+            .await
+            .unwrap_or_default();
+        Some(job_info(&info, &jobs))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_info_adds_the_mirrors_and_converts_units() {
+        use crate::qmp::migration::{BlockJobInfo, MigrationInfo, RamStats};
+        let info = MigrationInfo {
+            status: Some("active".into()),
+            ram: Some(RamStats {
+                total: 1000,
+                transferred: 400,
+                remaining: 600,
+                mbps: 8.0,
+                dirty_pages_rate: 10,
+                page_size: 4096,
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let jobs = vec![BlockJobInfo {
+            device: "drive-ua-rootdisk".into(),
+            len: 100,
+            offset: 30,
+            ready: false,
+            status: "running".into(),
+        }];
+        let v = job_info(&info, &jobs);
+        assert_eq!(v["DataTotal"], 1100);
+        assert_eq!(v["DataProcessed"], 430);
+        assert_eq!(v["DataRemaining"], 670);
+        assert_eq!(v["MemoryBps"], 1_000_000);
+        assert_eq!(v["MemDirtyRate"], 40960);
+    }
+}
