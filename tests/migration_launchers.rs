@@ -17,7 +17,7 @@ use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    exec_until_ok, history, metadata, migrating_vmi, options, wait_notified, Relay, Rpc,
+    exec_until_ok, history, metadata, migrate_on, migrating_vmi, options, wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -217,25 +217,8 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     let mut third = Pod::new(&images.disk_qcow2, false);
     third.uid = uid.clone();
     let vmi2 = migrating_vmi(&uid, "mig-2", &third.pod_name(), &guest_mac);
-    let h = third.start_launcher();
-    let mut hc = third.client(h).await;
-    assert_eq!(
-        Rpc::sync_target(&mut hc, &vmi2).await,
-        (true, String::new())
-    );
-    let _relay2 = Relay::start(&target, &third, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut tc, &vmi2, &opts).await,
-        (true, String::new())
-    );
-    wait_notified(
-        &third,
-        "third pod Running with EndTimestamp",
-        MIGRATION,
-        |d| {
-            d.status.status == L::Running
-                && metadata(d).is_some_and(|m| m.uid == "mig-2" && m.end_timestamp.is_some())
-        },
+    let (_, mut hc, _relay2) = migrate_on(
+        &target, &mut tc, &mut third, &vmi2, "mig-2", &opts, MIGRATION,
     )
     .await;
     wait_notified(&target, "target Shutoff/Migrated", MIGRATION, |d| {

@@ -30,7 +30,6 @@ use qlauncher::cmdline::plan::{Backend, DomainPlan};
 use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
-use qlauncher::sync::migration::protocol::RunningDomain;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::MigrationOptions;
@@ -38,6 +37,7 @@ use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
 use qlauncher_libvirt_xml::{export, to_xml};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
+use testkit::migration::running_domain;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -331,17 +331,11 @@ async fn a_domain_started_by_libvirt_from_our_xml_migrates_into_qlaunchers_qemu(
     drop(console);
 
     // qlauncher's QEMU for the same VMI, incoming.
-    let domain = RunningDomain {
-        vmi_uid: vmi.metadata.uid.clone().unwrap_or_default(),
-        migration_uid: "mig-libvirt".into(),
-        machine: resolved_machine(&s_qmp).await.unwrap(),
-        argv: Vec::new(),
-        hotplugged: Vec::new(),
-        copied_disks: Vec::new(),
-        capabilities: Vec::new(),
-        multifd_channels: None,
-        paused: false,
-    };
+    let domain = running_domain(
+        vmi.metadata.uid.as_deref().unwrap_or_default(),
+        "mig-libvirt",
+        resolved_machine(&s_qmp).await.unwrap(),
+    );
     // The CPU is the one device model that differs (compat's table above): qlauncher renders
     // KubeVirt's default host-model as `-cpu max` under TCG (`-cpu host,migratable=on` with
     // KVM), libvirt as the named model plus features it probed (here EPYC + 28 flags). QEMU does
