@@ -17,7 +17,8 @@ use qlauncher::sync::domain::{ApiDomain, LifeCycle as L};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, wait_notified, Relay, Rpc,
+    boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
+    wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -68,12 +69,9 @@ const FIND: &str = "for b in /sys/block/vd*; do \
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
     let images = GuestImages::locate();
-    let mut source = Pod::new(&images.disk_qcow2, false);
-    let mut target = Pod::new(&images.disk_qcow2, false);
-    target.uid = source.uid.clone();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
-    let mut plain = testkit::launcher::vmi(&uid);
-    plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    let plain = plain_vmi(&uid);
 
     let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
 

@@ -408,3 +408,19 @@ pub async fn migrate_on(
     .await;
     (n, c, relay)
 }
+
+/// A source and a target pod (root QEMU) of one VMI on the guest `guest_qcow2`: the target takes
+/// the source's UID.
+pub fn pod_pair(guest_qcow2: &Path) -> (Pod, Pod) {
+    let source = Pod::new(guest_qcow2, false);
+    let mut target = Pod::new(guest_qcow2, false);
+    target.uid = source.uid.clone();
+    (source, target)
+}
+
+/// The VMI `uid` before the hand-off: no migration state, the Unix migration transport.
+pub fn plain_vmi(uid: &str) -> serde_json::Value {
+    let mut vmi = crate::launcher::vmi(uid);
+    vmi["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    vmi
+}
