@@ -73,18 +73,9 @@ fn libvirt_xml(vmi: &Vmi, root: &Path, guest: &GuestImages) -> String {
 fn pod(vmi: &Vmi, root: &Path, guest: &GuestImages) -> (Vec<String>, String, String) {
     let ctx = testkit::cmdline::acceptance_context(vmi, &FactsFile::default(), root, "qlmb");
     let plan = convert(vmi, &ctx).unwrap();
-    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    let k = plan.kernel_boot.as_ref().unwrap();
-    for (want, have) in [(&k.kernel, &guest.vmlinuz), (&k.initrd, &guest.initrd)] {
-        let want = want.as_ref().unwrap();
-        std::fs::create_dir_all(Path::new(want).parent().unwrap()).unwrap();
-        std::fs::copy(have, want).unwrap();
-    }
-    if let Some(v) = &plan.vnc {
-        std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
-    }
+    testkit::cmdline::create_pod_dirs(root);
+    assert!(plan.kernel_boot.is_some(), "the bench VMI boots a kernel");
+    testkit::cmdline::place_kernel_and_vnc(&plan, guest);
     let argv = render::argv(&plan);
     let serial = argv
         .windows(2)

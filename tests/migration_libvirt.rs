@@ -26,8 +26,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use qlauncher::cmdline::plan::{Backend, DomainPlan};
-use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
+use qlauncher::cmdline::plan::DomainPlan;
+use qlauncher::cmdline::qemu::{Blockdev, FormatDriver};
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
@@ -36,6 +36,7 @@ use qlauncher::sync::migration::MigrationOptions;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
 use qlauncher_libvirt_xml::{export, to_xml};
+use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs, place_kernel_and_vnc};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
 use testkit::migration::running_domain;
 use tokio::net::{UnixListener, UnixStream};
@@ -135,31 +136,9 @@ fn vmi() -> Vmi {
 /// Creates every file the plan's argv refers to (as `tests/cmdline_qemu_acceptance.rs` does):
 /// the kernel-boot pair from the test guest, each disk's image, socket directories.
 fn prepare_files(plan: &DomainPlan, root: &Path, guest: &GuestImages) {
-    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    if let Some(k) = &plan.kernel_boot {
-        for (want, have) in [(&k.kernel, &guest.vmlinuz), (&k.initrd, &guest.initrd)] {
-            let want = want.as_ref().unwrap();
-            std::fs::create_dir_all(Path::new(want).parent().unwrap()).unwrap();
-            std::fs::copy(have, want).unwrap();
-        }
-    }
-    if let Some(v) = &plan.vnc {
-        std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
-    }
-    let mut blockdevs: Vec<&Blockdev> = vec![];
-    for d in &plan.devices {
-        match &d.backend {
-            Backend::Blockdevs(b) => blockdevs.extend(b.iter()),
-            Backend::Chardev(c) => {
-                if let SocketAddr::Path(p) = &c.addr {
-                    std::fs::create_dir_all(Path::new(p).parent().unwrap()).unwrap();
-                }
-            }
-            _ => {}
-        }
-    }
+    create_pod_dirs(root);
+    place_kernel_and_vnc(plan, guest);
+    let blockdevs = chardev_dirs_and_blockdevs(plan);
     for b in &blockdevs {
         if let Blockdev::Protocol(p) = b {
             let fmt = blockdevs.iter().find_map(|f| match f {
