@@ -142,29 +142,19 @@ fn prepare_files(plan: &DomainPlan, root: &Path) {
         std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
     }
     // Format of the file under each protocol node.
-    for b in &blockdevs {
-        if let Blockdev::Protocol(p) = b {
-            if p.filename.starts_with("/usr/share/OVMF") {
-                continue;
-            }
-            let fmt = blockdevs.iter().find_map(|f| match f {
-                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
-                _ => None,
-            });
-            let path = Path::new(&p.filename);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            if path.exists() {
-                continue;
-            }
-            match fmt {
-                Some(FormatDriver::Qcow2) => run(Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2"])
-                    .arg(path)
-                    .arg("16M")),
-                _ => {
-                    let f = std::fs::File::create(path).unwrap();
-                    f.set_len(16 << 20).unwrap();
-                }
+    // (The firmware's own files are there already.)
+    blockdevs.retain(
+        |b| !matches!(b, Blockdev::Protocol(p) if p.filename.starts_with("/usr/share/OVMF")),
+    );
+    for (path, fmt) in testkit::cmdline::missing_images(&blockdevs) {
+        match fmt {
+            Some(FormatDriver::Qcow2) => run(Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2"])
+                .arg(path)
+                .arg("16M")),
+            _ => {
+                let f = std::fs::File::create(path).unwrap();
+                f.set_len(16 << 20).unwrap();
             }
         }
     }

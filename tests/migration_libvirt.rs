@@ -27,7 +27,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use qlauncher::cmdline::plan::DomainPlan;
-use qlauncher::cmdline::qemu::{Blockdev, FormatDriver};
+use qlauncher::cmdline::qemu::FormatDriver;
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
@@ -36,7 +36,9 @@ use qlauncher::sync::migration::MigrationOptions;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
 use qlauncher_libvirt_xml::{export, to_xml};
-use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs, place_kernel_and_vnc};
+use testkit::cmdline::{
+    chardev_dirs_and_blockdevs, create_pod_dirs, missing_images, place_kernel_and_vnc,
+};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
 use testkit::migration::running_domain;
 use tokio::net::{UnixListener, UnixStream};
@@ -139,29 +141,18 @@ fn prepare_files(plan: &DomainPlan, root: &Path, guest: &GuestImages) {
     create_pod_dirs(root);
     place_kernel_and_vnc(plan, guest);
     let blockdevs = chardev_dirs_and_blockdevs(plan);
-    for b in &blockdevs {
-        if let Blockdev::Protocol(p) = b {
-            let fmt = blockdevs.iter().find_map(|f| match f {
-                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
-                _ => None,
-            });
-            let path = Path::new(&p.filename);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            if path.exists() {
-                continue;
-            }
-            let ok = match fmt {
-                Some(FormatDriver::Qcow2) => Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-                    .arg(&guest.disk_raw)
-                    .arg(path)
-                    .status()
-                    .unwrap()
-                    .success(),
-                _ => std::fs::copy(&guest.disk_raw, path).is_ok(),
-            };
-            assert!(ok, "image {}", path.display());
-        }
+    for (path, fmt) in missing_images(&blockdevs) {
+        let ok = match fmt {
+            Some(FormatDriver::Qcow2) => Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                .arg(&guest.disk_raw)
+                .arg(path)
+                .status()
+                .unwrap()
+                .success(),
+            _ => std::fs::copy(&guest.disk_raw, path).is_ok(),
+        };
+        assert!(ok, "image {}", path.display());
     }
 }
 

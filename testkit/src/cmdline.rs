@@ -9,7 +9,7 @@ use qlauncher::cmdline::context::{
     ConverterContext, IfaceFacts, MonitorSocket, QemuVersion, TapSource,
 };
 use qlauncher::cmdline::plan::{Backend, DomainPlan};
-use qlauncher::cmdline::qemu::{Blockdev, SocketAddr};
+use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
 use qlauncher::cmdline::FactsFile;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 
@@ -138,4 +138,24 @@ pub fn chardev_dirs_and_blockdevs(plan: &DomainPlan) -> Vec<&Blockdev> {
         }
     }
     blockdevs
+}
+
+/// The image files of `blockdevs` that do not exist yet, each with the format of the node over
+/// it (`None` when no format node reads it); creates each file's directory.
+pub fn missing_images<'a>(blockdevs: &[&'a Blockdev]) -> Vec<(&'a Path, Option<FormatDriver>)> {
+    let mut out = Vec::new();
+    for b in blockdevs {
+        if let Blockdev::Protocol(p) = b {
+            let fmt = blockdevs.iter().find_map(|f| match f {
+                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
+                _ => None,
+            });
+            let path = Path::new(&p.filename);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            if !path.exists() {
+                out.push((path, fmt));
+            }
+        }
+    }
+    out
 }
