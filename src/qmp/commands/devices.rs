@@ -223,13 +223,8 @@ pub struct ChardevInfo {
 mod tests {
     use super::*;
     use crate::cmdline::qemu::{BackingNode, Blockdev, BlockdevFormat, FormatDriver};
+    use crate::qmp::commands::tests::{wire, Wire};
     use serde_json::json;
-
-    type Wire = (String, Option<Value>);
-
-    fn wire<C: Command>(c: &C) -> Wire {
-        (c.name().to_string(), c.arguments().unwrap())
-    }
 
     #[test]
     fn hotplug_commands_encode_as_qemu_schema_arguments() {
