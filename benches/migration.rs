@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
-use qlauncher::sync::migration::protocol::RunningDomain;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
 use qlauncher::sync::migration::target::{incoming_argv, TargetSession, TargetSockets};
 use qlauncher::sync::migration::MigrationOptions;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
+use testkit::migration::running_domain;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -73,18 +73,9 @@ fn libvirt_xml(vmi: &Vmi, root: &Path, guest: &GuestImages) -> String {
 fn pod(vmi: &Vmi, root: &Path, guest: &GuestImages) -> (Vec<String>, String, String) {
     let ctx = testkit::cmdline::acceptance_context(vmi, &FactsFile::default(), root, "qlmb");
     let plan = convert(vmi, &ctx).unwrap();
-    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    let k = plan.kernel_boot.as_ref().unwrap();
-    for (want, have) in [(&k.kernel, &guest.vmlinuz), (&k.initrd, &guest.initrd)] {
-        let want = want.as_ref().unwrap();
-        std::fs::create_dir_all(Path::new(want).parent().unwrap()).unwrap();
-        std::fs::copy(have, want).unwrap();
-    }
-    if let Some(v) = &plan.vnc {
-        std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
-    }
+    testkit::cmdline::create_pod_dirs(root);
+    assert!(plan.kernel_boot.is_some(), "the bench VMI boots a kernel");
+    testkit::cmdline::place_kernel_and_vnc(&plan, guest);
     let argv = render::argv(&plan);
     let serial = argv
         .windows(2)
@@ -138,17 +129,11 @@ async fn one(mem: u64, multifd: bool, guest: &GuestImages) -> serde_json::Value 
     console.wait_for_marker("boot ok", BOOT_TIMEOUT).unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    let domain = RunningDomain {
-        vmi_uid: "6b6b6b6b-0000-4000-8000-00000000b019".into(),
-        migration_uid: "bench".into(),
-        machine: resolved_machine(&s_qmp).await.unwrap(),
-        argv: Vec::new(),
-        hotplugged: Vec::new(),
-        copied_disks: Vec::new(),
-        capabilities: Vec::new(),
-        multifd_channels: None,
-        paused: false,
-    };
+    let domain = running_domain(
+        "6b6b6b6b-0000-4000-8000-00000000b019",
+        "bench",
+        resolved_machine(&s_qmp).await.unwrap(),
+    );
     let t0 = Instant::now();
     let target_argv = incoming_argv(&t_argv, &domain).unwrap();
     let _target = spawn(&target_argv, &tmp.path().join("dst.log"));

@@ -15,7 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use qlauncher::cmdline::plan::{Backend, DomainPlan, FirmwarePlan};
-use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
+use qlauncher::cmdline::qemu::{Blockdev, FormatDriver};
 use qlauncher::cmdline::{convert, render};
 use serde_json::{json, Value};
 
@@ -106,9 +106,7 @@ fn run(cmd: &mut Command) {
 
 /// Creates every file and directory the plan's argv refers to.
 fn prepare_files(plan: &DomainPlan, root: &Path) {
-    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
+    testkit::cmdline::create_pod_dirs(root);
     let mut blockdevs: Vec<&Blockdev> = vec![];
     if let FirmwarePlan::Efi {
         blockdevs: b,
@@ -123,17 +121,7 @@ fn prepare_files(plan: &DomainPlan, root: &Path) {
                 .filter(|b| b.node_name().starts_with("libvirt-pflash0")),
         );
     }
-    for d in &plan.devices {
-        match &d.backend {
-            Backend::Blockdevs(b) => blockdevs.extend(b.iter()),
-            Backend::Chardev(c) => {
-                if let SocketAddr::Path(p) = &c.addr {
-                    std::fs::create_dir_all(Path::new(p).parent().unwrap()).unwrap();
-                }
-            }
-            _ => {}
-        }
-    }
+    blockdevs.extend(testkit::cmdline::chardev_dirs_and_blockdevs(plan));
     if let Some(k) = &plan.kernel_boot {
         let dir = std::env::var("QLAUNCHER_GUEST_DIR")
             .unwrap_or_else(|_| "/var/cache/qlauncher/guest".into());
@@ -154,29 +142,19 @@ fn prepare_files(plan: &DomainPlan, root: &Path) {
         std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
     }
     // Format of the file under each protocol node.
-    for b in &blockdevs {
-        if let Blockdev::Protocol(p) = b {
-            if p.filename.starts_with("/usr/share/OVMF") {
-                continue;
-            }
-            let fmt = blockdevs.iter().find_map(|f| match f {
-                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
-                _ => None,
-            });
-            let path = Path::new(&p.filename);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            if path.exists() {
-                continue;
-            }
-            match fmt {
-                Some(FormatDriver::Qcow2) => run(Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2"])
-                    .arg(path)
-                    .arg("16M")),
-                _ => {
-                    let f = std::fs::File::create(path).unwrap();
-                    f.set_len(16 << 20).unwrap();
-                }
+    // (The firmware's own files are there already.)
+    blockdevs.retain(
+        |b| !matches!(b, Blockdev::Protocol(p) if p.filename.starts_with("/usr/share/OVMF")),
+    );
+    for (path, fmt) in testkit::cmdline::missing_images(&blockdevs) {
+        match fmt {
+            Some(FormatDriver::Qcow2) => run(Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2"])
+                .arg(path)
+                .arg("16M")),
+            _ => {
+                let f = std::fs::File::create(path).unwrap();
+                f.set_len(16 << 20).unwrap();
             }
         }
     }

@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
-use testkit::launcher::{get_domain, sync, Pod};
-use testkit::migration::{exec_until_ok, metadata, migrating_vmi, options, Relay, Rpc};
+use testkit::launcher::{get_domain, Pod};
+use testkit::migration::{boot, exec_until_ok, metadata, migrating_vmi, options, Relay, Rpc};
 
 const BOOT: Duration = Duration::from_secs(240);
 const END: Duration = Duration::from_secs(120);
@@ -95,11 +95,7 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
     let uid = source.uid.clone();
     let mut plain = migrating_vmi(&uid, "none", "none", testkit::netns::POD_MAC);
     plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
-    let s = source.start_launcher();
-    let mut sc = source.client(s).await;
-    assert_eq!(sync(&mut sc, &plain).await, (true, String::new()));
-    source.wait_event((L::Running, R::Unknown), BOOT).await;
-    exec_until_ok(&mut sc, "true", BOOT).await;
+    let (_, mut sc) = boot(&mut source, &plain, BOOT).await;
     exec_until_ok(
         &mut sc,
         "(i=0; while :; do i=$((i+1)); echo $i >/tmp/counter; sleep 0.05; done) \

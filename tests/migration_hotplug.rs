@@ -13,11 +13,12 @@
 
 use std::time::Duration;
 
-use qlauncher::sync::domain::{ApiDomain, LifeCycle as L, StateChangeReason as R};
+use qlauncher::sync::domain::{ApiDomain, LifeCycle as L};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    exec_until_ok, metadata, migrating_vmi, options, wait_notified, Relay, Rpc,
+    boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
+    wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -68,18 +69,11 @@ const FIND: &str = "for b in /sys/block/vd*; do \
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
     let images = GuestImages::locate();
-    let mut source = Pod::new(&images.disk_qcow2, false);
-    let mut target = Pod::new(&images.disk_qcow2, false);
-    target.uid = source.uid.clone();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
-    let mut plain = testkit::launcher::vmi(&uid);
-    plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    let plain = plain_vmi(&uid);
 
-    let s = source.start_launcher();
-    let mut sc = source.client(s).await;
-    assert_eq!(sync(&mut sc, &plain).await, (true, String::new()));
-    source.wait_event((L::Running, R::Unknown), BOOT).await;
-    exec_until_ok(&mut sc, "true", BOOT).await;
+    let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
 
     // virt-handler mounts the hotplug volume into the pod (an ext4 image here), then syncs.
     let dir = source.share().join("hotplug-disks");
@@ -205,25 +199,14 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
         migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),
         &dev_target,
     );
-    let h = third.start_launcher();
-    let mut hc = third.client(h).await;
-    assert_eq!(
-        Rpc::sync_target(&mut hc, &vmi2).await,
-        (true, String::new())
-    );
-    let _relay2 = Relay::start(&target, &third, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut tc, &vmi2, &options("0", 150)).await,
-        (true, String::new())
-    );
-    wait_notified(
-        &third,
-        "third pod Running with EndTimestamp",
+    let (h, mut hc, _relay2) = migrate_on(
+        &target,
+        &mut tc,
+        &mut third,
+        &vmi2,
+        "mig-hp2",
+        &options("0", 150),
         MIGRATION,
-        |d| {
-            d.status.status == L::Running
-                && metadata(d).is_some_and(|m| m.uid == "mig-hp2" && m.end_timestamp.is_some())
-        },
     )
     .await;
     let again = exec_until_ok(

@@ -17,7 +17,8 @@ use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    exec_until_ok, history, metadata, migrating_vmi, options, wait_notified, Relay, Rpc,
+    exec_until_ok, history, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
+    wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -61,13 +62,10 @@ fn counter(out: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     let images = GuestImages::locate();
-    let mut source = Pod::new(&images.disk_qcow2, false);
-    let mut target = Pod::new(&images.disk_qcow2, false);
-    target.uid = source.uid.clone();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
     // Before the hand-off the VMI has no migration state.
-    let mut plain = testkit::launcher::vmi(&uid);
-    plain["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    let plain = plain_vmi(&uid);
     // Pods get their own MACs from the CNI: the guest, whose MAC defaults to its first pod's,
     // must keep that one on the target.
     target
@@ -217,25 +215,8 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     let mut third = Pod::new(&images.disk_qcow2, false);
     third.uid = uid.clone();
     let vmi2 = migrating_vmi(&uid, "mig-2", &third.pod_name(), &guest_mac);
-    let h = third.start_launcher();
-    let mut hc = third.client(h).await;
-    assert_eq!(
-        Rpc::sync_target(&mut hc, &vmi2).await,
-        (true, String::new())
-    );
-    let _relay2 = Relay::start(&target, &third, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut tc, &vmi2, &opts).await,
-        (true, String::new())
-    );
-    wait_notified(
-        &third,
-        "third pod Running with EndTimestamp",
-        MIGRATION,
-        |d| {
-            d.status.status == L::Running
-                && metadata(d).is_some_and(|m| m.uid == "mig-2" && m.end_timestamp.is_some())
-        },
+    let (_, mut hc, _relay2) = migrate_on(
+        &target, &mut tc, &mut third, &vmi2, "mig-2", &opts, MIGRATION,
     )
     .await;
     wait_notified(&target, "target Shutoff/Migrated", MIGRATION, |d| {

@@ -26,18 +26,21 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use qlauncher::cmdline::plan::{Backend, DomainPlan};
-use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
+use qlauncher::cmdline::plan::DomainPlan;
+use qlauncher::cmdline::qemu::FormatDriver;
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
-use qlauncher::sync::migration::protocol::RunningDomain;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::MigrationOptions;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt::{self, EmbedRoot};
 use qlauncher_libvirt_xml::{export, to_xml};
+use testkit::cmdline::{
+    chardev_dirs_and_blockdevs, create_pod_dirs, missing_images, place_kernel_and_vnc,
+};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
+use testkit::migration::running_domain;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -135,54 +138,21 @@ fn vmi() -> Vmi {
 /// Creates every file the plan's argv refers to (as `tests/cmdline_qemu_acceptance.rs` does):
 /// the kernel-boot pair from the test guest, each disk's image, socket directories.
 fn prepare_files(plan: &DomainPlan, root: &Path, guest: &GuestImages) {
-    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
-        std::fs::create_dir_all(root.join(d)).unwrap();
-    }
-    if let Some(k) = &plan.kernel_boot {
-        for (want, have) in [(&k.kernel, &guest.vmlinuz), (&k.initrd, &guest.initrd)] {
-            let want = want.as_ref().unwrap();
-            std::fs::create_dir_all(Path::new(want).parent().unwrap()).unwrap();
-            std::fs::copy(have, want).unwrap();
-        }
-    }
-    if let Some(v) = &plan.vnc {
-        std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
-    }
-    let mut blockdevs: Vec<&Blockdev> = vec![];
-    for d in &plan.devices {
-        match &d.backend {
-            Backend::Blockdevs(b) => blockdevs.extend(b.iter()),
-            Backend::Chardev(c) => {
-                if let SocketAddr::Path(p) = &c.addr {
-                    std::fs::create_dir_all(Path::new(p).parent().unwrap()).unwrap();
-                }
-            }
-            _ => {}
-        }
-    }
-    for b in &blockdevs {
-        if let Blockdev::Protocol(p) = b {
-            let fmt = blockdevs.iter().find_map(|f| match f {
-                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
-                _ => None,
-            });
-            let path = Path::new(&p.filename);
-            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
-            if path.exists() {
-                continue;
-            }
-            let ok = match fmt {
-                Some(FormatDriver::Qcow2) => Command::new("qemu-img")
-                    .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
-                    .arg(&guest.disk_raw)
-                    .arg(path)
-                    .status()
-                    .unwrap()
-                    .success(),
-                _ => std::fs::copy(&guest.disk_raw, path).is_ok(),
-            };
-            assert!(ok, "image {}", path.display());
-        }
+    create_pod_dirs(root);
+    place_kernel_and_vnc(plan, guest);
+    let blockdevs = chardev_dirs_and_blockdevs(plan);
+    for (path, fmt) in missing_images(&blockdevs) {
+        let ok = match fmt {
+            Some(FormatDriver::Qcow2) => Command::new("qemu-img")
+                .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                .arg(&guest.disk_raw)
+                .arg(path)
+                .status()
+                .unwrap()
+                .success(),
+            _ => std::fs::copy(&guest.disk_raw, path).is_ok(),
+        };
+        assert!(ok, "image {}", path.display());
     }
 }
 
@@ -331,17 +301,11 @@ async fn a_domain_started_by_libvirt_from_our_xml_migrates_into_qlaunchers_qemu(
     drop(console);
 
     // qlauncher's QEMU for the same VMI, incoming.
-    let domain = RunningDomain {
-        vmi_uid: vmi.metadata.uid.clone().unwrap_or_default(),
-        migration_uid: "mig-libvirt".into(),
-        machine: resolved_machine(&s_qmp).await.unwrap(),
-        argv: Vec::new(),
-        hotplugged: Vec::new(),
-        copied_disks: Vec::new(),
-        capabilities: Vec::new(),
-        multifd_channels: None,
-        paused: false,
-    };
+    let domain = running_domain(
+        vmi.metadata.uid.as_deref().unwrap_or_default(),
+        "mig-libvirt",
+        resolved_machine(&s_qmp).await.unwrap(),
+    );
     // The CPU is the one device model that differs (compat's table above): qlauncher renders
     // KubeVirt's default host-model as `-cpu max` under TCG (`-cpu host,migratable=on` with
     // KVM), libvirt as the named model plus features it probed (here EPYC + 28 flags). QEMU does

@@ -18,13 +18,13 @@
 use std::time::Duration;
 
 use qlauncher::qmp::QmpClient;
-use qlauncher::sync::migration::protocol::RunningDomain;
 use qlauncher::sync::migration::source::{
     resolved_machine, run_source_with, SourceEvent, SourcePlan,
 };
-use qlauncher::sync::migration::target::{TargetEnd, TargetSession, TargetSockets};
+use qlauncher::sync::migration::target::{TargetEnd, TargetSession};
 use qlauncher::sync::migration::MigrationOptions;
 use testkit::guest::{GuestImages, Vm, BOOT_TIMEOUT};
+use testkit::migration::{running_domain, target_sockets};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -131,10 +131,7 @@ async fn converge(policy: Policy) {
     let t_qmp = qmp(&target).await;
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
-    let sockets = TargetSockets {
-        stream: sock_dir.path().join("u-49152-source.sock"),
-        nbd: sock_dir.path().join("u-49153-source.sock"),
-    };
+    let sockets = target_sockets(sock_dir.path());
     let listener = UnixListener::bind(&control).unwrap();
     let t_client = t_qmp.clone();
     let t_sockets = sockets.clone();
@@ -155,17 +152,7 @@ async fn converge(policy: Policy) {
         session.finish(&t_client).await
     });
 
-    let domain = RunningDomain {
-        vmi_uid: "vmi-1".into(),
-        migration_uid: "mig-1".into(),
-        machine: resolved_machine(&s_qmp).await.unwrap(),
-        argv: Vec::new(),
-        hotplugged: Vec::new(),
-        copied_disks: Vec::new(),
-        capabilities: Vec::new(),
-        multifd_channels: None,
-        paused: false,
-    };
+    let domain = running_domain("vmi-1", "mig-1", resolved_machine(&s_qmp).await.unwrap());
     // 256 MiB is one decimal GB: the completion deadline is 8 s (post-copy; at 1 MiB/s
     // pre-copy has sent about 8 MiB of the 256 by then) or 10 s (pause; at 8 MiB/s the paused
     // guest's last 16 MiB take 2 s, well within the doubled deadline).

@@ -15,6 +15,7 @@ use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePla
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::{MigrationError, MigrationOptions};
 use serde_json::json;
+use testkit::migration::target_sockets;
 use testkit::qmp::{q35_args, TestVm};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -209,10 +210,7 @@ async fn block_migration_moves_the_overlay_and_the_vm_runs_on_the_target() {
     let pair = source_vm().await;
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
-    let sockets = TargetSockets {
-        stream: sock_dir.path().join("u-49152-source.sock"),
-        nbd: sock_dir.path().join("u-49153-source.sock"),
-    };
+    let sockets = target_sockets(sock_dir.path());
     let listener = UnixListener::bind(&control).unwrap();
     let target = tokio::spawn(target(
         listener,
@@ -265,10 +263,7 @@ async fn cancel_before_switchover_leaves_the_source_running_and_tells_the_target
     let pair = source_vm().await;
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
-    let sockets = TargetSockets {
-        stream: sock_dir.path().join("u-49152-source.sock"),
-        nbd: sock_dir.path().join("u-49153-source.sock"),
-    };
+    let sockets = target_sockets(sock_dir.path());
     let listener = UnixListener::bind(&control).unwrap();
     let target = tokio::spawn(target(
         listener,
@@ -324,10 +319,7 @@ async fn target_killed_mid_copy_fails_the_migration_and_the_source_keeps_running
     let pair = source_vm().await;
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
-    let sockets = TargetSockets {
-        stream: sock_dir.path().join("u-49152-source.sock"),
-        nbd: sock_dir.path().join("u-49153-source.sock"),
-    };
+    let sockets = target_sockets(sock_dir.path());
     let listener = UnixListener::bind(&control).unwrap();
     let (pid_tx, pid_rx) = tokio::sync::oneshot::channel();
     let target = tokio::spawn(target(

@@ -452,9 +452,11 @@ mod tests {
     use super::*;
     use serde_json::json;
 
-    type Wire = (String, Option<Value>);
+    /// A command as it goes on the wire: its name and arguments.
+    pub(super) type Wire = (String, Option<Value>);
 
-    fn wire<C: Command>(c: &C) -> Wire {
+    /// `c` on the wire (the unit tests of `commands` and its submodules compare these).
+    pub(super) fn wire<C: Command>(c: &C) -> Wire {
         (c.name().to_string(), c.arguments().unwrap())
     }
 

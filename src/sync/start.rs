@@ -50,54 +50,41 @@ impl SyncVmi {
         vmi: &Vmi,
         spec: serde_json::Value,
     ) -> Result<Running, SyncError> {
-        let Prepared {
-            domain,
-            plan,
-            qmp_plan,
-            argv,
-            running,
-            vsock,
-            t0,
-            t_probe,
-            version_source,
-            t_storage,
-            t_network,
-            t_convert,
-        } = self.prepare(vmi, spec).await?;
+        let p = self.prepare(vmi, spec).await?;
         self.prepare_qemu_dirs()?;
         // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
-        if let Some(found) = recover::find(&self.config.qmp_socket, &plan.uuid).await {
+        if let Some(found) = recover::find(&self.config.qmp_socket, &p.plan.uuid).await {
             // What the plan says the adopted QEMU was started with; devices hot-plugged into it
             // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
-            let running = self.adopt(found, vmi, domain, running).await?;
-            self.migration.set_boot_argv(argv);
+            let running = self.adopt(found, vmi, p.domain, p.running).await?;
+            self.migration.set_boot_argv(p.argv);
             self.start_agent_poll();
             return Ok(running);
         }
-        let (pid, watcher) = self.spawn_qemu(&argv, &plan, vsock.as_ref())?;
-        drop(vsock);
-        self.migration.set_boot_argv(argv);
+        let (pid, watcher) = self.spawn_qemu(&p.argv, &p.plan, p.vsock.as_ref())?;
+        drop(p.vsock);
+        self.migration.set_boot_argv(p.argv);
         let client = self.connect(&watcher).await?;
-        self.follow(&client, domain, watcher).await?;
+        self.follow(&client, p.domain, watcher).await?;
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        start_up(&client, &qmp_plan, paused).await?;
+        start_up(&client, &p.qmp_plan, paused).await?;
 
-        let t_running = t0.elapsed();
+        let t_running = p.t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
         info!(
-            qemu_version_probe_ms = ms(t_probe),
-            qemu_version_source = version_source,
-            storage_ms = ms(t_storage - t_probe),
-            network_ms = ms(t_network - t_storage),
-            convert_ms = ms(t_convert - t_network),
-            qemu_ms = ms(t_running - t_convert),
+            qemu_version_probe_ms = ms(p.t_probe),
+            qemu_version_source = p.version_source,
+            storage_ms = ms(p.t_storage - p.t_probe),
+            network_ms = ms(p.t_network - p.t_storage),
+            convert_ms = ms(p.t_convert - p.t_network),
+            qemu_ms = ms(t_running - p.t_convert),
             total_ms = ms(t_running),
             "domain started (sync received to cont acknowledged)"
         );
         self.info
-            .set_timings(t_storage, t_network, t_convert, t_running);
+            .set_timings(p.t_storage, p.t_network, p.t_convert, t_running);
         self.shared.pid.send_replace(Some(pid));
-        Ok(running)
+        Ok(p.running)
     }
 
     /// Starts the QEMU of a migration target from `prepared` with `argv` (the local argv with

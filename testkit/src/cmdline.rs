@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use qlauncher::cmdline::context::{
     ConverterContext, IfaceFacts, MonitorSocket, QemuVersion, TapSource,
 };
+use qlauncher::cmdline::plan::{Backend, DomainPlan};
+use qlauncher::cmdline::qemu::{Blockdev, FormatDriver, SocketAddr};
 use qlauncher::cmdline::FactsFile;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 
@@ -96,4 +98,64 @@ pub fn acceptance_context(
         );
     }
     ctx
+}
+
+/// Creates the pod directories under `root` that [`acceptance_context`]'s paths lie in.
+pub fn create_pod_dirs(root: &Path) {
+    for d in ["p", "e", "c", "h", "m", "ci", "dev", "nv"] {
+        std::fs::create_dir_all(root.join(d)).unwrap();
+    }
+}
+
+/// Puts the test guest's kernel and initrd (`guest`) where the plan's kernel boot reads them,
+/// if it has one, and creates the VNC socket's directory, if it has one.
+pub fn place_kernel_and_vnc(plan: &DomainPlan, guest: &crate::guest::GuestImages) {
+    if let Some(k) = &plan.kernel_boot {
+        for (want, have) in [(&k.kernel, &guest.vmlinuz), (&k.initrd, &guest.initrd)] {
+            let want = want.as_ref().unwrap();
+            std::fs::create_dir_all(Path::new(want).parent().unwrap()).unwrap();
+            std::fs::copy(have, want).unwrap();
+        }
+    }
+    if let Some(v) = &plan.vnc {
+        std::fs::create_dir_all(Path::new(v).parent().unwrap()).unwrap();
+    }
+}
+
+/// Creates the directory of each chardev's unix socket in the plan; returns the devices' block
+/// nodes, in plan order.
+pub fn chardev_dirs_and_blockdevs(plan: &DomainPlan) -> Vec<&Blockdev> {
+    let mut blockdevs = Vec::new();
+    for d in &plan.devices {
+        match &d.backend {
+            Backend::Blockdevs(b) => blockdevs.extend(b.iter()),
+            Backend::Chardev(c) => {
+                if let SocketAddr::Path(p) = &c.addr {
+                    std::fs::create_dir_all(Path::new(p).parent().unwrap()).unwrap();
+                }
+            }
+            _ => {}
+        }
+    }
+    blockdevs
+}
+
+/// The image files of `blockdevs` that do not exist yet, each with the format of the node over
+/// it (`None` when no format node reads it); creates each file's directory.
+pub fn missing_images<'a>(blockdevs: &[&'a Blockdev]) -> Vec<(&'a Path, Option<FormatDriver>)> {
+    let mut out = Vec::new();
+    for b in blockdevs {
+        if let Blockdev::Protocol(p) = b {
+            let fmt = blockdevs.iter().find_map(|f| match f {
+                Blockdev::Format(f) if f.file == p.node_name => Some(f.driver),
+                _ => None,
+            });
+            let path = Path::new(&p.filename);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            if !path.exists() {
+                out.push((path, fmt));
+            }
+        }
+    }
+    out
 }

@@ -6,13 +6,15 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use qlauncher::sync::domain::ApiDomain;
+use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
 use qlauncher::sync::migration::metadata::MigrationMetadata;
+use qlauncher::sync::migration::protocol::RunningDomain;
+use qlauncher::sync::migration::target::TargetSockets;
 use qlauncher::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
 use qlauncher::sync::proto::cmd::v1 as cmd;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
-use crate::handler::{vmi_only, vmi_request, Client};
+use crate::handler::{sync, vmi_only, vmi_request, Client};
 use crate::launcher::Pod;
 
 /// virt-handler's migration proxy between `source` and `target` for the VMI `uid`: per role (0,
@@ -335,4 +337,90 @@ pub fn proxy_dir(pod: &Pod) -> PathBuf {
 /// True when `path` exists.
 pub fn exists(path: &Path) -> bool {
     path.exists()
+}
+
+/// The stream and NBD sockets a target listens on in `dir`, named as for the VMI UID `u`
+/// (`u-49152-source.sock`, `u-49153-source.sock`).
+pub fn target_sockets(dir: &Path) -> TargetSockets {
+    TargetSockets {
+        stream: dir.join("u-49152-source.sock"),
+        nbd: dir.join("u-49153-source.sock"),
+    }
+}
+
+/// The definition of a source domain started by hand: VMI `vmi_uid`, migration
+/// `migration_uid`, the resolved `machine`; no argv, hot-plugged or copied disks, extra
+/// capabilities or multifd, not paused.
+pub fn running_domain(vmi_uid: &str, migration_uid: &str, machine: String) -> RunningDomain {
+    RunningDomain {
+        vmi_uid: vmi_uid.into(),
+        migration_uid: migration_uid.into(),
+        machine,
+        argv: Vec::new(),
+        hotplugged: Vec::new(),
+        copied_disks: Vec::new(),
+        capabilities: Vec::new(),
+        multifd_channels: None,
+        paused: false,
+    }
+}
+
+/// Starts a launcher in `pod`, syncs `vmi` and waits (within `boot`) until the domain is Running
+/// and the guest agent runs a command. Returns the launcher's index and its client.
+pub async fn boot(pod: &mut Pod, vmi: &serde_json::Value, boot: Duration) -> (usize, Client) {
+    let n = pod.start_launcher();
+    let mut c = pod.client(n).await;
+    assert_eq!(sync(&mut c, vmi).await, (true, String::new()));
+    pod.wait_event((LifeCycle::Running, StateChangeReason::Unknown), boot)
+        .await;
+    exec_until_ok(&mut c, "true", boot).await;
+    (n, c)
+}
+
+/// Migrates the VMI on once more (KubeVirt's repeated migration), from the pod `from` whose
+/// launcher's client is `fc` to a fresh pod `to` that has the VMI's UID: starts a launcher in
+/// `to`, syncs it as the target of `vmi` (the migration `migration_uid`), relays `from` → `to`,
+/// migrates with `opts` and waits (within `timeout`) until `to` notifies Running with that
+/// migration ended. Returns `to`'s launcher index, its client and the relay (keep it alive).
+pub async fn migrate_on(
+    from: &Pod,
+    fc: &mut Client,
+    to: &mut Pod,
+    vmi: &serde_json::Value,
+    migration_uid: &str,
+    opts: &[u8],
+    timeout: Duration,
+) -> (usize, Client, Relay) {
+    let n = to.start_launcher();
+    let mut c = to.client(n).await;
+    assert_eq!(Rpc::sync_target(&mut c, vmi).await, (true, String::new()));
+    let relay = Relay::start(from, to, &to.uid.clone()).await;
+    assert_eq!(Rpc::migrate(fc, vmi, opts).await, (true, String::new()));
+    wait_notified(
+        to,
+        &format!("{} Running with EndTimestamp", to.pod_name()),
+        timeout,
+        |d| {
+            d.status.status == LifeCycle::Running
+                && metadata(d).is_some_and(|m| m.uid == migration_uid && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    (n, c, relay)
+}
+
+/// A source and a target pod (root QEMU) of one VMI on the guest `guest_qcow2`: the target takes
+/// the source's UID.
+pub fn pod_pair(guest_qcow2: &Path) -> (Pod, Pod) {
+    let source = Pod::new(guest_qcow2, false);
+    let mut target = Pod::new(guest_qcow2, false);
+    target.uid = source.uid.clone();
+    (source, target)
+}
+
+/// The VMI `uid` before the hand-off: no migration state, the Unix migration transport.
+pub fn plain_vmi(uid: &str) -> serde_json::Value {
+    let mut vmi = crate::launcher::vmi(uid);
+    vmi["status"] = serde_json::json!({"migrationTransport": "Unix"});
+    vmi
 }

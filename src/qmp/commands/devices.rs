@@ -222,17 +222,9 @@ pub struct ChardevInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmdline::qemu::{
-        BackingNode, Blockdev, BlockdevFormat, DeviceVirtioBlk, FormatDriver,
-    };
-    use crate::cmdline::render::PlacedDevice;
+    use crate::cmdline::qemu::{BackingNode, Blockdev, BlockdevFormat, FormatDriver};
+    use crate::qmp::commands::tests::{wire, Wire};
     use serde_json::json;
-
-    type Wire = (String, Option<Value>);
-
-    fn wire<C: Command>(c: &C) -> Wire {
-        (c.name().to_string(), c.arguments().unwrap())
-    }
 
     #[test]
     fn hotplug_commands_encode_as_qemu_schema_arguments() {
@@ -245,27 +237,12 @@ mod tests {
             file: "libvirt-2-storage".into(),
             backing: BackingNode::Absent,
         });
-        let device = PlacedDevice {
-            device: crate::cmdline::qemu::Device::VirtioBlk(DeviceVirtioBlk {
-                driver: "virtio-blk-pci-non-transitional",
-                share_rw: None,
-                drive: "libvirt-2-format".into(),
-                id: "ua-data".into(),
-                bootindex: None,
-                write_cache: None,
-                werror: None,
-                rerror: None,
-                serial: None,
-                iothread: None,
-                num_queues: None,
-                logical_block_size: None,
-                physical_block_size: None,
-                discard_granularity: None,
-            }),
-            iommu_platform: None,
-            bus: Some("pci.3".into()),
-            addr: Some("0x0".into()),
-        };
+        let device = crate::sync::reconcile::disks::fixtures::virtio_blk(
+            "libvirt-2-format",
+            "ua-data",
+            None,
+            "pci.3",
+        );
         let raw = json!({"node-name": "n", "driver": "null-co"});
         let cases: Vec<(Wire, (&str, Value))> = vec![
             (

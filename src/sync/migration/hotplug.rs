@@ -226,68 +226,21 @@ pub fn next_node_after(disks: &BTreeMap<String, DiskHotplug>, floor: u32) -> u32
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cmdline::qemu::{
-        BackingNode, BlockdevDel, BlockdevFormat, BlockdevProtocol, DeviceDel, DeviceDiskFrontend,
-        DeviceVirtioBlk, FormatDriver, ProtocolDriver,
-    };
+    use crate::cmdline::qemu::DeviceDiskFrontend;
     use crate::cmdline::render::PlacedDevice;
+    use crate::sync::reconcile::disks::fixtures;
 
     /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`, on `bus`.
     fn disk(name: &str, n: u32, bus: &str) -> DiskHotplug {
-        let storage = format!("libvirt-{n}-storage");
-        let format = format!("libvirt-{n}-format");
         DiskHotplug {
-            name: name.into(),
-            id: format!("ua-{name}"),
             target: Some("vdb".into()),
-            blockdevs: vec![
-                Blockdev::Protocol(BlockdevProtocol {
-                    driver: ProtocolDriver::File,
-                    filename: format!("/pod/hotplug-disks/{name}.img"),
-                    node_name: storage.clone(),
-                    aio: None,
-                    cache: None,
-                    auto_read_only: true,
-                    discard: None,
-                }),
-                Blockdev::Format(BlockdevFormat {
-                    node_name: format.clone(),
-                    read_only: false,
-                    discard: None,
-                    cache: None,
-                    driver: FormatDriver::Raw,
-                    file: storage.clone(),
-                    backing: BackingNode::Absent,
-                }),
-            ],
-            device: PlacedDevice {
-                device: Device::VirtioBlk(DeviceVirtioBlk {
-                    driver: "virtio-blk-pci",
-                    share_rw: None,
-                    drive: format.clone(),
-                    id: format!("ua-{name}"),
-                    bootindex: None,
-                    write_cache: None,
-                    werror: None,
-                    rerror: None,
-                    serial: Some("HP1".into()),
-                    iothread: None,
-                    num_queues: None,
-                    logical_block_size: None,
-                    physical_block_size: None,
-                    discard_granularity: None,
-                }),
-                iommu_platform: None,
-                bus: Some(bus.into()),
-                addr: Some("0x0".into()),
-            },
-            device_del: DeviceDel {
-                id: format!("ua-{name}"),
-            },
-            blockdev_del: vec![
-                BlockdevDel { node_name: format },
-                BlockdevDel { node_name: storage },
-            ],
+            ..fixtures::hotplug_disk(
+                name,
+                n,
+                format!("/pod/hotplug-disks/{name}.img"),
+                Some("HP1".into()),
+                bus,
+            )
         }
     }
 

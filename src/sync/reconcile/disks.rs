@@ -128,27 +128,65 @@ pub(crate) fn next_node_index(plan: &DomainPlan) -> u32 {
         .map_or(1, |n| n + 1)
 }
 
+/// Test fixtures for hot-plugged disks, shared by the unit tests of the reconciler, the migration's
+/// hotplug placement and the QMP device commands.
 #[cfg(test)]
-mod tests {
-    use super::*;
+pub(crate) mod fixtures {
     use crate::cmdline::qemu::{
         BackingNode, Blockdev, BlockdevDel, BlockdevFormat, BlockdevProtocol, Device, DeviceDel,
         DeviceVirtioBlk, FormatDriver, ProtocolDriver,
     };
-    use crate::cmdline::render::PlacedDevice;
+    use crate::cmdline::render::{DiskHotplug, PlacedDevice};
 
-    /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`.
-    fn disk_on(name: &str, n: u32) -> render::DiskHotplug {
+    /// A `virtio-blk-pci-non-transitional` device `id` on node `drive`, at `bus` slot `0x0`.
+    pub(crate) fn virtio_blk(
+        drive: &str,
+        id: &str,
+        serial: Option<String>,
+        bus: &str,
+    ) -> PlacedDevice {
+        PlacedDevice {
+            device: Device::VirtioBlk(DeviceVirtioBlk {
+                driver: "virtio-blk-pci-non-transitional",
+                share_rw: None,
+                drive: drive.into(),
+                id: id.into(),
+                bootindex: None,
+                write_cache: None,
+                werror: None,
+                rerror: None,
+                serial,
+                iothread: None,
+                num_queues: None,
+                logical_block_size: None,
+                physical_block_size: None,
+                discard_granularity: None,
+            }),
+            iommu_platform: None,
+            bus: Some(bus.into()),
+            addr: Some("0x0".into()),
+        }
+    }
+
+    /// A hot-pluggable raw virtio disk `name` (id `ua-<name>`, no target) backed by the file
+    /// `image`, on nodes `libvirt-<n>-storage` / `libvirt-<n>-format`, placed on `bus`.
+    pub(crate) fn hotplug_disk(
+        name: &str,
+        n: u32,
+        image: String,
+        serial: Option<String>,
+        bus: &str,
+    ) -> DiskHotplug {
         let storage = format!("libvirt-{n}-storage");
         let format = format!("libvirt-{n}-format");
-        render::DiskHotplug {
+        DiskHotplug {
             name: name.into(),
             id: format!("ua-{name}"),
             target: None,
             blockdevs: vec![
                 Blockdev::Protocol(BlockdevProtocol {
                     driver: ProtocolDriver::File,
-                    filename: format!("/d/{name}.img"),
+                    filename: image,
                     node_name: storage.clone(),
                     aio: None,
                     cache: None,
@@ -165,27 +203,7 @@ mod tests {
                     backing: BackingNode::Absent,
                 }),
             ],
-            device: PlacedDevice {
-                device: Device::VirtioBlk(DeviceVirtioBlk {
-                    driver: "virtio-blk-pci-non-transitional",
-                    share_rw: None,
-                    drive: format.clone(),
-                    id: format!("ua-{name}"),
-                    bootindex: None,
-                    write_cache: None,
-                    werror: None,
-                    rerror: None,
-                    serial: Some(format!("libvirt-{n}-serial")),
-                    iothread: None,
-                    num_queues: None,
-                    logical_block_size: None,
-                    physical_block_size: None,
-                    discard_granularity: None,
-                }),
-                iommu_platform: None,
-                bus: Some("pci.5".into()),
-                addr: Some("0x0".into()),
-            },
+            device: virtio_blk(&format, &format!("ua-{name}"), serial, bus),
             device_del: DeviceDel {
                 id: format!("ua-{name}"),
             },
@@ -194,6 +212,23 @@ mod tests {
                 BlockdevDel { node_name: storage },
             ],
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::cmdline::qemu::Device;
+
+    /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`.
+    fn disk_on(name: &str, n: u32) -> render::DiskHotplug {
+        fixtures::hotplug_disk(
+            name,
+            n,
+            format!("/d/{name}.img"),
+            Some(format!("libvirt-{n}-serial")),
+            "pci.5",
+        )
     }
 
     fn disk(name: &str) -> render::DiskHotplug {
