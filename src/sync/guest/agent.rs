@@ -16,7 +16,7 @@
 //! `timeoutSeconds` passed; `out-data` is base64; a non-zero exit code is returned with the
 //! output (the RPC still succeeds), a command still running at the deadline is an error.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex as StdMutex;
 use std::time::Duration;
@@ -67,6 +67,40 @@ impl GuestAgent {
             .is_some()
     }
 
+    /// The agent socket of the running domain; [`SyncError::NoDomain`] before one is known.
+    fn socket_path(&self) -> Result<PathBuf, SyncError> {
+        self.socket
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(SyncError::NoDomain)
+    }
+
+    /// The channel in `conn`, connected to `socket` first when there is none, after a
+    /// `guest-sync-delimited` with a fresh id.
+    async fn synced<'a>(
+        &self,
+        conn: &'a mut Option<BufReader<UnixStream>>,
+        socket: &Path,
+    ) -> Result<&'a mut BufReader<UnixStream>, SyncError> {
+        if conn.is_none() {
+            let stream =
+                UnixStream::connect(socket)
+                    .await
+                    .map_err(|source| SyncError::AgentConnect {
+                        path: socket.to_path_buf(),
+                        source,
+                    })?;
+            *conn = Some(BufReader::new(stream));
+        }
+        let Some(stream) = conn.as_mut() else {
+            return Err(SyncError::NoDomain);
+        };
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        sync(stream, id).await?;
+        Ok(stream)
+    }
+
     /// Runs one agent command within `timeout` (sync included); returns its `return` value.
     ///
     /// # Errors
@@ -80,28 +114,10 @@ impl GuestAgent {
         arguments: Option<Value>,
         timeout: Duration,
     ) -> Result<Value, SyncError> {
-        let socket = self
-            .socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(SyncError::NoDomain)?;
+        let socket = self.socket_path()?;
         let mut conn = self.conn.lock().await;
         let outcome = tokio::time::timeout(timeout, async {
-            if conn.is_none() {
-                let stream = UnixStream::connect(&socket).await.map_err(|source| {
-                    SyncError::AgentConnect {
-                        path: socket.clone(),
-                        source,
-                    }
-                })?;
-                *conn = Some(BufReader::new(stream));
-            }
-            let Some(stream) = conn.as_mut() else {
-                return Err(SyncError::NoDomain);
-            };
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            sync(stream, id).await?;
+            let stream = self.synced(&mut conn, &socket).await?;
             let mut request = json!({ "execute": execute });
             if let Some(a) = arguments {
                 request["arguments"] = a;
@@ -209,28 +225,10 @@ impl GuestAgent {
         answer_wait: Duration,
     ) -> Result<(), SyncError> {
         const SHUTDOWN: &str = "guest-shutdown";
-        let socket = self
-            .socket
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
-            .ok_or(SyncError::NoDomain)?;
+        let socket = self.socket_path()?;
         let mut conn = self.conn.lock().await;
         let sent = tokio::time::timeout(timeout, async {
-            if conn.is_none() {
-                let stream = UnixStream::connect(&socket).await.map_err(|source| {
-                    SyncError::AgentConnect {
-                        path: socket.clone(),
-                        source,
-                    }
-                })?;
-                *conn = Some(BufReader::new(stream));
-            }
-            let Some(stream) = conn.as_mut() else {
-                return Err(SyncError::NoDomain);
-            };
-            let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-            sync(stream, id).await?;
+            let stream = self.synced(&mut conn, &socket).await?;
             send(
                 stream,
                 SHUTDOWN,
