@@ -11,7 +11,7 @@
 //! lookup's register is).
 
 use crate::net::nft::{Family, NatTable, RuleText, NAT_TABLE};
-use crate::net::nft_netlink::{self, nft_err, proto_family, AlignedBuf};
+use crate::net::nft_netlink;
 use crate::net::NetError;
 use nftnl::Batch;
 use nftnl_sys as sys;
@@ -76,8 +76,21 @@ pub(crate) fn planned(t: &NatTable) -> TableDump {
 /// [`NetError::Nftables`] when the dump fails (EPERM without `NET_ADMIN`).
 pub(crate) fn kernel(family: Family) -> Result<TableDump, NetError> {
     let mut out = TableDump::new();
-    dump(family, libc::NFT_MSG_GETCHAIN as u16, chain_cb, &mut out)?;
-    dump(family, libc::NFT_MSG_GETRULE as u16, rule_cb, &mut out)?;
+    let step = format!("list table {} nat", family.keyword());
+    nft_netlink::dump(
+        family,
+        libc::NFT_MSG_GETCHAIN as u16,
+        &step,
+        chain_cb,
+        &mut out,
+    )?;
+    nft_netlink::dump(
+        family,
+        libc::NFT_MSG_GETRULE as u16,
+        &step,
+        rule_cb,
+        &mut out,
+    )?;
     Ok(out)
 }
 
@@ -131,53 +144,6 @@ pub(crate) fn differences(plan: &NatTable, want: &TableDump, have: &TableDump) -
         ));
     }
     out
-}
-
-fn dump(
-    family: Family,
-    msg: u16,
-    cb: fn(&libc::nlmsghdr, &mut TableDump) -> libc::c_int,
-    out: &mut TableDump,
-) -> Result<(), NetError> {
-    let step = format!("list table {} nat", family.keyword());
-    let socket = mnl::Socket::new(mnl::Bus::Netfilter).map_err(|e| nft_err(&step, e))?;
-    let portid = socket.portid();
-    let seq = 1;
-    let mut req = AlignedBuf::new();
-    let len = {
-        let b = req.bytes();
-        // SAFETY: the buffer has nft_nlmsg_maxsize() bytes.
-        let hdr = unsafe {
-            sys::nftnl_nlmsg_build_hdr(
-                b.as_mut_ptr().cast::<c_char>(),
-                msg,
-                proto_family(family) as u16,
-                (libc::NLM_F_DUMP | libc::NLM_F_ACK) as u16,
-                seq,
-            )
-        };
-        // SAFETY: hdr points into the buffer; nlmsg_len is set by build_hdr.
-        unsafe { (*hdr).nlmsg_len as usize }
-    };
-    socket
-        .send(&req.bytes()[..len])
-        .map_err(|e| nft_err(&step, e))?;
-    let mut buf = AlignedBuf::new();
-    loop {
-        let n = socket
-            .recv_raw(buf.bytes())
-            .map_err(|e| nft_err(&step, e))?;
-        if n == 0 {
-            break;
-        }
-        match mnl::cb_run2(&buf.bytes()[..n], seq, portid, cb, out)
-            .map_err(|e| nft_err(&step, e))?
-        {
-            mnl::CbResult::Stop => break,
-            mnl::CbResult::Ok => {}
-        }
-    }
-    Ok(())
 }
 
 /// # Safety

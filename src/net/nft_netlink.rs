@@ -26,14 +26,14 @@ const MARKER_PREFIX: &[u8] = b"qlauncher/";
 /// The userdata TLV type of the marker; nft only knows type 0 (comment) for tables.
 const MARKER_TLV: u8 = 0x71;
 
-pub(crate) fn proto_family(f: Family) -> ProtoFamily {
+fn proto_family(f: Family) -> ProtoFamily {
     match f {
         Family::Ip => ProtoFamily::Ipv4,
         Family::Ip6 => ProtoFamily::Ipv6,
     }
 }
 
-pub(crate) fn nft_err(step: impl Into<String>, source: io::Error) -> NetError {
+fn nft_err(step: impl Into<String>, source: io::Error) -> NetError {
     NetError::Nftables {
         step: step.into(),
         source,
@@ -172,16 +172,16 @@ unsafe impl NlMsg for MarkedTable {
 }
 
 /// A receive buffer aligned for `nlmsghdr`, as libmnl requires.
-pub(crate) struct AlignedBuf(Vec<u64>);
+struct AlignedBuf(Vec<u64>);
 
 impl AlignedBuf {
-    pub(crate) fn new() -> AlignedBuf {
+    fn new() -> AlignedBuf {
         AlignedBuf(vec![
             0u64;
             (nftnl::nft_nlmsg_maxsize() as usize).div_ceil(8)
         ])
     }
-    pub(crate) fn bytes(&mut self) -> &mut [u8] {
+    fn bytes(&mut self) -> &mut [u8] {
         let len = self.0.len() * 8;
         // SAFETY: a u64 buffer viewed as bytes, same allocation and length in bytes.
         unsafe { std::slice::from_raw_parts_mut(self.0.as_mut_ptr().cast::<u8>(), len) }
@@ -248,7 +248,34 @@ fn marker_of(udata: &[u8]) -> Option<Vec<u8>> {
 /// Reads whether `table <family> nat` exists and whose it is.
 pub(crate) fn table_state(family: Family) -> Result<TableState, NetError> {
     let step = format!("list tables {}", family.keyword());
-    let socket = mnl::Socket::new(mnl::Bus::Netfilter).map_err(|e| nft_err(&step, e))?;
+    let mut found: Vec<Option<Vec<u8>>> = Vec::new();
+    dump(
+        family,
+        libc::NFT_MSG_GETTABLE as u16,
+        &step,
+        table_cb,
+        &mut found,
+    )?;
+    Ok(match found.into_iter().next() {
+        None => TableState::Absent,
+        Some(udata) => match marker_of(&udata.unwrap_or_default()) {
+            Some(m) => TableState::Ours(m),
+            None => TableState::Foreign,
+        },
+    })
+}
+
+/// Sends one nftables dump request `msg` (`NFT_MSG_GETTABLE`, `GETCHAIN`, `GETRULE`) for
+/// `family` and runs `cb` on every message of the answer, collecting into `out`; errors name
+/// `step`.
+pub(crate) fn dump<T>(
+    family: Family,
+    msg: u16,
+    step: &str,
+    cb: fn(&libc::nlmsghdr, &mut T) -> libc::c_int,
+    out: &mut T,
+) -> Result<(), NetError> {
+    let socket = mnl::Socket::new(mnl::Bus::Netfilter).map_err(|e| nft_err(step, e))?;
     let portid = socket.portid();
     let seq = 1;
     let mut req = AlignedBuf::new();
@@ -258,7 +285,7 @@ pub(crate) fn table_state(family: Family) -> Result<TableState, NetError> {
         let hdr = unsafe {
             sys::nftnl_nlmsg_build_hdr(
                 b.as_mut_ptr().cast::<c_char>(),
-                libc::NFT_MSG_GETTABLE as u16,
+                msg,
                 proto_family(family) as u16,
                 (libc::NLM_F_DUMP | libc::NLM_F_ACK) as u16,
                 seq,
@@ -269,30 +296,19 @@ pub(crate) fn table_state(family: Family) -> Result<TableState, NetError> {
     };
     socket
         .send(&req.bytes()[..len])
-        .map_err(|e| nft_err(&step, e))?;
-    let mut found: Vec<Option<Vec<u8>>> = Vec::new();
+        .map_err(|e| nft_err(step, e))?;
     let mut buf = AlignedBuf::new();
     loop {
-        let n = socket
-            .recv_raw(buf.bytes())
-            .map_err(|e| nft_err(&step, e))?;
+        let n = socket.recv_raw(buf.bytes()).map_err(|e| nft_err(step, e))?;
         if n == 0 {
             break;
         }
-        match mnl::cb_run2(&buf.bytes()[..n], seq, portid, table_cb, &mut found)
-            .map_err(|e| nft_err(&step, e))?
-        {
+        match mnl::cb_run2(&buf.bytes()[..n], seq, portid, cb, out).map_err(|e| nft_err(step, e))? {
             mnl::CbResult::Stop => break,
             mnl::CbResult::Ok => {}
         }
     }
-    Ok(match found.into_iter().next() {
-        None => TableState::Absent,
-        Some(udata) => match marker_of(&udata.unwrap_or_default()) {
-            Some(m) => TableState::Ours(m),
-            None => TableState::Foreign,
-        },
-    })
+    Ok(())
 }
 
 fn ip_bytes(a: &IpAddr) -> Vec<u8> {
