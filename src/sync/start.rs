@@ -303,7 +303,17 @@ impl SyncVmi {
             crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
         let pid = detached.pid;
         info!(pid, "QEMU started");
-        let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
+        // A QEMU that fails at once (a bad device, an fd it rejects) can be gone and reaped
+        // before it is watched: that is an early exit with its log, not a failure to start it.
+        let watcher = Qemu::from_pid(pid).map_err(|e| {
+            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+                SyncError::StartQemu(e)
+            } else {
+                SyncError::QemuExitedEarly {
+                    log_tail: log_tail(&self.config.qemu_log),
+                }
+            }
+        })?;
         Ok((pid, watcher))
     }
 
