@@ -78,10 +78,7 @@ impl Drop for Launcher {
         if let Ok(None) = self.0.try_wait() {
             let _ = self.0.kill();
         }
-        let _ = Command::new("pkill")
-            .args(["-KILL", "-f"])
-            .arg(&self.1)
-            .output();
+        testkit::process::kill_mentioning(&self.1);
         let _ = self.0.wait();
     }
 }

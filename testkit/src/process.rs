@@ -148,6 +148,35 @@ pub fn descendants(pid: i32) -> Vec<i32> {
     out
 }
 
+/// Whether `pid`'s command line has an argument containing `needle` (false once it is gone).
+pub fn cmdline_mentions(pid: i32, needle: &Path) -> bool {
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let needle = needle.as_os_str().as_encoded_bytes();
+    raw.split(|b| *b == 0)
+        .any(|arg| arg.windows(needle.len()).any(|w| w == needle))
+}
+
+/// SIGKILLs every process whose command line mentions `needle` (a test's own temporary root,
+/// unique to it), each pinned by a pidfd and checked again before the signal ([`kill_if`]);
+/// returns how many were signalled. For processes that left the test's process tree (QEMU runs in
+/// its own session).
+pub fn kill_mentioning(needle: &Path) -> usize {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    let me = std::process::id() as i32;
+    dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|&pid| pid != me && cmdline_mentions(pid, needle))
+        .filter(|&pid| {
+            kill_if(pid, nix::sys::signal::Signal::SIGKILL, |p| {
+                cmdline_mentions(p, needle)
+            })
+        })
+        .count()
+}
+
 /// A running process (a monitor, a launcher) whose whole tree is killed on drop; its stderr (the
 /// JSON log of monitor and launcher) goes to a file.
 pub struct Running {
@@ -246,6 +275,32 @@ mod tests {
         assert!(wait_timeout(&mut child, Duration::from_secs(10)).is_some());
         // Reaped: the pid names no process (or another one) now; nothing is sent for it.
         assert!(!kill_if(pid, nix::sys::signal::Signal::SIGKILL, |_| false));
+    }
+
+    #[test]
+    fn kill_mentioning_ends_only_the_processes_naming_the_path() {
+        let dir = tempfile::tempdir().unwrap();
+        let ours = dir.path().join("followed");
+        let other = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(&ours, b"").unwrap();
+        let mut inside = Command::new("tail").arg("-f").arg(&ours).spawn().unwrap();
+        let mut outside = Command::new("tail")
+            .arg("-f")
+            .arg(other.path())
+            .spawn()
+            .unwrap();
+        assert!(wait_until(Duration::from_secs(10), || cmdline_mentions(
+            inside.id() as i32,
+            dir.path()
+        )));
+        assert_eq!(kill_mentioning(dir.path()), 1);
+        assert!(wait_timeout(&mut inside, Duration::from_secs(10)).is_some());
+        assert!(
+            outside.try_wait().unwrap().is_none(),
+            "a process not naming the path was killed"
+        );
+        let _ = outside.kill();
+        let _ = outside.wait();
     }
 
     #[test]
