@@ -8,8 +8,10 @@
 //! target pod has another), a TCP connection opened from the node to the guest's echo server
 //! (through the pod IP) carries data after the pod IP fails over to the target pod, the source's
 //! QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
-//! KubeVirt's order; then the migrated domain moves on to a third pod. Needs root and the test
-//! guest (`scripts/build-guest`).
+//! KubeVirt's order; then the migrated domain moves on to a third pod. The VMI's CPU is
+//! host-model: each target starts from the source's expanded CPU (`-cpu base,...,enforce=on`, no
+//! `max`), and the guest's CPU identity in `/proc/cpuinfo` is the same on all three. Needs root
+//! and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
@@ -53,6 +55,31 @@ fn echo(s: &mut std::net::TcpStream, line: &str) -> String {
     got
 }
 
+/// The guest's CPU identity: the `/proc/cpuinfo` lines of vendor, family, model, model name,
+/// stepping and flags, of every vCPU.
+const CPU_IDENTITY: &str =
+    "grep -E '^(vendor_id|cpu family|model|model name|stepping|flags)[[:space:]]*:' /proc/cpuinfo";
+
+/// The `-cpu` value of QEMU `pid`, checking that no word of its argv is `max` or `host` and that
+/// it is an adopted definition (`base,...,enforce=on`, with the identity properties).
+fn adopted_cpu_arg(pid: i32) -> String {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv: Vec<String> = raw
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    assert!(!argv.iter().any(|w| w == "max" || w == "host"), "{argv:?}");
+    let i = argv.iter().position(|w| w == "-cpu").expect("-cpu");
+    let cpu = argv[i + 1].clone();
+    let words: Vec<&str> = cpu.split(',').collect();
+    assert_eq!(words[0], "base", "{cpu}");
+    assert_eq!(words.last(), Some(&"enforce=on"), "{cpu}");
+    for key in ["family=", "model=", "stepping=", "vendor=", "model-id="] {
+        assert!(words.iter().any(|w| w.starts_with(key)), "{key} in {cpu}");
+    }
+    cpu
+}
+
 fn counter(out: &str) -> u64 {
     out.trim()
         .parse()
@@ -87,6 +114,8 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         .mac;
     assert_eq!(guest_mac, testkit::netns::POD_MAC);
     let vmi = migrating_vmi(&uid, "mig-1", &target.pod_name(), &guest_mac);
+    let cpu_before = exec_until_ok(&mut sc, CPU_IDENTITY, Duration::from_secs(30)).await;
+    assert!(cpu_before.contains("model name"), "{cpu_before}");
 
     // The workload: a counter in RAM, and a file on the overlay's ext4.
     exec_until_ok(
@@ -189,6 +218,12 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     )
     .await;
     assert_eq!(link.trim(), guest_mac);
+    // The target's QEMU runs the source's expanded CPU, and the guest sees the same CPU.
+    let target_cpu = adopted_cpu_arg(target.wait_qemu(t, Duration::from_secs(5)).await);
+    assert_eq!(
+        exec_until_ok(&mut tc, CPU_IDENTITY, Duration::from_secs(20)).await,
+        cpu_before
+    );
 
     // The pod IP fails over to the target pod (as a CNI with persistent IPs does once the target
     // is ready): the node's side of the target's veth replaces the source's in the node namespace
@@ -225,6 +260,14 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     .await;
     let third_count =
         counter(&exec_until_ok(&mut hc, "cat /tmp/counter", Duration::from_secs(60)).await);
+    // The adopted CPU is sent on unchanged.
+    let third_qemu = third.qemu_pids();
+    assert_eq!(third_qemu.len(), 1, "{third_qemu:?}");
+    assert_eq!(adopted_cpu_arg(third_qemu[0]), target_cpu);
+    assert_eq!(
+        exec_until_ok(&mut hc, CPU_IDENTITY, Duration::from_secs(20)).await,
+        cpu_before
+    );
     assert!(third_count >= later, "{later} -> {third_count}");
     assert_eq!(
         exec_until_ok(&mut hc, "cat /data/migrated", Duration::from_secs(20)).await,

@@ -8,8 +8,8 @@
 //! exported XML (`virsh -c qemu:///embed?root=… domxml-to-native qemu-argv`, libvirt's embedded
 //! QEMU driver; no daemon), plus the one file libvirt would have written before starting it (its
 //! master key). qlauncher's target is the plan's argv with the source's resolved machine type,
-//! the source's CPU definition (the one device model that differs: see the test) and
-//! `-incoming defer`; qlauncher's migration halves drive both QEMUs over QMP. Every other
+//! the CPU adopted from the source's static expansion (the one device model that differs: see
+//! the test) and `-incoming defer`; qlauncher's migration halves drive both QEMUs over QMP. Every other
 //! record of the two argvs is identical or differs only where no device state lives (compat's
 //! table, printed by the test: monitor and agent socket paths, `-display none`, libvirt's
 //! master key and explicit USB port and boot index); the stream loads, the guest's CPU
@@ -26,10 +26,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use qlauncher::cmdline::plan::DomainPlan;
+use qlauncher::cmdline::devices::cpu::adopted_cpu_plan;
+use qlauncher::cmdline::plan::{CpuFlag, CpuPlan, DomainPlan};
 use qlauncher::cmdline::qemu::FormatDriver;
 use qlauncher::cmdline::{convert, render, FactsFile};
 use qlauncher::qmp::QmpClient;
+use qlauncher::sync::migration::outgoing::running_cpu_definition;
 use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePlan};
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::MigrationOptions;
@@ -219,6 +221,28 @@ fn with_word_after(argv: &[String], flag: &str, value: &str) -> Vec<String> {
     out
 }
 
+/// The CPU libvirt's QEMU runs, from its `-cpu` (`EPYC,x2apic=on,...`: libvirt's host-model,
+/// expanded to a named model and features) as a plan: what a qlauncher source would hold.
+fn libvirt_cpu(arg: &str) -> CpuPlan {
+    let mut words = arg.split(',');
+    let model = words.next().unwrap_or_default().to_owned();
+    let flags = words
+        .map(|w| {
+            let (name, value) = w.split_once('=').unwrap_or((w, "on"));
+            CpuFlag {
+                name: name.to_owned(),
+                value: value.to_owned(),
+            }
+        })
+        .collect();
+    CpuPlan {
+        model,
+        flags,
+        host_model: true,
+        adopted: None,
+    }
+}
+
 /// What the guest sees of vCPU 0: its CPUID feature words, model id, family, model, stepping.
 async fn cpu_of(qmp: &QmpClient) -> serde_json::Value {
     let cpus = qmp.execute("query-cpus-fast", None).await.unwrap();
@@ -312,10 +336,22 @@ async fn a_domain_started_by_libvirt_from_our_xml_migrates_into_qlaunchers_qemu(
     // not check the CPU in the migration stream, so the guest would silently see another CPUID
     // after the move (measured here with qlauncher's own `-cpu max`: the same TCG feature words,
     // but family 15 model 107 stepping 1 "QEMU TCG CPU version 2.5+" instead of family 23
-    // model 1 stepping 2 "AMD EPYC Processor"); like libvirt's own target (which takes the
-    // expanded CPU from the migration cookie), the target takes the source's CPU definition.
+    // model 1 stepping 2 "AMD EPYC Processor"). Like libvirt's own target (which takes the
+    // expanded CPU from the migration cookie), the target adopts the source's CPU as a
+    // qlauncher source sends it: the static expansion libvirt's QEMU answers for the CPU it
+    // runs, rendered by the target as `base,<every property>,enforce=on`.
     let source_cpu = cpu_of(&s_qmp).await;
-    let ours = with_word_after(&ours, "-cpu", word_after(&theirs, "-cpu").unwrap());
+    let running = libvirt_cpu(word_after(&theirs, "-cpu").unwrap());
+    let definition = running_cpu_definition(&s_qmp, &running)
+        .await
+        .unwrap()
+        .expect("host-model");
+    let mut adopted = plan.clone();
+    adopted.cpu = adopted_cpu_plan(&definition).unwrap();
+    let adopted_argv = render::argv(&adopted);
+    let cpu_arg = word_after(&adopted_argv, "-cpu").unwrap().to_owned();
+    assert!(cpu_arg.starts_with("base,"), "{cpu_arg}");
+    let ours = with_word_after(&ours, "-cpu", &cpu_arg);
     let target_argv = incoming_argv(&ours, &domain).unwrap();
     let mut target = Qemu::spawn(&target_argv, root.join("qlauncher-qemu.log"));
     let t_qmp = target.qmp(&root.join("qmp.sock")).await;

@@ -161,6 +161,7 @@ fn definition(copied: bool) -> RunningDomain {
         capabilities: Vec::new(),
         multifd_channels: None,
         paused: false,
+        cpu: None,
     }
 }
 

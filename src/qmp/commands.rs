@@ -4,7 +4,8 @@
 //!
 //! A command without arguments is a unit struct (sent without `arguments`). Commands whose reply
 //! is `{}` answer [`Empty`]. The hotplug commands and their replies are in
-//! [`devices`], the statistics queries in [`stats`]. `qom-get` of an arbitrary property
+//! [`devices`], the statistics queries in [`stats`], the CPU model expansion in [`cpu`].
+//! `qom-get` of an arbitrary property
 //! answers a [`serde_json::Value`] (the value's type depends on the property).
 
 use serde::de::{DeserializeOwned, IgnoredAny};
@@ -46,8 +47,10 @@ macro_rules! command {
 }
 pub(crate) use command;
 
+mod cpu;
 mod devices;
 mod stats;
+pub use cpu::*;
 pub use devices::*;
 pub use stats::*;
 

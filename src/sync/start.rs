@@ -473,6 +473,7 @@ fn running_at_boot(
         next_node,
         _dhcp_stop: dhcp_stop,
         firmware_uuid: plan.uuid.clone(),
+        cpu: plan.cpu.clone(),
     }
 }
 

@@ -47,6 +47,8 @@ pub(crate) struct Running {
     pub(crate) _dhcp_stop: watch::Sender<bool>,
     /// The domain's UUID, the VMI's firmware UUID it booted with (`spec.domain.firmware.uuid`).
     pub(crate) firmware_uuid: String,
+    /// The CPU QEMU runs (`-cpu`): what a migration expands and sends to its target.
+    pub(crate) cpu: crate::cmdline::plan::CpuPlan,
 }
 
 impl Running {

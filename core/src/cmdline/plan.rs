@@ -56,11 +56,45 @@ pub struct CpuFlag {
 /// `-cpu`.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct CpuPlan {
-    /// QEMU model name: `host` (host-model and host-passthrough under KVM), `max` (TCG), or a named
-    /// model (`Skylake-Server`).
+    /// QEMU model name: `host` (host-model and host-passthrough under KVM), `max` (TCG), a named
+    /// model (`Skylake-Server`), or `base` for a CPU adopted from a migration source's static
+    /// expansion ([`super::devices::cpu::adopted_cpu_plan`]).
     pub model: String,
     /// Feature flags in order.
     pub flags: Vec<CpuFlag>,
+    /// The VMI asked for `host-model`: a migration sends the static expansion of this CPU so that
+    /// the target runs the same CPUID identity (libvirt expands host-model into a named model
+    /// plus features at start and migrates that definition). False for host-passthrough (which
+    /// libvirt migrates as is, between identical hosts) and for a named model.
+    pub host_model: bool,
+    /// The migration source's definition this CPU was adopted from (`model` is then its name and
+    /// `flags` its properties plus `enforce=on`); a later migration sends it on unchanged.
+    pub adopted: Option<CpuModel>,
+}
+
+/// A CPU model and its properties, QEMU's `CpuModelInfo` (`qapi/machine-target.json`, QEMU 7.2
+/// to 10.1): what `query-cpu-model-expansion` takes and answers, and what a migration source sends
+/// its target for a host-model CPU (the model `base` and every property of the static expansion).
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct CpuModel {
+    /// The model name (`base`, `max`, `host`, `Skylake-Server`).
+    pub name: String,
+    /// Properties by QOM name (`family`, `vendor`, `sse4.2`); empty means the model's defaults.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub props: std::collections::BTreeMap<String, CpuProp>,
+}
+
+/// The value of one CPU property: a feature (`true`/`false`), a number (`family`, `min-level`) or
+/// a string (`vendor`, `model-id`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(untagged)]
+pub enum CpuProp {
+    /// A feature bit or a boolean property.
+    Bool(bool),
+    /// An integer property.
+    Int(i64),
+    /// A string property.
+    Text(String),
 }
 
 /// `-smp`.

@@ -22,6 +22,9 @@ pub struct CpuInfoFast {
     /// The host thread id running it.
     #[serde(rename = "thread-id")]
     pub thread_id: i64,
+    /// The vCPU's QOM path (`/machine/unattached/device[0]`).
+    #[serde(rename = "qom-path", default)]
+    pub qom_path: String,
 }
 
 /// `query-blockstats`: I/O counters per drive.

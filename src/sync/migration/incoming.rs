@@ -10,7 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
-use crate::cmdline::plan::DomainPlan;
+use crate::cmdline::plan::{CpuPlan, DomainPlan};
 use crate::cmdline::render::{qmp_plan, DiskHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
@@ -43,6 +43,24 @@ struct BootConversion {
     placed: Vec<DiskHotplug>,
     /// The plan `argv` renders, when it differs from the prepared one (hot-plugged disks).
     plan: Option<DomainPlan>,
+    /// The CPU adopted from the source's definition ([`RunningDomain::cpu`]), which `argv`
+    /// renders instead of the prepared plan's.
+    cpu: Option<CpuPlan>,
+}
+
+/// `argv` with the value of its `-cpu` replaced by that of `ours` (when both have one): the
+/// source's argv as the target compares it once the CPU comes from the source's definition, which
+/// carries (and `enforce`s) the CPU identity itself. The source may run `-cpu max` or `host`
+/// (host-model at its start) or an adopted `base,...` (an earlier migration).
+fn with_cpu_of(argv: &[String], ours: &[String]) -> Vec<String> {
+    let cpu = |a: &[String]| a.iter().position(|w| w == "-cpu").map(|i| i + 1);
+    let mut out = argv.to_vec();
+    if let (Some(i), Some(j)) = (cpu(argv), cpu(ours)) {
+        if let (Some(w), Some(v)) = (out.get_mut(i), ours.get(j)) {
+            w.clone_from(v);
+        }
+    }
+    out
 }
 
 /// Gives every interface without `macAddress` the guest MAC virt-handler reports for it in
@@ -215,14 +233,21 @@ impl SyncVmi {
                 ))
             }
         };
-        let boot = self.boot_conversion(&target, &session.domain);
+        let boot = self
+            .boot_conversion(&target, &session.domain)
+            .and_then(|b| self.adopt_source_cpu(&target, b, &session.domain));
         let argv = boot.and_then(|b| {
-            incoming_argv(&normalized(&b.argv, &self.config), &session.domain)?;
+            let local = normalized(&b.argv, &self.config);
+            let mut compared = session.domain.clone();
+            if b.cpu.is_some() {
+                compared.argv = with_cpu_of(&compared.argv, &local);
+            }
+            incoming_argv(&local, &compared)?;
             let mut d = session.domain.clone();
             d.argv.clear();
-            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan))
+            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu))
         });
-        let (argv, placed, boot_plan) = match argv {
+        let (argv, placed, boot_plan, adopted_cpu) = match argv {
             Ok(a) => a,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
@@ -230,6 +255,9 @@ impl SyncVmi {
             }
         };
         let PreparedTarget { mut prepared, .. } = target;
+        if let Some(cpu) = adopted_cpu {
+            prepared.running.cpu = cpu;
+        }
         if let Some(plan) = &boot_plan {
             // What runs: the boot plan's disks and media, then the source's hot-plugged disks.
             let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
@@ -336,6 +364,7 @@ impl SyncVmi {
                 argv: target.prepared.argv.clone(),
                 placed: Vec::new(),
                 plan: None,
+                cpu: None,
             });
         }
         let view = hotplug::boot_view(&target.view, &domain.hotplugged);
@@ -353,7 +382,52 @@ impl SyncVmi {
             argv: self.argv(&plan),
             placed,
             plan: Some(plan),
+            cpu: None,
         })
+    }
+
+    /// `boot` with the CPU of the source's definition ([`RunningDomain::cpu`], a host-model CPU's
+    /// static expansion): its plan's `-cpu` becomes the adopted `base,<properties>,enforce=on`
+    /// ([`crate::cmdline::devices::cpu::adopted_cpu_plan`]) and its argv is rendered again, so
+    /// the guest keeps the source's CPUID identity; QEMU then refuses to start if this host
+    /// cannot provide a property. Without a definition (host-passthrough, a named model, a
+    /// version-2 source) `boot` is unchanged.
+    ///
+    /// Errors: a definition for a VMI that is not host-model here, or one that is not a plain
+    /// model and properties (one that would inject a `-cpu` option, refused with the property's
+    /// path).
+    fn adopt_source_cpu(
+        &self,
+        target: &PreparedTarget,
+        mut boot: BootConversion,
+        domain: &RunningDomain,
+    ) -> Result<BootConversion, MigrationError> {
+        let Some(def) = &domain.cpu else {
+            return Ok(boot);
+        };
+        if !target.prepared.plan.cpu.host_model {
+            return Err(MigrationError::Peer(
+                "the source sent a CPU definition for a VMI whose CPU is not host-model".into(),
+            ));
+        }
+        let cpu = crate::cmdline::devices::cpu::adopted_cpu_plan(def).map_err(|e| {
+            MigrationError::Peer(format!("cannot adopt the source's CPU definition: {e}"))
+        })?;
+        let mut plan = boot
+            .plan
+            .take()
+            .unwrap_or_else(|| target.prepared.plan.clone());
+        plan.cpu = cpu.clone();
+        boot.argv = self.argv(&plan);
+        // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
+        if domain.hotplugged.is_empty() {
+            boot.plan = None;
+        } else {
+            boot.plan = Some(plan);
+        }
+        info!(model = %cpu.model, props = cpu.flags.len() - 1, "source's CPU adopted");
+        boot.cpu = Some(cpu);
+        Ok(boot)
     }
 
     /// `SignalTargetPodCleanup`.
@@ -475,5 +549,15 @@ mod tests {
                 None
             ]
         );
+    }
+
+    #[test]
+    fn the_sources_cpu_word_is_compared_as_the_adopted_one() {
+        let w = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
+        let ours = w("-machine q35 -cpu base,family=15,enforce=on -m 128");
+        assert_eq!(with_cpu_of(&w("-machine q35 -cpu max -m 128"), &ours), ours);
+        // Nothing to replace: unchanged.
+        assert_eq!(with_cpu_of(&w("-machine q35"), &ours), w("-machine q35"));
+        assert_eq!(with_cpu_of(&w("-cpu"), &ours), w("-cpu"));
     }
 }

@@ -126,9 +126,16 @@ impl SyncVmi {
             .and_then(|v| v["base-memory"].as_u64())
             .unwrap_or(0);
         let data_bytes = memory + copied_disks.iter().map(|d| d.size).sum::<u64>();
-        let hotplugged = match self.running.lock().await.as_ref() {
-            Some(r) => hotplug::hotplugged_disks(&r.disks, &argv),
-            None => Vec::new(),
+        let (hotplugged, running_cpu) = match self.running.lock().await.as_ref() {
+            Some(r) => (
+                hotplug::hotplugged_disks(&r.disks, &argv),
+                Some(r.cpu.clone()),
+            ),
+            None => (Vec::new(), None),
+        };
+        let cpu = match &running_cpu {
+            Some(plan) => running_cpu_definition(client, plan).await?,
+            None => None,
         };
         let domain = RunningDomain {
             vmi_uid: vmi_uid.to_owned(),
@@ -140,6 +147,7 @@ impl SyncVmi {
             capabilities: Vec::new(),
             multifd_channels: None,
             paused: status.state == DomainState::Paused && status.reason == StateReason::User,
+            cpu,
         };
         let plan = SourcePlan {
             stream,
@@ -316,6 +324,64 @@ impl SyncVmi {
         });
         Ok(())
     }
+}
+
+/// The CPU definition a migration sends for the CPU `plan` the source's QEMU (`client`) runs
+/// ([`RunningDomain::cpu`]): for a host-model CPU the static expansion QEMU answers for it
+/// (`query-cpu-model-expansion`, with the plan's on/off flags applied), with the running vCPU's
+/// `pmu` and `phys-bits` (`qom-get`, [`crate::cmdline::devices::cpu::RUNNING_CPU_PROPS`]) and the
+/// plan's flags the expansion does not list
+/// ([`crate::cmdline::devices::cpu::source_definition`]); a CPU adopted from an earlier migration
+/// is sent on as adopted. `None` for host-passthrough (libvirt migrates it as `host`, between
+/// identical hosts) and named models (the target renders the same model from the VMI).
+///
+/// Errors: the expansion or the vCPU's properties cannot be read (a QEMU or accelerator without
+/// them): the migration fails with that reason rather than let the target run another CPU.
+pub async fn running_cpu_definition(
+    client: &QmpClient,
+    plan: &crate::cmdline::plan::CpuPlan,
+) -> Result<Option<crate::cmdline::plan::CpuModel>, MigrationError> {
+    use crate::cmdline::devices::cpu::{
+        expansion_request, source_definition, with_running_props, RUNNING_CPU_PROPS,
+    };
+    use crate::qmp::commands::{
+        CpuModelExpansionType, QomGet, QueryCpuModelExpansion, QueryCpusFast,
+    };
+    if !plan.host_model {
+        return Ok(None);
+    }
+    if plan.adopted.is_some() {
+        return Ok(Some(source_definition(plan, Default::default())));
+    }
+    let expanded = client
+        .run(&QueryCpuModelExpansion {
+            kind: CpuModelExpansionType::Static,
+            model: expansion_request(plan),
+        })
+        .await?;
+    let cpus = client.run(&QueryCpusFast).await?;
+    let mut running = Vec::new();
+    if let Some(vcpu) = cpus.first().filter(|c| !c.qom_path.is_empty()) {
+        for property in RUNNING_CPU_PROPS {
+            let q = QomGet {
+                path: vcpu.qom_path.clone(),
+                property: property.to_owned(),
+            };
+            let value = client.run(&q).await?;
+            let value = serde_json::from_value(value).map_err(|e| {
+                MigrationError::Qemu(format!("the vCPU's {property} is not a CPU property: {e}"))
+            })?;
+            running.push((property.to_owned(), value));
+        }
+    }
+    let expanded = with_running_props(expanded.model, running);
+    info!(
+        model = %plan.model,
+        base = %expanded.name,
+        props = expanded.props.len(),
+        "host-model CPU expanded for the target"
+    );
+    Ok(Some(source_definition(plan, expanded)))
 }
 
 /// KubeVirt's `stats.DomainJobInfo` (Go field names) of a running migration, as libvirt's job

@@ -87,6 +87,18 @@ pub struct RunningDomain {
     pub multifd_channels: Option<u32>,
     /// The domain was paused (by the user) when the migration started: the target stays paused.
     pub paused: bool,
+    /// For a host-model CPU, the static expansion of the CPU the source runs (model `base` and
+    /// every property, QEMU's `query-cpu-model-expansion`), which the target renders as its
+    /// `-cpu` with `enforce=on` instead of its own `host`/`max` (libvirt migrates the expanded
+    /// host-model definition in its cookie). `None` for host-passthrough and named models, whose
+    /// `-cpu` both sides render alike from the VMI.
+    ///
+    /// Added after version 2 without a version bump: a version-2 peer's definition has no such
+    /// member and still decodes (`None`); it is left out of the frame when `None`, so a
+    /// version-2 target still decodes a definition without it, but one with it fails there as
+    /// an undecodable frame (version 2 denies unknown fields) instead of being misread.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<crate::cmdline::plan::CpuModel>,
 }
 
 /// The kind of a hot-plugged device.
@@ -363,6 +375,7 @@ pub async fn hello_as_target<S: AsyncRead + AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cmdline::plan::CpuProp;
     use tokio::io::duplex;
 
     fn domain() -> RunningDomain {
@@ -391,6 +404,15 @@ mod tests {
             capabilities: vec!["multifd".into()],
             multifd_channels: Some(8),
             paused: false,
+            cpu: Some(crate::cmdline::plan::CpuModel {
+                name: "base".into(),
+                props: [
+                    ("family".to_owned(), CpuProp::Int(15)),
+                    ("vendor".to_owned(), CpuProp::Text("AuthenticAMD".into())),
+                    ("vmx".to_owned(), CpuProp::Bool(false)),
+                ]
+                .into(),
+            }),
         }
     }
 
@@ -567,5 +589,24 @@ mod tests {
             read_message(&mut b).await,
             Err(ProtocolError::Io(_))
         ));
+    }
+
+    #[test]
+    fn the_cpu_definition_is_additive_to_version_2() {
+        // A version-2 source's definition (no `cpu`) decodes, without a CPU.
+        let mut v2 = serde_json::to_value(domain()).unwrap();
+        v2.as_object_mut().unwrap().remove("cpu");
+        let d: RunningDomain = serde_json::from_value(v2).unwrap();
+        assert_eq!(d.cpu, None);
+        // Without a CPU the frame has no `cpu` member (a version-2 target decodes it).
+        let sent = serde_json::to_value(&d).unwrap();
+        assert!(sent.get("cpu").is_none(), "{sent}");
+        // The CPU's properties keep their QEMU types on the wire.
+        let sent = serde_json::to_value(domain()).unwrap();
+        assert_eq!(
+            sent["cpu"],
+            serde_json::json!({"name": "base", "props":
+                {"family": 15, "vendor": "AuthenticAMD", "vmx": false}})
+        );
     }
 }

@@ -353,6 +353,7 @@ mod tests {
             capabilities: vec![],
             multifd_channels: None,
             paused: false,
+            cpu: None,
         }
     }
 

@@ -9,13 +9,18 @@
 //! * Hyper-V enlightenments become `hv-*` flags, `features.kvm.hidden` `kvm=off`,
 //!   `pvspinlock` `kvm-pv-unhalt`, timers `kvmclock`/`hv-time`.
 //! * CPU hotplug (`maxSockets`): `-smp <boot vCPUs>,maxcpus=<maxSockets*cores*threads>`.
+//! * Migration of a host-model CPU ([`expansion_request`], [`source_definition`],
+//!   [`adopted_cpu_plan`]): the source sends the static expansion of the CPU it runs (libvirt's
+//!   migration cookie carries the expanded host-model CPU the same way) and the target renders
+//!   `-cpu base,<every property>,enforce=on`, so its vCPUs have the source's CPUID identity or
+//!   QEMU refuses to start.
 //!
 //! Reads: `ctx.kvm`, `ctx.allow_emulation`.
 
 use super::super::context::ConverterContext;
 use super::super::error::{ConvertError, FieldPath};
 use super::super::names::check_token;
-use super::super::plan::{Accel, CpuFlag, CpuPlan, DomainPlan, SmpPlan};
+use super::super::plan::{Accel, CpuFlag, CpuModel, CpuPlan, CpuProp, DomainPlan, SmpPlan};
 use super::{accel, topology};
 use crate::vmi::{FeatureState, Vmi};
 
@@ -44,6 +49,7 @@ impl super::super::convert::Configurator for CpuConfigurator {
         let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
         let acc = accel(ctx)?;
         let model = cpu.model.as_deref().unwrap_or("host-model");
+        let host_model = model == "host-model";
         let mut flags = Vec::new();
         let model = match (model, acc) {
             ("host-model" | "host-passthrough", Accel::Kvm) => {
@@ -185,7 +191,12 @@ impl super::super::convert::Configurator for CpuConfigurator {
                 flags.push(flag("hv-time", h.enabled.unwrap_or(true)));
             }
         }
-        plan.cpu = CpuPlan { model, flags };
+        plan.cpu = CpuPlan {
+            model,
+            flags,
+            host_model,
+            adopted: None,
+        };
 
         let (sockets, cores, threads) = topology(vmi)?;
         let cpus = sockets * cores * threads;
@@ -217,6 +228,135 @@ impl super::super::convert::Configurator for CpuConfigurator {
     }
 }
 
+/// `-cpu` properties a migration source's definition may not carry: the target sets `enforce`
+/// itself, and `check` would weaken it.
+const RESERVED_CPU_PROPS: [&str; 2] = ["enforce", "check"];
+
+/// Properties of a running vCPU that belong to its CPUID identity but that the static expansion
+/// does not list: `pmu` (leaf 0xA; `max` and `host` turn it on, `base` leaves it off) and
+/// `phys-bits` (leaf 0x80000008; `host` takes the host's with `host-phys-bits`). A migration
+/// source reads them from its vCPU (`qom-get`) and adds them to the expansion
+/// ([`with_running_props`]).
+pub const RUNNING_CPU_PROPS: [&str; 2] = ["pmu", "phys-bits"];
+
+/// `expanded` with the running vCPU's [`RUNNING_CPU_PROPS`] values `running` (name and QOM value)
+/// added where the expansion has none; a `phys-bits` of 0 (QEMU's default, not a width) is left
+/// out.
+pub fn with_running_props(mut expanded: CpuModel, running: Vec<(String, CpuProp)>) -> CpuModel {
+    for (name, value) in running {
+        if value == CpuProp::Int(0) {
+            continue;
+        }
+        expanded.props.entry(name).or_insert(value);
+    }
+    expanded
+}
+
+/// At most this many properties in an adopted definition (QEMU 10.1's x86 static expansion has
+/// about 330).
+const MAX_CPU_PROPS: usize = 4096;
+
+/// The `query-cpu-model-expansion` model for the CPU `plan` runs: its model with its on/off flags
+/// as boolean properties (QEMU applies them before expanding, as it did at start). Flags with other
+/// values (`hv-spinlocks=0x1000`) are left out: their QOM types are not strings, and they are no
+/// feature bits the static expansion lists; [`source_definition`] adds them back.
+pub fn expansion_request(plan: &CpuPlan) -> CpuModel {
+    let props = plan
+        .flags
+        .iter()
+        .filter_map(|f| match f.value.as_str() {
+            "on" => Some((f.name.clone(), CpuProp::Bool(true))),
+            "off" => Some((f.name.clone(), CpuProp::Bool(false))),
+            _ => None,
+        })
+        .collect();
+    CpuModel {
+        name: plan.model.clone(),
+        props,
+    }
+}
+
+/// The definition a migration source sends for the CPU `plan` runs, from QEMU's static expansion
+/// of [`expansion_request`]: the expansion's model (`base`) and properties, plus the flags of
+/// `plan` the expansion does not list (`migratable`, Hyper-V enlightenments), so that the target's
+/// `-cpu` sets everything the source's did. An adopted CPU is sent on as adopted.
+pub fn source_definition(plan: &CpuPlan, expanded: CpuModel) -> CpuModel {
+    if let Some(adopted) = &plan.adopted {
+        return adopted.clone();
+    }
+    let mut def = expanded;
+    for f in &plan.flags {
+        if def.props.contains_key(&f.name) || RESERVED_CPU_PROPS.contains(&f.name.as_str()) {
+            continue;
+        }
+        let value = match f.value.as_str() {
+            "on" => CpuProp::Bool(true),
+            "off" => CpuProp::Bool(false),
+            v => CpuProp::Text(v.to_owned()),
+        };
+        def.props.insert(f.name.clone(), value);
+    }
+    def
+}
+
+/// The target's `-cpu` for a migration source's CPU definition `def`: `<name>,<prop>=<value>,...`
+/// in property order (booleans `on`/`off`, integers in decimal), then `enforce=on`, so that QEMU
+/// refuses to start when its accelerator cannot provide a property instead of running another
+/// CPU (QEMU's `enforce`, libvirt's `check='full'` for a migrated host-model CPU).
+///
+/// The definition comes from another launcher and reaches QEMU's `-cpu` parser, which has no
+/// comma escape: a model or property name that is not a plain token, a string value with a comma
+/// or a control character, `enforce`/`check` themselves, or more than 4096 properties are refused
+/// with the property's path (`migration.cpu.props.<name>`), before QEMU runs.
+pub fn adopted_cpu_plan(def: &CpuModel) -> Result<CpuPlan, ConvertError> {
+    let base = FieldPath::new("migration.cpu");
+    check_token(&base.key("name"), &def.name)?;
+    if def.props.len() > MAX_CPU_PROPS {
+        return Err(ConvertError::invalid(
+            base.key("props"),
+            format!("more than {MAX_CPU_PROPS} properties"),
+        ));
+    }
+    let mut flags = Vec::with_capacity(def.props.len() + 1);
+    for (name, value) in &def.props {
+        let p = base.key("props").key(name);
+        check_token(&p, name)?;
+        if RESERVED_CPU_PROPS.contains(&name.as_str()) {
+            return Err(ConvertError::invalid(
+                p,
+                "the target sets enforce itself; the definition may not carry it",
+            ));
+        }
+        let value = match value {
+            CpuProp::Bool(on) => if *on { "on" } else { "off" }.to_owned(),
+            CpuProp::Int(n) => n.to_string(),
+            CpuProp::Text(t) => {
+                if t.contains(',') || t.chars().any(char::is_control) || t.len() > 256 {
+                    return Err(ConvertError::invalid(
+                        p,
+                        format!(
+                            "{t:?} cannot be a -cpu value (a comma, a control character, or \
+                             longer than 256 bytes)"
+                        ),
+                    ));
+                }
+                t.clone()
+            }
+        };
+        flags.push(CpuFlag {
+            name: name.clone(),
+            value,
+        });
+    }
+    flags.push(flag("enforce", true));
+    Ok(CpuPlan {
+        model: def.name.clone(),
+        flags,
+        host_model: true,
+        adopted: Some(def.clone()),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,7 +377,9 @@ mod tests {
             kvm.cpu,
             CpuPlan {
                 model: "host".into(),
-                flags: vec![flag("migratable", true)]
+                flags: vec![flag("migratable", true)],
+                host_model: true,
+                adopted: None,
             }
         );
         let tcg_ctx = ConverterContext {
@@ -296,5 +438,192 @@ mod tests {
         )
         .unwrap_err();
         assert_eq!(e.path().as_str(), "spec.domain.cpu.features[0].name");
+    }
+
+    fn model(name: &str, props: &[(&str, CpuProp)]) -> CpuModel {
+        CpuModel {
+            name: name.into(),
+            props: props
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn host_passthrough_and_named_models_are_not_host_model() {
+        let tcg_ctx = ConverterContext {
+            kvm: false,
+            allow_emulation: true,
+            ..Default::default()
+        };
+        assert!(run(json!({}), &tcg_ctx).unwrap().cpu.host_model);
+        for m in ["host-passthrough", "Skylake-Server"] {
+            let plan = run(json!({"cpu": {"model": m}}), &ConverterContext::default()).unwrap();
+            assert!(!plan.cpu.host_model, "{m}");
+        }
+    }
+
+    #[test]
+    fn the_expansion_request_carries_the_on_off_flags_only() {
+        let plan = CpuPlan {
+            model: "host".into(),
+            flags: vec![
+                flag("migratable", true),
+                flag("vmx", false),
+                CpuFlag {
+                    name: "hv-spinlocks".into(),
+                    value: "0x1000".into(),
+                },
+            ],
+            host_model: true,
+            adopted: None,
+        };
+        assert_eq!(
+            expansion_request(&plan),
+            model(
+                "host",
+                &[
+                    ("migratable", CpuProp::Bool(true)),
+                    ("vmx", CpuProp::Bool(false))
+                ]
+            )
+        );
+        // The source's definition: the expansion, plus what it does not list.
+        let expanded = model(
+            "base",
+            &[("vmx", CpuProp::Bool(false)), ("family", CpuProp::Int(6))],
+        );
+        let def = source_definition(&plan, expanded);
+        assert_eq!(
+            def,
+            model(
+                "base",
+                &[
+                    ("family", CpuProp::Int(6)),
+                    ("hv-spinlocks", CpuProp::Text("0x1000".into())),
+                    ("migratable", CpuProp::Bool(true)),
+                    ("vmx", CpuProp::Bool(false)),
+                ]
+            )
+        );
+        // An adopted CPU goes on as it came.
+        let adopted = adopted_cpu_plan(&def).unwrap();
+        assert_eq!(source_definition(&adopted, CpuModel::default()), def);
+    }
+
+    #[test]
+    fn running_props_fill_in_what_the_expansion_lacks() {
+        let expanded = model("base", &[("pmu", CpuProp::Bool(false))]);
+        let running = vec![
+            ("pmu".to_owned(), CpuProp::Bool(true)),
+            ("phys-bits".to_owned(), CpuProp::Int(46)),
+        ];
+        assert_eq!(
+            with_running_props(expanded.clone(), running),
+            model(
+                "base",
+                &[
+                    ("pmu", CpuProp::Bool(false)),
+                    ("phys-bits", CpuProp::Int(46))
+                ]
+            )
+        );
+        let unset = vec![("phys-bits".to_owned(), CpuProp::Int(0))];
+        assert_eq!(with_running_props(expanded.clone(), unset), expanded);
+    }
+
+    #[test]
+    fn an_expansion_renders_as_base_with_every_property_and_enforce() {
+        // (definition, the -cpu argument)
+        let cases: Vec<(CpuModel, &str)> = vec![
+            (
+                model(
+                    "base",
+                    &[
+                        ("family", CpuProp::Int(15)),
+                        ("model", CpuProp::Int(107)),
+                        ("stepping", CpuProp::Int(1)),
+                        ("vendor", CpuProp::Text("AuthenticAMD".into())),
+                        (
+                            "model-id",
+                            CpuProp::Text("QEMU TCG CPU version 2.5+".into()),
+                        ),
+                        ("sse4.2", CpuProp::Bool(true)),
+                        ("vmx", CpuProp::Bool(false)),
+                        ("min-xlevel", CpuProp::Int(2147483658)),
+                    ],
+                ),
+                "base,family=15,min-xlevel=2147483658,model=107,model-id=QEMU TCG CPU version \
+                 2.5+,sse4.2=on,stepping=1,vendor=AuthenticAMD,vmx=off,enforce=on",
+            ),
+            (model("base", &[]), "base,enforce=on"),
+        ];
+        for (def, want) in cases {
+            let mut plan = DomainPlan {
+                cpu: adopted_cpu_plan(&def).unwrap(),
+                ..Default::default()
+            };
+            plan.accel = Accel::Tcg;
+            let argv = crate::cmdline::render::argv(&plan);
+            let i = argv.iter().position(|w| w == "-cpu").unwrap();
+            assert_eq!(argv[i + 1], want);
+            assert_eq!(plan.cpu.adopted.as_ref(), Some(&def));
+            assert!(plan.cpu.host_model);
+        }
+    }
+
+    #[test]
+    fn a_definition_that_would_inject_a_cpu_option_is_refused() {
+        // (definition, the path named)
+        let cases: Vec<(CpuModel, &str)> = vec![
+            (model("base,vmx=on", &[]), "migration.cpu.name"),
+            (model("", &[]), "migration.cpu.name"),
+            (
+                model("base", &[("vmx=on,svm", CpuProp::Bool(true))]),
+                "migration.cpu.props.vmx=on,svm",
+            ),
+            (
+                model("base", &[("+vmx", CpuProp::Bool(true))]),
+                "migration.cpu.props.+vmx",
+            ),
+            (
+                model(
+                    "base",
+                    &[("model-id", CpuProp::Text("x,enforce=off".into()))],
+                ),
+                "migration.cpu.props.model-id",
+            ),
+            (
+                model("base", &[("model-id", CpuProp::Text("a\nb".into()))]),
+                "migration.cpu.props.model-id",
+            ),
+            (
+                model("base", &[("enforce", CpuProp::Bool(false))]),
+                "migration.cpu.props.enforce",
+            ),
+            (
+                model("base", &[("check", CpuProp::Bool(false))]),
+                "migration.cpu.props.check",
+            ),
+        ];
+        for (def, path) in cases {
+            let e = adopted_cpu_plan(&def).unwrap_err();
+            assert_eq!(e.path().as_str(), path, "{def:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn cpu_models_decode_as_qemu_answers_them() {
+        let m: CpuModel = serde_json::from_value(json!({"name": "base", "props": {
+            "vmx": false, "family": 6, "vendor": "GenuineIntel"}}))
+        .unwrap();
+        assert_eq!(m.props["vmx"], CpuProp::Bool(false));
+        assert_eq!(m.props["family"], CpuProp::Int(6));
+        assert_eq!(m.props["vendor"], CpuProp::Text("GenuineIntel".into()));
+        assert_eq!(
+            serde_json::to_value(model("max", &[])).unwrap(),
+            json!({"name": "max"})
+        );
     }
 }

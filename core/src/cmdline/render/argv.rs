@@ -81,15 +81,16 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
         },
     );
 
-    // -cpu: model and flags are validated names/values (the -cpu parser has no comma escape).
-    let mut cpu = plan.cpu.model.clone();
-    for f in &plan.cpu.flags {
-        cpu.push(',');
-        cpu.push_str(&f.name);
-        cpu.push('=');
-        cpu.push_str(&f.value);
-    }
-    push("-cpu", cpu);
+    // -cpu: model and flags are validated names and comma-free values (the -cpu parser has no
+    // comma escape; `devices::cpu` refuses a comma, so the keyval writer never doubles one here).
+    let cpu = plan
+        .cpu
+        .flags
+        .iter()
+        .fold(KeyVal::with_head(&plan.cpu.model), |kv, f| {
+            kv.kv(&f.name, &f.value)
+        });
+    push("-cpu", cpu.finish());
     if let FirmwarePlan::Rom(rom) = &plan.firmware {
         push("-bios", rom.clone());
     }
