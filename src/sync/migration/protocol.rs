@@ -75,8 +75,8 @@ pub struct RunningDomain {
     /// QEMU's argv as the source started it, machine resolved, without `-S` and `-incoming`
     /// (the target adds `-S -incoming defer`).
     pub argv: Vec<String>,
-    /// Devices hot-plugged into the source since it started, in plug order, to be added to the
-    /// target before `migrate-incoming`.
+    /// Devices hot-plugged into the source since it started (disks, then NICs), to be added to
+    /// the target before `migrate-incoming`.
     pub hotplugged: Vec<HotpluggedDevice>,
     /// Local disks the source mirrors to the target over NBD: the target exports these nodes.
     pub copied_disks: Vec<CopiedDisk>,

@@ -151,11 +151,6 @@ impl NicState {
         self.plugged.values().filter_map(|p| p.hotplug.as_ref())
     }
 
-    /// The tap of the binding set up for interface `name` (before the start or by diff).
-    pub fn tap_of(&self, name: &str) -> Option<&str> {
-        self.plugged.get(name).map(|p| p.net.tap.as_str())
-    }
-
     /// Plugs `nic` (already placed: its device has the bus and address it must take) on the tap
     /// of its interface's binding, which [`Self::setup_at_boot`] set up in this pod: what a
     /// migration target does for each NIC the source had hot-plugged, into its `-S -incoming
