@@ -12,10 +12,13 @@
 //!
 //! The same boot carries a hot-plugged NIC: each pod has the Multus link of the secondary
 //! network `blue` (a veth whose far end, on the pod's node, is 192.168.77.1), the same sync
-//! plugs a bridge interface on it into the running source (bridge binding made in the pod, tap
-//! passed by fd), and the guest gives it 192.168.77.10. The target pod's link has another MAC;
-//! the target boots without the NIC and plugs it on its own pod's tap at the source's PCI
-//! address with the source's guest MAC before the device state arrives. On the target (and the
+//! plugs a bridge interface on it into the running source (the launcher makes the bridge
+//! binding in the pod, tap passed by fd), and the guest gives it 192.168.77.10. The target
+//! pod's link has another MAC, and its bridge binding was made by "virt-handler" (the test,
+//! with KubeVirt's names) before `SyncMigrationTarget`, which adopts it; the target boots
+//! without the NIC and plugs it on its own pod's tap at the source's PCI address with the
+//! source's guest MAC before the device state arrives. The third pod's launcher makes the
+//! binding itself. On the target (and the
 //! third pod) the guest has the NIC with the same MAC and PCI path, it pings the far end over
 //! the target pod's secondary network, `GetDomain` lists it, and it unplugs with the disk. Needs root
 //! and the test guest (`scripts/build-guest`).
@@ -52,6 +55,15 @@ fn attach_blue(pod: &Pod, mac: &str) {
         BLUE_NODE_MAC,
         &format!("{BLUE_NODE}/24"),
     );
+}
+
+/// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
+/// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
+fn virt_handler_blue(pod: &Pod, mac: &str) {
+    for args in testkit::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, 0) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pod.net.pod.ip(&args);
+    }
 }
 
 /// `vmi` with the bridge interface `blue` on the Multus network `blue-net`, reported attached
@@ -162,6 +174,8 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     attach_blue(&source, "0a:58:0a:f4:01:07");
     attach_blue(&target, "0a:58:0a:f4:02:07");
+    // The target's virt-handler sets up the pod network of every interface, `blue` included.
+    virt_handler_blue(&target, "0a:58:0a:f4:02:07");
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
 
@@ -312,6 +326,14 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     .await;
     assert_eq!(nic_moved.trim(), format!("{nic_if} {nic_pci}"));
     ping_blue(&mut tc).await;
+    // The target used virt-handler's binding of `blue` as it was.
+    assert!(
+        target
+            .log(t)
+            .contains("adopting the pod network virt-handler set up"),
+        "{}",
+        target.log(t)
+    );
     assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
     source.wait_launcher(s, Duration::from_secs(60)).await;
 
