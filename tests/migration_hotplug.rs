@@ -8,13 +8,26 @@
 //! the same PCI path, the file readable on the still-mounted file system, and `GetDomain` on the
 //! target lists the disk with its target and alias. The domain then moves on to a third pod (the
 //! former target sends the disk on as hot-plugged), where the disk unplugs by a sync without the
-//! volume. Needs root and the test guest
-//! (`scripts/build-guest`).
+//! volume.
+//!
+//! The same boot carries a hot-plugged NIC: each pod has the Multus link of the secondary
+//! network `blue` (a veth whose far end, on the pod's node, is 192.168.77.1), the same sync
+//! plugs a bridge interface on it into the running source (the launcher makes the bridge
+//! binding in the pod, tap passed by fd), and the guest gives it 192.168.77.10. The target
+//! pod's link has another MAC, and its bridge binding was made by "virt-handler" (the test,
+//! with KubeVirt's names) before `SyncMigrationTarget`, which adopts it; the target boots
+//! without the NIC and plugs it on its own pod's tap at the source's PCI address with the
+//! source's guest MAC before the device state arrives. The third pod's launcher makes the
+//! binding itself. On the target (and the
+//! third pod) the guest has the NIC with the same MAC and PCI path, it pings the far end over
+//! the target pod's secondary network, `GetDomain` lists it, and it unplugs with the disk. Needs root
+//! and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
 use qlauncher::sync::domain::{ApiDomain, LifeCycle as L};
 use testkit::guest::GuestImages;
+use testkit::handler::Client;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
@@ -24,6 +37,95 @@ use testkit::migration::{
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
 const SERIAL: &str = "HP1SERIAL";
+/// The pod interface Multus attaches for the network `blue` (`pod` + sha256("blue")[..11]).
+const BLUE_POD_IFACE: &str = "pod16477688c0e";
+/// The guest's address on `blue`, and the far end's (on each pod's node).
+const BLUE_GUEST: &str = "192.168.77.10";
+const BLUE_NODE: &str = "192.168.77.1";
+/// The far end's MAC, the same on each pod's node (one secondary network).
+const BLUE_NODE_MAC: &str = "02:00:00:77:00:01";
+
+/// Gives `pod` the Multus link of `blue` with the pod-side MAC `mac` (each pod's differs).
+fn attach_blue(pod: &Pod, mac: &str) {
+    pod.net.add_multus_link(
+        BLUE_POD_IFACE,
+        mac,
+        1400,
+        "vblue",
+        BLUE_NODE_MAC,
+        &format!("{BLUE_NODE}/24"),
+    );
+}
+
+/// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
+/// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
+fn virt_handler_blue(pod: &Pod, mac: &str) {
+    for args in testkit::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, 0) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        pod.net.pod.ip(&args);
+    }
+}
+
+/// `vmi` with the bridge interface `blue` on the Multus network `blue-net`, reported attached
+/// by Multus in `status.interfaces` (with the guest MAC `mac` once the domain reports one).
+fn with_blue(mut vmi: serde_json::Value, mac: &str) -> serde_json::Value {
+    vmi["spec"]["domain"]["devices"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "bridge": {}}));
+    vmi["spec"]["networks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    if vmi["status"].is_null() {
+        vmi["status"] = serde_json::json!({});
+    }
+    if vmi["status"]["interfaces"].is_null() {
+        vmi["status"]["interfaces"] = serde_json::json!([]);
+    }
+    let mut status = serde_json::json!(
+        {"name": "blue", "podInterfaceName": BLUE_POD_IFACE, "infoSource": "domain, multus-status"}
+    );
+    if !mac.is_empty() {
+        status["mac"] = mac.into();
+    }
+    vmi["status"]["interfaces"]
+        .as_array_mut()
+        .unwrap()
+        .push(status);
+    vmi
+}
+
+/// The guest MAC of the `blue` interface of a domain.
+fn blue_mac(d: &ApiDomain) -> Option<String> {
+    d.spec
+        .devices
+        .interfaces
+        .iter()
+        .find(|i| i.alias.as_ref().is_some_and(|a| a.name == "blue"))
+        .and_then(|i| i.mac.as_ref())
+        .map(|m| m.mac.clone())
+}
+
+/// The guest's network interface with MAC `mac`: its name and sysfs device path (the PCI path).
+fn nic_find(mac: &str) -> String {
+    format!(
+        "for n in /sys/class/net/*; do \
+         [ \"$(cat $n/address)\" = {mac} ] && echo ${{n##*/}} $(readlink -f $n/device); \
+         done"
+    )
+}
+
+/// The guest pings the far end of `blue` (on the node of the pod it runs in) until it answers
+/// (60 s; this machine has no `ping` of its own, the guest's busybox has).
+async fn ping_blue(c: &mut Client) {
+    exec_until_ok(
+        c,
+        &format!("ping -c 1 -W 2 {BLUE_NODE}"),
+        Duration::from_secs(60),
+    )
+    .await;
+}
 
 /// `vmi` with the hotplug volume `hp1` (a virtio disk with serial [`SERIAL`]) Ready, its
 /// `volumeStatus` target `target` (empty until the domain reports one).
@@ -67,9 +169,13 @@ const FIND: &str = "for b in /sys/block/vd*; do \
      done";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
+async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffic() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    attach_blue(&source, "0a:58:0a:f4:01:07");
+    attach_blue(&target, "0a:58:0a:f4:02:07");
+    // The target's virt-handler sets up the pod network of every interface, `blue` included.
+    virt_handler_blue(&target, "0a:58:0a:f4:02:07");
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
 
@@ -89,21 +195,42 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
         .status()
         .unwrap();
     assert!(mkfs.success());
+    // Multus attached `blue` to the pod: the same sync plugs the NIC.
     assert_eq!(
-        sync(&mut sc, &with_hotplug(plain.clone(), "")).await,
+        sync(&mut sc, &with_blue(with_hotplug(plain.clone(), ""), "")).await,
         (true, String::new())
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let (dev_target, _, _) = loop {
-        if let Some(h) = get_domain(&mut sc).await.as_ref().and_then(hp1) {
-            break h;
+    let ((dev_target, _, _), nic_mac) = loop {
+        let d = get_domain(&mut sc).await;
+        if let Some(h) = d.as_ref().and_then(hp1) {
+            if let Some(m) = d.as_ref().and_then(blue_mac) {
+                break (h, m);
+            }
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "hp1 never in GetDomain"
+            "hp1 and blue never in GetDomain"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
+    // The bridge binding takes the pod link's MAC.
+    assert_eq!(nic_mac, "0a:58:0a:f4:01:07");
+    let nic_seen = exec_until_ok(
+        &mut sc,
+        &format!("{} | grep .", nic_find(&nic_mac)),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (nic_if, nic_pci) = nic_seen.trim().split_once(' ').unwrap();
+    let (nic_if, nic_pci) = (nic_if.to_owned(), nic_pci.to_owned());
+    exec_until_ok(
+        &mut sc,
+        &format!("ip addr add {BLUE_GUEST}/24 dev {nic_if} && ip link set {nic_if} up"),
+        Duration::from_secs(30),
+    )
+    .await;
+    ping_blue(&mut sc).await;
 
     // The guest sees it, mounts it and writes a file.
     let seen = exec_until_ok(
@@ -127,9 +254,12 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
         .clone()
         .unwrap()
         .mac;
-    let vmi = with_hotplug(
-        migrating_vmi(&uid, "mig-hp", &target.pod_name(), &guest_mac),
-        &dev_target,
+    let vmi = with_blue(
+        with_hotplug(
+            migrating_vmi(&uid, "mig-hp", &target.pod_name(), &guest_mac),
+            &dev_target,
+        ),
+        &nic_mac,
     );
 
     // The target pod has the same volume (the shared claim) at its own path.
@@ -185,6 +315,25 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
         "{:?}",
         d.spec.devices.disks
     );
+    // The NIC: the source's MAC at the same PCI path, still configured, and traffic over the
+    // target pod's secondary network.
+    assert_eq!(blue_mac(&d).as_deref(), Some(nic_mac.as_str()));
+    let nic_moved = exec_until_ok(
+        &mut tc,
+        &format!("{} | grep .", nic_find(&nic_mac)),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(nic_moved.trim(), format!("{nic_if} {nic_pci}"));
+    ping_blue(&mut tc).await;
+    // The target used virt-handler's binding of `blue` as it was.
+    assert!(
+        target
+            .log(t)
+            .contains("adopting the pod network virt-handler set up"),
+        "{}",
+        target.log(t)
+    );
     assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
     source.wait_launcher(s, Duration::from_secs(60)).await;
 
@@ -192,12 +341,16 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
     // without it) and sends it on.
     let mut third = Pod::new(&images.disk_qcow2, false);
     third.uid = uid.clone();
+    attach_blue(&third, "0a:58:0a:f4:03:07");
     let hdir = third.share().join("hotplug-disks");
     std::fs::create_dir_all(&hdir).unwrap();
     std::fs::hard_link(&image, hdir.join("hp1.img")).unwrap();
-    let vmi2 = with_hotplug(
-        migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),
-        &dev_target,
+    let vmi2 = with_blue(
+        with_hotplug(
+            migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),
+            &dev_target,
+        ),
+        &nic_mac,
     );
     let (h, mut hc, _relay2) = migrate_on(
         &target,
@@ -220,8 +373,17 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
         exec_until_ok(&mut hc, "cat /mnt/hp/f /mnt/hp/g", Duration::from_secs(30)).await,
         "hotplug-file\nafter\n"
     );
+    let nic_again = exec_until_ok(
+        &mut hc,
+        &format!("{} | grep .", nic_find(&nic_mac)),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(nic_again.trim(), format!("{nic_if} {nic_pci}"));
+    ping_blue(&mut hc).await;
 
-    // The migrated disk unplugs like any hot-plugged one (its block nodes are the ones that run).
+    // The migrated disk unplugs like any hot-plugged one (its block nodes are the ones that run),
+    // and so does the NIC (the interface leaves the spec).
     exec_until_ok(&mut hc, "umount /mnt/hp", Duration::from_secs(30)).await;
     let mut unplugged = vmi2.clone();
     unplugged["spec"] = plain["spec"].clone();
@@ -239,6 +401,26 @@ async fn a_hot_plugged_disk_migrates_with_its_serial_address_and_data() {
     exec_until_ok(
         &mut hc,
         &format!("test -z \"$({FIND})\""),
+        Duration::from_secs(60),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(&mut hc)
+        .await
+        .as_ref()
+        .and_then(blue_mac)
+        .is_some()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blue still in GetDomain\n{}",
+            third.log(h)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        &mut hc,
+        &format!("test -z \"$({})\"", nic_find(&nic_mac)),
         Duration::from_secs(60),
     )
     .await;

@@ -349,6 +349,47 @@ pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// The `ip` commands of virt-handler's bridge binding of a secondary (Multus) pod link
+/// `pod_iface` = `pod<hash>` without addresses (`pkg/network/setup/netpod`, KubeVirt v1.9.0,
+/// which sets up every interface of the VMI in the pod, a migration target's hot-plugged ones
+/// included): the pod link taken down and renamed `<hash>-nic`, bridge `k6t-<hash>` (MTU `mtu`)
+/// with it as a port, a stand-in named `pod_iface` with the pod link's MAC `pod_mac` (KubeVirt's
+/// is a dummy link; this machine's kernel has none, so an ifb one, as qlauncher's), and tap
+/// `tap<hash>` owned by `owner` as a port of the bridge. Arguments of `ip`, in order.
+pub fn kubevirt_bridge_links(
+    pod_iface: &str,
+    pod_mac: &str,
+    mtu: u32,
+    owner: u32,
+) -> Vec<Vec<String>> {
+    let hash = pod_iface.strip_prefix("pod").unwrap_or(pod_iface);
+    let (nic, bridge, tap) = (
+        format!("{hash}-nic"),
+        format!("k6t-{hash}"),
+        format!("tap{hash}"),
+    );
+    let (mtu, owner) = (mtu.to_string(), owner.to_string());
+    let cmds: Vec<Vec<&str>> = vec![
+        vec!["link", "set", pod_iface, "down"],
+        vec!["link", "set", pod_iface, "name", &nic],
+        vec!["link", "add", &bridge, "type", "bridge"],
+        vec!["link", "set", &bridge, "mtu", &mtu, "up"],
+        vec!["link", "set", &nic, "master", &bridge, "up"],
+        // An ifb link takes its MAC only when it is made.
+        vec![
+            "link", "add", pod_iface, "address", pod_mac, "mtu", &mtu, "type", "ifb",
+        ],
+        vec!["link", "set", pod_iface, "up"],
+        vec![
+            "tuntap", "add", "dev", &tap, "mode", "tap", "user", &owner, "group", &owner,
+        ],
+        vec!["link", "set", &tap, "mtu", &mtu, "master", &bridge, "up"],
+    ];
+    cmds.into_iter()
+        .map(|c| c.into_iter().map(String::from).collect())
+        .collect()
+}
+
 /// The pod IPv4 address of [`crate::netns::PodNet`]'s `eth0`, Istio's extra DNAT destination.
 pub const POD_IPV4: &str = "10.244.0.5";
 

@@ -238,6 +238,45 @@ impl PodNet {
         PodNet { node, pod }
     }
 
+    /// What Multus attaches for a secondary network (a bridge CNI's veth): the L2 link
+    /// `pod_iface` (KubeVirt's hashed name, `pod<sha256(network)[..11]>`) in the pod, with MAC
+    /// `pod_mac`, MTU `mtu` and no addresses, up; its peer `node_link` on the node with MAC
+    /// `node_mac` and `node_cidr`, standing for the secondary network's far side (traffic over
+    /// the guest's secondary NIC reaches it; the same MAC in every pod's node is the same far
+    /// side seen from each). The binding (bridge `k6t-<hash>`, tap `tap<hash>`) is made
+    /// from this link by whoever plays virt-handler's network setup (the launcher does when it
+    /// may).
+    pub fn add_multus_link(
+        &self,
+        pod_iface: &str,
+        pod_mac: &str,
+        mtu: u32,
+        node_link: &str,
+        node_mac: &str,
+        node_cidr: &str,
+    ) {
+        let mtu = mtu.to_string();
+        self.node.ip(&[
+            "link",
+            "add",
+            node_link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            pod_iface,
+            "netns",
+            &self.pod.name,
+        ]);
+        self.node.ip(&[
+            "link", "set", node_link, "address", node_mac, "mtu", &mtu, "up",
+        ]);
+        self.node.ip(&["addr", "add", node_cidr, "dev", node_link]);
+        self.pod.ip(&[
+            "link", "set", pod_iface, "address", pod_mac, "mtu", &mtu, "up",
+        ]);
+    }
+
     /// A "vm" namespace with a veth `vmnic` (MAC `mac`, MTU 1450) whose peer `vmport<n>` is a
     /// port of `bridge` in the pod namespace: a guest NIC stand-in.
     pub fn attach_vm(&self, bridge: &str, mac: &str) -> Netns {

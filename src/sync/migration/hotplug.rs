@@ -15,14 +15,21 @@
 //! names for them after checking serial and read-only agree, and attaches them to its
 //! `-S -incoming defer` QEMU before `migrate-incoming`.
 //!
-//! Hot-plugged NICs are not carried yet: the target's conversion has the NIC at boot while the
-//! source's boot argv lacks it, so the argv comparison refuses the migration before QEMU starts;
-//! a definition listing a NIC is refused by [`refuse_hotplugged_nics`].
+//! A NIC hot-plugged into the source (a bridge interface on a Multus network, plugged by diff)
+//! is carried the same way. KubeVirt's target virt-handler sets up the target pod's network for
+//! every interface of the VMI, the hot-plugged ones included (bridge `k6t-<hash>`, tap
+//! `tap<hash>`), and libvirt's migratable XML has the interface with its alias `ua-<name>`, MAC,
+//! model and PCI address. Here the source sends each hot-plugged NIC's placement (qdev id, netdev
+//! id, bus, address, MAC, model; [`describe_nic`]); the target converts the VMI without those
+//! interfaces for the boot argv ([`boot_views`]), makes its own hot-plug plan of each on its own
+//! pod's tap (set up, or adopted from virt-handler, as for a first start), checks MAC and model
+//! agree and takes the source's bus and address ([`place_nic_like_source`]), and plugs netdev and
+//! device before `migrate-incoming`.
 
 use std::collections::{BTreeMap, BTreeSet};
 
 use crate::cmdline::qemu::{node_index, Blockdev, Device};
-use crate::cmdline::render::DiskHotplug;
+use crate::cmdline::render::{DiskHotplug, NicHotplug};
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice};
 use crate::sync::migration::MigrationError;
 use crate::vmi::Vmi;
@@ -82,7 +89,96 @@ pub fn describe_disk(d: &DiskHotplug) -> HotpluggedDevice {
             .iter()
             .any(|b| matches!(b, Blockdev::Format(f) if f.read_only)),
         mac: None,
+        model: None,
+        netdev: None,
     }
+}
+
+/// The NICs hot-plugged into the running domain (`running`, as plugged) that are not in the
+/// argv QEMU started with (`boot_argv`), with their placement, in interface name order.
+pub fn hotplugged_nics<'a>(
+    running: impl IntoIterator<Item = &'a NicHotplug>,
+    boot_argv: &[String],
+) -> Vec<HotpluggedDevice> {
+    let at_boot = argv_device_ids(boot_argv);
+    running
+        .into_iter()
+        .filter(|n| !at_boot.contains(&n.id))
+        .map(describe_nic)
+        .collect()
+}
+
+/// The placement of one running NIC: its qdev id and netdev id, PCI bus and address, guest MAC
+/// and model (the QEMU driver).
+pub fn describe_nic(n: &NicHotplug) -> HotpluggedDevice {
+    let (mac, model) = match &n.device.device {
+        Device::Nic(d) => (d.mac.clone(), Some(d.driver.to_owned())),
+        other => (None, Some(other.driver().to_owned())),
+    };
+    HotpluggedDevice {
+        kind: HotplugKind::Nic,
+        name: n.name.clone(),
+        id: n.id.clone(),
+        bus: n.device.bus.clone(),
+        addr: n.device.addr.clone(),
+        lun: None,
+        node_names: Vec::new(),
+        serial: None,
+        read_only: false,
+        mac,
+        model,
+        netdev: Some(n.netdev.id.clone()),
+    }
+}
+
+/// The target's own hot-plug plan of NIC `sent.name` (`local`: its QMP plan's NICs, on its own
+/// pod's tap passed by fd), placed as the source runs it: the source's PCI bus and address.
+/// Errors (the migration is refused before QEMU starts): the target has no such NIC (the
+/// interface is not attached to the target pod), its device id, netdev id, MAC or model differs
+/// from the source's, or the bus or address is not a plain word.
+pub fn place_nic_like_source(
+    local: &[NicHotplug],
+    sent: &HotpluggedDevice,
+) -> Result<NicHotplug, MigrationError> {
+    let refuse = |why: String| {
+        MigrationError::Peer(format!(
+            "hot-plugged interface {} of the source cannot be recreated here: {why}",
+            sent.name
+        ))
+    };
+    let n = local
+        .iter()
+        .find(|n| n.name == sent.name)
+        .ok_or_else(|| refuse("the target pod has no such interface attached".into()))?;
+    let mine = describe_nic(n);
+    if mine.id != sent.id || mine.netdev != sent.netdev {
+        return Err(refuse(format!(
+            "device {} netdev {:?} here, device {} netdev {:?} there",
+            mine.id, mine.netdev, sent.id, sent.netdev
+        )));
+    }
+    let same_mac = match (&mine.mac, &sent.mac) {
+        (Some(a), Some(b)) => a.eq_ignore_ascii_case(b),
+        _ => false,
+    };
+    if !same_mac || mine.model != sent.model {
+        return Err(refuse(format!(
+            "MAC {:?} model {:?} here, MAC {:?} model {:?} there",
+            mine.mac, mine.model, sent.mac, sent.model
+        )));
+    }
+    let (Some(bus), Some(addr)) = (&sent.bus, &sent.addr) else {
+        return Err(refuse("no PCI bus and address".into()));
+    };
+    for w in [bus, addr] {
+        if !plain(w) {
+            return Err(refuse(format!("invalid bus or address {w:?}")));
+        }
+    }
+    let mut placed = n.clone();
+    placed.device.bus = Some(bus.clone());
+    placed.device.addr = Some(addr.clone());
+    Ok(placed)
 }
 
 /// The serial of a disk device.
@@ -94,34 +190,45 @@ fn serial(d: &Device) -> Option<&str> {
     }
 }
 
-/// Fails when the source's definition lists a hot-plugged NIC (not carried by this version).
-pub fn refuse_hotplugged_nics(devices: &[HotpluggedDevice]) -> Result<(), MigrationError> {
-    match devices.iter().find(|d| d.kind == HotplugKind::Nic) {
-        Some(d) => Err(MigrationError::Peer(format!(
-            "interface {} was hot-plugged into the running domain; qlauncher cannot migrate \
-             hot-plugged interfaces yet",
-            d.name
-        ))),
-        None => Ok(()),
-    }
-}
-
-/// `view` (the VMI as the converter sees it) without the hot-plugged disks of `devices` and
-/// their volumes: the VMI as the source converted it when QEMU started.
-pub fn boot_view(view: &Vmi, devices: &[HotpluggedDevice]) -> Vmi {
-    let hot: BTreeSet<&str> = devices
-        .iter()
-        .filter(|d| d.kind == HotplugKind::Disk)
-        .map(|d| d.name.as_str())
-        .collect();
+/// The VMI as the source converted it when QEMU started: `view` (the VMI as the converter
+/// sees it) without the hot-plugged disks of `devices` and their volumes, and without its
+/// hot-plugged NICs. A NIC hot-plugged by diff either was not in the spec when QEMU started
+/// (the interface and its network are left out) or was in it but not yet attached to the pod
+/// (`state: absent` then, as [`crate::sync::facts::secondary::convert_view`] sees a pending
+/// one): the two differ in the NIC placeholder count, so with hot-plugged NICs both views are
+/// returned, the first as KubeVirt's hotplug flow has it. Without hot-plugged NICs: one view.
+pub fn boot_views(view: &Vmi, devices: &[HotpluggedDevice]) -> Vec<Vmi> {
+    let hot = |kind: HotplugKind| -> BTreeSet<&str> {
+        devices
+            .iter()
+            .filter(|d| d.kind == kind)
+            .map(|d| d.name.as_str())
+            .collect()
+    };
+    let (disks, nics) = (hot(HotplugKind::Disk), hot(HotplugKind::Nic));
     let mut v = view.clone();
-    if let Some(disks) = v.spec.domain.devices.disks.as_mut() {
-        disks.retain(|d| !hot.contains(d.name.as_str()));
+    if let Some(d) = v.spec.domain.devices.disks.as_mut() {
+        d.retain(|d| !disks.contains(d.name.as_str()));
     }
     if let Some(volumes) = v.spec.volumes.as_mut() {
-        volumes.retain(|vol| !hot.contains(vol.name.as_str()));
+        volumes.retain(|vol| !disks.contains(vol.name.as_str()));
     }
-    v
+    if nics.is_empty() {
+        return vec![v];
+    }
+    let mut pending = v.clone();
+    for iface in pending.spec.domain.devices.interfaces.iter_mut().flatten() {
+        if nics.contains(iface.name.as_str()) {
+            iface.state = Some("absent".into());
+        }
+    }
+    if let Some(ifaces) = v.spec.domain.devices.interfaces.as_mut() {
+        ifaces.retain(|i| !nics.contains(i.name.as_str()));
+    }
+    if let Some(networks) = v.spec.networks.as_mut() {
+        networks.retain(|n| !nics.contains(n.name.as_str()));
+    }
+    vec![v, pending]
 }
 
 /// The target's own hot-plug plan of disk `sent.name` (`local`, from converting the VMI with
@@ -361,10 +468,165 @@ mod tests {
         let mut bad = source.clone();
         bad.node_names[0] = "evil".into();
         assert!(place_like_source(&[disk("hp1", 3, "pci.6")], &bad).is_err());
-        let nic = HotpluggedDevice {
-            kind: HotplugKind::Nic,
-            ..source
+    }
+
+    /// The hot-plug plan of a bridge NIC `name` (virtio, tap by fd) on `bus`.
+    fn nic(name: &str, mac: &str, bus: Option<&str>) -> NicHotplug {
+        use crate::cmdline::qemu::{DeviceDel, DeviceNic, GetFd, NetdevDel, NetdevTap};
+        let id = format!("ua-{name}");
+        NicHotplug {
+            name: name.into(),
+            getfd: vec![GetFd {
+                fdname: format!("tapfd-{id}-0"),
+            }],
+            netdev: NetdevTap {
+                type_: "tap",
+                id: format!("host{id}"),
+                fd: Some(format!("tapfd-{id}-0")),
+                fds: None,
+                ifname: None,
+                script: None,
+                downscript: None,
+                vhost: None,
+                vhostfd: None,
+                vhostfds: None,
+                queues: None,
+            },
+            device: PlacedDevice {
+                device: Device::Nic(DeviceNic {
+                    driver: "virtio-net-pci-non-transitional",
+                    netdev: format!("host{id}"),
+                    id: id.clone(),
+                    mac: Some(mac.into()),
+                    host_mtu: Some(1400),
+                    romfile: Some(String::new()),
+                    bootindex: None,
+                    mq: None,
+                    vectors: None,
+                    acpi_index: None,
+                }),
+                iommu_platform: None,
+                bus: bus.map(str::to_owned),
+                addr: bus.map(|_| "0x0".to_owned()),
+            },
+            device_del: DeviceDel { id: id.clone() },
+            netdev_del: NetdevDel {
+                id: format!("host{id}"),
+            },
+            id,
+        }
+    }
+
+    #[test]
+    fn only_nics_missing_from_the_boot_argv_are_hotplugged_nics() {
+        let running = [
+            nic("boot2", "02:00:00:00:00:01", Some("pci.3")),
+            nic("blue", "0a:58:0a:f4:01:07", Some("pci.9")),
+        ];
+        let argv = vec![
+            "-device".to_owned(),
+            r#"{"driver":"virtio-net-pci-non-transitional","id":"ua-boot2"}"#.to_owned(),
+        ];
+        let hot = hotplugged_nics(&running, &argv);
+        assert_eq!(hot.len(), 1);
+        let h = &hot[0];
+        assert_eq!(h.kind, HotplugKind::Nic);
+        assert_eq!(
+            (h.name.as_str(), h.id.as_str(), h.netdev.as_deref()),
+            ("blue", "ua-blue", Some("hostua-blue"))
+        );
+        assert_eq!(
+            (h.bus.as_deref(), h.addr.as_deref()),
+            (Some("pci.9"), Some("0x0"))
+        );
+        assert_eq!(h.mac.as_deref(), Some("0a:58:0a:f4:01:07"));
+        assert_eq!(h.model.as_deref(), Some("virtio-net-pci-non-transitional"));
+    }
+
+    #[test]
+    fn the_targets_nic_takes_the_sources_bus_and_address_after_identity_checks() {
+        let source = describe_nic(&nic("blue", "0a:58:0a:f4:01:07", Some("pci.9")));
+        // The target's own plan (its tap by fd, the PCI pass's address).
+        let local = nic("blue", "0A:58:0A:F4:01:07", Some("pci.4"));
+        let placed = place_nic_like_source(std::slice::from_ref(&local), &source).unwrap();
+        assert_eq!(placed.device.bus.as_deref(), Some("pci.9"));
+        assert_eq!(placed.device.addr.as_deref(), Some("0x0"));
+        assert_eq!(placed.netdev, local.netdev);
+        assert_eq!(placed.getfd, local.getfd);
+
+        // Missing, another MAC, another model, another netdev, a bad bus: refused.
+        assert!(place_nic_like_source(&[], &source).is_err());
+        let other_mac = nic("blue", "02:00:00:00:00:99", Some("pci.4"));
+        let e = place_nic_like_source(&[other_mac], &source)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("MAC"), "{e}");
+        let mut other_model = local.clone();
+        if let Device::Nic(d) = &mut other_model.device.device {
+            d.driver = "e1000e";
+        }
+        assert!(place_nic_like_source(&[other_model], &source).is_err());
+        let mut bad = source.clone();
+        bad.netdev = Some("hostua-red".into());
+        assert!(place_nic_like_source(std::slice::from_ref(&local), &bad).is_err());
+        let mut bad = source.clone();
+        bad.bus = Some("pci.9,x=y".into());
+        assert!(place_nic_like_source(std::slice::from_ref(&local), &bad).is_err());
+        let mut bad = source;
+        bad.addr = None;
+        assert!(place_nic_like_source(&[local], &bad).is_err());
+    }
+
+    #[test]
+    fn boot_views_leave_the_hot_plugged_nic_out_or_pending() {
+        let vmi: Vmi = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "v"},
+            "spec": {
+                "domain": {"devices": {
+                    "interfaces": [{"name": "default", "masquerade": {}},
+                                   {"name": "blue", "bridge": {}}],
+                    "disks": [{"name": "root"}, {"name": "hp1"}]
+                }},
+                "networks": [{"name": "default", "pod": {}},
+                             {"name": "blue", "multus": {"networkName": "blue-net"}}],
+                "volumes": [{"name": "root", "emptyDisk": {"capacity": "1Gi"}},
+                            {"name": "hp1", "emptyDisk": {"capacity": "1Gi"}}]
+            }
+        }))
+        .unwrap();
+        let disk = describe_disk(&disk("hp1", 7, "pci.8"));
+        let views = boot_views(&vmi, std::slice::from_ref(&disk));
+        assert_eq!(views.len(), 1);
+        assert_eq!(
+            views[0].spec.domain.devices.disks.as_ref().unwrap().len(),
+            1
+        );
+        assert_eq!(
+            views[0].spec.domain.devices.interfaces,
+            vmi.spec.domain.devices.interfaces
+        );
+
+        let blue = describe_nic(&nic("blue", "0a:58:0a:f4:01:07", Some("pci.9")));
+        let views = boot_views(&vmi, &[disk, blue]);
+        let names = |v: &Vmi| -> Vec<(String, Option<String>)> {
+            v.spec
+                .domain
+                .devices
+                .interfaces
+                .iter()
+                .flatten()
+                .map(|i| (i.name.clone(), i.state.clone()))
+                .collect()
         };
-        assert!(refuse_hotplugged_nics(&[nic]).is_err());
+        assert_eq!(names(&views[0]), vec![("default".to_owned(), None)]);
+        assert_eq!(views[0].spec.networks.as_ref().unwrap().len(), 1);
+        assert_eq!(
+            names(&views[1]),
+            vec![
+                ("default".to_owned(), None),
+                ("blue".to_owned(), Some("absent".to_owned()))
+            ]
+        );
+        assert_eq!(views[1].spec.volumes.as_ref().unwrap().len(), 1);
     }
 }

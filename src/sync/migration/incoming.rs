@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
+use crate::cmdline::context::TapSource;
 use crate::cmdline::plan::{CpuPlan, DomainPlan};
-use crate::cmdline::render::{qmp_plan, DiskHotplug};
+use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
@@ -21,7 +22,7 @@ use crate::sync::migration::launcher::{
     VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata::MigrationMetadata;
-use crate::sync::migration::protocol::RunningDomain;
+use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
@@ -41,8 +42,11 @@ struct BootConversion {
     /// The source's hot-plugged disks, placed as the source runs them, attached before
     /// `migrate-incoming`.
     placed: Vec<DiskHotplug>,
-    /// The plan `argv` renders, when it differs from the prepared one (hot-plugged disks).
+    /// The plan `argv` renders, when it differs from the prepared one (hot-plugged devices).
     plan: Option<DomainPlan>,
+    /// The source's hot-plugged NICs, on this pod's taps, placed as the source runs them,
+    /// plugged before `migrate-incoming`.
+    nics: Vec<NicHotplug>,
     /// The CPU adopted from the source's definition ([`RunningDomain::cpu`]), which `argv`
     /// renders instead of the prepared plan's.
     cpu: Option<CpuPlan>,
@@ -245,9 +249,9 @@ impl SyncVmi {
             incoming_argv(&local, &compared)?;
             let mut d = session.domain.clone();
             d.argv.clear();
-            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu))
+            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu, b.nics))
         });
-        let (argv, placed, boot_plan, adopted_cpu) = match argv {
+        let (argv, placed, boot_plan, adopted_cpu, nics) = match argv {
             Ok(a) => a,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
@@ -303,6 +307,15 @@ impl SyncVmi {
             }
             info!(device = %d.id, "hot-plugged disk of the source attached");
         }
+        // The source's hot-plugged NICs, on this pod's taps.
+        for n in &nics {
+            if let Err(e) = prepared.running.nics.attach_placed(&client, n).await {
+                let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+                session.fail(&e.failure_reason()).await;
+                let _ = client.run(&Quit).await;
+                return Err((None, e));
+            }
+        }
         // What a later migration away from here sends: this QEMU's argv without `-incoming`.
         let boot: Vec<String> = argv
             .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
@@ -350,38 +363,75 @@ impl SyncVmi {
     }
 
     /// The target's QEMU definition for the source's `domain` ([`BootConversion`]): without
-    /// hot-plugged disks the prepared argv; with them the VMI converted again without those disks
-    /// ([`hotplug::boot_view`]), and the disks from the prepared (full) plan with the target's own
-    /// paths, placed as the source runs them ([`hotplug::place_like_source`]).
+    /// hot-plugged devices the prepared argv; with them the VMI converted again without those
+    /// devices ([`hotplug::boot_views`]: with hot-plugged NICs, the first view whose argv is the
+    /// source's), the disks from the prepared (full) plan with the target's own paths and the
+    /// NICs from the full VMI converted with their taps passed by fd, each placed as the source
+    /// runs it ([`hotplug::place_like_source`], [`hotplug::place_nic_like_source`]).
     fn boot_conversion(
         &self,
         target: &PreparedTarget,
         domain: &RunningDomain,
     ) -> Result<BootConversion, MigrationError> {
-        hotplug::refuse_hotplugged_nics(&domain.hotplugged)?;
         if domain.hotplugged.is_empty() {
             return Ok(BootConversion {
                 argv: target.prepared.argv.clone(),
                 placed: Vec::new(),
                 plan: None,
                 cpu: None,
+                nics: Vec::new(),
             });
         }
-        let view = hotplug::boot_view(&target.view, &domain.hotplugged);
-        let plan = crate::cmdline::convert(&view, &target.prepared.running.ctx).map_err(|e| {
-            MigrationError::Peer(format!(
-                "cannot convert the VMI without its hot-plugged disks: {e}"
-            ))
-        })?;
-        let placed = domain
+        let ctx = &target.prepared.running.ctx;
+        let mut boots = Vec::new();
+        for view in hotplug::boot_views(&target.view, &domain.hotplugged) {
+            let plan = crate::cmdline::convert(&view, ctx).map_err(|e| {
+                MigrationError::Peer(format!(
+                    "cannot convert the VMI without its hot-plugged devices: {e}"
+                ))
+            })?;
+            let argv = self.argv(&plan);
+            boots.push((plan, argv));
+        }
+        // The view whose argv is the source's; none: the first, whose difference the caller
+        // reports.
+        let matching = boots
+            .iter()
+            .position(|(_, argv)| {
+                // The source's `-cpu` is compared as the adopted one (see `adopt_source_cpu`).
+                let local = normalized(argv, &self.config);
+                let mut compared = domain.clone();
+                if domain.cpu.is_some() {
+                    compared.argv = with_cpu_of(&compared.argv, &local);
+                }
+                incoming_argv(&local, &compared).is_ok()
+            })
+            .unwrap_or(0);
+        let Some((plan, argv)) = boots.into_iter().nth(matching) else {
+            return Err(MigrationError::Peer("no boot conversion of the VMI".into()));
+        };
+        let (disks, nic_devices): (Vec<_>, Vec<_>) = domain
             .hotplugged
             .iter()
+            .partition(|h| h.kind == HotplugKind::Disk);
+        let placed = disks
+            .into_iter()
             .map(|h| hotplug::place_like_source(&target.prepared.qmp_plan.disks, h))
             .collect::<Result<Vec<_>, _>>()?;
+        let nics = if nic_devices.is_empty() {
+            Vec::new()
+        } else {
+            let local = self.nic_plans_by_fd(target, &nic_devices)?;
+            nic_devices
+                .into_iter()
+                .map(|h| hotplug::place_nic_like_source(&local, h))
+                .collect::<Result<Vec<_>, _>>()?
+        };
         Ok(BootConversion {
-            argv: self.argv(&plan),
+            argv,
             placed,
             plan: Some(plan),
+            nics,
             cpu: None,
         })
     }
@@ -428,6 +478,31 @@ impl SyncVmi {
         info!(model = %cpu.model, props = cpu.flags.len() - 1, "source's CPU adopted");
         boot.cpu = Some(cpu);
         Ok(boot)
+    }
+
+    /// This target's QMP plan of the NICs `hot` (the full VMI converted with the tap of each
+    /// passed by fd, as a hot-plug by diff does; the binding of each was set up when the target
+    /// was prepared).
+    fn nic_plans_by_fd(
+        &self,
+        target: &PreparedTarget,
+        hot: &[&HotpluggedDevice],
+    ) -> Result<Vec<NicHotplug>, MigrationError> {
+        let mut ctx = target.prepared.running.ctx.clone();
+        for h in hot {
+            if let Some(facts) = ctx.interfaces.get_mut(&h.name) {
+                facts.tap = TapSource::Fds {
+                    fds: vec![-1],
+                    vhostfds: vec![],
+                };
+            }
+        }
+        let plan = crate::cmdline::convert(&target.view, &ctx).map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot convert the VMI with its hot-plugged interfaces: {e}"
+            ))
+        })?;
+        Ok(qmp_plan(&plan).nics)
     }
 
     /// `SignalTargetPodCleanup`.

@@ -127,10 +127,11 @@ impl SyncVmi {
             .unwrap_or(0);
         let data_bytes = memory + copied_disks.iter().map(|d| d.size).sum::<u64>();
         let (hotplugged, running_cpu) = match self.running.lock().await.as_ref() {
-            Some(r) => (
-                hotplug::hotplugged_disks(&r.disks, &argv),
-                Some(r.cpu.clone()),
-            ),
+            Some(r) => {
+                let mut hot = hotplug::hotplugged_disks(&r.disks, &argv);
+                hot.extend(hotplug::hotplugged_nics(r.nics.hotplugged(), &argv));
+                (hot, Some(r.cpu.clone()))
+            }
             None => (Vec::new(), None),
         };
         let cpu = match &running_cpu {

@@ -75,8 +75,8 @@ pub struct RunningDomain {
     /// QEMU's argv as the source started it, machine resolved, without `-S` and `-incoming`
     /// (the target adds `-S -incoming defer`).
     pub argv: Vec<String>,
-    /// Devices hot-plugged into the source since it started, in plug order, to be added to the
-    /// target before `migrate-incoming`.
+    /// Devices hot-plugged into the source since it started (disks, then NICs), to be added to
+    /// the target before `migrate-incoming`.
     pub hotplugged: Vec<HotpluggedDevice>,
     /// Local disks the source mirrors to the target over NBD: the target exports these nodes.
     pub copied_disks: Vec<CopiedDisk>,
@@ -139,6 +139,13 @@ pub struct HotpluggedDevice {
     pub read_only: bool,
     /// A NIC's guest MAC.
     pub mac: Option<String>,
+    /// A NIC's device model, its QEMU driver (`virtio-net-pci-non-transitional`, `e1000e`).
+    /// Added after version 2 (absent from a disk and from a version-2 peer's NIC).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// A NIC's netdev id (`hostua-<name>`). Added after version 2, as [`Self::model`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub netdev: Option<String>,
 }
 
 /// A disk the source copies to the target.
@@ -384,18 +391,36 @@ mod tests {
             migration_uid: "mig-uid".into(),
             machine: "pc-q35-7.2".into(),
             argv: vec!["-machine".into(), "pc-q35-7.2,accel=tcg".into()],
-            hotplugged: vec![HotpluggedDevice {
-                kind: HotplugKind::Disk,
-                name: "hp1".into(),
-                id: "ua-hp1".into(),
-                bus: Some("pci.7".into()),
-                addr: Some("0x0".into()),
-                lun: None,
-                node_names: vec!["libvirt-5-storage".into(), "libvirt-5-format".into()],
-                serial: Some("HP1".into()),
-                read_only: false,
-                mac: None,
-            }],
+            hotplugged: vec![
+                HotpluggedDevice {
+                    kind: HotplugKind::Disk,
+                    name: "hp1".into(),
+                    id: "ua-hp1".into(),
+                    bus: Some("pci.7".into()),
+                    addr: Some("0x0".into()),
+                    lun: None,
+                    node_names: vec!["libvirt-5-storage".into(), "libvirt-5-format".into()],
+                    serial: Some("HP1".into()),
+                    read_only: false,
+                    mac: None,
+                    model: None,
+                    netdev: None,
+                },
+                HotpluggedDevice {
+                    kind: HotplugKind::Nic,
+                    name: "blue".into(),
+                    id: "ua-blue".into(),
+                    bus: Some("pci.8".into()),
+                    addr: Some("0x0".into()),
+                    lun: None,
+                    node_names: vec![],
+                    serial: None,
+                    read_only: false,
+                    mac: Some("0a:58:0a:f4:01:07".into()),
+                    model: Some("virtio-net-pci-non-transitional".into()),
+                    netdev: Some("hostua-blue".into()),
+                },
+            ],
             copied_disks: vec![CopiedDisk {
                 node: "libvirt-1-format".into(),
                 export: "drive-ua-containerdisk".into(),
@@ -516,6 +541,25 @@ mod tests {
             reason.contains(&format!("version {}", PROTOCOL_VERSION + 1)),
             "{reason}"
         );
+    }
+
+    #[test]
+    fn a_disk_reads_as_version_2_wrote_it_and_only_a_nic_carries_model_and_netdev() {
+        let d = domain();
+        let disk = serde_json::to_value(&d.hotplugged[0]).unwrap();
+        assert!(
+            disk.get("model").is_none() && disk.get("netdev").is_none(),
+            "{disk}"
+        );
+        let nic = serde_json::to_value(&d.hotplugged[1]).unwrap();
+        assert_eq!(nic["model"], "virtio-net-pci-non-transitional");
+        assert_eq!(nic["netdev"], "hostua-blue");
+        // A version-2 NIC entry (no model, no netdev) still decodes.
+        let mut v2 = nic.clone();
+        v2.as_object_mut().unwrap().remove("model");
+        v2.as_object_mut().unwrap().remove("netdev");
+        let back: HotpluggedDevice = serde_json::from_value(v2).unwrap();
+        assert_eq!((back.model, back.netdev), (None, None));
     }
 
     #[tokio::test]

@@ -42,6 +42,9 @@ struct PluggedNic {
     applied: net::Applied,
     /// Stops its DHCP server (dropped: stopped too).
     dhcp_stop: watch::Sender<bool>,
+    /// The QMP plan it was hot-plugged with, its device on the bus and address where it runs;
+    /// `None` for a NIC QEMU started with (its binding set up before the start).
+    hotplug: Option<NicHotplug>,
 }
 
 /// What one diff changed in the domain's interfaces.
@@ -128,6 +131,7 @@ impl NicState {
                     net: plan,
                     applied,
                     dhcp_stop,
+                    hotplug: None,
                 },
             );
             out.push((s.name.clone(), mac, facts));
@@ -138,6 +142,43 @@ impl NicState {
     /// Takes over the link states of the domain started from `plan`.
     pub fn started(&mut self, plan: &DomainPlan) {
         self.link_up = NicState::at_boot(plan).link_up;
+    }
+
+    /// The NICs hot-plugged into the running domain (by diff, or before `migrate-incoming` on a
+    /// migration target), as plugged: netdev and device with the device's bus and address, in
+    /// interface name order. NICs QEMU started with are not listed.
+    pub fn hotplugged(&self) -> impl Iterator<Item = &NicHotplug> {
+        self.plugged.values().filter_map(|p| p.hotplug.as_ref())
+    }
+
+    /// Plugs `nic` (already placed: its device has the bus and address it must take) on the tap
+    /// of its interface's binding, which [`Self::setup_at_boot`] set up in this pod: what a
+    /// migration target does for each NIC the source had hot-plugged, into its `-S -incoming
+    /// defer` QEMU before `migrate-incoming` (libvirt's target has the NIC on its command line).
+    /// The NIC then counts as hot-plugged ([`Self::hotplugged`]) and unplugs by diff.
+    ///
+    /// Errors: no binding was set up for the interface (the target pod lacks its Multus link or
+    /// the VMI status does not report it attached), the tap cannot be opened, or QEMU refuses
+    /// `getfd`, `netdev_add` or `device_add` (undone).
+    pub async fn attach_placed(
+        &mut self,
+        client: &QmpClient,
+        nic: &NicHotplug,
+    ) -> Result<(), SyncError> {
+        let Some(p) = self.plugged.get_mut(&nic.name) else {
+            return Err(in_iface(
+                &nic.name,
+                SyncError::Unsupported(
+                    "no binding of this interface in the pod (not attached by Multus?)".into(),
+                ),
+            ));
+        };
+        attach_on(client, nic, &p.net.tap)
+            .await
+            .map_err(|e| in_iface(&nic.name, e))?;
+        info!(device = %nic.id, tap = %p.net.tap, bus = ?nic.device.bus, addr = ?nic.device.addr, "NIC plugged at its placement");
+        p.hotplug = Some(nic.clone());
+        Ok(())
     }
 
     /// For each ready secondary interface not yet plugged: reads its pod interface and plans its
@@ -386,17 +427,20 @@ async fn plug(
         attach(client, nic, &net_plan.tap).await
     }
     .await;
-    if let Err(e) = attached {
-        let _ = dhcp_stop.send(true);
-        if let Err(t) = net::teardown(&net_plan, &applied).await {
-            warn!(
+    let placed = match attached {
+        Ok(placed) => placed,
+        Err(e) => {
+            let _ = dhcp_stop.send(true);
+            if let Err(t) = net::teardown(&net_plan, &applied).await {
+                warn!(
                 error = &t as &dyn std::error::Error,
                 tap = %net_plan.tap,
-                "cannot tear down the binding of a NIC that failed to plug"
-            );
+                    "cannot tear down the binding of a NIC that failed to plug"
+                );
+            }
+            return Err(e);
         }
-        return Err(e);
-    }
+    };
     info!(device = %nic.id, tap = %net_plan.tap, pod_iface = %net_plan.pod_iface, "NIC plugged");
     Ok(PluggedNic {
         device_id: nic.id.clone(),
@@ -404,11 +448,28 @@ async fn plug(
         net: net_plan,
         applied,
         dhcp_stop,
+        hotplug: Some(placed),
     })
 }
 
-/// `getfd` + `netdev_add` + `device_add` of `nic` on the tap `tap`, in the first free root port.
-async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), SyncError> {
+/// `getfd` + `netdev_add` + `device_add` of `nic` on the tap `tap`, in the first free root port;
+/// returns `nic` as placed.
+async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<NicHotplug, SyncError> {
+    let mut placed = nic.clone();
+    let ports = hotplug::free_root_ports(client)
+        .await
+        .map_err(SyncError::Qmp)?;
+    let port = ports.first().ok_or_else(|| {
+        SyncError::Unsupported(format!("hotplug of {}: no free PCIe root port", nic.id))
+    })?;
+    placed.device.place_on_root_port(port);
+    attach_on(client, &placed, tap).await?;
+    Ok(placed)
+}
+
+/// `getfd` + `netdev_add` + `device_add` of `nic` (its device where it says) on the tap `tap`,
+/// opened here (`IFF_TAP|IFF_NO_PI|IFF_VNET_HDR`).
+async fn attach_on(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), SyncError> {
     let fd_name = nic
         .getfd
         .first()
@@ -423,21 +484,13 @@ async fn attach(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<(), S
             nic.id
         )));
     }
-    let mut device = nic.device.clone();
-    let ports = hotplug::free_root_ports(client)
-        .await
-        .map_err(SyncError::Qmp)?;
-    let port = ports.first().ok_or_else(|| {
-        SyncError::Unsupported(format!("hotplug of {}: no free PCIe root port", nic.id))
-    })?;
-    device.place_on_root_port(port);
     let tap_fd = crate::qmp::tap::open_tap(tap, true).map_err(SyncError::Qmp)?;
     let attach = NicAttach {
         tap_fd,
         fd_name,
         extra_fds: vec![],
         netdev: nic.netdev.clone(),
-        device,
+        device: nic.device.clone(),
     };
     hotplug::attach_nic(client, &attach)
         .await
