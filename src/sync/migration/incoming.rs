@@ -15,7 +15,6 @@ use crate::cmdline::render::{qmp_plan, DiskHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
-use crate::sync::migration::hotplug;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, PreparedTarget,
     VmiMigrationState, BLOCK_TARGET_ANNOTATION,
@@ -24,6 +23,7 @@ use crate::sync::migration::metadata::MigrationMetadata;
 use crate::sync::migration::protocol::RunningDomain;
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
+use crate::sync::migration::{hotplug, sriov};
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::{privileges, SyncError};
@@ -89,6 +89,9 @@ impl SyncVmi {
         require_unix_transport(&vmi)?;
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
         let migration_uid = state.as_ref().and_then(VmiMigrationState::uid);
+        let proxy_key = state
+            .as_ref()
+            .map_or_else(|| vmi_uid.clone(), |s| s.proxy_key(&vmi_uid));
         let running = self.running.lock().await;
         if running.is_some() {
             // The domain already runs here (the migration completed): nothing to prepare.
@@ -154,6 +157,7 @@ impl SyncVmi {
         *self.migration.target.lock().await = Some(PreparedTarget {
             prepared,
             vmi_uid: vmi_uid.clone(),
+            proxy_key,
             view,
         });
         *self
@@ -215,7 +219,12 @@ impl SyncVmi {
                 ))
             }
         };
-        let boot = self.boot_conversion(&target, &session.domain);
+        // KubeVirt's target creates no SR-IOV devices: the source unplugged its VFs and sends
+        // none; virt-handler plugs the target pod's VFs after the migration.
+        let boot = self.boot_conversion(&target, &session.domain).map(|mut b| {
+            b.argv = sriov::without_sriov_devices(&b.argv);
+            b
+        });
         let argv = boot.and_then(|b| {
             incoming_argv(&normalized(&b.argv, &self.config), &session.domain)?;
             let mut d = session.domain.clone();
@@ -229,7 +238,11 @@ impl SyncVmi {
                 return Err((Some(target), e));
             }
         };
-        let PreparedTarget { mut prepared, .. } = target;
+        let PreparedTarget {
+            mut prepared,
+            proxy_key,
+            ..
+        } = target;
         if let Some(plan) = &boot_plan {
             // What runs: the boot plan's disks and media, then the source's hot-plugged disks.
             let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
@@ -281,7 +294,8 @@ impl SyncVmi {
             .unwrap_or(&argv)
             .to_vec();
         self.migration.set_boot_argv(boot);
-        let (_, stream, nbd) = self.migration_proxy_sockets(&session.domain.vmi_uid);
+        // Named after the source VMI's UID (virt-handler's migrationProxyKey).
+        let (_, stream, nbd) = self.migration_proxy_sockets(&proxy_key);
         let sockets = TargetSockets { stream, nbd };
         if let Err(e) = session.incoming(&client, &sockets).await {
             let _ = client.run(&Quit).await;
