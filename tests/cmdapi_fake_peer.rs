@@ -173,6 +173,43 @@ async fn sriov_vf_is_plugged_on_the_first_free_root_port() {
     );
 }
 
+#[tokio::test]
+async fn the_vfs_qemu_runs_are_found_with_their_host_addresses_and_not_plugged_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let script = vec![
+        step(
+            "qom-list",
+            json!({"return": [
+                {"name": "type", "type": "string"},
+                {"name": "pci.1", "type": "child<pcie-root-port>"},
+                {"name": "ua-sriov-sriov1", "type": "child<vfio-pci>"},
+                {"name": "ua-hostdevice-x", "type": "child<vfio-pci>"}]}),
+        ),
+        step("qom-get", json!({"return": "0000:65:00.2"})),
+    ];
+    let (client, peer) = scripted(dir.path(), script).await;
+    let running = host_devices::plugged_sriov(&client).await.unwrap();
+    assert_eq!(running.len(), 1);
+    assert_eq!(
+        (running[0].id.as_str(), running[0].host.as_str()),
+        ("ua-sriov-sriov1", "0000:65:00.2")
+    );
+    assert_eq!(running[0].alias(), "sriov-sriov1");
+    // What QEMU runs counts as present: nothing to plug.
+    let present: BTreeSet<String> = running.iter().map(|p| p.alias()).collect();
+    assert!(host_devices::plan(&desired(), &network_info(), &present)
+        .unwrap()
+        .is_empty());
+    drop(client);
+    assert_eq!(
+        peer.await.unwrap(),
+        vec![
+            json!({"execute": "qom-list", "arguments": {"path": "/machine/peripheral"}}),
+            json!({"execute": "qom-get", "arguments": {"path": "/machine/peripheral/ua-sriov-sriov1", "property": "host"}}),
+        ]
+    );
+}
+
 /// Polls until the runner is free (its background task ended), at most 10 s.
 async fn wait_idle(runner: &HotplugRunner) {
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -8,10 +8,11 @@
 //! target pod has another), a TCP connection opened from the node to the guest's echo server
 //! (through the pod IP) carries data after the pod IP fails over to the target pod, the source's
 //! QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
-//! KubeVirt's order; then the migrated domain moves on to a third pod. The VMI's CPU is
-//! host-model: each target starts from the source's expanded CPU (`-cpu base,...,enforce=on`, no
-//! `max`), and the guest's CPU identity in `/proc/cpuinfo` is the same on all three. Needs root
-//! and the test guest (`scripts/build-guest`).
+//! KubeVirt's order; then the migrated domain moves on to a third pod in a decentralized
+//! migration (the third pod's VMI has its own UID). The VMI's CPU is host-model: each target
+//! starts from the source's expanded CPU (`-cpu base,...,enforce=on`, no `max`), and the guest's
+//! CPU identity in `/proc/cpuinfo` is the same on all three. Needs root and the test guest
+//! (`scripts/build-guest`).
 
 use std::time::Duration;
 
@@ -19,8 +20,8 @@ use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    exec_until_ok, history, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
-    wait_notified, Relay, Rpc,
+    decentralized_vmis, exec_until_ok, history, metadata, migrate_on_with, migrating_vmi, options,
+    plain_vmi, pod_pair, wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -245,13 +246,23 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         "the connection did not survive"
     );
 
-    // Again, from the target to a third pod (KubeVirt's repeated migrations): the migrated
-    // domain's definition is sent on.
+    // Again, from the target to a third pod (KubeVirt's repeated migrations), this time
+    // decentralized: the third pod's VMI is another cluster's copy with its own UID. The source
+    // names its VMI's UID in the definition after the target's (the serial console's socket
+    // path holds it, so without the rewrite the target refuses the definition), and the proxy
+    // sockets keep the source VMI's UID.
     let mut third = Pod::new(&images.disk_qcow2, false);
-    third.uid = uid.clone();
-    let vmi2 = migrating_vmi(&uid, "mig-2", &third.pod_name(), &guest_mac);
-    let (_, mut hc, _relay2) = migrate_on(
-        &target, &mut tc, &mut third, &vmi2, "mig-2", &opts, MIGRATION,
+    assert_ne!(third.uid, uid);
+    let (vmi2, third_vmi) =
+        decentralized_vmis(&uid, &third.uid, "mig-2", &third.pod_name(), &guest_mac);
+    let (_, mut hc, _relay2) = migrate_on_with(
+        &target,
+        &mut tc,
+        &mut third,
+        (&vmi2, &third_vmi),
+        "mig-2",
+        &opts,
+        MIGRATION,
     )
     .await;
     wait_notified(&target, "target Shutoff/Migrated", MIGRATION, |d| {
@@ -273,6 +284,12 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         exec_until_ok(&mut hc, "cat /data/migrated", Duration::from_secs(20)).await,
         "migrated-file\n"
     );
+    // The third pod's domain is its own VMI's.
+    let third_domain = get_domain(&mut hc).await.unwrap();
+    assert_eq!(third_domain.spec.metadata.kubevirt.uid, third.uid);
+    let m3 = metadata(&third_domain).unwrap();
+    assert_eq!(m3.uid, "mig-2");
+    assert!(!m3.failed && m3.end_timestamp.is_some(), "{m3:?}");
 
     // Notifications in KubeVirt's order.
     let src = history(&source);

@@ -392,11 +392,33 @@ pub async fn migrate_on(
     opts: &[u8],
     timeout: Duration,
 ) -> (usize, Client, Relay) {
+    migrate_on_with(from, fc, to, (vmi, vmi), migration_uid, opts, timeout).await
+}
+
+/// [`migrate_on`] with one VMI per side, `(source_vmi, target_vmi)`: the source handler sends
+/// the first, the target handler the second (a decentralized migration, where each cluster has
+/// its own VMI, [`decentralized_vmis`]). The relay names its sockets after `from`'s VMI UID, as
+/// virt-handler's proxies do (`migrationProxyKey`).
+pub async fn migrate_on_with(
+    from: &Pod,
+    fc: &mut Client,
+    to: &mut Pod,
+    (source_vmi, target_vmi): (&serde_json::Value, &serde_json::Value),
+    migration_uid: &str,
+    opts: &[u8],
+    timeout: Duration,
+) -> (usize, Client, Relay) {
     let n = to.start_launcher();
     let mut c = to.client(n).await;
-    assert_eq!(Rpc::sync_target(&mut c, vmi).await, (true, String::new()));
-    let relay = Relay::start(from, to, &to.uid.clone()).await;
-    assert_eq!(Rpc::migrate(fc, vmi, opts).await, (true, String::new()));
+    assert_eq!(
+        Rpc::sync_target(&mut c, target_vmi).await,
+        (true, String::new())
+    );
+    let relay = Relay::start(from, to, &from.uid.clone()).await;
+    assert_eq!(
+        Rpc::migrate(fc, source_vmi, opts).await,
+        (true, String::new())
+    );
     wait_notified(
         to,
         &format!("{} Running with EndTimestamp", to.pod_name()),
@@ -408,6 +430,34 @@ pub async fn migrate_on(
     )
     .await;
     (n, c, relay)
+}
+
+/// The two VMIs of a decentralized (cross-cluster) migration `migration_uid` of the VMI
+/// `source_uid` to a copy of it, `target_uid`, in the pod `target_pod` ([`migrating_vmi`] for
+/// each): both carry `sourceState` and `targetState` with their side's VMI UID
+/// (`virtualMachineInstanceUID`) and the source's migration UID; the target VMI keeps the
+/// source's `firmware.uuid` (the same VM). Returns `(source VMI, target VMI)`.
+pub fn decentralized_vmis(
+    source_uid: &str,
+    target_uid: &str,
+    migration_uid: &str,
+    target_pod: &str,
+    guest_mac: &str,
+) -> (serde_json::Value, serde_json::Value) {
+    let states = serde_json::json!({
+        "sourceState": {"migrationUID": migration_uid, "virtualMachineInstanceUID": source_uid},
+        "targetState": {"migrationUID": format!("{migration_uid}-target"),
+                        "virtualMachineInstanceUID": target_uid, "pod": target_pod},
+    });
+    let mut source = migrating_vmi(source_uid, migration_uid, target_pod, guest_mac);
+    let mut target = migrating_vmi(target_uid, migration_uid, target_pod, guest_mac);
+    target["spec"]["domain"]["firmware"] = source["spec"]["domain"]["firmware"].clone();
+    for v in [&mut source, &mut target] {
+        for (k, state) in states.as_object().unwrap() {
+            v["status"]["migrationState"][k] = state.clone();
+        }
+    }
+    (source, target)
 }
 
 /// A source and a target pod (root QEMU) of one VMI on the guest `guest_qcow2`: the target takes

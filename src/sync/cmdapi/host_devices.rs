@@ -6,7 +6,10 @@
 //! in Multus's status. Their host PCI addresses come from the downward-API file
 //! `/etc/podinfo/network-info` (`{"interfaces": [{"network": <name>, "deviceInfo": {"type":
 //! "pci", "pci": {"pci-address": "0000:65:00.2"}}}]}`), keyed by network name. Devices whose
-//! alias `ua-sriov-<iface>` the domain already has are skipped. Each remaining one must exist on
+//! alias `sriov-<iface>` the domain already has, or that QEMU already runs ([`plugged_sriov`]),
+//! are skipped. This is also how SR-IOV NICs come back after a live migration: the source
+//! unplugs them, and virt-handler's `hotplugSriovInterfaces` sends this RPC to the target, which
+//! plugs the VFs of its own pod. Each remaining one must exist on
 //! the node (`/sys/bus/pci/devices/<addr>`): an absent device is refused with a message naming it
 //! (libvirt would fail the same `device_add`; KubeVirt only logs it, virt-handler retries). Each
 //! is plugged with `device_add {driver: vfio-pci, host, id: ua-sriov-<iface>, bus: <free root
@@ -275,6 +278,46 @@ pub async fn attach(
         client.run_timeout(&add, QMP_TIMEOUT).await?;
     }
     Ok(())
+}
+
+/// The SR-IOV VFs QEMU runs: the `ua-sriov-<iface>` children of `/machine/peripheral`, each with
+/// the host address it was plugged from (`qom-get <id> host`, `DDDD:BB:SS.F`). Those on QEMU's
+/// command line are among them, and so is none that a migration's source unplugged
+/// ([`crate::sync::migration::sriov`]): what the domain must list as `sriov-<iface>` host
+/// devices, and what a hotplug must not plug again.
+///
+/// # Errors
+/// [`CmdApiError::Qmp`] when QOM does not answer.
+pub async fn plugged_sriov(client: &QmpClient) -> Result<Vec<HostDevicePlug>, CmdApiError> {
+    use crate::qmp::commands::{QomGet, QomList};
+    let children = client
+        .run(&QomList {
+            path: "/machine/peripheral".into(),
+        })
+        .await?;
+    let mut out = Vec::new();
+    for c in children {
+        let prefix = format!("ua-{SRIOV_ALIAS_PREFIX}");
+        let Some(interface) = c.name.strip_prefix(&prefix) else {
+            continue;
+        };
+        if !c.kind.starts_with("child<") {
+            continue;
+        }
+        let host = client
+            .run(&QomGet {
+                path: format!("/machine/peripheral/{}", c.name),
+                property: "host".into(),
+            })
+            .await?;
+        out.push(HostDevicePlug {
+            interface: interface.to_owned(),
+            host: host.as_str().unwrap_or_default().to_owned(),
+            id: c.name.clone(),
+            boot_order: None,
+        });
+    }
+    Ok(out)
 }
 
 /// Plans, checks and plugs the SR-IOV devices: `desired` minus `present` (aliases), addresses

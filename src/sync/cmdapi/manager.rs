@@ -148,7 +148,10 @@ impl SyncVmi {
     }
 
     /// `HotplugHostDevices`: the VMI's SR-IOV interfaces that Multus reports and the domain lacks,
-    /// plugged as VFIO devices; the domain then lists them as `sriov-<iface>` host devices.
+    /// plugged as VFIO devices; the domain then lists them as `sriov-<iface>` host devices. VFs
+    /// QEMU already runs ([`host_devices::plugged_sriov`]: those of its command line) are listed
+    /// and not plugged again. After a migration the target has none (the source unplugged them,
+    /// [`crate::sync::migration::sriov`]) and plugs the target pod's VFs from its network-info.
     /// Answers at once and plugs in the background under the domain-modify lock (the sync
     /// lock), one hotplug at a time; only a call while one runs is refused
     /// ([`host_devices::HotplugRunner`], KubeVirt's `HotplugHostDevices`).
@@ -170,7 +173,7 @@ impl SyncVmi {
             if desired.is_empty() {
                 return Ok(Vec::new());
             }
-            let present: BTreeSet<String> = shared
+            let mut present: BTreeSet<String> = shared
                 .domain
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -184,16 +187,27 @@ impl SyncVmi {
                         .collect()
                 })
                 .unwrap_or_default();
+            // VFs QEMU already runs (from its command line) that the domain does not list yet:
+            // listed now, not plugged twice.
+            let running: Vec<host_devices::HostDevicePlug> = host_devices::plugged_sriov(&client)
+                .await?
+                .into_iter()
+                .filter(|p| !present.contains(&p.alias()))
+                .collect();
+            present.extend(running.iter().map(host_devices::HostDevicePlug::alias));
             // An unreadable file is an empty pool: the plan names what is missing.
             let pool = std::fs::read_to_string(&network_info)
                 .map(|s| host_devices::parse_network_info(&s))
                 .unwrap_or_default();
             let plugged =
-                host_devices::hotplug_sriov(&client, &desired, &pool, &present, &sysfs, &dev)
-                    .await?;
-            if !plugged.is_empty() {
+                host_devices::hotplug_sriov(&client, &desired, &pool, &present, &sysfs, &dev).await;
+            let listed: Vec<&host_devices::HostDevicePlug> = running
+                .iter()
+                .chain(plugged.as_deref().unwrap_or_default())
+                .collect();
+            if !listed.is_empty() {
                 shared.modify(|d| {
-                    for p in &plugged {
+                    for p in listed {
                         d.spec.devices.host_devices.push(HostDevice {
                             device_type: "pci".into(),
                             managed: "no".into(),
@@ -208,7 +222,7 @@ impl SyncVmi {
                     }
                 });
             }
-            Ok(plugged)
+            plugged
         })?;
         Ok(())
     }

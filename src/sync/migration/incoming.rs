@@ -16,7 +16,6 @@ use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
-use crate::sync::migration::hotplug;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, PreparedTarget,
     VmiMigrationState, BLOCK_TARGET_ANNOTATION,
@@ -25,6 +24,7 @@ use crate::sync::migration::metadata::MigrationMetadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
+use crate::sync::migration::{hotplug, sriov};
 use crate::sync::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::{privileges, SyncError};
@@ -111,6 +111,9 @@ impl SyncVmi {
         require_unix_transport(&vmi)?;
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
         let migration_uid = state.as_ref().and_then(VmiMigrationState::uid);
+        let proxy_key = state
+            .as_ref()
+            .map_or_else(|| vmi_uid.clone(), |s| s.proxy_key(&vmi_uid));
         let running = self.running.lock().await;
         if running.is_some() {
             // The domain already runs here (the migration completed): nothing to prepare.
@@ -176,6 +179,7 @@ impl SyncVmi {
         *self.migration.target.lock().await = Some(PreparedTarget {
             prepared,
             vmi_uid: vmi_uid.clone(),
+            proxy_key,
             view,
         });
         *self
@@ -237,9 +241,15 @@ impl SyncVmi {
                 ))
             }
         };
+        // KubeVirt's target creates no SR-IOV devices: the source unplugged its VFs and sends
+        // none; virt-handler plugs the target pod's VFs after the migration.
         let boot = self
             .boot_conversion(&target, &session.domain)
-            .and_then(|b| self.adopt_source_cpu(&target, b, &session.domain));
+            .and_then(|b| self.adopt_source_cpu(&target, b, &session.domain))
+            .map(|mut b| {
+                b.argv = sriov::without_sriov_devices(&b.argv);
+                b
+            });
         let argv = boot.and_then(|b| {
             let local = normalized(&b.argv, &self.config);
             let mut compared = session.domain.clone();
@@ -258,7 +268,11 @@ impl SyncVmi {
                 return Err((Some(target), e));
             }
         };
-        let PreparedTarget { mut prepared, .. } = target;
+        let PreparedTarget {
+            mut prepared,
+            proxy_key,
+            ..
+        } = target;
         if let Some(cpu) = adopted_cpu {
             prepared.running.cpu = cpu;
         }
@@ -322,7 +336,8 @@ impl SyncVmi {
             .unwrap_or(&argv)
             .to_vec();
         self.migration.set_boot_argv(boot);
-        let (_, stream, nbd) = self.migration_proxy_sockets(&session.domain.vmi_uid);
+        // Named after the source VMI's UID (virt-handler's migrationProxyKey).
+        let (_, stream, nbd) = self.migration_proxy_sockets(&proxy_key);
         let sockets = TargetSockets { stream, nbd };
         if let Err(e) = session.incoming(&client, &sockets).await {
             let _ = client.run(&Quit).await;
@@ -399,7 +414,7 @@ impl SyncVmi {
             .iter()
             .position(|(_, argv)| {
                 // The source's `-cpu` is compared as the adopted one (see `adopt_source_cpu`).
-                let local = normalized(argv, &self.config);
+                let local = normalized(&sriov::without_sriov_devices(argv), &self.config);
                 let mut compared = domain.clone();
                 if domain.cpu.is_some() {
                     compared.argv = with_cpu_of(&compared.argv, &local);

@@ -62,6 +62,9 @@ pub(crate) struct MigrationCtl {
 pub(super) struct PreparedTarget {
     pub(super) prepared: Prepared,
     pub(super) vmi_uid: String,
+    /// The UID the proxy's stream and NBD sockets are named after
+    /// ([`VmiMigrationState::proxy_key`]).
+    pub(super) proxy_key: String,
     /// The VMI as the converter saw it (hot-plugged disks are converted again without it).
     pub(super) view: Vmi,
 }
@@ -88,6 +91,8 @@ pub struct VmiMigrationState {
     pub migration_uid: Option<String>,
     /// `sourceState` (decentralized migrations).
     pub source_state: Option<MigrationUidState>,
+    /// `targetState` (decentralized migrations).
+    pub target_state: Option<MigrationUidState>,
     /// `targetPod`.
     pub target_pod: Option<String>,
     /// `status.changedBlockTracking.backupStatus.backupName` of the VMI when a backup runs (not
@@ -96,12 +101,16 @@ pub struct VmiMigrationState {
     pub running_backup: Option<String>,
 }
 
-/// `sourceState` / `targetState`: only the migration UID.
+/// `sourceState` / `targetState`: the migration UID and, in a decentralized (cross-cluster)
+/// migration, the UID of that side's VMI.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct MigrationUidState {
     /// `migrationUID`.
     #[serde(rename = "migrationUID", default)]
     pub migration_uid: Option<String>,
+    /// `virtualMachineInstanceUID`: the VMI of that side, set in decentralized migrations.
+    #[serde(rename = "virtualMachineInstanceUID", default)]
+    pub virtual_machine_instance_uid: Option<String>,
 }
 
 impl VmiMigrationState {
@@ -113,6 +122,28 @@ impl VmiMigrationState {
             .and_then(|s| s.migration_uid.clone())
             .filter(|u| !u.is_empty())
             .or_else(|| self.migration_uid.clone().filter(|u| !u.is_empty()))
+    }
+
+    /// `targetState.virtualMachineInstanceUID` (decentralized migrations): the UID the source
+    /// puts in place of its own in the definition it sends (`generateMigrationParams`).
+    pub fn target_vmi_uid(&self) -> Option<&str> {
+        self.target_state
+            .as_ref()
+            .and_then(|s| s.virtual_machine_instance_uid.as_deref())
+            .filter(|u| !u.is_empty())
+    }
+
+    /// The UID naming the migration proxy's stream and NBD sockets in the target pod
+    /// (virt-handler's `migrationProxyKey`, `migration-target.go`): the source VMI's UID
+    /// (`sourceState.virtualMachineInstanceUID`) when set, since the source names the sockets
+    /// after its own VMI; else the VMI's own `uid` (a migration within one cluster).
+    pub fn proxy_key(&self, own_uid: &str) -> String {
+        self.source_state
+            .as_ref()
+            .and_then(|s| s.virtual_machine_instance_uid.as_deref())
+            .filter(|u| !u.is_empty())
+            .unwrap_or(own_uid)
+            .to_owned()
     }
 }
 
@@ -258,6 +289,24 @@ mod tests {
         )
         .unwrap();
         assert_eq!(b.unwrap().running_backup.as_deref(), Some("nightly"));
+    }
+
+    #[test]
+    fn decentralized_migrations_name_both_vmis() {
+        let (_, s) = decode(
+            br#"{"metadata":{"name":"v","uid":"target-vmi"},"spec":{"domain":{"devices":{}}},
+                "status":{"migrationState":{"migrationUid":"m",
+                "sourceState":{"migrationUID":"ms","virtualMachineInstanceUID":"source-vmi"},
+                "targetState":{"migrationUID":"mt","virtualMachineInstanceUID":"target-vmi"}}}}"#,
+        )
+        .unwrap();
+        let s = s.unwrap();
+        assert_eq!(s.target_vmi_uid(), Some("target-vmi"));
+        assert_eq!(s.proxy_key("target-vmi"), "source-vmi");
+        // Within one cluster: no VMI UIDs in the states, the VMI's own UID names the sockets.
+        let plain = VmiMigrationState::default();
+        assert_eq!(plain.target_vmi_uid(), None);
+        assert_eq!(plain.proxy_key("own"), "own");
     }
 
     #[test]

@@ -5,6 +5,8 @@
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
 //! - [`source`], [`target`]: the two QMP halves of a migration;
 //! - [`hotplug`]: hot-plugged disks carried to the target;
+//! - [`sriov`]: SR-IOV VFs unplugged before the migration (re-plugged on the target by
+//!   `HotplugHostDevices`), and the host devices that refuse it;
 //! - [`launcher`]: the five migration RPCs of the launcher over them and what both sides share;
 //!   [`outgoing`] the source's (`MigrateVirtualMachine`, cancel, job statistics),
 //!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize);
@@ -25,6 +27,7 @@ pub mod metadata;
 pub mod outgoing;
 pub mod protocol;
 pub mod source;
+pub mod sriov;
 pub mod target;
 
 /// Errors of a migration. [`MigrationError::failure_reason`] is the text recorded in the
@@ -52,6 +55,10 @@ pub enum MigrationError {
     /// virt-handler's options are invalid.
     #[error("invalid migration options: {0}")]
     Options(String),
+    /// Preparing the domain failed: its SR-IOV devices were not unplugged ([`sriov`]); the
+    /// reason reads as KubeVirt's (`migrateHelper`).
+    #[error("{}", sriov::PREPARE_FAILED)]
+    Prepare(#[source] sriov::SriovDetachError),
 }
 
 impl MigrationError {

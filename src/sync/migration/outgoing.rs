@@ -14,7 +14,6 @@ use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::migration::MigrateCancel;
 use crate::qmp::QmpClient;
-use crate::sync::migration::hotplug;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
@@ -22,6 +21,7 @@ use crate::sync::migration::launcher::{
 use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourcePlan};
+use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
@@ -85,6 +85,19 @@ impl SyncVmi {
             });
             return Ok(());
         }
+        if let Some(reason) = self.host_devices_refusal(&vmi).await {
+            warn!(reason = %reason, "migration refused");
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.finish(Some(&reason), SystemTime::now());
+                }
+            });
+            return Ok(());
+        }
+        let target_vmi_uid = state
+            .as_ref()
+            .and_then(VmiMigrationState::target_vmi_uid)
+            .map(str::to_owned);
         let (abort_tx, abort_rx) = watch::channel(false);
         *self
             .migration
@@ -94,7 +107,14 @@ impl SyncVmi {
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
         tokio::spawn(async move {
             let result = self
-                .run_outgoing(&client, &vmi_uid, &uid, options, abort_rx)
+                .run_outgoing(
+                    &client,
+                    &vmi_uid,
+                    target_vmi_uid.as_deref(),
+                    &uid,
+                    options,
+                    abort_rx,
+                )
                 .await;
             self.outgoing_ended(&client, result).await;
         });
@@ -105,11 +125,14 @@ impl SyncVmi {
         &self,
         client: &QmpClient,
         vmi_uid: &str,
+        target_vmi_uid: Option<&str>,
         migration_uid: &str,
         options: MigrationOptions,
         abort_rx: watch::Receiver<bool>,
     ) -> Result<(), MigrationError> {
         let (control, stream, nbd) = self.migration_proxy_sockets(vmi_uid);
+        // KubeVirt's prepareDomainForMigration: the VFs go before the definition is taken.
+        self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
         let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
@@ -142,13 +165,20 @@ impl SyncVmi {
             vmi_uid: vmi_uid.to_owned(),
             migration_uid: migration_uid.to_owned(),
             machine,
-            argv: normalized(&argv, &self.config),
+            argv: normalized(&sriov::without_sriov_devices(&argv), &self.config),
             hotplugged,
             copied_disks,
             capabilities: Vec::new(),
             multifd_channels: None,
             paused: status.state == DomainState::Paused && status.reason == StateReason::User,
             cpu,
+        };
+        let domain = match target_vmi_uid {
+            Some(target) => {
+                info!(source = %vmi_uid, target = %target, "replacing the VMI UID with the target VMI UID in the definition");
+                domain.for_target_vmi(vmi_uid, target)?
+            }
+            None => domain,
         };
         let plan = SourcePlan {
             stream,
@@ -383,6 +413,53 @@ pub async fn running_cpu_definition(
         "host-model CPU expanded for the target"
     );
     Ok(Some(source_definition(plan, expanded)))
+}
+
+impl SyncVmi {
+    /// Hot-unplugs the running domain's SR-IOV devices before the definition is taken, under the
+    /// domain-modify (sync) lock, and drops the released ones from the domain's host devices
+    /// (virt-handler then sees them gone and re-plugs them with `HotplugHostDevices` wherever
+    /// the domain ends up) ([`sriov::unplug_sriov`], KubeVirt's `hotUnplugHostDevices`).
+    ///
+    /// # Errors
+    /// [`MigrationError::Prepare`]: not all of them were released; the migration fails and the
+    /// domain runs on.
+    async fn unplug_sriov_for_migration(&self, client: &QmpClient) -> Result<(), MigrationError> {
+        let _modify = self.running.lock().await;
+        let result = sriov::unplug_sriov(client, sriov::DETACH_TIMEOUT).await;
+        let released: Vec<String> = match &result {
+            Ok(all) => all.clone(),
+            Err(sriov::SriovDetachError::Timeout { detached, .. }) => detached.clone(),
+            Err(_) => Vec::new(),
+        };
+        if !released.is_empty() {
+            info!(devices = ?released, "SR-IOV host devices unplugged for the migration");
+            self.shared.update_domain(|d| {
+                let before = d.spec.devices.host_devices.len();
+                d.spec
+                    .devices
+                    .host_devices
+                    .retain(|h| !h.alias.as_ref().is_some_and(|a| released.contains(&a.name)));
+                d.spec.devices.host_devices.len() != before
+            });
+        }
+        result.map(drop).map_err(MigrationError::Prepare)
+    }
+
+    /// KubeVirt's refusal of a VMI whose host devices cannot migrate ([`sriov::not_migratable`];
+    /// a GPU counts as a vGPU when this domain started it as a mediated device).
+    async fn host_devices_refusal(&self, vmi: &crate::vmi::Vmi) -> Option<String> {
+        use crate::cmdline::context::{host_device_id, HostDeviceKind, HostDeviceSource};
+        let running = self.running.lock().await;
+        let ctx = running.as_ref().map(|r| &r.ctx);
+        sriov::not_migratable(vmi, |name| {
+            ctx.and_then(|c| {
+                c.host_devices
+                    .get(&host_device_id(HostDeviceKind::Gpu, name))
+            })
+            .is_some_and(|s| matches!(s, HostDeviceSource::Mdev(_)))
+        })
+    }
 }
 
 /// KubeVirt's `stats.DomainJobInfo` (Go field names) of a running migration, as libvirt's job

@@ -101,6 +101,36 @@ pub struct RunningDomain {
     pub cpu: Option<crate::cmdline::plan::CpuModel>,
 }
 
+impl RunningDomain {
+    /// The definition for a target VMI of another UID (a decentralized, cross-cluster migration,
+    /// `targetState.virtualMachineInstanceUID`): every occurrence of the source VMI's UID
+    /// `source_uid` in any field (the VMI UID, the argv's socket paths, ...) replaced by
+    /// `target_uid`, as KubeVirt replaces it in the whole migratable XML
+    /// (`generateMigrationParams`). The replacement is made in the JSON form with `target_uid`
+    /// JSON-escaped, so no UID can add or change a field. An empty `source_uid` or equal UIDs
+    /// change nothing.
+    ///
+    /// # Errors
+    /// [`ProtocolError::Encode`] / [`ProtocolError::Decode`] if the definition does not survive
+    /// the round trip (it always does for UIDs).
+    pub fn for_target_vmi(
+        self,
+        source_uid: &str,
+        target_uid: &str,
+    ) -> Result<RunningDomain, ProtocolError> {
+        if source_uid.is_empty() || source_uid == target_uid {
+            return Ok(self);
+        }
+        let escaped = |u: &str| -> Result<String, ProtocolError> {
+            let quoted = serde_json::to_string(u).map_err(ProtocolError::Encode)?;
+            Ok(quoted[1..quoted.len() - 1].to_owned())
+        };
+        let json = serde_json::to_string(&self).map_err(ProtocolError::Encode)?;
+        let json = json.replace(&escaped(source_uid)?, &escaped(target_uid)?);
+        serde_json::from_str(&json).map_err(ProtocolError::Decode)
+    }
+}
+
 /// The kind of a hot-plugged device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HotplugKind {
@@ -439,6 +469,32 @@ mod tests {
                 .into(),
             }),
         }
+    }
+
+    #[test]
+    fn a_decentralized_definition_names_the_target_vmi_everywhere() {
+        let mut d = domain();
+        d.argv.push("-chardev".into());
+        d.argv
+            .push("socket,id=charserial0,path=${private}/vmi-uid/virt-serial0".into());
+        let t = d.clone().for_target_vmi("vmi-uid", "other-uid").unwrap();
+        assert_eq!(t.vmi_uid, "other-uid");
+        assert_eq!(
+            t.argv.last().unwrap(),
+            "socket,id=charserial0,path=${private}/other-uid/virt-serial0"
+        );
+        assert_eq!(t.migration_uid, d.migration_uid);
+        assert_eq!(t.hotplugged, d.hotplugged);
+        // Nothing to replace, or no source UID: unchanged.
+        assert_eq!(d.clone().for_target_vmi("vmi-uid", "vmi-uid").unwrap(), d);
+        assert_eq!(d.clone().for_target_vmi("", "x").unwrap(), d);
+        // A target UID with JSON syntax stays one string.
+        let evil = d
+            .clone()
+            .for_target_vmi("vmi-uid", r#"x","paused":true,"y":""#)
+            .unwrap();
+        assert_eq!(evil.vmi_uid, r#"x","paused":true,"y":""#);
+        assert!(!evil.paused);
     }
 
     #[tokio::test]
