@@ -35,7 +35,16 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// Version 2: [`RunningDomain::hotplugged`] carries the hot-plugged disks as
 /// [`HotpluggedDevice`] placements (version 1 always sent an empty list of keyval strings, so a
 /// version 1 peer cannot migrate a domain with hot-plugged devices and is refused at the hello).
-pub const PROTOCOL_VERSION: u32 = 2;
+///
+/// Version 3: [`RunningDomain::cpu`] carries a host-model CPU's static expansion, which the
+/// target starts from; hot-plugged NICs travel as [`HotplugKind::Nic`] placements (with
+/// [`HotpluggedDevice::model`] and [`HotpluggedDevice::netdev`]); [`RunningDomain::argv`] leaves
+/// out the SR-IOV devices the source unplugged; and in a decentralized migration
+/// [`RunningDomain::vmi_uid`] is the target VMI's UID (the target names its sockets after the
+/// source VMI's). A version 2 peer cannot decode the first two (its messages deny unknown
+/// fields) and would misread the last two (an argv difference, sockets under the wrong name), so
+/// it is refused at the hello.
+pub const PROTOCOL_VERSION: u32 = 3;
 
 /// The largest frame accepted, in bytes (a domain definition is a few KiB).
 pub const MAX_FRAME: u32 = 4 * 1024 * 1024;
