@@ -426,6 +426,11 @@ async fn migrate(
             // long.
             let post_copy_on = domain.capabilities.iter().any(|c| c == "postcopy-ram");
             if plan.options.allow_post_copy && post_copy_on {
+                // A cancel that came during this poll's queries still wins: after the switch it
+                // is refused.
+                if *abort.borrow() {
+                    return Err(MigrationError::Aborted);
+                }
                 qmp.run(&MigrateStartPostcopy).await?;
                 *post_copy = true;
                 on_event(SourceEvent::PostCopy);
