@@ -23,8 +23,8 @@ use tokio::sync::watch;
 
 use crate::qmp::client::EventStream;
 use crate::qmp::migration::{
-    BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
-    MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
+    BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, CapabilityState,
+    Migrate, MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
     MigrateStartPostcopy, MigrationInfo, QueryBlockJobs, QueryMigrate, SocketAddress,
 };
 use crate::qmp::QmpClient;
@@ -110,6 +110,33 @@ pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>
     (caps, shared)
 }
 
+/// `migrate-set-capabilities` with every capability a migration of ours may turn on: those in
+/// `on` on, the others off. A QEMU keeps its capabilities from one migration to the next, and a
+/// migrated domain's QEMU still has those it had as the target (`postcopy-ram`, `multifd`,
+/// `late-block-activate`) or from an earlier failed attempt: a source that still announces
+/// post-copy makes a target without it fail the incoming stream. libvirt likewise sets each
+/// capability it knows on every migration (`qemuMigrationParamsApply`).
+pub fn set_capabilities(on: &[Capability]) -> MigrateSetCapabilities {
+    const MANAGED: [Capability; 7] = [
+        Capability::Events,
+        Capability::ReturnPath,
+        Capability::PauseBeforeSwitchover,
+        Capability::AutoConverge,
+        Capability::PostcopyRam,
+        Capability::Multifd,
+        Capability::LateBlockActivate,
+    ];
+    MigrateSetCapabilities {
+        capabilities: MANAGED
+            .iter()
+            .map(|&capability| CapabilityState {
+                capability,
+                state: on.contains(&capability),
+            })
+            .collect(),
+    }
+}
+
 /// Runs the migration of the QEMU behind `qmp` over `control` (connected to the target's
 /// control socket through the proxy). `domain` is the running definition (its `capabilities`
 /// and `multifd_channels` are filled from the options here). `abort` turning true cancels.
@@ -161,12 +188,12 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     if both && qmp.greeting().version < (10, 0, 0) {
         one_channel(&mut caps, &mut domain);
     }
-    if let Err(e) = qmp.run(&MigrateSetCapabilities::enable(&caps)).await {
+    if let Err(e) = qmp.run(&set_capabilities(&caps)).await {
         if !caps.contains(&Capability::Multifd) || !caps.contains(&Capability::PostcopyRam) {
             return Err(e.into());
         }
         one_channel(&mut caps, &mut domain);
-        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
+        qmp.run(&set_capabilities(&caps)).await?;
     }
     domain.capabilities = shared;
     let was_running = !domain.paused;
@@ -614,4 +641,28 @@ pub async fn resolved_machine(qmp: &QmpClient) -> Result<String, MigrationError>
         .filter(|m| !m.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| MigrationError::Qemu(format!("unexpected machine type {t:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_left_from_an_earlier_migration_are_turned_off() {
+        let set = set_capabilities(&[Capability::Events, Capability::ReturnPath]);
+        let state = |c| {
+            set.capabilities
+                .iter()
+                .find(|s| s.capability == c)
+                .map(|s| s.state)
+        };
+        assert_eq!(state(Capability::Events), Some(true));
+        assert_eq!(state(Capability::ReturnPath), Some(true));
+        // A QEMU that was the target of a post-copy migration with multifd still has them.
+        assert_eq!(state(Capability::PostcopyRam), Some(false));
+        assert_eq!(state(Capability::Multifd), Some(false));
+        assert_eq!(state(Capability::LateBlockActivate), Some(false));
+        assert_eq!(state(Capability::AutoConverge), Some(false));
+        assert_eq!(state(Capability::PauseBeforeSwitchover), Some(false));
+    }
 }
