@@ -25,6 +25,15 @@ use crate::launcher::Pod;
 pub struct Relay {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     frozen: tokio::sync::watch::Sender<bool>,
+    rate: tokio::sync::watch::Sender<u64>,
+}
+
+/// The controls of the source-to-target direction of the stream leg.
+#[derive(Clone)]
+struct Gate {
+    frozen: tokio::sync::watch::Receiver<bool>,
+    /// Bytes per second; 0 for unlimited.
+    rate: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Relay {
@@ -38,7 +47,12 @@ impl Relay {
         std::os::unix::fs::chown(&src_dir, owner, owner).unwrap();
         let dst_dir = target.share().join("migrationproxy");
         let mut tasks = Vec::new();
-        let (frozen, gate) = tokio::sync::watch::channel(false);
+        let (frozen, frozen_rx) = tokio::sync::watch::channel(false);
+        let (rate, rate_rx) = tokio::sync::watch::channel(0u64);
+        let gate = Gate {
+            frozen: frozen_rx,
+            rate: rate_rx,
+        };
         for role in [0, DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
             let dial: PathBuf = if role == 0 {
                 target.root.join("var/run/libvirt/virtqemud-sock")
@@ -74,7 +88,11 @@ impl Relay {
                 }
             }));
         }
-        Relay { tasks, frozen }
+        Relay {
+            tasks,
+            frozen,
+            rate,
+        }
     }
 
     /// Stops (true) or resumes (false) forwarding the QEMU migration stream (role 49152) from the
@@ -82,11 +100,18 @@ impl Relay {
     pub fn freeze_stream(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
     }
+
+    /// Limits the migration stream (role 49152) from the source to the target to
+    /// `bytes_per_sec` (0: unlimited): a slow network, which keeps a post-copy migration (QEMU
+    /// sends it at full speed) running long enough to act on it.
+    pub fn throttle_stream(&self, bytes_per_sec: u64) {
+        self.rate.send_replace(bytes_per_sec);
+    }
 }
 
 /// Copies both ways until either side ends, then drops both (no half-close, as the proxy).
-/// With a `gate`, the `a` to `b` direction waits while the gate is true.
-async fn pipe<A, B>(a: A, b: B, gate: Option<tokio::sync::watch::Receiver<bool>>)
+/// With a `gate`, the `a` to `b` direction waits while it is frozen and keeps to its rate.
+async fn pipe<A, B>(a: A, b: B, gate: Option<Gate>)
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -97,17 +122,24 @@ where
     let forward = async move {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            let mut rate = 0;
             if let Some(g) = &gate {
-                let mut g = g.clone();
-                if g.wait_for(|f| !*f).await.is_err() {
+                let mut f = g.frozen.clone();
+                if f.wait_for(|f| !*f).await.is_err() {
                     return;
                 }
+                rate = *g.rate.borrow();
             }
-            match ar.read(&mut buf).await {
+            // Throttled: small reads, each followed by the time it takes at the rate.
+            let max = if rate == 0 { buf.len() } else { 16 * 1024 };
+            match ar.read(&mut buf[..max]).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     if bw.write_all(&buf[..n]).await.is_err() {
                         return;
+                    }
+                    if rate > 0 {
+                        tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
                     }
                 }
             }
