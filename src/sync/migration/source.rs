@@ -11,23 +11,32 @@
 //! workload disruption and the completion deadline passes, the source instead switches to
 //! post-copy (`migrate-start-postcopy`, when post-copy is allowed) or pauses the guest (the
 //! deadline doubled), as KubeVirt's `handleLegacyConvergence` does; a post-copy migration is never
-//! aborted. On any failure before post-copy the mirrors are force-cancelled, QEMU's migration
-//! cancelled, and the source resumed if it was running; after post-copy started the guest's state
-//! lives on the target and the source stays paused (libvirt's Paused/PostcopyFailed).
+//! aborted (a cancel then fails, as libvirt refuses it). On any failure before post-copy the
+//! mirrors' NBD connections are cut, the mirrors force-cancelled, QEMU's migration cancelled, and
+//! the source resumed if it was running; after post-copy started the guest's state lives on the
+//! target and the source stays paused (libvirt's Paused/PostcopyFailed).
+//!
+//! Unlike libvirt, which lets QEMU dial the NBD server, the launcher carries each mirror's NBD
+//! connection itself ([`NbdLink`]), so that a target that stops reading cannot wedge the source
+//! QEMU: the monitoring queries are bounded by the progress timeout, and on failure the
+//! launcher closes its end, which fails QEMU's pending NBD writes at once.
 
-use std::path::PathBuf;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use crate::qmp::client::EventStream;
+use crate::qmp::commands::Command;
 use crate::qmp::migration::{
     BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, CapabilityState,
     Migrate, MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
     MigrateStartPostcopy, MigrationInfo, QueryBlockJobs, QueryMigrate, SocketAddress,
 };
-use crate::qmp::QmpClient;
+use crate::qmp::{QmpClient, QmpError};
 use crate::sync::migration::protocol::{
     hello_as_source, read_message, write_message, Message, Outcome, ProtocolError, RunningDomain,
 };
@@ -263,6 +272,7 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
             // After post-copy started nothing can be rolled back (the guest's RAM is partly on
             // the target, a cancel would only break the target too): the source stays paused.
             if !post_copy {
+                cut_links(&mut mirrors);
                 roll_back(qmp, &mirrors, was_running).await;
             }
             let _ = write_message(
@@ -287,10 +297,66 @@ async fn timeout<T>(
     })
 }
 
-/// One mirror: the NBD client node and the job.
+/// One mirror: the NBD client node, the job, and the connection it writes through.
 struct Mirror {
     node: String,
     job: String,
+    link: Option<NbdLink>,
+}
+
+/// The NBD connection of one disk mirror, carried by the launcher: QEMU's NBD client gets one
+/// end of a socket pair (`getfd`, server `{"type":"fd"}`), and the launcher copies between the
+/// other end and the migration proxy's NBD socket.
+///
+/// Why not let QEMU dial the proxy socket itself: when the target stops reading (a frozen
+/// target QEMU or node), the mirror's in-flight NBD writes never complete, and QEMU 7.2 has no
+/// request timeout. Any drain then blocks QEMU's main loop under the big lock — the vCPU stop
+/// at the switchover, `stop`, `blockdev-del`, `quit` — and neither `block-job-cancel force` nor
+/// `yank` of the NBD node helps: the NBD coroutine waits for POLLOUT, which a unix socket
+/// whose peer holds the unread data never reports, shut down or not (measured: `stop` blocked
+/// until the target was resumed, 20 s later, with and without a yank). Closing the launcher's
+/// end frees that data: the writes fail at once, the drain ends, and the source runs on.
+struct NbdLink {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NbdLink {
+    /// Connects to the proxy's NBD socket `proxy` and hands QEMU its end as `fdname`.
+    async fn open(qmp: &QmpClient, proxy: &Path, fdname: &str) -> Result<NbdLink, MigrationError> {
+        let upstream = UnixStream::connect(proxy).await.map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot reach the target's NBD server at {}: {e}",
+                proxy.display()
+            ))
+        })?;
+        let (ours, qemus) = std::os::unix::net::UnixStream::pair()
+            .and_then(|(a, b)| a.set_nonblocking(true).map(|()| (a, b)))
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        let ours = UnixStream::from_std(ours)
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        qmp.getfd(fdname, qemus.as_fd()).await?;
+        drop(qemus);
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (ours, upstream);
+            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+        });
+        Ok(NbdLink { task })
+    }
+}
+
+impl Drop for NbdLink {
+    /// Cuts the connection: both sockets close with the task.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Cuts every mirror's NBD connection (see [`NbdLink`]): QEMU's pending writes to the target fail
+/// and the jobs end, whatever the target does.
+fn cut_links(mirrors: &mut [Mirror]) {
+    for m in mirrors {
+        m.link = None;
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -324,18 +390,18 @@ async fn migrate(
             )));
         }
         let node = format!("migration-{i}");
+        let link = NbdLink::open(qmp, &plan.nbd, &node).await?;
         qmp.run(&BlockdevAddNbd {
             driver: "nbd",
             node_name: node.clone(),
-            server: SocketAddress::Unix {
-                path: plan.nbd.display().to_string(),
-            },
+            server: SocketAddress::Fd { name: node.clone() },
             export: disk.export.clone(),
         })
         .await?;
         mirrors.push(Mirror {
             node: node.clone(),
             job: disk.export.clone(),
+            link: Some(link),
         });
         qmp.run(&BlockdevMirror {
             job_id: disk.export.clone(),
@@ -368,10 +434,16 @@ async fn migrate(
         }
         // Without mirrors (shared storage) one QMP round trip less per poll, also while the
         // vCPUs wait in `pre-switchover`.
+        // Before post-copy a query waits no longer than the progress timeout leaves: a drain
+        // stuck on a target that stopped reading holds QEMU's main loop (see [`NbdLink`]),
+        // and a hung query is no progress.
+        let budget = progress
+            .filter(|_| !*post_copy)
+            .map(|p| p.saturating_sub(last_progress.elapsed()).max(POLL_INTERVAL));
         let jobs = if mirrors.is_empty() {
             Vec::new()
         } else {
-            qmp.run(&QueryBlockJobs).await?
+            guarded(qmp, &QueryBlockJobs, budget, last_progress).await?
         };
         let mirror_left: u64 = jobs
             .iter()
@@ -398,7 +470,7 @@ async fn migrate(
             }
         }
         let info = if started {
-            qmp.run(&QueryMigrate).await?
+            guarded(qmp, &QueryMigrate, budget, last_progress).await?
         } else {
             Default::default()
         };
@@ -435,7 +507,7 @@ async fn migrate(
             // QEMU stops here once per migration, before the pre-copy switchover or before
             // entering post-copy.
             Some("pre-switchover") if !continued => {
-                complete_mirrors(qmp, mirrors).await?;
+                complete_mirrors(qmp, mirrors, progress.unwrap_or(PEER_TIMEOUT)).await?;
                 qmp.run(&MigrateContinue::pre_switchover()).await?;
                 continued = true;
             }
@@ -471,10 +543,7 @@ async fn migrate(
         }
         if let Some(p) = progress {
             if last_progress.elapsed() > p {
-                return Err(MigrationError::Timeout(format!(
-                    "stuck for {} seconds",
-                    last_progress.elapsed().as_secs()
-                )));
+                return Err(stuck(last_progress));
             }
         }
         if let Some(c) = completion {
@@ -486,6 +555,31 @@ async fn migrate(
             }
         }
         tick(&mut events, abort, &mut abort_alive).await;
+    }
+}
+
+/// KubeVirt's progress-timeout failure: no progress since `last_progress`.
+fn stuck(last_progress: Instant) -> MigrationError {
+    MigrationError::Timeout(format!(
+        "stuck for {} seconds",
+        last_progress.elapsed().as_secs()
+    ))
+}
+
+/// Runs a monitoring query; with a `budget`, one that gets no answer within it is the progress
+/// timeout ([`stuck`]).
+async fn guarded<C: Command>(
+    qmp: &QmpClient,
+    command: &C,
+    budget: Option<Duration>,
+    last_progress: Instant,
+) -> Result<C::Reply, MigrationError> {
+    match budget {
+        None => Ok(qmp.run(command).await?),
+        Some(b) => match qmp.run_timeout(command, b).await {
+            Err(QmpError::Timeout { .. }) => Err(stuck(last_progress)),
+            r => Ok(r?),
+        },
     }
 }
 
@@ -541,31 +635,48 @@ async fn start_stream(qmp: &QmpClient, plan: &SourcePlan) -> Result<(), Migratio
 }
 
 /// At `pre-switchover` (vCPUs stopped): completes every READY mirror gracefully
-/// (`block-job-cancel` without force), waits until the jobs are gone and removes the NBD nodes.
+/// (`block-job-cancel` without force), waits (up to `limit`, the progress timeout) until the
+/// jobs are gone and removes the NBD nodes. A mirror's completion drains its last writes: with
+/// a target that stopped reading it holds QEMU's main loop, so the queries are bounded too.
 async fn complete_mirrors(
     qmp: &QmpClient,
     mirrors: &mut Vec<Mirror>,
+    limit: Duration,
 ) -> Result<(), MigrationError> {
+    let t0 = Instant::now();
+    let late = || {
+        MigrationError::Timeout(format!(
+            "the disk mirrors did not complete within {} seconds",
+            limit.as_secs()
+        ))
+    };
+    let left = || limit.saturating_sub(t0.elapsed()).max(POLL_INTERVAL);
+    fn bounded<T>(
+        r: Result<T, QmpError>,
+        late: impl Fn() -> MigrationError,
+    ) -> Result<T, MigrationError> {
+        match r {
+            Err(QmpError::Timeout { .. }) => Err(late()),
+            r => r.map_err(MigrationError::from),
+        }
+    }
     for m in mirrors.iter() {
-        qmp.run(&BlockJobCancel {
+        let cancel = BlockJobCancel {
             device: m.job.clone(),
             force: false,
-        })
-        .await?;
+        };
+        bounded(qmp.run_timeout(&cancel, left()).await, late)?;
     }
-    let t0 = Instant::now();
     loop {
-        let jobs = qmp.run(&QueryBlockJobs).await?;
+        let jobs = bounded(qmp.run_timeout(&QueryBlockJobs, left()).await, late)?;
         if !jobs
             .iter()
             .any(|j| mirrors.iter().any(|m| m.job == j.device))
         {
             break;
         }
-        if t0.elapsed() > PEER_TIMEOUT {
-            return Err(MigrationError::Timeout(
-                "the disk mirrors did not complete".into(),
-            ));
+        if t0.elapsed() > limit {
+            return Err(late());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
