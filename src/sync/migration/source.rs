@@ -222,7 +222,7 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let mut mirrors = Vec::new();
-    let mut post_copy = false;
+    let mut post_copy = PostCopy::default();
     let result = migrate(
         qmp,
         &domain,
@@ -234,7 +234,19 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
         on_event,
     )
     .await;
-    // After post-copy started the running guest is the target's: never resume the source.
+    // On failure the mirrors' connections are cut first: QEMU may be blocked on their writes.
+    if result.is_err() {
+        cut_links(&mut mirrors);
+    }
+    // After post-copy started the running guest is the target's: never resume the source. A
+    // failure between `migrate-start-postcopy` and QEMU entering post-copy (the mirrors'
+    // completion at `pre-switchover`, the vCPU stop) leaves the whole guest on the source: QEMU
+    // then reports `failed` (and restarts the vCPUs itself) or still waits, and it rolls back.
+    let post_copy = if result.is_err() && post_copy.requested && !post_copy.entered {
+        entered_post_copy(qmp).await
+    } else {
+        post_copy.requested
+    };
     let was_running = was_running && !post_copy;
     match result {
         Ok(end) => {
@@ -272,7 +284,6 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
             // After post-copy started nothing can be rolled back (the guest's RAM is partly on
             // the target, a cancel would only break the target too): the source stays paused.
             if !post_copy {
-                cut_links(&mut mirrors);
                 roll_back(qmp, &mirrors, was_running).await;
             }
             let _ = write_message(
@@ -295,6 +306,17 @@ async fn timeout<T>(
     tokio::time::timeout(PEER_TIMEOUT, f).await.map_err(|_| {
         MigrationError::Timeout(format!("no answer from {what} within {PEER_TIMEOUT:?}"))
     })
+}
+
+/// How far a migration got into post-copy.
+#[derive(Debug, Default, Clone, Copy)]
+struct PostCopy {
+    /// `migrate-start-postcopy` was accepted (KubeVirt's mode `PostCopy`): no more timeouts or
+    /// cancels.
+    requested: bool,
+    /// QEMU went on into post-copy (`postcopy-*` seen, or continued from `pre-switchover`):
+    /// the target may run the guest, so a failure no longer rolls back.
+    entered: bool,
 }
 
 /// One mirror: the NBD client node, the job, and the connection it writes through.
@@ -367,7 +389,7 @@ async fn migrate(
     plan: &SourcePlan,
     mirrors: &mut Vec<Mirror>,
     abort: &mut watch::Receiver<bool>,
-    post_copy: &mut bool,
+    post_copy: &mut PostCopy,
     on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
     let bandwidth = plan
@@ -429,17 +451,18 @@ async fn migrate(
     }
     loop {
         // libvirt refuses to abort a post-copy migration: the guest already runs on the target.
-        if *abort.borrow() && !*post_copy {
+        if *abort.borrow() && !post_copy.requested {
             return Err(MigrationError::Aborted);
         }
+        // Until QEMU is in post-copy a query waits no longer than the progress timeout leaves:
+        // a drain stuck on a target that stopped reading holds QEMU's main loop (see
+        // [`NbdLink`]), and a hung query is no progress (a migration with post-copy requested
+        // but not entered can still be undone).
+        let budget = progress
+            .filter(|_| !post_copy.entered)
+            .map(|p| p.saturating_sub(last_progress.elapsed()).max(POLL_INTERVAL));
         // Without mirrors (shared storage) one QMP round trip less per poll, also while the
         // vCPUs wait in `pre-switchover`.
-        // Before post-copy a query waits no longer than the progress timeout leaves: a drain
-        // stuck on a target that stopped reading holds QEMU's main loop (see [`NbdLink`]),
-        // and a hung query is no progress.
-        let budget = progress
-            .filter(|_| !*post_copy)
-            .map(|p| p.saturating_sub(last_progress.elapsed()).max(POLL_INTERVAL));
         let jobs = if mirrors.is_empty() {
             Vec::new()
         } else {
@@ -479,13 +502,20 @@ async fn migrate(
             best_remaining = remaining;
             last_progress = Instant::now();
         }
+        if info
+            .status
+            .as_deref()
+            .is_some_and(|s| s.starts_with("postcopy-"))
+        {
+            post_copy.entered = true;
+        }
         match info.status.as_deref() {
             Some("completed") => {
                 let info = completed_figures(qmp, info).await;
                 return Ok(SourceEnd {
                     total_ms: info.total_time.unwrap_or(0),
                     downtime_ms: info.downtime.unwrap_or(0),
-                    post_copy: *post_copy,
+                    post_copy: post_copy.requested,
                 });
             }
             Some("failed") => {
@@ -508,12 +538,15 @@ async fn migrate(
             // entering post-copy.
             Some("pre-switchover") if !continued => {
                 complete_mirrors(qmp, mirrors, progress.unwrap_or(PEER_TIMEOUT)).await?;
+                // Once continued into post-copy the device state goes out and the target may
+                // start the guest.
+                post_copy.entered |= post_copy.requested;
                 qmp.run(&MigrateContinue::pre_switchover()).await?;
                 continued = true;
             }
             _ => {}
         }
-        if *post_copy {
+        if post_copy.requested {
             // KubeVirt tracks nothing in post-copy: aborting now would lose the running guest.
             tick(&mut events, abort, &mut abort_alive).await;
             continue;
@@ -531,7 +564,7 @@ async fn migrate(
                     return Err(MigrationError::Aborted);
                 }
                 qmp.run(&MigrateStartPostcopy).await?;
-                *post_copy = true;
+                post_copy.requested = true;
                 on_event(SourceEvent::PostCopy);
             } else {
                 crate::qmp::lifecycle::pause(qmp).await?;
@@ -555,6 +588,24 @@ async fn migrate(
             }
         }
         tick(&mut events, abort, &mut abort_alive).await;
+    }
+}
+
+/// Whether QEMU's outgoing migration has entered post-copy (`postcopy-active` and after): the
+/// target may run the guest. Assumed when QEMU does not answer.
+async fn entered_post_copy(qmp: &QmpClient) -> bool {
+    match qmp.run(&QueryMigrate).await {
+        Ok(info) => !matches!(
+            info.status.as_deref(),
+            Some("setup")
+                | Some("active")
+                | Some("pre-switchover")
+                | Some("device")
+                | Some("failed")
+                | Some("cancelling")
+                | Some("cancelled")
+        ),
+        Err(_) => true,
     }
 }
 
