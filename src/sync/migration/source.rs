@@ -443,7 +443,7 @@ async fn migrate(
     let mut continued = false;
     let mut abort_alive = true;
     let mut events = qmp.events();
-    let mut best_remaining = u64::MAX;
+    let mut watermark = 0u64;
     let mut last_progress = Instant::now();
     let mut started = mirrors.is_empty();
     if started {
@@ -498,10 +498,13 @@ async fn migrate(
             Default::default()
         };
         let remaining = info.ram.as_ref().map_or(0, |r| r.remaining) + mirror_left;
-        if remaining < best_remaining {
-            best_remaining = remaining;
+        // KubeVirt's watermark is the previous sample, not the lowest: the remaining data jumps
+        // up when the RAM copy starts after the mirrors (and at each dirty-bitmap sync), and a
+        // migration is progressing while it shrinks from one poll to the next.
+        if watermark == 0 || remaining < watermark {
             last_progress = Instant::now();
         }
+        watermark = remaining;
         if info
             .status
             .as_deref()
