@@ -21,7 +21,9 @@ use std::time::Duration;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, Pod};
-use testkit::migration::{boot, exec_until_ok, metadata, migrating_vmi, options, Relay, Rpc};
+use testkit::migration::{
+    boot, exec_until_ok, job_data, metadata, migrating_vmi, options, Relay, Rpc,
+};
 
 const BOOT: Duration = Duration::from_secs(240);
 const END: Duration = Duration::from_secs(120);
@@ -44,21 +46,6 @@ async fn ended(
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// `MigrateDomainJobInfo` of GetDomainStats: (DataTotal, DataRemaining), zeros without a job.
-async fn job_data(c: &mut testkit::handler::Client) -> (u64, u64) {
-    let stats = c
-        .get_domain_stats(qlauncher::sync::proto::cmd::v1::EmptyRequest {})
-        .await
-        .unwrap()
-        .into_inner();
-    let stats: serde_json::Value = serde_json::from_str(&stats.domain_stats).unwrap_or_default();
-    let job = &stats["MigrateDomainJobInfo"];
-    (
-        job["DataTotal"].as_u64().unwrap_or(0),
-        job["DataRemaining"].as_u64().unwrap_or(0),
-    )
 }
 
 /// The state letter of process `pid` (`/proc/PID/stat`: `T` stopped, `S` sleeping…).

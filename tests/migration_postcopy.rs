@@ -29,9 +29,10 @@ use testkit::guest::{GuestImages, Vm, BOOT_TIMEOUT};
 use testkit::handler::Client;
 use testkit::launcher::{get_domain, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
-    running_domain, target_sockets, wait_notified, Relay, Rpc,
+    boot, exec_until_ok, job_data, metadata, migrate_on, migrating_vmi, options, plain_vmi,
+    pod_pair, running_domain, target_sockets, wait_notified, Relay, Rpc,
 };
+use testkit::netns::POD_MAC;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -273,6 +274,24 @@ async fn wait_mode(c: &mut Client, uid: &str, mode: &str) -> MigrationMetadata {
     }
 }
 
+/// Waits until GetDomain shows the domain Running.
+async fn wait_running(c: &mut Client) {
+    let deadline = std::time::Instant::now() + LAUNCHER_MIGRATION;
+    loop {
+        if get_domain(c)
+            .await
+            .is_some_and(|d| d.status.status == L::Running)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the source never ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 /// The guest's RAM counter (`/w/counter`) through the agent.
 async fn ram_counter(c: &mut Client) -> u64 {
     let out = exec_until_ok(c, "cat /w/counter", Duration::from_secs(60)).await;
@@ -288,6 +307,8 @@ const LAUNCHER_MIGRATION: Duration = Duration::from_secs(300);
 /// boot of the disk guest with a workload that never converges at the bandwidth given (8 MiB
 /// rewritten in a loop in a tmpfs) and its containerDisk overlay mirrored over NBD:
 ///
+/// 0. the mirror's NBD leg stalls just before post-copy is requested: the progress timeout
+///    fails the migration before QEMU entered post-copy, and the source runs on;
 /// 1. post-copy with the disk mirror: data written to the overlay while its mirror runs is on
 ///    the target's disk (read back past the page cache), because the mirror is READY before the
 ///    RAM migration starts and completed at `pre-switchover`, before the target runs the guest;
@@ -320,8 +341,68 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     )
     .await;
 
+    // 0: the disk mirror's NBD leg stalls before post-copy is requested (the guest keeps writing
+    // to its disk): QEMU's vCPU stop on the way into post-copy drains the disks and waits for the
+    // mirror's writes with its main loop held. The progress timeout (5 s) fails the migration,
+    // the launcher cuts the mirror's connection, and since QEMU never entered post-copy the
+    // source rolls back and runs on.
+    {
+        let mut stalled = Pod::new(&images.disk_qcow2, false);
+        stalled.uid = uid.clone();
+        let vmi0 = migrating_vmi(&uid, "mig-pc-stall", &stalled.pod_name(), POD_MAC);
+        let n = stalled.start_launcher();
+        let mut c = stalled.client(n).await;
+        assert_eq!(Rpc::sync_target(&mut c, &vmi0).await, (true, String::new()));
+        let relay = Relay::start(&source, &stalled, &uid).await;
+        exec_until_ok(
+            &mut sc,
+            "(while :; do dd if=/dev/urandom of=/data/churn bs=64k count=1 conv=fsync              2>/dev/null; sleep 0.5; done) </dev/null >/dev/null 2>&1 & echo $! >/w/churn",
+            Duration::from_secs(30),
+        )
+        .await;
+        let mut opts: serde_json::Value =
+            serde_json::from_slice(&disruptive_options("1Mi", 20, true)).unwrap();
+        opts["ProgressTimeout"] = 5.into();
+        assert_eq!(
+            Rpc::migrate(&mut sc, &vmi0, &serde_json::to_vec(&opts).unwrap()).await,
+            (true, String::new())
+        );
+        // The RAM copy runs (the job's total counts the 128 MiB): the mirror is READY.
+        let deadline = std::time::Instant::now() + LAUNCHER_MIGRATION;
+        while job_data(&mut sc).await.0 < 128 << 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the RAM copy never started"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        relay.freeze_nbd(true);
+        let ended = wait_notified(
+            &source,
+            "the stalled migration ended",
+            LAUNCHER_MIGRATION,
+            |d| metadata(d).is_some_and(|m| m.uid == "mig-pc-stall" && m.end_timestamp.is_some()),
+        )
+        .await;
+        let m = metadata(&ended).unwrap();
+        eprintln!("stalled before post-copy: {}", m.failure_reason);
+        assert!(m.failed, "{m:?}");
+        assert_eq!(m.mode, "PostCopy", "{m:?}");
+        assert!(
+            m.failure_reason.contains("stuck for")
+                || m.failure_reason.contains("mirrors did not complete"),
+            "{m:?}"
+        );
+        wait_running(&mut sc).await;
+        let a = ram_counter(&mut sc).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let b = ram_counter(&mut sc).await;
+        assert!(b > a, "the source's workload stopped: {a} -> {b}");
+        exec_until_ok(&mut sc, "kill $(cat /w/churn)", Duration::from_secs(30)).await;
+    }
+
     // 1 and 2: post-copy, with a cancel once it runs.
-    let vmi = migrating_vmi(&uid, "mig-pc", &target.pod_name(), testkit::netns::POD_MAC);
+    let vmi = migrating_vmi(&uid, "mig-pc", &target.pod_name(), POD_MAC);
     let t = target.start_launcher();
     let mut tc = target.client(t).await;
     assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
@@ -414,12 +495,7 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     // 3: on to a third pod, pausing the guest to converge.
     let mut third = Pod::new(&images.disk_qcow2, false);
     third.uid = uid.clone();
-    let vmi2 = migrating_vmi(
-        &uid,
-        "mig-pause",
-        &third.pod_name(),
-        testkit::netns::POD_MAC,
-    );
+    let vmi2 = migrating_vmi(&uid, "mig-pause", &third.pod_name(), POD_MAC);
     // At 8 MiB/s the loop never lets pre-copy converge; paused after 10 s, the rest (about
     // 80 MiB sent by then) goes well within the doubled deadline.
     let (_, mut hc, _relay2) = migrate_on(

@@ -26,6 +26,7 @@ pub struct Relay {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     frozen: tokio::sync::watch::Sender<bool>,
     rate: tokio::sync::watch::Sender<u64>,
+    nbd_frozen: tokio::sync::watch::Sender<bool>,
 }
 
 /// The controls of the source-to-target direction of the stream leg.
@@ -53,6 +54,12 @@ impl Relay {
             frozen: frozen_rx,
             rate: rate_rx,
         };
+        let (nbd_frozen, nbd_frozen_rx) = tokio::sync::watch::channel(false);
+        let (_, unlimited) = tokio::sync::watch::channel(0u64);
+        let nbd_gate = Gate {
+            frozen: nbd_frozen_rx,
+            rate: unlimited,
+        };
         for role in [0, DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
             let dial: PathBuf = if role == 0 {
                 target.root.join("var/run/libvirt/virtqemud-sock")
@@ -61,7 +68,11 @@ impl Relay {
             };
             let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = tcp.local_addr().unwrap().port();
-            let gate = (role == DIRECT_MIGRATION_PORT).then(|| gate.clone());
+            let gate = match role {
+                DIRECT_MIGRATION_PORT => Some(gate.clone()),
+                BLOCK_MIGRATION_PORT => Some(nbd_gate.clone()),
+                _ => None,
+            };
             tasks.push(tokio::spawn(async move {
                 while let Ok((conn, _)) = tcp.accept().await {
                     let dial = dial.clone();
@@ -92,6 +103,7 @@ impl Relay {
             tasks,
             frozen,
             rate,
+            nbd_frozen,
         }
     }
 
@@ -99,6 +111,12 @@ impl Relay {
     /// source to the target: a network that stalls, while the control and NBD channels flow.
     pub fn freeze_stream(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
+    }
+
+    /// Stops (true) or resumes (false) forwarding the NBD leg (role 49153) from the source to the
+    /// target: the disk mirrors' writes stall, as with a frozen target.
+    pub fn freeze_nbd(&self, frozen: bool) {
+        self.nbd_frozen.send_replace(frozen);
     }
 
     /// Limits the migration stream (role 49152) from the source to the target to
@@ -315,6 +333,22 @@ pub async fn exec_until_ok(c: &mut Client, script: &str, timeout: Duration) -> S
         assert!(Instant::now() < deadline, "the agent never ran {script:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// `MigrateDomainJobInfo` of GetDomainStats: (DataTotal, DataRemaining) in bytes, zeros when
+/// no migration job runs.
+pub async fn job_data(c: &mut Client) -> (u64, u64) {
+    let stats = c
+        .get_domain_stats(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stats: serde_json::Value = serde_json::from_str(&stats.domain_stats).unwrap_or_default();
+    let job = &stats["MigrateDomainJobInfo"];
+    (
+        job["DataTotal"].as_u64().unwrap_or(0),
+        job["DataRemaining"].as_u64().unwrap_or(0),
+    )
 }
 
 /// The migration record of a domain.
