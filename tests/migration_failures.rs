@@ -9,6 +9,8 @@
 //!   reason, the source runs on, the target's QEMU is gone;
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
 //! - the migration stream stalled mid-copy: no progress, the progress timeout aborts;
+//! - the target's QEMU frozen (SIGSTOP) mid-copy: the progress timeout fails the migration and
+//!   the source QEMU is not wedged on the disk mirror's pending NBD writes;
 //! - last, a user-paused VMI migrates and stays paused on the target until unpaused.
 //!
 //! The pods are non-root ones (QEMU runs as 107): the proxy sockets are QEMU's to use.
@@ -19,7 +21,9 @@ use std::time::Duration;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, Pod};
-use testkit::migration::{boot, exec_until_ok, metadata, migrating_vmi, options, Relay, Rpc};
+use testkit::migration::{
+    boot, exec_until_ok, job_data, metadata, migrating_vmi, options, Relay, Rpc,
+};
 
 const BOOT: Duration = Duration::from_secs(240);
 const END: Duration = Duration::from_secs(120);
@@ -41,6 +45,31 @@ async fn ended(
             "migration {uid} never ended"
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The state letter of process `pid` (`/proc/PID/stat`: `T` stopped, `S` sleeping…).
+fn process_state(pid: i32) -> char {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    stat.rsplit_once(") ")
+        .and_then(|(_, rest)| rest.chars().next())
+        .unwrap_or('?')
+}
+
+/// Waits until GetDomain shows `state` (the launcher's current state, not a past notification).
+async fn wait_state(c: &mut testkit::handler::Client, state: (L, R)) {
+    let deadline = std::time::Instant::now() + END;
+    loop {
+        if let Some(d) = get_domain(c).await {
+            if (d.status.status, d.status.reason) == state {
+                return;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the domain never reached {state:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -219,6 +248,52 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
         );
     }
 
+    // The target's QEMU frozen (SIGSTOP) mid-copy, its NBD server and stream no longer read:
+    // the progress timeout (3 s) fails the migration while the target is still frozen, and the
+    // source QEMU is not wedged on the mirror's pending writes — it pauses and resumes at once
+    // (`stop` drains every disk), and migrates again below.
+    {
+        let (target, t, _tc, vmi, _relay) =
+            prepared_target(&images, &source, &uid, "mig-frozen").await;
+        assert_eq!(
+            Rpc::migrate(&mut sc, &vmi, &options("1Mi", 3)).await,
+            (true, String::new())
+        );
+        let tq = wait_target_qemu(&target, t).await;
+        // Frozen once the disk mirror writes to it (the job's data in GetDomainStats).
+        let deadline = std::time::Instant::now() + END;
+        while job_data(&mut sc).await.0 == 0 {
+            assert!(std::time::Instant::now() < deadline, "no mirror job");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // SAFETY: a signal to the QEMU this test's target launcher started.
+        assert_eq!(unsafe { libc::kill(tq, libc::SIGSTOP) }, 0);
+        let m = ended(&mut sc, "mig-frozen").await;
+        assert!(m.failed && m.failure_reason.contains("stuck for"), "{m:?}");
+        assert_eq!(process_state(tq), 'T', "the target was resumed");
+        let paused = tokio::time::timeout(
+            Duration::from_secs(20),
+            sc.pause_virtual_machine(testkit::handler::vmi_only(&plain)),
+        )
+        .await
+        .expect("the source QEMU is wedged: pause took more than 20 s")
+        .unwrap()
+        .into_inner();
+        assert!(paused.success, "{paused:?}");
+        wait_state(&mut sc, (L::Paused, R::User)).await;
+        let resumed = sc
+            .unpause_virtual_machine(testkit::handler::vmi_only(&plain))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(resumed.success, "{resumed:?}");
+        wait_state(&mut sc, (L::Running, R::Unknown)).await;
+        assert_eq!(process_state(tq), 'T', "the target was resumed");
+        source_runs(&source, &mut sc).await;
+        // SAFETY: as above; SIGKILL ends a stopped process too.
+        assert_eq!(unsafe { libc::kill(tq, libc::SIGKILL) }, 0);
+    }
+
     // Last (it consumes the source): a user-paused VMI migrates and stays paused on the target
     // (Paused/User, which virt-handler counts as active), running again once unpaused.
     {
@@ -230,7 +305,7 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
             .unwrap()
             .into_inner();
         assert!(paused.success, "{paused:?}");
-        source.wait_event((L::Paused, R::User), END).await;
+        wait_state(&mut sc, (L::Paused, R::User)).await;
         assert_eq!(
             Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
             (true, String::new())

@@ -18,13 +18,21 @@
 use std::time::Duration;
 
 use qlauncher::qmp::QmpClient;
+use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
+use qlauncher::sync::migration::metadata::MigrationMetadata;
 use qlauncher::sync::migration::source::{
     resolved_machine, run_source_with, SourceEvent, SourcePlan,
 };
 use qlauncher::sync::migration::target::{TargetEnd, TargetSession};
 use qlauncher::sync::migration::MigrationOptions;
 use testkit::guest::{GuestImages, Vm, BOOT_TIMEOUT};
-use testkit::migration::{running_domain, target_sockets};
+use testkit::handler::Client;
+use testkit::launcher::{get_domain, Pod};
+use testkit::migration::{
+    boot, exec_until_ok, job_data, metadata, migrate_on, migrating_vmi, options, plain_vmi,
+    pod_pair, running_domain, target_sockets, wait_notified, Relay, Rpc,
+};
+use testkit::netns::POD_MAC;
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
 
@@ -233,4 +241,299 @@ async fn converge(policy: Policy) {
         .unwrap();
     assert_eq!(rc, 0, "{out}");
     assert!(out.contains(&sum), "{out} vs {sum}");
+}
+
+/// virt-handler's options for the launcher tests: `bandwidth`, `completion_per_gib` seconds,
+/// workload disruption allowed, post-copy as `post_copy`.
+fn disruptive_options(bandwidth: &str, completion_per_gib: i64, post_copy: bool) -> Vec<u8> {
+    let mut v: serde_json::Value = serde_json::from_slice(&options(bandwidth, 150)).unwrap();
+    v["CompletionTimeoutPerGiB"] = completion_per_gib.into();
+    v["AllowPostCopy"] = post_copy.into();
+    v["AllowWorkloadDisruption"] = true.into();
+    serde_json::to_vec(&v).unwrap()
+}
+
+/// Polls GetDomain of a source until the record of `uid` shows `mode`; returns it.
+async fn wait_mode(c: &mut Client, uid: &str, mode: &str) -> MigrationMetadata {
+    let deadline = std::time::Instant::now() + LAUNCHER_MIGRATION;
+    loop {
+        if let Some(m) = get_domain(c).await.as_ref().and_then(metadata) {
+            if m.uid == uid && m.mode == mode {
+                return m;
+            }
+            assert!(
+                m.uid != uid || m.end_timestamp.is_none(),
+                "migration {uid} ended without mode {mode}: {m:?}"
+            );
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "migration {uid} never reached mode {mode}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until GetDomain shows the domain Running.
+async fn wait_running(c: &mut Client) {
+    let deadline = std::time::Instant::now() + LAUNCHER_MIGRATION;
+    loop {
+        if get_domain(c)
+            .await
+            .is_some_and(|d| d.status.status == L::Running)
+        {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the source never ran again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The guest's RAM counter (`/w/counter`) through the agent.
+async fn ram_counter(c: &mut Client) -> u64 {
+    let out = exec_until_ok(c, "cat /w/counter", Duration::from_secs(60)).await;
+    out.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("counter {out:?}"))
+}
+
+const LAUNCHER_BOOT: Duration = Duration::from_secs(240);
+const LAUNCHER_MIGRATION: Duration = Duration::from_secs(300);
+
+/// Between real launchers (root pods: post-copy needs userfaultfd, see the module doc), one
+/// boot of the disk guest with a workload that never converges at the bandwidth given (8 MiB
+/// rewritten in a loop in a tmpfs) and its containerDisk overlay mirrored over NBD:
+///
+/// 0. the mirror's NBD leg stalls just before post-copy is requested: the progress timeout
+///    fails the migration before QEMU entered post-copy, and the source runs on;
+/// 1. post-copy with the disk mirror: data written to the overlay while its mirror runs is on
+///    the target's disk (read back past the page cache), because the mirror is READY before the
+///    RAM migration starts and completed at `pre-switchover`, before the target runs the guest;
+/// 2. a cancel during post-copy is refused as libvirt refuses it: `AbortStatus` Aborting, then
+///    Failed; the migration completes, not failed, and the guest keeps running on the target;
+/// 3. then from the target to a third pod with workload disruption allowed and post-copy not:
+///    past the completion deadline the guest is paused (mode `Paused` while the migration
+///    runs), pre-copy converges, and the guest runs on the third pod.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_pause_converges() {
+    let images = GuestImages::locate();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    let uid = source.uid.clone();
+    let plain = plain_vmi(&uid);
+    let (_, mut sc) = boot(&mut source, &plain, LAUNCHER_BOOT).await;
+    exec_until_ok(
+        &mut sc,
+        "mkdir -p /w && mount -t tmpfs -o size=24m w /w && \
+         dd if=/dev/urandom of=/w/a bs=1M count=8 2>/dev/null",
+        Duration::from_secs(120),
+    )
+    .await;
+    exec_until_ok(
+        &mut sc,
+        "(while :; do dd if=/w/a of=/w/b bs=1M conv=notrunc 2>/dev/null; done) \
+         </dev/null >/dev/null 2>&1 & \
+         (i=0; while :; do i=$((i+1)); echo $i >/w/counter; sleep 0.05; done) \
+         </dev/null >/dev/null 2>&1 &",
+        Duration::from_secs(30),
+    )
+    .await;
+
+    // 0: the disk mirror's NBD leg stalls before post-copy is requested (the guest keeps writing
+    // to its disk): QEMU's vCPU stop on the way into post-copy drains the disks and waits for the
+    // mirror's writes with its main loop held. The progress timeout (5 s) fails the migration,
+    // the launcher cuts the mirror's connection, and since QEMU never entered post-copy the
+    // source rolls back and runs on.
+    {
+        let mut stalled = Pod::new(&images.disk_qcow2, false);
+        stalled.uid = uid.clone();
+        let vmi0 = migrating_vmi(&uid, "mig-pc-stall", &stalled.pod_name(), POD_MAC);
+        let n = stalled.start_launcher();
+        let mut c = stalled.client(n).await;
+        assert_eq!(Rpc::sync_target(&mut c, &vmi0).await, (true, String::new()));
+        let relay = Relay::start(&source, &stalled, &uid).await;
+        exec_until_ok(
+            &mut sc,
+            "(while :; do dd if=/dev/urandom of=/data/churn bs=64k count=1 conv=fsync              2>/dev/null; sleep 0.5; done) </dev/null >/dev/null 2>&1 & echo $! >/w/churn",
+            Duration::from_secs(30),
+        )
+        .await;
+        let mut opts: serde_json::Value =
+            serde_json::from_slice(&disruptive_options("1Mi", 20, true)).unwrap();
+        opts["ProgressTimeout"] = 5.into();
+        assert_eq!(
+            Rpc::migrate(&mut sc, &vmi0, &serde_json::to_vec(&opts).unwrap()).await,
+            (true, String::new())
+        );
+        // The RAM copy runs (the job's total counts the 128 MiB): the mirror is READY.
+        let deadline = std::time::Instant::now() + LAUNCHER_MIGRATION;
+        while job_data(&mut sc).await.0 < 128 << 20 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the RAM copy never started"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        relay.freeze_nbd(true);
+        let ended = wait_notified(
+            &source,
+            "the stalled migration ended",
+            LAUNCHER_MIGRATION,
+            |d| metadata(d).is_some_and(|m| m.uid == "mig-pc-stall" && m.end_timestamp.is_some()),
+        )
+        .await;
+        let m = metadata(&ended).unwrap();
+        eprintln!("stalled before post-copy: {}", m.failure_reason);
+        assert!(m.failed, "{m:?}");
+        assert_eq!(m.mode, "PostCopy", "{m:?}");
+        assert!(
+            m.failure_reason.contains("stuck for")
+                || m.failure_reason.contains("mirrors did not complete"),
+            "{m:?}"
+        );
+        wait_running(&mut sc).await;
+        let a = ram_counter(&mut sc).await;
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let b = ram_counter(&mut sc).await;
+        assert!(b > a, "the source's workload stopped: {a} -> {b}");
+        exec_until_ok(&mut sc, "kill $(cat /w/churn)", Duration::from_secs(30)).await;
+    }
+
+    // 1 and 2: post-copy, with a cancel once it runs.
+    let vmi = migrating_vmi(&uid, "mig-pc", &target.pod_name(), POD_MAC);
+    let t = target.start_launcher();
+    let mut tc = target.client(t).await;
+    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
+    let relay = Relay::start(&source, &target, &uid).await;
+    // QEMU sends post-copy at full speed: a slow network keeps it running for the cancel.
+    relay.throttle_stream(4 << 20);
+    // 128 MiB of RAM and the disk are one decimal GB: post-copy after 10 s.
+    assert_eq!(
+        Rpc::migrate(&mut sc, &vmi, &disruptive_options("1Mi", 10, true)).await,
+        (true, String::new())
+    );
+    // Written while the mirror runs (at 1 MiB/s): the mirror carries it.
+    let sum = exec_until_ok(
+        &mut sc,
+        "dd if=/dev/urandom of=/data/during bs=64k count=32 2>/dev/null && sync && \
+         md5sum /data/during",
+        Duration::from_secs(60),
+    )
+    .await;
+    let sum = sum.split_whitespace().next().unwrap().to_owned();
+    let before = ram_counter(&mut sc).await;
+    let m = wait_mode(&mut sc, "mig-pc", "PostCopy").await;
+    assert!(
+        m.end_timestamp.is_none() && m.abort_status.is_empty(),
+        "{m:?}"
+    );
+    assert_eq!(Rpc::cancel(&mut sc, &vmi).await, (true, String::new()));
+    let m = get_domain(&mut sc)
+        .await
+        .as_ref()
+        .and_then(metadata)
+        .unwrap();
+    assert_eq!(m.abort_status, "Failed", "{m:?}");
+    assert!(m.end_timestamp.is_none(), "{m:?}");
+    let ended = wait_notified(
+        &source,
+        "source Shutoff/Migrated with EndTimestamp",
+        LAUNCHER_MIGRATION,
+        |d| {
+            d.status.status == L::Shutoff
+                && metadata(d).is_some_and(|m| m.uid == "mig-pc" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    assert_eq!(ended.status.reason, R::Migrated);
+    let m = metadata(&ended).unwrap();
+    assert!(!m.failed, "{m:?}");
+    assert_eq!(
+        (m.mode.as_str(), m.abort_status.as_str()),
+        ("PostCopy", "Failed")
+    );
+    let aborts: Vec<String> = source
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(_, d)| metadata(d))
+        .filter(|m| m.uid == "mig-pc")
+        .map(|m| m.abort_status)
+        .collect();
+    let aborting = aborts.iter().position(|a| a == "Aborting").unwrap();
+    let failed = aborts.iter().position(|a| a == "Failed").unwrap();
+    assert!(aborting < failed, "{aborts:?}");
+    wait_notified(
+        &target,
+        "target Running with EndTimestamp",
+        LAUNCHER_MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && metadata(d).is_some_and(|m| m.uid == "mig-pc" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
+    drop(relay);
+    let after = ram_counter(&mut tc).await;
+    assert!(
+        after > before,
+        "counter: {before} on the source, {after} on the target"
+    );
+    // The target's disk, past the page cache.
+    let moved = exec_until_ok(
+        &mut tc,
+        "sync && echo 3 >/proc/sys/vm/drop_caches && md5sum /data/during",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(moved.contains(&sum), "{moved} vs {sum}");
+
+    // 3: on to a third pod, pausing the guest to converge.
+    let mut third = Pod::new(&images.disk_qcow2, false);
+    third.uid = uid.clone();
+    let vmi2 = migrating_vmi(&uid, "mig-pause", &third.pod_name(), POD_MAC);
+    // At 8 MiB/s the loop never lets pre-copy converge; paused after 10 s, the rest (about
+    // 80 MiB sent by then) goes well within the doubled deadline.
+    let (_, mut hc, _relay2) = migrate_on(
+        &target,
+        &mut tc,
+        &mut third,
+        &vmi2,
+        "mig-pause",
+        &disruptive_options("8Mi", 10, false),
+        LAUNCHER_MIGRATION,
+    )
+    .await;
+    let ended = wait_notified(
+        &target,
+        "target Shutoff/Migrated with EndTimestamp",
+        LAUNCHER_MIGRATION,
+        |d| {
+            d.status.status == L::Shutoff
+                && metadata(d).is_some_and(|m| m.uid == "mig-pause" && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    let m = metadata(&ended).unwrap();
+    assert!(!m.failed, "{m:?}");
+    assert_eq!(m.mode, "Paused", "{m:?}");
+    // The mode was recorded while the migration ran, as virt-handler reads it.
+    let running_paused = target.received.lock().unwrap().iter().any(|(_, d)| {
+        metadata(d).is_some_and(|m| {
+            m.uid == "mig-pause" && m.mode == "Paused" && m.end_timestamp.is_none()
+        })
+    });
+    assert!(running_paused, "{:?}", target.events());
+    assert_eq!(Rpc::finalize(&mut hc, &vmi2).await, (true, String::new()));
+    let a = ram_counter(&mut hc).await;
+    assert!(a >= after, "counter went back: {after} -> {a}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let b = ram_counter(&mut hc).await;
+    assert!(b > a, "the workload stopped on the third pod: {a} -> {b}");
+    let moved = exec_until_ok(&mut hc, "md5sum /data/during", Duration::from_secs(60)).await;
+    assert!(moved.contains(&sum), "{moved} vs {sum}");
 }

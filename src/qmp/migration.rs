@@ -208,6 +208,12 @@ pub enum SocketAddress {
         /// Its path.
         path: String,
     },
+    /// A connected socket handed over with `getfd` (`{"type":"fd","str":NAME}`).
+    Fd {
+        /// The fd's name.
+        #[serde(rename = "str")]
+        name: String,
+    },
 }
 
 /// `nbd-server-start` (target).
@@ -391,6 +397,13 @@ mod tests {
                 .unwrap(),
                 json!({"driver": "nbd", "node-name": "migration-vda-storage",
                        "server": {"type": "unix", "path": "/s"}, "export": "drive-ua-d"}),
+            ),
+            (
+                serde_json::to_value(SocketAddress::Fd {
+                    name: "migration-0".into(),
+                })
+                .unwrap(),
+                json!({"type": "fd", "str": "migration-0"}),
             ),
             (
                 serde_json::to_value(BlockdevMirror {

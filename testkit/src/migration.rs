@@ -25,6 +25,16 @@ use crate::launcher::Pod;
 pub struct Relay {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     frozen: tokio::sync::watch::Sender<bool>,
+    rate: tokio::sync::watch::Sender<u64>,
+    nbd_frozen: tokio::sync::watch::Sender<bool>,
+}
+
+/// The controls of the source-to-target direction of the stream leg.
+#[derive(Clone)]
+struct Gate {
+    frozen: tokio::sync::watch::Receiver<bool>,
+    /// Bytes per second; 0 for unlimited.
+    rate: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Relay {
@@ -38,7 +48,18 @@ impl Relay {
         std::os::unix::fs::chown(&src_dir, owner, owner).unwrap();
         let dst_dir = target.share().join("migrationproxy");
         let mut tasks = Vec::new();
-        let (frozen, gate) = tokio::sync::watch::channel(false);
+        let (frozen, frozen_rx) = tokio::sync::watch::channel(false);
+        let (rate, rate_rx) = tokio::sync::watch::channel(0u64);
+        let gate = Gate {
+            frozen: frozen_rx,
+            rate: rate_rx,
+        };
+        let (nbd_frozen, nbd_frozen_rx) = tokio::sync::watch::channel(false);
+        let (_, unlimited) = tokio::sync::watch::channel(0u64);
+        let nbd_gate = Gate {
+            frozen: nbd_frozen_rx,
+            rate: unlimited,
+        };
         for role in [0, DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
             let dial: PathBuf = if role == 0 {
                 target.root.join("var/run/libvirt/virtqemud-sock")
@@ -47,7 +68,11 @@ impl Relay {
             };
             let tcp = TcpListener::bind("127.0.0.1:0").await.unwrap();
             let port = tcp.local_addr().unwrap().port();
-            let gate = (role == DIRECT_MIGRATION_PORT).then(|| gate.clone());
+            let gate = match role {
+                DIRECT_MIGRATION_PORT => Some(gate.clone()),
+                BLOCK_MIGRATION_PORT => Some(nbd_gate.clone()),
+                _ => None,
+            };
             tasks.push(tokio::spawn(async move {
                 while let Ok((conn, _)) = tcp.accept().await {
                     let dial = dial.clone();
@@ -74,7 +99,12 @@ impl Relay {
                 }
             }));
         }
-        Relay { tasks, frozen }
+        Relay {
+            tasks,
+            frozen,
+            rate,
+            nbd_frozen,
+        }
     }
 
     /// Stops (true) or resumes (false) forwarding the QEMU migration stream (role 49152) from the
@@ -82,11 +112,24 @@ impl Relay {
     pub fn freeze_stream(&self, frozen: bool) {
         self.frozen.send_replace(frozen);
     }
+
+    /// Stops (true) or resumes (false) forwarding the NBD leg (role 49153) from the source to the
+    /// target: the disk mirrors' writes stall, as with a frozen target.
+    pub fn freeze_nbd(&self, frozen: bool) {
+        self.nbd_frozen.send_replace(frozen);
+    }
+
+    /// Limits the migration stream (role 49152) from the source to the target to
+    /// `bytes_per_sec` (0: unlimited): a slow network, which keeps a post-copy migration (QEMU
+    /// sends it at full speed) running long enough to act on it.
+    pub fn throttle_stream(&self, bytes_per_sec: u64) {
+        self.rate.send_replace(bytes_per_sec);
+    }
 }
 
 /// Copies both ways until either side ends, then drops both (no half-close, as the proxy).
-/// With a `gate`, the `a` to `b` direction waits while the gate is true.
-async fn pipe<A, B>(a: A, b: B, gate: Option<tokio::sync::watch::Receiver<bool>>)
+/// With a `gate`, the `a` to `b` direction waits while it is frozen and keeps to its rate.
+async fn pipe<A, B>(a: A, b: B, gate: Option<Gate>)
 where
     A: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
     B: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
@@ -97,17 +140,24 @@ where
     let forward = async move {
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            let mut rate = 0;
             if let Some(g) = &gate {
-                let mut g = g.clone();
-                if g.wait_for(|f| !*f).await.is_err() {
+                let mut f = g.frozen.clone();
+                if f.wait_for(|f| !*f).await.is_err() {
                     return;
                 }
+                rate = *g.rate.borrow();
             }
-            match ar.read(&mut buf).await {
+            // Throttled: small reads, each followed by the time it takes at the rate.
+            let max = if rate == 0 { buf.len() } else { 16 * 1024 };
+            match ar.read(&mut buf[..max]).await {
                 Ok(0) | Err(_) => return,
                 Ok(n) => {
                     if bw.write_all(&buf[..n]).await.is_err() {
                         return;
+                    }
+                    if rate > 0 {
+                        tokio::time::sleep(Duration::from_secs_f64(n as f64 / rate as f64)).await;
                     }
                 }
             }
@@ -283,6 +333,22 @@ pub async fn exec_until_ok(c: &mut Client, script: &str, timeout: Duration) -> S
         assert!(Instant::now() < deadline, "the agent never ran {script:?}");
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+}
+
+/// `MigrateDomainJobInfo` of GetDomainStats: (DataTotal, DataRemaining) in bytes, zeros when
+/// no migration job runs.
+pub async fn job_data(c: &mut Client) -> (u64, u64) {
+    let stats = c
+        .get_domain_stats(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    let stats: serde_json::Value = serde_json::from_str(&stats.domain_stats).unwrap_or_default();
+    let job = &stats["MigrateDomainJobInfo"];
+    (
+        job["DataTotal"].as_u64().unwrap_or(0),
+        job["DataRemaining"].as_u64().unwrap_or(0),
+    )
 }
 
 /// The migration record of a domain.

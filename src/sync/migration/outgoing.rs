@@ -12,7 +12,6 @@ use tracing::{info, warn};
 
 use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
-use crate::qmp::migration::MigrateCancel;
 use crate::qmp::QmpClient;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
@@ -20,7 +19,7 @@ use crate::sync::migration::launcher::{
 };
 use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
-use crate::sync::migration::source::{resolved_machine, run_source_with, SourcePlan};
+use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::vmi_sync::SyncVmi;
@@ -195,7 +194,7 @@ impl SyncVmi {
         self.shared.migrating.store(true, Ordering::SeqCst);
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
-        let mut on_event = |e: crate::sync::migration::source::SourceEvent| {
+        let mut on_event = |e: SourceEvent| {
             self.set_metadata(|m| {
                 if let Some(m) = m {
                     m.mode = e.mode().into();
@@ -218,6 +217,15 @@ impl SyncVmi {
     async fn outgoing_ended(&self, client: &QmpClient, result: Result<(), MigrationError>) {
         match result {
             Ok(()) => {
+                // A cancel that came as the migration switched to post-copy was not carried
+                // out: the abort failed (KubeVirt: libvirt refused it).
+                self.set_metadata(|m| {
+                    if let Some(m) = m {
+                        if m.abort_status == abort::ABORTING {
+                            m.abort_status = abort::FAILED.into();
+                        }
+                    }
+                });
                 self.shared.migrated.store(true, Ordering::SeqCst);
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
@@ -323,6 +331,19 @@ impl SyncVmi {
                 m.abort_status = abort::ABORTING.into();
             }
         });
+        if m.mode == SourceEvent::PostCopy.mode() {
+            // KubeVirt asks libvirt to abort the job, and libvirt refuses once the migration is
+            // in post-copy (the guest runs on the target; QEMU's `migrate_cancel` would accept
+            // and lose it): the abort fails at once and the migration goes on to complete
+            // (`asyncMigrationAbort`, live-migration-source.go).
+            info!("cancel refused: the migration is in post-copy");
+            self.set_metadata(|m| {
+                if let Some(m) = m {
+                    m.abort_status = abort::FAILED.into();
+                }
+            });
+            return Ok(());
+        }
         let sender = self
             .migration
             .abort
@@ -338,10 +359,10 @@ impl SyncVmi {
             });
             return Ok(());
         };
+        // The migration task cancels QEMU's migration itself (`roll_back`), unless it has
+        // switched to post-copy meanwhile: a `migrate_cancel` sent from here could race with
+        // `migrate-start-postcopy` and break a guest already running on the target.
         sender.send_replace(true);
-        if let Ok(client) = self.client() {
-            let _ = client.run(&MigrateCancel).await;
-        }
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ABORT_TIMEOUT).await;

@@ -11,23 +11,32 @@
 //! workload disruption and the completion deadline passes, the source instead switches to
 //! post-copy (`migrate-start-postcopy`, when post-copy is allowed) or pauses the guest (the
 //! deadline doubled), as KubeVirt's `handleLegacyConvergence` does; a post-copy migration is never
-//! aborted. On any failure before post-copy the mirrors are force-cancelled, QEMU's migration
-//! cancelled, and the source resumed if it was running; after post-copy started the guest's state
-//! lives on the target and the source stays paused (libvirt's Paused/PostcopyFailed).
+//! aborted (a cancel then fails, as libvirt refuses it). On any failure before post-copy the
+//! mirrors' NBD connections are cut, the mirrors force-cancelled, QEMU's migration cancelled, and
+//! the source resumed if it was running; after post-copy started the guest's state lives on the
+//! target and the source stays paused (libvirt's Paused/PostcopyFailed).
+//!
+//! Unlike libvirt, which lets QEMU dial the NBD server, the launcher carries each mirror's NBD
+//! connection itself ([`NbdLink`]), so that a target that stops reading cannot wedge the source
+//! QEMU: the monitoring queries are bounded by the progress timeout, and on failure the
+//! launcher closes its end, which fails QEMU's pending NBD writes at once.
 
-use std::path::PathBuf;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::UnixStream;
 use tokio::sync::watch;
 
 use crate::qmp::client::EventStream;
+use crate::qmp::commands::Command;
 use crate::qmp::migration::{
-    BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, Migrate,
-    MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
+    BlockJobCancel, BlockdevAddNbd, BlockdevDel, BlockdevMirror, Capability, CapabilityState,
+    Migrate, MigrateCancel, MigrateContinue, MigrateSetCapabilities, MigrateSetParameters,
     MigrateStartPostcopy, MigrationInfo, QueryBlockJobs, QueryMigrate, SocketAddress,
 };
-use crate::qmp::QmpClient;
+use crate::qmp::{QmpClient, QmpError};
 use crate::sync::migration::protocol::{
     hello_as_source, read_message, write_message, Message, Outcome, ProtocolError, RunningDomain,
 };
@@ -110,6 +119,33 @@ pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>
     (caps, shared)
 }
 
+/// `migrate-set-capabilities` with every capability a migration of ours may turn on: those in
+/// `on` on, the others off. A QEMU keeps its capabilities from one migration to the next, and a
+/// migrated domain's QEMU still has those it had as the target (`postcopy-ram`, `multifd`,
+/// `late-block-activate`) or from an earlier failed attempt: a source that still announces
+/// post-copy makes a target without it fail the incoming stream. libvirt likewise sets each
+/// capability it knows on every migration (`qemuMigrationParamsApply`).
+pub fn set_capabilities(on: &[Capability]) -> MigrateSetCapabilities {
+    const MANAGED: [Capability; 7] = [
+        Capability::Events,
+        Capability::ReturnPath,
+        Capability::PauseBeforeSwitchover,
+        Capability::AutoConverge,
+        Capability::PostcopyRam,
+        Capability::Multifd,
+        Capability::LateBlockActivate,
+    ];
+    MigrateSetCapabilities {
+        capabilities: MANAGED
+            .iter()
+            .map(|&capability| CapabilityState {
+                capability,
+                state: on.contains(&capability),
+            })
+            .collect(),
+    }
+}
+
 /// Runs the migration of the QEMU behind `qmp` over `control` (connected to the target's
 /// control socket through the proxy). `domain` is the running definition (its `capabilities`
 /// and `multifd_channels` are filled from the options here). `abort` turning true cancels.
@@ -161,12 +197,12 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     if both && qmp.greeting().version < (10, 0, 0) {
         one_channel(&mut caps, &mut domain);
     }
-    if let Err(e) = qmp.run(&MigrateSetCapabilities::enable(&caps)).await {
+    if let Err(e) = qmp.run(&set_capabilities(&caps)).await {
         if !caps.contains(&Capability::Multifd) || !caps.contains(&Capability::PostcopyRam) {
             return Err(e.into());
         }
         one_channel(&mut caps, &mut domain);
-        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
+        qmp.run(&set_capabilities(&caps)).await?;
     }
     domain.capabilities = shared;
     let was_running = !domain.paused;
@@ -186,7 +222,7 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     };
 
     let mut mirrors = Vec::new();
-    let mut post_copy = false;
+    let mut post_copy = PostCopy::default();
     let result = migrate(
         qmp,
         &domain,
@@ -198,7 +234,19 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
         on_event,
     )
     .await;
-    // After post-copy started the running guest is the target's: never resume the source.
+    // On failure the mirrors' connections are cut first: QEMU may be blocked on their writes.
+    if result.is_err() {
+        cut_links(&mut mirrors);
+    }
+    // After post-copy started the running guest is the target's: never resume the source. A
+    // failure between `migrate-start-postcopy` and QEMU entering post-copy (the mirrors'
+    // completion at `pre-switchover`, the vCPU stop) leaves the whole guest on the source: QEMU
+    // then reports `failed` (and restarts the vCPUs itself) or still waits, and it rolls back.
+    let post_copy = if result.is_err() && post_copy.requested && !post_copy.entered {
+        entered_post_copy(qmp).await
+    } else {
+        post_copy.requested
+    };
     let was_running = was_running && !post_copy;
     match result {
         Ok(end) => {
@@ -260,10 +308,77 @@ async fn timeout<T>(
     })
 }
 
-/// One mirror: the NBD client node and the job.
+/// How far a migration got into post-copy.
+#[derive(Debug, Default, Clone, Copy)]
+struct PostCopy {
+    /// `migrate-start-postcopy` was accepted (KubeVirt's mode `PostCopy`): no more timeouts or
+    /// cancels.
+    requested: bool,
+    /// QEMU went on into post-copy (`postcopy-*` seen, or continued from `pre-switchover`):
+    /// the target may run the guest, so a failure no longer rolls back.
+    entered: bool,
+}
+
+/// One mirror: the NBD client node, the job, and the connection it writes through.
 struct Mirror {
     node: String,
     job: String,
+    link: Option<NbdLink>,
+}
+
+/// The NBD connection of one disk mirror, carried by the launcher: QEMU's NBD client gets one
+/// end of a socket pair (`getfd`, server `{"type":"fd"}`), and the launcher copies between the
+/// other end and the migration proxy's NBD socket.
+///
+/// Why not let QEMU dial the proxy socket itself: when the target stops reading (a frozen
+/// target QEMU or node), the mirror's in-flight NBD writes never complete, and QEMU 7.2 has no
+/// request timeout. Any drain then blocks QEMU's main loop under the big lock — the vCPU stop
+/// at the switchover, `stop`, `blockdev-del`, `quit` — and neither `block-job-cancel force` nor
+/// `yank` of the NBD node helps: the NBD coroutine waits for POLLOUT, which a unix socket
+/// whose peer holds the unread data never reports, shut down or not (measured: `stop` blocked
+/// until the target was resumed, 20 s later, with and without a yank). Closing the launcher's
+/// end frees that data: the writes fail at once, the drain ends, and the source runs on.
+struct NbdLink {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NbdLink {
+    /// Connects to the proxy's NBD socket `proxy` and hands QEMU its end as `fdname`.
+    async fn open(qmp: &QmpClient, proxy: &Path, fdname: &str) -> Result<NbdLink, MigrationError> {
+        let upstream = UnixStream::connect(proxy).await.map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot reach the target's NBD server at {}: {e}",
+                proxy.display()
+            ))
+        })?;
+        let (ours, qemus) = std::os::unix::net::UnixStream::pair()
+            .and_then(|(a, b)| a.set_nonblocking(true).map(|()| (a, b)))
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        let ours = UnixStream::from_std(ours)
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        qmp.getfd(fdname, qemus.as_fd()).await?;
+        drop(qemus);
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (ours, upstream);
+            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+        });
+        Ok(NbdLink { task })
+    }
+}
+
+impl Drop for NbdLink {
+    /// Cuts the connection: both sockets close with the task.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Cuts every mirror's NBD connection (see [`NbdLink`]): QEMU's pending writes to the target fail
+/// and the jobs end, whatever the target does.
+fn cut_links(mirrors: &mut [Mirror]) {
+    for m in mirrors {
+        m.link = None;
+    }
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -274,7 +389,7 @@ async fn migrate(
     plan: &SourcePlan,
     mirrors: &mut Vec<Mirror>,
     abort: &mut watch::Receiver<bool>,
-    post_copy: &mut bool,
+    post_copy: &mut PostCopy,
     on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
     let bandwidth = plan
@@ -297,18 +412,18 @@ async fn migrate(
             )));
         }
         let node = format!("migration-{i}");
+        let link = NbdLink::open(qmp, &plan.nbd, &node).await?;
         qmp.run(&BlockdevAddNbd {
             driver: "nbd",
             node_name: node.clone(),
-            server: SocketAddress::Unix {
-                path: plan.nbd.display().to_string(),
-            },
+            server: SocketAddress::Fd { name: node.clone() },
             export: disk.export.clone(),
         })
         .await?;
         mirrors.push(Mirror {
             node: node.clone(),
             job: disk.export.clone(),
+            link: Some(link),
         });
         qmp.run(&BlockdevMirror {
             job_id: disk.export.clone(),
@@ -328,7 +443,7 @@ async fn migrate(
     let mut continued = false;
     let mut abort_alive = true;
     let mut events = qmp.events();
-    let mut best_remaining = u64::MAX;
+    let mut watermark = 0u64;
     let mut last_progress = Instant::now();
     let mut started = mirrors.is_empty();
     if started {
@@ -336,15 +451,22 @@ async fn migrate(
     }
     loop {
         // libvirt refuses to abort a post-copy migration: the guest already runs on the target.
-        if *abort.borrow() && !*post_copy {
+        if *abort.borrow() && !post_copy.requested {
             return Err(MigrationError::Aborted);
         }
+        // Until QEMU is in post-copy a query waits no longer than the progress timeout leaves:
+        // a drain stuck on a target that stopped reading holds QEMU's main loop (see
+        // [`NbdLink`]), and a hung query is no progress (a migration with post-copy requested
+        // but not entered can still be undone).
+        let budget = progress
+            .filter(|_| !post_copy.entered)
+            .map(|p| p.saturating_sub(last_progress.elapsed()).max(POLL_INTERVAL));
         // Without mirrors (shared storage) one QMP round trip less per poll, also while the
         // vCPUs wait in `pre-switchover`.
         let jobs = if mirrors.is_empty() {
             Vec::new()
         } else {
-            qmp.run(&QueryBlockJobs).await?
+            guarded(qmp, &QueryBlockJobs, budget, last_progress).await?
         };
         let mirror_left: u64 = jobs
             .iter()
@@ -371,14 +493,24 @@ async fn migrate(
             }
         }
         let info = if started {
-            qmp.run(&QueryMigrate).await?
+            guarded(qmp, &QueryMigrate, budget, last_progress).await?
         } else {
             Default::default()
         };
         let remaining = info.ram.as_ref().map_or(0, |r| r.remaining) + mirror_left;
-        if remaining < best_remaining {
-            best_remaining = remaining;
+        // KubeVirt's watermark is the previous sample, not the lowest: the remaining data jumps
+        // up when the RAM copy starts after the mirrors (and at each dirty-bitmap sync), and a
+        // migration is progressing while it shrinks from one poll to the next.
+        if watermark == 0 || remaining < watermark {
             last_progress = Instant::now();
+        }
+        watermark = remaining;
+        if info
+            .status
+            .as_deref()
+            .is_some_and(|s| s.starts_with("postcopy-"))
+        {
+            post_copy.entered = true;
         }
         match info.status.as_deref() {
             Some("completed") => {
@@ -386,7 +518,7 @@ async fn migrate(
                 return Ok(SourceEnd {
                     total_ms: info.total_time.unwrap_or(0),
                     downtime_ms: info.downtime.unwrap_or(0),
-                    post_copy: *post_copy,
+                    post_copy: post_copy.requested,
                 });
             }
             Some("failed") => {
@@ -408,13 +540,16 @@ async fn migrate(
             // QEMU stops here once per migration, before the pre-copy switchover or before
             // entering post-copy.
             Some("pre-switchover") if !continued => {
-                complete_mirrors(qmp, mirrors).await?;
+                complete_mirrors(qmp, mirrors, progress.unwrap_or(PEER_TIMEOUT)).await?;
+                // Once continued into post-copy the device state goes out and the target may
+                // start the guest.
+                post_copy.entered |= post_copy.requested;
                 qmp.run(&MigrateContinue::pre_switchover()).await?;
                 continued = true;
             }
             _ => {}
         }
-        if *post_copy {
+        if post_copy.requested {
             // KubeVirt tracks nothing in post-copy: aborting now would lose the running guest.
             tick(&mut events, abort, &mut abort_alive).await;
             continue;
@@ -426,8 +561,13 @@ async fn migrate(
             // long.
             let post_copy_on = domain.capabilities.iter().any(|c| c == "postcopy-ram");
             if plan.options.allow_post_copy && post_copy_on {
+                // A cancel that came during this poll's queries still wins: after the switch it
+                // is refused.
+                if *abort.borrow() {
+                    return Err(MigrationError::Aborted);
+                }
                 qmp.run(&MigrateStartPostcopy).await?;
-                *post_copy = true;
+                post_copy.requested = true;
                 on_event(SourceEvent::PostCopy);
             } else {
                 crate::qmp::lifecycle::pause(qmp).await?;
@@ -439,10 +579,7 @@ async fn migrate(
         }
         if let Some(p) = progress {
             if last_progress.elapsed() > p {
-                return Err(MigrationError::Timeout(format!(
-                    "stuck for {} seconds",
-                    last_progress.elapsed().as_secs()
-                )));
+                return Err(stuck(last_progress));
             }
         }
         if let Some(c) = completion {
@@ -454,6 +591,49 @@ async fn migrate(
             }
         }
         tick(&mut events, abort, &mut abort_alive).await;
+    }
+}
+
+/// Whether QEMU's outgoing migration has entered post-copy (`postcopy-active` and after): the
+/// target may run the guest. Assumed when QEMU does not answer.
+async fn entered_post_copy(qmp: &QmpClient) -> bool {
+    match qmp.run(&QueryMigrate).await {
+        Ok(info) => !matches!(
+            info.status.as_deref(),
+            Some("setup")
+                | Some("active")
+                | Some("pre-switchover")
+                | Some("device")
+                | Some("failed")
+                | Some("cancelling")
+                | Some("cancelled")
+        ),
+        Err(_) => true,
+    }
+}
+
+/// KubeVirt's progress-timeout failure: no progress since `last_progress`.
+fn stuck(last_progress: Instant) -> MigrationError {
+    MigrationError::Timeout(format!(
+        "stuck for {} seconds",
+        last_progress.elapsed().as_secs()
+    ))
+}
+
+/// Runs a monitoring query; with a `budget`, one that gets no answer within it is the progress
+/// timeout ([`stuck`]).
+async fn guarded<C: Command>(
+    qmp: &QmpClient,
+    command: &C,
+    budget: Option<Duration>,
+    last_progress: Instant,
+) -> Result<C::Reply, MigrationError> {
+    match budget {
+        None => Ok(qmp.run(command).await?),
+        Some(b) => match qmp.run_timeout(command, b).await {
+            Err(QmpError::Timeout { .. }) => Err(stuck(last_progress)),
+            r => Ok(r?),
+        },
     }
 }
 
@@ -509,31 +689,48 @@ async fn start_stream(qmp: &QmpClient, plan: &SourcePlan) -> Result<(), Migratio
 }
 
 /// At `pre-switchover` (vCPUs stopped): completes every READY mirror gracefully
-/// (`block-job-cancel` without force), waits until the jobs are gone and removes the NBD nodes.
+/// (`block-job-cancel` without force), waits (up to `limit`, the progress timeout) until the
+/// jobs are gone and removes the NBD nodes. A mirror's completion drains its last writes: with
+/// a target that stopped reading it holds QEMU's main loop, so the queries are bounded too.
 async fn complete_mirrors(
     qmp: &QmpClient,
     mirrors: &mut Vec<Mirror>,
+    limit: Duration,
 ) -> Result<(), MigrationError> {
+    let t0 = Instant::now();
+    let late = || {
+        MigrationError::Timeout(format!(
+            "the disk mirrors did not complete within {} seconds",
+            limit.as_secs()
+        ))
+    };
+    let left = || limit.saturating_sub(t0.elapsed()).max(POLL_INTERVAL);
+    fn bounded<T>(
+        r: Result<T, QmpError>,
+        late: impl Fn() -> MigrationError,
+    ) -> Result<T, MigrationError> {
+        match r {
+            Err(QmpError::Timeout { .. }) => Err(late()),
+            r => r.map_err(MigrationError::from),
+        }
+    }
     for m in mirrors.iter() {
-        qmp.run(&BlockJobCancel {
+        let cancel = BlockJobCancel {
             device: m.job.clone(),
             force: false,
-        })
-        .await?;
+        };
+        bounded(qmp.run_timeout(&cancel, left()).await, late)?;
     }
-    let t0 = Instant::now();
     loop {
-        let jobs = qmp.run(&QueryBlockJobs).await?;
+        let jobs = bounded(qmp.run_timeout(&QueryBlockJobs, left()).await, late)?;
         if !jobs
             .iter()
             .any(|j| mirrors.iter().any(|m| m.job == j.device))
         {
             break;
         }
-        if t0.elapsed() > PEER_TIMEOUT {
-            return Err(MigrationError::Timeout(
-                "the disk mirrors did not complete".into(),
-            ));
+        if t0.elapsed() > limit {
+            return Err(late());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -609,4 +806,28 @@ pub async fn resolved_machine(qmp: &QmpClient) -> Result<String, MigrationError>
         .filter(|m| !m.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| MigrationError::Qemu(format!("unexpected machine type {t:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn capabilities_left_from_an_earlier_migration_are_turned_off() {
+        let set = set_capabilities(&[Capability::Events, Capability::ReturnPath]);
+        let state = |c| {
+            set.capabilities
+                .iter()
+                .find(|s| s.capability == c)
+                .map(|s| s.state)
+        };
+        assert_eq!(state(Capability::Events), Some(true));
+        assert_eq!(state(Capability::ReturnPath), Some(true));
+        // A QEMU that was the target of a post-copy migration with multifd still has them.
+        assert_eq!(state(Capability::PostcopyRam), Some(false));
+        assert_eq!(state(Capability::Multifd), Some(false));
+        assert_eq!(state(Capability::LateBlockActivate), Some(false));
+        assert_eq!(state(Capability::AutoConverge), Some(false));
+        assert_eq!(state(Capability::PauseBeforeSwitchover), Some(false));
+    }
 }
