@@ -45,11 +45,15 @@ pub fn load(
     } else {
         FactsFile::default()
     };
-    if facts.rejected || needs_host_hardware(&vmi) {
+    if facts.rejected || needs_unexported_hardware(&vmi) {
         return None;
     }
     let ctx = context(&vmi, &facts, qemu);
     let plan = convert(&vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // Hardware the pod lacks: the launcher refuses the VMI before any domain exists.
+    if !plan.missing_hardware().is_empty() {
+        return None;
+    }
     Some(Converted {
         name,
         vmi,
@@ -58,24 +62,24 @@ pub fn load(
     })
 }
 
-/// VFIO devices (GPUs, host devices, SR-IOV), SEV/SNP/TDX and virtiofs: the exporter does not
-/// write them, and domxml-to-native would need the devices and QEMU capabilities on this host.
-fn needs_host_hardware(vmi: &Vmi) -> bool {
+/// SEV/SNP/TDX and virtiofs: the exporter does not write them.
+fn needs_unexported_hardware(vmi: &Vmi) -> bool {
     let d = &vmi.spec.domain.devices;
-    let some = |n: usize| n > 0;
-    some(d.gpus.as_ref().map_or(0, Vec::len))
-        || some(d.host_devices.as_ref().map_or(0, Vec::len))
-        || some(d.filesystems.as_ref().map_or(0, Vec::len))
-        || d.interfaces
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|i| i.sriov.is_some())
+    d.filesystems.as_ref().is_some_and(|f| !f.is_empty())
         || vmi.spec.domain.launch_security.is_some()
 }
 
-/// Every converter fixture that converts and needs no host hardware (the `reject-*` ones and
-/// the VFIO/SEV/TDX/virtiofs ones are skipped), sorted by name.
+/// VFIO devices (GPUs, host devices, SR-IOV VFs): exported, but libvirt builds no argv for them
+/// on a host without VFIO (`domxml-to-native`: "invalid PCI passthrough type 'default'", as it
+/// cannot probe for `/dev/vfio`).
+pub fn has_vfio(plan: &DomainPlan) -> bool {
+    plan.devices
+        .iter()
+        .any(|d| d.class == qlauncher_core::cmdline::plan::DeviceClass::HostDevice)
+}
+
+/// Every converter fixture that converts and that the exporter writes (the `reject-*` ones, those
+/// whose host hardware the pod lacks, and the SEV/TDX/virtiofs ones are skipped), sorted by name.
 pub fn converter_fixtures(
     qemu: Option<qlauncher_core::cmdline::context::QemuVersion>,
 ) -> Vec<Converted> {
