@@ -254,3 +254,45 @@ fn a_device_the_pod_lacks_is_refused_with_its_field() {
     );
     assert!(text.contains("no such device is allocated"), "{text}");
 }
+
+/// libvirt's own argv for the exported `<hostdev>` elements (`virsh domxml-to-native`, libvirt 9.0
+/// with QEMU 7.2's capabilities) is qlauncher's, device for device, and the rest of the argv
+/// matches up to the harness's allowlist (the backend named: `support::with_vfio_backend`).
+#[test]
+fn libvirts_argv_for_the_hostdevs_is_ours() {
+    use qlauncher_core::cmdline::render;
+    use qlauncher_libvirt_xml::{argv, harness};
+    support::ensure_libvirt_tools();
+    let qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
+    let f = support::load(
+        &support::repo_root().join("tests/fixtures/cmdline/hostdevs.yaml"),
+        Some(qemu),
+    )
+    .unwrap();
+    let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+    let xml = support::with_vfio_backend(&libvirt::for_libvirt9(&xml));
+    let dir = support::TempDir::new("hostdevs");
+    let root = libvirt::EmbedRoot::temporary(&dir.0.join("root")).unwrap();
+    let theirs = root.domxml_to_native(&xml).unwrap();
+    let root_s = root.dir().to_string_lossy().to_string();
+    let ours = argv::records(&render::argv(&f.plan), None).unwrap();
+    let theirs = argv::records(&theirs, Some(&root_s)).unwrap();
+    let report = harness::compare(&ours, &theirs);
+    assert!(report.ok(), "{}", report.table());
+    // Each VFIO device exactly as libvirt renders it: driver (`vfio-pci-nohotplug` for the vGPU
+    // with ramfb), host address or sysfsdev, display, ramfb, bootindex, bus and slot.
+    for id in [
+        "ua-gpu-gpu1",
+        "ua-gpu-vgpu1",
+        "ua-hostdevice-fpga",
+        "ua-sriov-vf",
+    ] {
+        let key = format!("device {id}");
+        let row = report.rows.iter().find(|r| r.key == key);
+        assert!(
+            row.is_some_and(|r| r.kind == harness::Kind::Same),
+            "{key}:\n{}",
+            report.table()
+        );
+    }
+}

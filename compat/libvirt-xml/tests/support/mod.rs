@@ -69,13 +69,16 @@ fn needs_unexported_hardware(vmi: &Vmi) -> bool {
         || vmi.spec.domain.launch_security.is_some()
 }
 
-/// VFIO devices (GPUs, host devices, SR-IOV VFs): exported, but libvirt builds no argv for them
-/// on a host without VFIO (`domxml-to-native`: "invalid PCI passthrough type 'default'", as it
-/// cannot probe for `/dev/vfio`).
-pub fn has_vfio(plan: &DomainPlan) -> bool {
-    plan.devices
-        .iter()
-        .any(|d| d.class == qlauncher_core::cmdline::plan::DeviceClass::HostDevice)
+/// The exported XML with the VFIO backend named on each PCI `<hostdev>` (`<driver
+/// name="vfio"/>`), for `domxml-to-native` on this machine: libvirt probes `/dev/vfio` for the
+/// backend, which a host without VFIO lacks ("invalid PCI passthrough type 'default'"); a node
+/// with VFIO picks it itself, as for KubeVirt's domain, which names none.
+pub fn with_vfio_backend(xml: &str) -> String {
+    const PCI_HOSTDEV: &str = "<hostdev mode=\"subsystem\" type=\"pci\" managed=\"no\">";
+    xml.replace(
+        PCI_HOSTDEV,
+        &format!("{PCI_HOSTDEV}<driver name=\"vfio\"/>"),
+    )
 }
 
 /// Every converter fixture that converts and that the exporter writes (the `reject-*` ones, those
