@@ -45,7 +45,9 @@ fn vmi(uid: &str) -> Value {
                 }
             },
             "networks": [{"name": "vf", "multus": {"networkName": "sriov-net"}}]
-        }
+        },
+        // Multus reports the VF's network in the pod (virt-handler's view).
+        "status": {"interfaces": [{"name": "vf", "infoSource": "multus-status"}]}
     })
 }
 
@@ -88,10 +90,13 @@ fn answer(cmd: &Value) -> Option<Value> {
     })
 }
 
-/// Serves QMP on every connection of `listener`; returns the commands outside the script.
-fn serve_qmp(listener: tokio::net::UnixListener) -> std::sync::Arc<std::sync::Mutex<Vec<String>>> {
-    let unscripted = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-    let seen = unscripted.clone();
+/// Every command the scripted QEMU got (`execute`, and whether it was in the script).
+type Seen = std::sync::Arc<std::sync::Mutex<Vec<(String, bool)>>>;
+
+/// Serves QMP on every connection of `listener`, recording the commands.
+fn serve_qmp(listener: tokio::net::UnixListener) -> Seen {
+    let all = Seen::default();
+    let seen = all.clone();
     tokio::spawn(async move {
         while let Ok((s, _)) = listener.accept().await {
             let seen = seen.clone();
@@ -108,12 +113,12 @@ fn serve_qmp(listener: tokio::net::UnixListener) -> std::sync::Arc<std::sync::Mu
                     let Ok(cmd) = serde_json::from_str::<Value>(&line) else {
                         continue;
                     };
-                    let mut reply = match answer(&cmd) {
+                    let answered = answer(&cmd);
+                    let execute = cmd["execute"].as_str().unwrap_or_default().to_owned();
+                    seen.lock().unwrap().push((execute, answered.is_some()));
+                    let mut reply = match answered {
                         Some(r) => json!({"return": r}),
-                        None => {
-                            seen.lock().unwrap().push(cmd["execute"].to_string());
-                            json!({"error": {"class": "GenericError", "desc": "not scripted"}})
-                        }
+                        None => json!({"error": {"class": "GenericError", "desc": "not scripted"}}),
                     };
                     reply["id"] = cmd["id"].clone();
                     if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
@@ -123,7 +128,7 @@ fn serve_qmp(listener: tokio::net::UnixListener) -> std::sync::Arc<std::sync::Mu
             });
         }
     });
-    unscripted
+    all
 }
 
 /// The stand-in QEMU process: `sleep` named `qemu-system-x86_64`, holding the QMP listening
@@ -179,7 +184,7 @@ async fn scenario() {
     let listener = std::os::unix::net::UnixListener::bind(&qmp).unwrap();
     let _qemu = StandIn::start(&listener);
     listener.set_nonblocking(true).unwrap();
-    let unscripted = serve_qmp(tokio::net::UnixListener::from_std(listener).unwrap());
+    let seen = serve_qmp(tokio::net::UnixListener::from_std(listener).unwrap());
 
     let mut launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let (ok, message) = sync(&mut launcher.client, &vmi(&uid)).await;
@@ -256,8 +261,39 @@ async fn scenario() {
         assert!(Instant::now() < deadline, "no domain event");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    eprintln!(
-        "commands outside the script: {:?}",
-        unscripted.lock().unwrap()
+
+    // virt-handler's SR-IOV hotplug finds the VF listed and running (QEMU's `host` of
+    // `ua-sriov-vf`): nothing is plugged, and the domain lists it once.
+    let asked = |seen: &Seen| {
+        let seen = seen.lock().unwrap();
+        seen.iter().filter(|(c, _)| c == "qom-get").count()
+    };
+    let before = asked(&seen);
+    let r = launcher
+        .client
+        .hotplug_host_devices(testkit::handler::vmi_request(&vmi(&uid)))
+        .await
+        .expect("HotplugHostDevices")
+        .into_inner();
+    assert!(r.success, "{}", r.message);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while asked(&seen) == before {
+        assert!(
+            Instant::now() < deadline,
+            "the hotplug never looked: {seen:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = get_domain(&mut launcher.client).await.expect("a domain");
+    assert_eq!(
+        after.spec.devices.host_devices,
+        domain.spec.devices.host_devices
     );
+    let seen = seen.lock().unwrap().clone();
+    assert!(
+        !seen.iter().any(|(c, _)| c == "device_add"),
+        "nothing is plugged: {seen:?}"
+    );
+    eprintln!("QMP commands: {seen:?}");
 }
