@@ -32,6 +32,11 @@ pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
 /// Replaces `domain`'s spec with the converter's for `vmi` (the VMI the plan was converted from)
 /// and sets the grace-period metadata. A plan the exporter cannot write (host hardware it does
 /// not model) keeps the spec as it was, with a warning.
+///
+/// SR-IOV VFs are live state, as in libvirt's live XML: the first conversion lists the plan's
+/// (QEMU starts with them); a re-conversion keeps the VFs the spec it replaces lists (plugged
+/// by `HotplugHostDevices`, or unplugged for a migration), whatever the plan says, so
+/// virt-handler sees a VF missing exactly when QEMU lacks it.
 pub(crate) fn apply_converted(
     domain: &mut ApiDomain,
     vmi: &Vmi,
@@ -39,6 +44,8 @@ pub(crate) fn apply_converted(
     plan: &DomainPlan,
 ) {
     let previous = domain.spec.clone();
+    // Every converted spec has controllers (the USB controller at least).
+    let reconverted = previous.devices.rest.contains_key("Controllers");
     let converted = qlauncher_libvirt_xml::export(vmi, ctx, plan)
         .and_then(|d| qlauncher_libvirt_xml::to_api_spec(&d));
     match converted {
@@ -73,6 +80,16 @@ pub(crate) fn apply_converted(
         .get_or_insert_with(GracePeriodMetadata::default);
     grace.deletion_grace_period_seconds = seconds;
     carry_identity(&previous, &mut domain.spec);
+    if reconverted {
+        let devices = &mut domain.spec.devices;
+        devices.drop_sriov_host_devices();
+        let live = previous
+            .devices
+            .host_devices
+            .iter()
+            .filter(|h| h.is_sriov());
+        devices.host_devices.extend(live.cloned());
+    }
 }
 
 /// Gives the devices of `next` (a re-converted spec) the identity they have in `previous` (the
@@ -472,6 +489,96 @@ mod tests {
             }
         }
         out
+    }
+
+    fn sriov_vmi() -> Vmi {
+        let v = json!({
+            "apiVersion": "kubevirt.io/v1", "kind": "VirtualMachineInstance",
+            "metadata": {"name": "vm", "namespace": "default", "uid": "uid-1"},
+            "spec": {
+                "domain": {
+                    "resources": {"requests": {"memory": "256Mi"}},
+                    "devices": {
+                        "gpus": [{"name": "gpu1", "deviceName": "nvidia.com/GA102GL_A10"}],
+                        "interfaces": [{"name": "vf", "sriov": {}, "bootOrder": 2}],
+                        "autoattachPodInterface": false
+                    }
+                },
+                "networks": [{"name": "vf", "multus": {"networkName": "sriov-net"}}]
+            }
+        });
+        let mut vmi = Vmi::from_json_or_yaml(&v.to_string()).unwrap();
+        vmi.apply_defaults(&crate::vmi::DefaultsConfig::for_vmi(&vmi));
+        vmi
+    }
+
+    fn sriov_ctx() -> ConverterContext {
+        use crate::cmdline::context::HostDeviceSource;
+        let mut ctx = ConverterContext::default();
+        ctx.host_devices.insert(
+            "ua-gpu-gpu1".into(),
+            HostDeviceSource::Pci("0000:65:00.0".into()),
+        );
+        ctx.host_devices.insert(
+            "ua-sriov-vf".into(),
+            HostDeviceSource::Pci("0000:3b:02.3".into()),
+        );
+        ctx
+    }
+
+    fn host_device_aliases(domain: &ApiDomain) -> Vec<String> {
+        let devices = &domain.spec.devices.host_devices;
+        devices
+            .iter()
+            .map(|h| h.alias.as_ref().unwrap().name.clone())
+            .collect()
+    }
+
+    /// The first report lists the plan's host devices with their source, alias, boot order and
+    /// guest address; later re-conversions keep the SR-IOV VFs as the running domain has them
+    /// (unplugged for a migration: gone until `HotplugHostDevices` lists them again).
+    #[test]
+    fn host_devices_are_reported_and_sriov_vfs_stay_live_state() {
+        let vmi = sriov_vmi();
+        let ctx = sriov_ctx();
+        let plan = convert(&vmi, &ctx).unwrap();
+        let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
+        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        assert_eq!(host_device_aliases(&domain), ["gpu-gpu1", "sriov-vf"]);
+        let json = serde_json::to_value(&domain.spec.devices).unwrap();
+        let vf = &json["HostDevices"][1];
+        assert_eq!(vf["Type"], "pci");
+        assert_eq!(vf["Managed"], "no");
+        assert_eq!(vf["Mode"], "subsystem");
+        assert_eq!(
+            vf["Source"]["Address"],
+            json!({"Domain": "0x0000", "Bus": "0x3b", "Slot": "0x02", "Function": "0x3"})
+        );
+        assert_eq!(vf["BootOrder"], json!({"Order": 2}));
+        assert_eq!(vf["Address"]["Type"], "pci");
+        assert_eq!(
+            vf["Alias"],
+            json!({"Name": "sriov-vf", "UserDefined": true})
+        );
+
+        // A resync of the same VMI changes nothing.
+        let before = domain.spec.clone();
+        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        assert_eq!(domain.spec, before);
+
+        // Unplugged for a migration that then failed: a re-conversion does not bring it back.
+        assert!(domain.spec.devices.drop_sriov_host_devices());
+        assert!(!domain.spec.devices.drop_sriov_host_devices());
+        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        assert_eq!(host_device_aliases(&domain), ["gpu-gpu1"]);
+
+        // Plugged again by `HotplugHostDevices`: kept as it was listed.
+        let mut replugged = before.devices.host_devices[1].clone();
+        replugged.rest.remove("BootOrder");
+        domain.spec.devices.host_devices.push(replugged.clone());
+        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        assert_eq!(host_device_aliases(&domain), ["gpu-gpu1", "sriov-vf"]);
+        assert_eq!(domain.spec.devices.host_devices[1], replugged);
     }
 
     #[test]

@@ -19,8 +19,9 @@ pub enum CompatError {
         /// QEMU id of the device.
         id: String,
     },
-    /// The plan needs host hardware (VFIO devices, SEV/SNP/TDX, virtiofs), which the exporter
-    /// does not write (libvirt's offline argv needs those devices and capabilities present).
+    /// The plan needs host hardware the exporter does not write (SEV/SNP/TDX, virtiofs), or a
+    /// VFIO device (GPU, host device, SR-IOV VF) the context did not report, so the plan has no
+    /// host address for it.
     #[error("{path}: exporting {what} is not supported")]
     ExportHardware {
         /// The VMI field that asks for it.

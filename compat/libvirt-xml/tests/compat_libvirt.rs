@@ -48,7 +48,8 @@ fn every_fixture_matches_libvirts_argv_up_to_the_allowlist() {
     ));
     for f in fixtures {
         let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
-        let theirs = match root.domxml_to_native(&libvirt::for_libvirt9(&xml)) {
+        let xml = support::with_vfio_backend(&libvirt::for_libvirt9(&xml));
+        let theirs = match root.domxml_to_native(&xml) {
             Ok(t) => t,
             Err(CompatError::ToolFailed { stderr, .. }) => {
                 match LIBVIRT_CANNOT.iter().find(|(n, _, _)| *n == f.name) {

@@ -211,6 +211,7 @@ impl SyncVmi {
                         d.spec.devices.host_devices.push(HostDevice {
                             device_type: "pci".into(),
                             managed: "no".into(),
+                            mode: "subsystem".into(),
                             source: HostDeviceSource {
                                 address: PciAddress::parse(&p.host),
                             },
@@ -218,6 +219,7 @@ impl SyncVmi {
                                 name: p.alias(),
                                 user_defined: true,
                             }),
+                            ..Default::default()
                         });
                     }
                 });

@@ -14,7 +14,8 @@ pub struct Devices {
     /// Disks and CD-ROMs.
     #[serde(rename = "Disks", default)]
     pub disks: Vec<Disk>,
-    /// PCI host devices (SR-IOV VFs plugged by `HotplugHostDevices`).
+    /// Host devices: GPUs, `hostDevices` and SR-IOV VFs (those QEMU started with, and those
+    /// plugged by `HotplugHostDevices`).
     #[serde(rename = "HostDevices", default, skip_serializing_if = "Vec::is_empty")]
     pub host_devices: Vec<HostDevice>,
     /// Channels (the guest agent's `org.qemu.guest_agent.0`).
@@ -25,62 +26,102 @@ pub struct Devices {
     pub rest: Map<String, Value>,
 }
 
-/// `api.HostDevice`, the fields an SR-IOV VF has.
+/// `api.HostDevice`: a GPU (`gpu-<name>`), host device (`hostdevice-<name>`) or SR-IOV VF
+/// (`sriov-<interface>`, which virt-handler reads for the interface's status and SR-IOV hotplug)
+/// passed through with VFIO.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostDevice {
-    /// `pci`.
+    /// `pci` or `mdev`.
     #[serde(rename = "Type", default)]
     pub device_type: String,
-    /// `no`: KubeVirt binds the VF to vfio-pci itself.
-    #[serde(rename = "Managed", default)]
+    /// `no` for PCI: the device plugin bound the function to vfio-pci already.
+    #[serde(rename = "Managed", default, skip_serializing_if = "String::is_empty")]
     pub managed: String,
-    /// The host address.
+    /// `subsystem`.
+    #[serde(rename = "Mode", default, skip_serializing_if = "String::is_empty")]
+    pub mode: String,
+    /// `vfio-pci` for a mediated device.
+    #[serde(rename = "Model", default, skip_serializing_if = "String::is_empty")]
+    pub model: String,
+    /// The host PCI address, or the mediated device's UUID.
     #[serde(rename = "Source", default)]
     pub source: HostDeviceSource,
-    /// `sriov-<interface>` (the JSON form drops the `ua-` of the device id).
+    /// The alias without its `ua-` (`sriov-<interface>`; QEMU's id is `ua-sriov-<interface>`).
     #[serde(rename = "Alias", default, skip_serializing_if = "Option::is_none")]
     pub alias: Option<Alias>,
+    /// `BootOrder`, the guest `Address`, `Display`, `RamFB` and the other converted fields.
+    #[serde(flatten)]
+    pub rest: Map<String, Value>,
+}
+
+/// KubeVirt's alias prefix of SR-IOV host devices (`deviceinfo.SRIOVAliasPrefix`).
+pub const SRIOV_ALIAS_PREFIX: &str = "sriov-";
+
+impl HostDevice {
+    /// True for an SR-IOV VF (user alias `sriov-<interface>`).
+    pub fn is_sriov(&self) -> bool {
+        self.alias
+            .as_ref()
+            .is_some_and(|a| a.user_defined && a.name.starts_with(SRIOV_ALIAS_PREFIX))
+    }
+}
+
+impl Devices {
+    /// Drops the SR-IOV VFs from the host devices (a migration target's domain: KubeVirt's
+    /// target converts none, `isMigrationTarget`, and virt-handler plugs the target pod's VFs
+    /// with `HotplugHostDevices` once it sees them missing). True when one was dropped.
+    pub fn drop_sriov_host_devices(&mut self) -> bool {
+        let before = self.host_devices.len();
+        self.host_devices.retain(|h| !h.is_sriov());
+        self.host_devices.len() != before
+    }
 }
 
 /// `api.HostDeviceSource`.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct HostDeviceSource {
-    /// The host PCI address.
+    /// The host PCI address or mediated device UUID.
     #[serde(rename = "Address", default, skip_serializing_if = "Option::is_none")]
     pub address: Option<PciAddress>,
 }
 
-/// `api.Address` of a PCI device (`0x0000`, `0x65`, `0x00`, `0x2`).
+/// `api.Address` of a host device: a PCI function (`0x0000`, `0x65`, `0x00`, `0x2`; libvirt's
+/// live XML has no `type` on a host device's source address) or a mediated device (`UUID`).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[allow(missing_docs)]
 pub struct PciAddress {
-    #[serde(rename = "Type", default)]
+    #[serde(rename = "Type", default, skip_serializing_if = "String::is_empty")]
     pub address_type: String,
-    #[serde(rename = "Domain", default)]
+    #[serde(rename = "Domain", default, skip_serializing_if = "String::is_empty")]
     pub domain: String,
-    #[serde(rename = "Bus", default)]
+    #[serde(rename = "Bus", default, skip_serializing_if = "String::is_empty")]
     pub bus: String,
-    #[serde(rename = "Slot", default)]
+    #[serde(rename = "Slot", default, skip_serializing_if = "String::is_empty")]
     pub slot: String,
-    #[serde(rename = "Function", default)]
+    #[serde(rename = "Function", default, skip_serializing_if = "String::is_empty")]
     pub function: String,
+    #[serde(rename = "UUID", default, skip_serializing_if = "String::is_empty")]
+    pub uuid: String,
 }
 
 impl PciAddress {
-    /// From `DDDD:BB:SS.F`; `None` for anything else.
+    /// A host device's source address from `DDDD:BB:SS.F` (lower-case hex, no `Type`, as in the
+    /// converted spec); `None` for anything else.
     pub fn parse(bdf: &str) -> Option<PciAddress> {
         let (domain, rest) = bdf.split_once(':')?;
         let (bus, rest) = rest.split_once(':')?;
         let (slot, function) = rest.split_once('.')?;
         let hex = |s: &str, n: usize| {
-            (s.len() == n && s.chars().all(|c| c.is_ascii_hexdigit())).then(|| format!("0x{s}"))
+            (s.len() == n && s.chars().all(|c| c.is_ascii_hexdigit()))
+                .then(|| format!("0x{}", s.to_ascii_lowercase()))
         };
         Some(PciAddress {
-            address_type: "pci".into(),
+            address_type: String::new(),
             domain: hex(domain, 4)?,
             bus: hex(bus, 2)?,
             slot: hex(slot, 2)?,
             function: hex(function, 1)?,
+            uuid: String::new(),
         })
     }
 }

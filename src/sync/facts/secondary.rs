@@ -58,6 +58,11 @@ pub fn secondary_ifaces(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<SecondaryIfac
         if network.multus.is_none() || iface.state.as_deref() == Some("absent") {
             continue;
         }
+        // An SR-IOV VF is a host device, not a tap: planned with VFIO from the device plugin's
+        // variables (`cmdline/devices/hostdevs.rs`), or plugged by `HotplugHostDevices`.
+        if iface.sriov.is_some() {
+            continue;
+        }
         let field = format!("spec.domain.devices.interfaces[{index}]");
         if iface.bridge.is_none() {
             return Err(SyncError::Unsupported(format!(
@@ -225,6 +230,13 @@ mod tests {
         let ifaces = v.spec.domain.devices.interfaces.as_mut().unwrap();
         ifaces[1].state = None;
         ifaces[1].bridge = None;
+        ifaces[1].sriov = Some(Default::default());
+        assert!(
+            secondary_ifaces(&v, 0).unwrap().is_empty(),
+            "SR-IOV: no tap"
+        );
+        let ifaces = v.spec.domain.devices.interfaces.as_mut().unwrap();
+        ifaces[1].sriov = None;
         ifaces[1].masquerade = Some(Default::default());
         let e = secondary_ifaces(&v, 0).unwrap_err().to_string();
         assert_eq!(

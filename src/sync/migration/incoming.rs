@@ -294,6 +294,8 @@ impl SyncVmi {
             prepared.running.cdroms = crate::sync::reconcile::media::cdroms(plan);
         }
         let mut domain = prepared.domain.clone();
+        // No SR-IOV VFs here (see above): the domain lists none until `HotplugHostDevices`.
+        domain.spec.devices.drop_sriov_host_devices();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
         let vsock = prepared.vsock;
         let client = match self

@@ -12,12 +12,13 @@
 //! Layout: this file holds [`export`] (the element order of `<domain>` and `<devices>`) and the
 //! address helpers; `domain.rs` exports memory backing, `<os>`, `<sysinfo>` and `<clock>`,
 //! `cpu.rs` `<features>`, `<cpu>` and `<vcpus>`, `devices.rs` controllers and interfaces,
-//! `disks.rs` disks with their blockdev chains.
+//! `disks.rs` disks with their blockdev chains, `hostdevs.rs` GPUs, host devices and SR-IOV VFs.
 
 mod cpu;
 mod devices;
 mod disks;
 mod domain;
+mod hostdevs;
 
 use qlauncher_core::cmdline::plan::{
     Accel, Backend, DeviceClass, FirmwarePlan, PciAddress, PlannedDevice, WatchdogAction,
@@ -36,6 +37,8 @@ use cpu::*;
 use devices::*;
 use disks::*;
 use domain::*;
+pub use hostdevs::host_pci_address;
+use hostdevs::*;
 
 fn yes_no(b: bool) -> String {
     if b { "yes" } else { "no" }.to_string()
@@ -93,12 +96,21 @@ fn alias(id: &str) -> NameAttr {
 ///
 /// Errors: a disk whose frontend's `drive` is not among its blockdevs
 /// ([`CompatError::ExportBlockdevChain`]), a device without the VMI name it needs, a plan that
-/// needs host hardware ([`CompatError::ExportHardware`]).
+/// needs host hardware the exporter does not write (SEV/SNP/TDX, virtiofs) or that the context
+/// did not report (a GPU, host device or SR-IOV VF without its host address:
+/// [`CompatError::ExportHardware`]).
 pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Domain, CompatError> {
-    if let Some(h) = plan.hardware.first() {
+    if let Some(h) = plan
+        .hardware
+        .iter()
+        .find(|h| h.missing.is_some() || !is_host_device_id(&h.id))
+    {
         return Err(CompatError::ExportHardware {
             path: h.path.to_string(),
-            what: h.what.clone(),
+            what: match &h.missing {
+                Some(why) => format!("{} ({why})", h.what),
+                None => h.what.clone(),
+            },
         });
     }
     let spec = &vmi.spec.domain;
@@ -141,6 +153,8 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
             }));
         }
     }
+    // hostdev
+    devices.extend(hostdevs(plan).into_iter().map(Device::HostDev));
     // controller
     controllers(plan, &mut devices);
     // video, graphics

@@ -8,7 +8,7 @@ use super::*;
 /// `<devices>`.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Devices {
-    /// Devices in KubeVirt's order (interface, channel, controller, video, graphics,
+    /// Devices in KubeVirt's order (interface, channel, hostdev, controller, video, graphics,
     /// memballoon, disk, input, serial, console, watchdog, rng, sound, tpm, vsock).
     #[serde(rename = "$value")]
     pub items: Vec<Device>,
@@ -23,6 +23,9 @@ pub enum Device {
     /// `<channel>`.
     #[serde(rename = "channel")]
     Channel(Channel),
+    /// `<hostdev>`.
+    #[serde(rename = "hostdev")]
+    HostDev(HostDev),
     /// `<controller>`.
     #[serde(rename = "controller")]
     Controller(Controller),
@@ -223,6 +226,70 @@ pub struct ChannelTarget {
     /// `virtio`.
     #[serde(rename = "@type")]
     pub type_: String,
+}
+
+/// `<hostdev mode="subsystem" type="pci|mdev">`: a device passed through with VFIO, as KubeVirt's
+/// `device/hostdevice` package builds it (`createPCIHostDevice`, `createMDEVHostDevice`): a PCI
+/// function with `managed="no"` (the device plugin bound it to vfio-pci already), or a mediated
+/// device with `model="vfio-pci"` and the vGPU display (`display`, `ramfb`).
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostDev {
+    /// `subsystem`.
+    #[serde(rename = "@mode")]
+    pub mode: String,
+    /// `pci` or `mdev`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// `no` (PCI only).
+    #[serde(rename = "@managed")]
+    pub managed: Option<String>,
+    /// `vfio-pci` (mediated devices only).
+    #[serde(rename = "@model")]
+    pub model: Option<String>,
+    /// `on`: the vGPU provides a display.
+    #[serde(rename = "@display")]
+    pub display: Option<String>,
+    /// `on`: with a boot framebuffer.
+    #[serde(rename = "@ramfb")]
+    pub ramfb: Option<String>,
+    /// The host device.
+    pub source: HostDevSource,
+    /// `<boot order="N"/>` (SR-IOV interfaces with a `bootOrder`).
+    pub boot: Option<BootOrder>,
+    /// `ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`.
+    pub alias: NameAttr,
+    /// Guest PCI address.
+    pub address: Option<Address>,
+}
+
+/// `<source><address .../></source>` of a host device.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostDevSource {
+    /// The host PCI address or the mediated device's UUID.
+    pub address: HostAddress,
+}
+
+/// The host side of a `<hostdev>`: `domain bus slot function` of a PCI function (`0x0000`,
+/// `0x65`, `0x00`, `0x0`), or `uuid` of a mediated device.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct HostAddress {
+    /// PCI domain.
+    #[serde(rename = "@domain")]
+    pub domain: Option<String>,
+    /// PCI bus.
+    #[serde(rename = "@bus")]
+    pub bus: Option<String>,
+    /// PCI slot.
+    #[serde(rename = "@slot")]
+    pub slot: Option<String>,
+    /// PCI function.
+    #[serde(rename = "@function")]
+    pub function: Option<String>,
+    /// Mediated device UUID.
+    #[serde(rename = "@uuid")]
+    pub uuid: Option<String>,
 }
 
 /// `<controller type index model>`.

@@ -45,11 +45,15 @@ pub fn load(
     } else {
         FactsFile::default()
     };
-    if facts.rejected || needs_host_hardware(&vmi) {
+    if facts.rejected || needs_unexported_hardware(&vmi) {
         return None;
     }
     let ctx = context(&vmi, &facts, qemu);
     let plan = convert(&vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    // Hardware the pod lacks: the launcher refuses the VMI before any domain exists.
+    if !plan.missing_hardware().is_empty() {
+        return None;
+    }
     Some(Converted {
         name,
         vmi,
@@ -58,24 +62,27 @@ pub fn load(
     })
 }
 
-/// VFIO devices (GPUs, host devices, SR-IOV), SEV/SNP/TDX and virtiofs: the exporter does not
-/// write them, and domxml-to-native would need the devices and QEMU capabilities on this host.
-fn needs_host_hardware(vmi: &Vmi) -> bool {
+/// SEV/SNP/TDX and virtiofs: the exporter does not write them.
+fn needs_unexported_hardware(vmi: &Vmi) -> bool {
     let d = &vmi.spec.domain.devices;
-    let some = |n: usize| n > 0;
-    some(d.gpus.as_ref().map_or(0, Vec::len))
-        || some(d.host_devices.as_ref().map_or(0, Vec::len))
-        || some(d.filesystems.as_ref().map_or(0, Vec::len))
-        || d.interfaces
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .any(|i| i.sriov.is_some())
+    d.filesystems.as_ref().is_some_and(|f| !f.is_empty())
         || vmi.spec.domain.launch_security.is_some()
 }
 
-/// Every converter fixture that converts and needs no host hardware (the `reject-*` ones and
-/// the VFIO/SEV/TDX/virtiofs ones are skipped), sorted by name.
+/// The exported XML with the VFIO backend named on each PCI `<hostdev>` (`<driver
+/// name="vfio"/>`), for `domxml-to-native` on this machine: libvirt probes `/dev/vfio` for the
+/// backend, which a host without VFIO lacks ("invalid PCI passthrough type 'default'"); a node
+/// with VFIO picks it itself, as for KubeVirt's domain, which names none.
+pub fn with_vfio_backend(xml: &str) -> String {
+    const PCI_HOSTDEV: &str = "<hostdev mode=\"subsystem\" type=\"pci\" managed=\"no\">";
+    xml.replace(
+        PCI_HOSTDEV,
+        &format!("{PCI_HOSTDEV}<driver name=\"vfio\"/>"),
+    )
+}
+
+/// Every converter fixture that converts and that the exporter writes (the `reject-*` ones, those
+/// whose host hardware the pod lacks, and the SEV/TDX/virtiofs ones are skipped), sorted by name.
 pub fn converter_fixtures(
     qemu: Option<qlauncher_core::cmdline::context::QemuVersion>,
 ) -> Vec<Converted> {

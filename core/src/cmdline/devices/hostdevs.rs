@@ -144,21 +144,41 @@ impl super::super::convert::Configurator for HostDevicesConfigurator {
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
         let devs = &vmi.spec.domain.devices;
-        for (i, g) in devs.gpus.as_deref().unwrap_or_default().iter().enumerate() {
+        let gpus = devs.gpus.as_deref().unwrap_or_default();
+        // KubeVirt's vGPU display (`CreateMDEVHostDevices` with the GPUs' default display on,
+        // `createMDEVHostDeviceWithDisplay`): a GPU with display options has the display unless
+        // it is disabled, with ramfb unless that is disabled; when no GPU sets display options,
+        // only the first mediated GPU gets one (display and ramfb: QEMU has one ramfb).
+        let display_set = gpus.iter().any(|g| {
+            g.virtual_gpu_options
+                .as_ref()
+                .is_some_and(|o| o.display.is_some())
+        });
+        let mut default_display = !display_set;
+        for (i, g) in gpus.iter().enumerate() {
             let p = devices_path().key("gpus").index(i);
             check_name(&p.key("name"), &g.name)?;
             let r = resource(g.device_name.as_deref(), g.claim_name.as_deref(), &p)?;
-            // KubeVirt's vGPU display default: on with ramfb when no options are given
-            // (`createMDEVHostDeviceWithDisplay`).
-            let display = match g.virtual_gpu_options.as_ref() {
-                None => (true, true),
-                Some(o) => match &o.display {
-                    Some(d) if d.enabled != Some(false) => (
-                        true,
-                        d.ram_fb.as_ref().is_some_and(|f| f.enabled != Some(false)),
-                    ),
-                    _ => (false, false),
-                },
+            let mdev = matches!(
+                ctx.host_devices
+                    .get(&host_device_id(HostDeviceKind::Gpu, &g.name)),
+                Some(HostDeviceSource::Mdev(_))
+            );
+            let display = match g
+                .virtual_gpu_options
+                .as_ref()
+                .and_then(|o| o.display.as_ref())
+            {
+                Some(d) if d.enabled != Some(false) => (
+                    true,
+                    d.ram_fb.as_ref().is_none_or(|f| f.enabled != Some(false)),
+                ),
+                Some(_) => (false, false),
+                None if mdev && default_display => {
+                    default_display = false;
+                    (true, true)
+                }
+                None => (false, false),
             };
             plan_device(
                 ctx,
@@ -332,6 +352,48 @@ mod tests {
                     "bootindex": 2, "bus": "pci.8", "addr": "0x0"}),
             ]
         );
+    }
+
+    /// KubeVirt's vGPU display: by default only the first mediated GPU has one (with ramfb);
+    /// display options decide for their GPU, ramfb on unless disabled.
+    #[test]
+    fn vgpu_displays_follow_kubevirts_defaults() {
+        let uuid = |n: u32| format!("53764d0e-85a0-42b4-af5c-2046b460b1d{n}");
+        let displays = |gpus: Value| {
+            let v =
+                vmi(json!({"domain": {"devices": {"gpus": gpus}, "memory": {"guest": "256Mi"}}}));
+            let mut ctx = ConverterContext::default();
+            for (i, g) in v.spec.domain.devices.gpus.iter().flatten().enumerate() {
+                let source = if g.name.starts_with('p') {
+                    HostDeviceSource::Pci(format!("0000:81:00.{i}"))
+                } else {
+                    HostDeviceSource::Mdev(uuid(i as u32))
+                };
+                ctx.host_devices
+                    .insert(host_device_id(HostDeviceKind::Gpu, &g.name), source);
+            }
+            let plan = convert(&v, &ctx).unwrap();
+            plan.devices_of(DeviceClass::HostDevice)
+                .map(|d| match &d.device {
+                    Device::VfioPci(v) => (v.display, v.ramfb),
+                    _ => unreachable!(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let gpu = |name: &str| json!({"name": name, "deviceName": "nvidia.com/x"});
+        let on = (Some("on"), Some(true));
+        let off = (None, None);
+        assert_eq!(
+            displays(json!([gpu("p0"), gpu("v1"), gpu("v2")])),
+            [off, on, off]
+        );
+        let mut with = gpu("v1");
+        with["virtualGPUOptions"] = json!({"display": {"enabled": true}});
+        assert_eq!(displays(json!([gpu("v0"), with.clone()])), [off, on]);
+        with["virtualGPUOptions"] = json!({"display": {"ramFB": {"enabled": false}}});
+        assert_eq!(displays(json!([with.clone()])), [(Some("on"), None)]);
+        with["virtualGPUOptions"] = json!({"display": {"enabled": false}});
+        assert_eq!(displays(json!([with, gpu("v1")])), [off, off]);
     }
 
     #[test]
