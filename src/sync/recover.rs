@@ -14,18 +14,21 @@
 //!
 //! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
 use crate::cmdline::qemu::node_index;
+use crate::cmdline::render::NicHotplug;
 use crate::monitor::procfs;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{QomList, QueryNamedBlockNodes, QueryUuid};
+use crate::qmp::commands::{QomGet, QomList, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{ApiDomain, DomainEventType};
+use crate::sync::reconcile::nics::Placement;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
@@ -205,17 +208,54 @@ async fn device_ids(client: &QmpClient) -> Result<Vec<String>, SyncError> {
     Ok(list.into_iter().map(|p| p.name).collect())
 }
 
+/// The argv QEMU `pid` was started with (its `/proc/<pid>/cmdline` without the binary and
+/// without the `-incoming defer` a migration target's QEMU was started with); `None` when it
+/// cannot be read.
+fn started_argv(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut words: Vec<String> = raw
+        .strip_suffix(b"\0")
+        .unwrap_or(&raw)
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    if words.len() < 2 {
+        return None;
+    }
+    words.remove(0);
+    if words.ends_with(&["-incoming".to_owned(), "defer".to_owned()]) {
+        words.truncate(words.len() - 2);
+    }
+    Some(words)
+}
+
+/// Where QEMU runs the device `id` (`qom-get` of its `parent_bus` and `addr`), as
+/// [`Placement::from_qom`] reads them; `None` when QEMU does not say.
+async fn placement(client: &QmpClient, id: &str) -> Option<Placement> {
+    let get = |property: &str| QomGet {
+        path: format!("/machine/peripheral/{id}"),
+        property: property.into(),
+    };
+    let bus = client.run(&get("parent_bus")).await.ok()?;
+    let addr = client.run(&get("addr")).await.ok()?;
+    Placement::from_qom(bus.as_str()?, addr.as_i64()?)
+}
+
 impl SyncVmi {
     /// Takes over `found` as the running domain: the state from `query-status`, an `ADDED`
     /// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
     /// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
-    /// new block nodes are numbered after QEMU's highest.
+    /// new block nodes are numbered after QEMU's highest. The migration's boot argv becomes QEMU's
+    /// own command line, and the secondary NICs QEMU runs without having them on it count as
+    /// hot-plugged again, with the plan of `nic_plans` (the converter's NICs) at the bus and
+    /// address QOM reports ([`crate::sync::reconcile::nics::NicState::recover_hotplugged`]).
     pub(crate) async fn adopt(
         &self,
         found: Found,
         vmi: &Vmi,
         domain: ApiDomain,
         mut running: Running,
+        nic_plans: &[NicHotplug],
     ) -> Result<Running, SyncError> {
         let Found { pid, client } = found;
         let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
@@ -232,6 +272,28 @@ impl SyncVmi {
             running.next_node = running.next_node.max(max + 1);
         }
         let present = device_ids(&client).await?;
+        // What the adopted QEMU was started with is its own command line (the plan converted
+        // now has the interfaces attached since as boot NICs): a later migration sends it, and
+        // the NICs QEMU runs without them on it were hot-plugged.
+        if let Some(argv) = started_argv(pid) {
+            let boot_ids = crate::sync::migration::hotplug::argv_device_ids(&argv);
+            let mut placements = BTreeMap::new();
+            for id in running.nics.unplaced() {
+                if boot_ids.contains(&id) || !present.contains(&id) {
+                    continue;
+                }
+                if let Some(at) = placement(&client, &id).await {
+                    placements.insert(id, at);
+                }
+            }
+            let recovered = running
+                .nics
+                .recover_hotplugged(nic_plans, &boot_ids, &placements);
+            if !recovered.is_empty() {
+                info!(interfaces = ?recovered, "hot-plugged NICs of the adopted QEMU recovered");
+            }
+            self.migration.set_boot_argv(argv);
+        }
         let wanted = std::mem::take(&mut running.disks);
         let mut missing = false;
         for (id, d) in wanted {
