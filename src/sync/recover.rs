@@ -322,6 +322,13 @@ mod tests {
     use super::names_path;
 
     #[test]
+    fn the_started_argv_is_the_process_s_own_without_its_binary() {
+        let ours: Vec<String> = std::env::args().skip(1).collect();
+        assert_eq!(super::started_argv(std::process::id() as i32), Some(ours));
+        assert_eq!(super::started_argv(i32::MAX), None);
+    }
+
+    #[test]
     fn socket_path_matches_whole_values_only() {
         let p = "/r/qlauncher/monitor.sock";
         assert!(names_path(

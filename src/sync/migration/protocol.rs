@@ -82,7 +82,10 @@ pub struct RunningDomain {
     /// `pc-q35-7.2`).
     pub machine: String,
     /// QEMU's argv as the source started it, machine resolved, without `-S` and `-incoming`
-    /// (the target adds `-S -incoming defer`).
+    /// (the target adds `-S -incoming defer`). In a decentralized migration to a VMI of another
+    /// name or namespace it names the target's domain and pod paths instead of the source's
+    /// ([`RunningDomain::for_target_domain`]), so that it equals the target's own conversion
+    /// (a target of this version compares it word for word either way).
     pub argv: Vec<String>,
     /// Devices hot-plugged into the source since it started (disks, then NICs), to be added to
     /// the target before `migrate-incoming`.
