@@ -1,15 +1,17 @@
-//! A hot-plugged NIC survives a launcher restart (issue 19): the restarted launcher adopts the
-//! running QEMU and recovers, from QEMU's command line and QOM, that the NIC was hot-plugged
-//! and where it sits, so that the domain still migrates with it, and, after a second restart
-//! (of the target's launcher, whose QEMU was started `-incoming defer`), the NIC still unplugs.
+//! Hot-plugged devices survive a launcher restart (issue 19): the restarted launcher adopts
+//! the running QEMU and recovers, from QEMU's command line, QOM and `query-block`, which NICs and
+//! disks were hot-plugged, where they sit and (disks) their block node names, so that the domain
+//! still migrates with them, and, after a second restart (of the target's launcher, whose QEMU
+//! was started `-incoming defer`), they still unplug.
 //!
 //! One boot of the test guest in a source pod with the Multus link of the secondary network
-//! `blue` ([`migration_hotplug`](../migration_hotplug.rs) has the same network): a sync plugs the
-//! bridge interface `blue`, the guest configures it, the source launcher is killed and a new one
-//! adopts the QEMU; then `MigrateVirtualMachine` moves the domain to the target pod, where the
-//! guest has the NIC at the same PCI path and pings over the target pod's secondary network;
-//! the target's launcher is killed and restarted, and a sync without `blue` unplugs it. Needs
-//! root and the test guest (`scripts/build-guest`).
+//! `blue` (as in `migration_hotplug.rs`): a sync plugs the bridge interface `blue` and the
+//! hotplug volume `hp1`, the guest configures the NIC and writes a file on the disk, the source
+//! launcher is killed and a new one adopts the QEMU; then `MigrateVirtualMachine` moves the
+//! domain to the target pod, where the guest has the NIC and the disk at the same PCI paths,
+//! pings over the target pod's secondary network and reads the file; the target's launcher is
+//! killed and restarted, and a sync without `blue` and `hp1` unplugs both. Needs root and the
+//! test guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
@@ -115,6 +117,48 @@ async fn ping_blue(c: &mut Client) {
     .await;
 }
 
+const SERIAL: &str = "HP1SERIAL";
+/// `vmi` with the hotplug volume `hp1` (a virtio disk with serial [`SERIAL`]) Ready, its
+/// `volumeStatus` target `target` (empty until the domain reports one).
+fn with_hotplug(mut vmi: serde_json::Value, target: &str) -> serde_json::Value {
+    vmi["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}, "serial": SERIAL}));
+    vmi["spec"]["volumes"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!(
+            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
+        ));
+    if vmi["status"].is_null() {
+        vmi["status"] = serde_json::json!({});
+    }
+    vmi["status"]["volumeStatus"] = serde_json::json!([
+        {"name": "hp1", "target": target, "phase": "Ready", "hotplugVolume": {}}
+    ]);
+    vmi
+}
+
+/// The `hp1` disk of a domain: (target device, alias name, user-defined alias).
+fn hp1(d: &ApiDomain) -> Option<(String, String, bool)> {
+    d.spec
+        .devices
+        .disks
+        .iter()
+        .find(|d| d.alias.as_ref().is_some_and(|a| a.name == "hp1"))
+        .filter(|d| !d.target.device.is_empty())
+        .map(|d| {
+            let a = d.alias.as_ref().unwrap();
+            (d.target.device.clone(), a.name.clone(), a.user_defined)
+        })
+}
+
+/// The guest's block device with serial [`SERIAL`] and its sysfs device path (the PCI path).
+const FIND: &str = "for b in /sys/block/vd*; do \
+     [ \"$(cat $b/serial 2>/dev/null)\" = HP1SERIAL ] && echo ${b##*/} $(readlink -f $b/device); \
+     done";
+
 /// Kills launcher `n` of `pod` and starts another, which adopts the running QEMU on the sync of
 /// `vmi`; returns the new launcher and its client, checking the QEMU is the same process.
 async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Client) {
@@ -145,7 +189,7 @@ async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Cl
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs() {
+async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_unplug() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     attach_blue(&source, "0a:58:0a:f4:01:07");
@@ -155,15 +199,31 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
     let plain = plain_vmi(&uid);
 
     let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
-    // Multus attached `blue`: the sync plugs the NIC into the running QEMU.
+    let dir = source.share().join("hotplug-disks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("hp1.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    assert!(std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .status()
+        .unwrap()
+        .success());
+    let tdir = target.share().join("hotplug-disks");
+    std::fs::create_dir_all(&tdir).unwrap();
+    std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
     assert_eq!(
-        sync(&mut sc, &with_blue(plain.clone(), "")).await,
+        sync(&mut sc, &with_hotplug(with_blue(plain.clone(), ""), "")).await,
         (true, String::new())
     );
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    let nic_mac = loop {
-        if let Some(m) = get_domain(&mut sc).await.as_ref().and_then(blue_mac) {
-            break m;
+    let (nic_mac, dev_target) = loop {
+        let d = get_domain(&mut sc).await;
+        if let (Some(m), Some(h)) = (d.as_ref().and_then(blue_mac), d.as_ref().and_then(hp1)) {
+            break (m, h.0);
         }
         assert!(
             std::time::Instant::now() < deadline,
@@ -186,6 +246,22 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
     )
     .await;
     ping_blue(&mut sc).await;
+    let seen = exec_until_ok(
+        &mut sc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    let (dev, pci_path) = seen.trim().split_once(' ').unwrap();
+    let (dev, pci_path) = (dev.to_owned(), pci_path.to_owned());
+    exec_until_ok(
+        &mut sc,
+        &format!(
+            "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
     let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
         .mac
         .clone()
@@ -194,14 +270,22 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
 
     // The source launcher dies; its successor adopts QEMU and knows the NIC was hot-plugged.
     drop(sc);
-    let (s, mut sc) = restart(&mut source, s, &with_blue(plain.clone(), &nic_mac)).await;
+    let (s, mut sc) = restart(
+        &mut source,
+        s,
+        &with_hotplug(with_blue(plain.clone(), &nic_mac), &dev_target),
+    )
+    .await;
     ping_blue(&mut sc).await;
 
     // The migration sends the NIC as hot-plugged (else the target's boot view, without it,
     // would not be the source's argv and the target would refuse).
-    let vmi = with_blue(
-        migrating_vmi(&uid, "mig-nr", &target.pod_name(), &guest_mac),
-        &nic_mac,
+    let vmi = with_hotplug(
+        with_blue(
+            migrating_vmi(&uid, "mig-nr", &target.pod_name(), &guest_mac),
+            &nic_mac,
+        ),
+        &dev_target,
     );
     let t = target.start_launcher();
     let mut tc = target.client(t).await;
@@ -232,6 +316,17 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
     )
     .await;
     assert_eq!(nic_moved.trim(), format!("{nic_if} {nic_pci}"));
+    let moved = exec_until_ok(
+        &mut tc,
+        &format!("{FIND} | grep ."),
+        Duration::from_secs(60),
+    )
+    .await;
+    assert_eq!(moved.trim(), format!("{dev} {pci_path}"));
+    assert_eq!(
+        exec_until_ok(&mut tc, "cat /mnt/hp/f", Duration::from_secs(30)).await,
+        "hotplug-file\n"
+    );
     ping_blue(&mut tc).await;
     assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
     source.wait_launcher(s, Duration::from_secs(60)).await;
@@ -240,8 +335,10 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
     // before the stream); its successor still unplugs the NIC when the interface leaves.
     drop(tc);
     let (t, mut tc) = restart(&mut target, t, &vmi).await;
+    exec_until_ok(&mut tc, "umount /mnt/hp", Duration::from_secs(30)).await;
     let mut unplugged = vmi.clone();
     unplugged["spec"] = plain["spec"].clone();
+    unplugged["status"]["volumeStatus"] = serde_json::json!([]);
     unplugged["status"]["interfaces"] = vmi["status"]["interfaces"]
         .as_array()
         .unwrap()
@@ -267,6 +364,22 @@ async fn a_nic_hot_plugged_before_a_launcher_restart_still_migrates_and_unplugs(
     exec_until_ok(
         &mut tc,
         &format!("test -z \"$({})\"", nic_find(&nic_mac)),
+        Duration::from_secs(60),
+    )
+    .await;
+    // And the disk, by the node names QEMU runs it with.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(&mut tc).await.as_ref().and_then(hp1).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hp1 still in GetDomain\n{}",
+            target.log(t)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        &mut tc,
+        &format!("test -z \"$({FIND})\""),
         Duration::from_secs(60),
     )
     .await;
