@@ -9,7 +9,8 @@
 //! (through the pod IP) carries data after the pod IP fails over to the target pod, the source's
 //! QEMU is gone, and both sides' notifications and `spec.metadata.kubevirt.migration` come in
 //! KubeVirt's order; then the migrated domain moves on to a third pod in a decentralized
-//! migration (the third pod's VMI has its own UID). The VMI's CPU is host-model: each target
+//! migration (the third pod's VMI has its own UID, name and namespace: its domain and QEMU are
+//! named after it). The VMI's CPU is host-model: each target
 //! starts from the source's expanded CPU (`-cpu base,...,enforce=on`, no `max`), and the guest's
 //! CPU identity in `/proc/cpuinfo` is the same on all three. Needs root and the test guest
 //! (`scripts/build-guest`).
@@ -253,8 +254,18 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     // sockets keep the source VMI's UID.
     let mut third = Pod::new(&images.disk_qcow2, false);
     assert_ne!(third.uid, uid);
-    let (vmi2, third_vmi) =
+    let (mut vmi2, mut third_vmi) =
         decentralized_vmis(&uid, &third.uid, "mig-2", &third.pod_name(), &guest_mac);
+    // The copy also has another name and namespace (`targetState.domainName` and
+    // `domainNamespace` on both sides): the source sends its domain under the target's name,
+    // with the cloud-init ISO's path (`<namespace>/<name>/noCloud.iso`) as the target's.
+    third_vmi["metadata"]["name"] = "hv-copy".into();
+    third_vmi["metadata"]["namespace"] = "cluster-b".into();
+    for v in [&mut vmi2, &mut third_vmi] {
+        let t = &mut v["status"]["migrationState"]["targetState"];
+        t["domainName"] = "hv-copy".into();
+        t["domainNamespace"] = "cluster-b".into();
+    }
     let (_, mut hc, _relay2) = migrate_on_with(
         &target,
         &mut tc,
@@ -284,9 +295,24 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         exec_until_ok(&mut hc, "cat /data/migrated", Duration::from_secs(20)).await,
         "migrated-file\n"
     );
-    // The third pod's domain is its own VMI's.
+    // The third pod's domain is its own VMI's: its UID, name and namespace, and its QEMU is
+    // named after it and reads the cloud-init ISO of its own VMI's path.
     let third_domain = get_domain(&mut hc).await.unwrap();
     assert_eq!(third_domain.spec.metadata.kubevirt.uid, third.uid);
+    assert_eq!(third_domain.object_meta.name, "hv-copy");
+    assert_eq!(third_domain.object_meta.namespace, "cluster-b");
+    assert_eq!(third_domain.spec.name, "cluster-b_hv-copy");
+    let third_argv = std::fs::read(format!("/proc/{}/cmdline", third_qemu[0])).unwrap();
+    let third_argv = String::from_utf8_lossy(&third_argv);
+    assert!(
+        third_argv.contains("guest=cluster-b_hv-copy,"),
+        "{third_argv}"
+    );
+    assert!(
+        third_argv.contains("/cluster-b/hv-copy/noCloud.iso")
+            && !third_argv.contains("/default/hv/"),
+        "{third_argv}"
+    );
     let m3 = metadata(&third_domain).unwrap();
     assert_eq!(m3.uid, "mig-2");
     assert!(!m3.failed && m3.end_timestamp.is_some(), "{m3:?}");

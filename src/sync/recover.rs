@@ -14,18 +14,21 @@
 //!
 //! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use tracing::{info, warn};
 
-use crate::cmdline::qemu::node_index;
+use crate::cmdline::qemu::{node_index, renamed_node};
+use crate::cmdline::render::{DiskHotplug, NicHotplug};
 use crate::monitor::procfs;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{QomList, QueryNamedBlockNodes, QueryUuid};
+use crate::qmp::commands::{QomGet, QomList, QueryBlock, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
 use crate::sync::domain::{ApiDomain, DomainEventType};
+use crate::sync::reconcile::nics::Placement;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
@@ -205,17 +208,96 @@ async fn device_ids(client: &QmpClient) -> Result<Vec<String>, SyncError> {
     Ok(list.into_iter().map(|p| p.name).collect())
 }
 
+/// The argv QEMU `pid` was started with (its `/proc/<pid>/cmdline` without the binary and
+/// without the `-incoming defer` a migration target's QEMU was started with); `None` when it
+/// cannot be read.
+fn started_argv(pid: i32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let mut words: Vec<String> = raw
+        .strip_suffix(b"\0")
+        .unwrap_or(&raw)
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    if words.len() < 2 {
+        return None;
+    }
+    words.remove(0);
+    if words.ends_with(&["-incoming".to_owned(), "defer".to_owned()]) {
+        words.truncate(words.len() - 2);
+    }
+    Some(words)
+}
+
+/// Where QEMU runs the device `id` (`qom-get` of its `parent_bus` and `addr`), as
+/// [`Placement::from_qom`] reads them; `None` when QEMU does not say.
+async fn placement(client: &QmpClient, id: &str) -> Option<Placement> {
+    let get = |property: &str| QomGet {
+        path: format!("/machine/peripheral/{id}"),
+        property: property.into(),
+    };
+    let bus = client.run(&get("parent_bus")).await.ok()?;
+    let addr = client.run(&get("addr")).await.ok()?;
+    Placement::from_qom(bus.as_str()?, addr.as_i64()?)
+}
+
+/// The top block node of each drive QEMU runs, by device id (`query-block`: `qdev` is the id
+/// or the device's QOM path, `/machine/peripheral/<id>/virtio-backend`). Empty when QEMU does
+/// not answer.
+async fn top_nodes(client: &QmpClient) -> BTreeMap<String, String> {
+    let Ok(drives) = client.run(&QueryBlock).await else {
+        return BTreeMap::new();
+    };
+    drives
+        .into_iter()
+        .filter_map(|b| {
+            let qdev = b.qdev?;
+            let id = qdev
+                .strip_prefix("/machine/peripheral/")
+                .map_or(qdev.as_str(), |p| p.split('/').next().unwrap_or(p))
+                .to_owned();
+            Some((id, b.inserted?.node_name?))
+        })
+        .collect()
+}
+
+/// The plan's hot-plug disk `d` as the adopted QEMU runs it: its nodes renamed to the libvirt
+/// index of `top` (QEMU's top node of the drive, `libvirt-<N>-format`), when the plan's nodes
+/// all share one index (a hot-plugged volume's storage and format nodes; a chain of several
+/// indices is left as planned), and its device on the bus and address QOM reports (`at`, PCI
+/// devices only: a SCSI disk keeps its planned place). Pure.
+fn disk_as_running(d: &DiskHotplug, top: Option<&str>, at: Option<&Placement>) -> DiskHotplug {
+    let mut out = d.clone();
+    let indices: Vec<u32> = d.node_indices().into_iter().collect();
+    if let (Some(n), &[m]) = (top.and_then(node_index), indices.as_slice()) {
+        if n != m {
+            let map = BTreeMap::from([(m, n)]);
+            out = d.with_nodes_renamed(|name| renamed_node(name, &map));
+        }
+    }
+    if let Some(at) = at {
+        out.device.bus = Some(at.bus.clone());
+        out.device.addr = Some(at.addr.clone());
+    }
+    out
+}
+
 impl SyncVmi {
     /// Takes over `found` as the running domain: the state from `query-status`, an `ADDED`
     /// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
     /// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
-    /// new block nodes are numbered after QEMU's highest.
+    /// new block nodes are numbered after QEMU's highest. The migration's boot argv becomes QEMU's
+    /// own command line, and the secondary NICs QEMU runs without having them on it count as
+    /// hot-plugged again, with the plan of `nic_plans` (the converter's NICs) at the bus and
+    /// address QOM reports ([`crate::sync::reconcile::nics::NicState::recover_hotplugged`]);
+    /// the hot-plugged disks get QEMU's node names and place ([`disk_as_running`]).
     pub(crate) async fn adopt(
         &self,
         found: Found,
         vmi: &Vmi,
         domain: ApiDomain,
         mut running: Running,
+        nic_plans: &[NicHotplug],
     ) -> Result<Running, SyncError> {
         let Found { pid, client } = found;
         let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
@@ -232,6 +314,40 @@ impl SyncVmi {
             running.next_node = running.next_node.max(max + 1);
         }
         let present = device_ids(&client).await?;
+        // What the adopted QEMU was started with is its own command line (the plan converted
+        // now has the interfaces attached since as boot NICs): a later migration sends it, and
+        // the NICs QEMU runs without them on it were hot-plugged.
+        if let Some(argv) = started_argv(pid) {
+            let boot_ids = crate::sync::migration::hotplug::argv_device_ids(&argv);
+            let mut placements = BTreeMap::new();
+            for id in running.nics.unplaced() {
+                if boot_ids.contains(&id) || !present.contains(&id) {
+                    continue;
+                }
+                if let Some(at) = placement(&client, &id).await {
+                    placements.insert(id, at);
+                }
+            }
+            let recovered = running
+                .nics
+                .recover_hotplugged(nic_plans, &boot_ids, &placements);
+            if !recovered.is_empty() {
+                info!(interfaces = ?recovered, "hot-plugged NICs of the adopted QEMU recovered");
+            }
+            // The hot-plugged disks QEMU runs: their nodes and place as QEMU has them (the plan
+            // converted now numbers its nodes per plan and puts no disk on a root port).
+            let tops = top_nodes(&client).await;
+            for (id, d) in running.disks.iter_mut() {
+                if boot_ids.contains(id) || !present.contains(id) {
+                    continue;
+                }
+                let at = placement(&client, id).await;
+                let top = tops.get(id).map(String::as_str);
+                *d = disk_as_running(d, top, at.as_ref());
+                info!(device = %id, top = ?top, at = ?at, "hot-plugged disk of the adopted QEMU recovered");
+            }
+            self.migration.set_boot_argv(argv);
+        }
         let wanted = std::mem::take(&mut running.disks);
         let mut missing = false;
         for (id, d) in wanted {
@@ -258,6 +374,42 @@ impl SyncVmi {
 #[cfg(test)]
 mod tests {
     use super::names_path;
+
+    #[test]
+    fn a_hot_plugged_disk_reads_as_qemu_runs_it() {
+        use crate::sync::reconcile::disks::fixtures::hotplug_disk;
+        use crate::sync::reconcile::nics::Placement;
+        // The plan converted after the restart numbers the volume's nodes 3 and places it on
+        // pci.5; QEMU runs it on nodes 7 (numbered after its highest when it was plugged) on
+        // the root port pci.9.
+        let planned = hotplug_disk("hp1", 3, "/d/hp1.img".into(), Some("S".into()), "pci.5");
+        let at = Placement {
+            bus: "pci.9".into(),
+            addr: "0x0".into(),
+        };
+        let d = super::disk_as_running(&planned, Some("libvirt-7-format"), Some(&at));
+        assert_eq!(
+            d,
+            hotplug_disk("hp1", 7, "/d/hp1.img".into(), Some("S".into()), "pci.9")
+        );
+        // The serial (the user's) is not a node name.
+        let sent = crate::sync::migration::hotplug::describe_disk(&d);
+        assert_eq!(sent.node_names, ["libvirt-7-storage", "libvirt-7-format"]);
+        assert_eq!(sent.serial.as_deref(), Some("S"));
+        // Nothing known: as planned; a top node without an index: names as planned.
+        assert_eq!(super::disk_as_running(&planned, None, None), planned);
+        assert_eq!(
+            super::disk_as_running(&planned, Some("drive-x"), None),
+            planned
+        );
+    }
+
+    #[test]
+    fn the_started_argv_is_the_process_s_own_without_its_binary() {
+        let ours: Vec<String> = std::env::args().skip(1).collect();
+        assert_eq!(super::started_argv(std::process::id() as i32), Some(ours));
+        assert_eq!(super::started_argv(i32::MAX), None);
+    }
 
     #[test]
     fn socket_path_matches_whole_values_only() {

@@ -56,8 +56,11 @@ impl SyncVmi {
         if let Some(found) = recover::find(&self.config.qmp_socket, &p.plan.uuid).await {
             // What the plan says the adopted QEMU was started with; devices hot-plugged into it
             // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
-            let running = self.adopt(found, vmi, p.domain, p.running).await?;
+            // The adopted QEMU's own command line replaces the plan's argv when it can be read.
             self.migration.set_boot_argv(p.argv);
+            let running = self
+                .adopt(found, vmi, p.domain, p.running, &p.qmp_plan.nics)
+                .await?;
             self.start_agent_poll();
             return Ok(running);
         }

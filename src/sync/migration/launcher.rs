@@ -111,6 +111,12 @@ pub struct MigrationUidState {
     /// `virtualMachineInstanceUID`: the VMI of that side, set in decentralized migrations.
     #[serde(rename = "virtualMachineInstanceUID", default)]
     pub virtual_machine_instance_uid: Option<String>,
+    /// `domainName`: the name of that side's VMI (decentralized migrations).
+    #[serde(rename = "domainName", default)]
+    pub domain_name: Option<String>,
+    /// `domainNamespace`: the namespace of that side's VMI (decentralized migrations).
+    #[serde(rename = "domainNamespace", default)]
+    pub domain_namespace: Option<String>,
 }
 
 impl VmiMigrationState {
@@ -131,6 +137,20 @@ impl VmiMigrationState {
             .as_ref()
             .and_then(|s| s.virtual_machine_instance_uid.as_deref())
             .filter(|u| !u.is_empty())
+    }
+
+    /// The target VMI's identity, `targetState.domainNamespace` and `targetState.domainName`,
+    /// when both are set and non-empty (KubeVirt's `generateDomainName` names the target domain
+    /// after them only then): the source sends its definition under that name
+    /// ([`crate::sync::migration::protocol::RunningDomain::for_target_domain`]).
+    pub fn target_domain(&self) -> Option<crate::sync::migration::protocol::DomainIdentity> {
+        let t = self.target_state.as_ref()?;
+        let name = t.domain_name.as_deref().filter(|n| !n.is_empty())?;
+        let namespace = t.domain_namespace.as_deref().filter(|n| !n.is_empty())?;
+        Some(crate::sync::migration::protocol::DomainIdentity {
+            namespace: namespace.to_owned(),
+            name: name.to_owned(),
+        })
     }
 
     /// The UID naming the migration proxy's stream and NBD sockets in the target pod
@@ -303,6 +323,24 @@ mod tests {
         let s = s.unwrap();
         assert_eq!(s.target_vmi_uid(), Some("target-vmi"));
         assert_eq!(s.proxy_key("target-vmi"), "source-vmi");
+        // No domain name and namespace in the target state: the source keeps its own.
+        assert_eq!(s.target_domain(), None);
+        let (_, s) = decode(
+            br#"{"metadata":{"name":"v","uid":"u"},"spec":{"domain":{"devices":{}}},
+                "status":{"migrationState":{"migrationUid":"m",
+                "targetState":{"domainName":"w","domainNamespace":"other"}}}}"#,
+        )
+        .unwrap();
+        let t = s.unwrap().target_domain().unwrap();
+        assert_eq!((t.namespace.as_str(), t.name.as_str()), ("other", "w"));
+        // Only the name (KubeVirt needs both): none.
+        let (_, s) = decode(
+            br#"{"metadata":{"name":"v","uid":"u"},"spec":{"domain":{"devices":{}}},
+                "status":{"migrationState":{"migrationUid":"m",
+                "targetState":{"domainName":"w","domainNamespace":""}}}}"#,
+        )
+        .unwrap();
+        assert_eq!(s.unwrap().target_domain(), None);
         // Within one cluster: no VMI UIDs in the states, the VMI's own UID names the sockets.
         let plain = VmiMigrationState::default();
         assert_eq!(plain.target_vmi_uid(), None);

@@ -18,12 +18,22 @@ use crate::sync::migration::launcher::{
     FORCE_FAILURE_ANNOTATION,
 };
 use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
-use crate::sync::migration::protocol::{CopiedDisk, RunningDomain};
+use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain};
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::SyncError;
+
+/// What a decentralized migration's `targetState` says of the target VMI when it is not the
+/// source's (KubeVirt's `generateMigrationParams`): its UID, and its identity next to the
+/// source's when it has another name or namespace.
+struct TargetVmi {
+    /// `targetState.virtualMachineInstanceUID`.
+    uid: Option<String>,
+    /// (the source VMI's identity, `targetState.domainNamespace`/`domainName`).
+    rename: Option<(DomainIdentity, DomainIdentity)>,
+}
 
 /// How long KubeVirt lets an abort take before it reports `AbortStatus: Failed`.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
@@ -97,6 +107,19 @@ impl SyncVmi {
             .as_ref()
             .and_then(VmiMigrationState::target_vmi_uid)
             .map(str::to_owned);
+        let own_identity = DomainIdentity {
+            namespace: vmi
+                .metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+            name: vmi.metadata.name.clone().unwrap_or_default(),
+        };
+        let target_identity = state.as_ref().and_then(VmiMigrationState::target_domain);
+        let target_vmi = TargetVmi {
+            uid: target_vmi_uid,
+            rename: target_identity.map(|t| (own_identity, t)),
+        };
         let (abort_tx, abort_rx) = watch::channel(false);
         *self
             .migration
@@ -106,14 +129,7 @@ impl SyncVmi {
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
         tokio::spawn(async move {
             let result = self
-                .run_outgoing(
-                    &client,
-                    &vmi_uid,
-                    target_vmi_uid.as_deref(),
-                    &uid,
-                    options,
-                    abort_rx,
-                )
+                .run_outgoing(&client, &vmi_uid, &target_vmi, &uid, options, abort_rx)
                 .await;
             self.outgoing_ended(&client, result).await;
         });
@@ -124,7 +140,7 @@ impl SyncVmi {
         &self,
         client: &QmpClient,
         vmi_uid: &str,
-        target_vmi_uid: Option<&str>,
+        target_vmi: &TargetVmi,
         migration_uid: &str,
         options: MigrationOptions,
         abort_rx: watch::Receiver<bool>,
@@ -172,10 +188,26 @@ impl SyncVmi {
             paused: status.state == DomainState::Paused && status.reason == StateReason::User,
             cpu,
         };
-        let domain = match target_vmi_uid {
+        let domain = match target_vmi.uid.as_deref() {
             Some(target) => {
                 info!(source = %vmi_uid, target = %target, "replacing the VMI UID with the target VMI UID in the definition");
                 domain.for_target_vmi(vmi_uid, target)?
+            }
+            None => domain,
+        };
+        // KubeVirt's DestName and disk path rewrites, after the UID's (a name holding the UID
+        // reads as that rewrite left it).
+        let domain = match &target_vmi.rename {
+            Some((own, target)) => {
+                let own = match target_vmi.uid.as_deref() {
+                    Some(t) if !vmi_uid.is_empty() => DomainIdentity {
+                        namespace: own.namespace.replace(vmi_uid, t),
+                        name: own.name.replace(vmi_uid, t),
+                    },
+                    _ => own.clone(),
+                };
+                info!(source = %own.domain_name(), target = %target.domain_name(), "naming the domain after the target VMI in the definition");
+                domain.for_target_domain(&own, target)?
             }
             None => domain,
         };

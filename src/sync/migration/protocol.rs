@@ -82,7 +82,10 @@ pub struct RunningDomain {
     /// `pc-q35-7.2`).
     pub machine: String,
     /// QEMU's argv as the source started it, machine resolved, without `-S` and `-incoming`
-    /// (the target adds `-S -incoming defer`).
+    /// (the target adds `-S -incoming defer`). In a decentralized migration to a VMI of another
+    /// name or namespace it names the target's domain and pod paths instead of the source's
+    /// ([`RunningDomain::for_target_domain`]), so that it equals the target's own conversion
+    /// (a target of this version compares it word for word either way).
     pub argv: Vec<String>,
     /// Devices hot-plugged into the source since it started (disks, then NICs), to be added to
     /// the target before `migrate-incoming`.
@@ -138,6 +141,143 @@ impl RunningDomain {
         let json = json.replace(&escaped(source_uid)?, &escaped(target_uid)?);
         serde_json::from_str(&json).map_err(ProtocolError::Decode)
     }
+
+    /// The definition for a target VMI of another name or namespace (a decentralized migration
+    /// with `targetState.domainName` and `targetState.domainNamespace`): what KubeVirt's source
+    /// rewrites for it (`generateDomainName` as libvirt's `DestName`, and
+    /// `updateFilePathsToNewDomain` for the disk paths holding the namespace), on the argv's
+    /// words:
+    ///
+    /// - the `-name` value `guest=<source namespace>_<source name>,...` names the target's
+    ///   domain;
+    /// - a `-blockdev` whose `filename` is exactly one of the paths the converter derives from
+    ///   the identity (the cloud-init ISOs under `<namespace>/<name>/`, the EFI variable store
+    ///   `<name>_VARS.fd`) gets the target's path; the object is edited as JSON and checked by
+    ///   parsing it back.
+    ///
+    /// No other word changes: a user's path that merely contains the names (a hostDisk under
+    /// `/data/<namespace>_<name>`) is the same file on both sides, and anything the rewrite does
+    /// not cover shows up as an argv difference the target refuses. Call it after
+    /// [`Self::for_target_vmi`] with `source` as that rewrite left it (the UID in a name is
+    /// replaced there too). Equal identities change nothing.
+    ///
+    /// # Errors
+    /// [`ProtocolError::InvalidTargetDomain`] if the target's namespace or name is not a valid
+    /// VMI namespace or name (it would become a path component and part of `-name`).
+    pub fn for_target_domain(
+        mut self,
+        source: &DomainIdentity,
+        target: &DomainIdentity,
+    ) -> Result<RunningDomain, ProtocolError> {
+        if source == target {
+            return Ok(self);
+        }
+        target.check()?;
+        let (from_name, to_name) = (source.domain_name(), target.domain_name());
+        let (from_paths, to_paths) = (source.paths(), target.paths());
+        let mut option: Option<String> = None;
+        for word in &mut self.argv {
+            let changed = match option.as_deref() {
+                Some("-name") => renamed_guest(word, &from_name, &to_name),
+                Some("-blockdev") => from_paths
+                    .iter()
+                    .zip(&to_paths)
+                    .find_map(|(from, to)| moved_filename(word, from, to)),
+                _ => None,
+            };
+            if let Some(changed) = changed {
+                *word = changed;
+            }
+            option = word.starts_with('-').then(|| word.clone());
+        }
+        Ok(self)
+    }
+}
+
+/// The identity of a domain in KubeVirt: its VMI's namespace and name. The domain is named
+/// `<namespace>_<name>` (`util.DomainFromNamespaceName`, v1.9.0), and the converter puts the
+/// name in a few paths of the pod (see [`RunningDomain::for_target_domain`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainIdentity {
+    /// `metadata.namespace` (`default` when absent).
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl DomainIdentity {
+    /// The domain name, `<namespace>_<name>`.
+    pub fn domain_name(&self) -> String {
+        format!("{}_{}", self.namespace, self.name)
+    }
+
+    /// The paths of the pod the converter derives from the identity, as the normalized argv
+    /// words spell them (`${root}` placeholders): the cloud-init ISOs
+    /// (`<cloud-init>/<namespace>/<name>/{noCloud,configdrive}.iso`, `disks/sources.rs`) and the
+    /// EFI variable store (`<nvram>/<name>_VARS.fd`, `devices/firmware.rs`).
+    fn paths(&self) -> [String; 3] {
+        let (ns, name) = (&self.namespace, &self.name);
+        [
+            format!("${{cloud-init}}/{ns}/{name}/noCloud.iso"),
+            format!("${{cloud-init}}/{ns}/{name}/configdrive.iso"),
+            format!("${{nvram}}/{name}_VARS.fd"),
+        ]
+    }
+
+    /// Checks the identity as the converter checks a VMI's (a namespace is a name of at most 63
+    /// bytes, a name of at most 253, both `[A-Za-z0-9._-]` starting with a letter or digit): such names are a safe path component and cannot hold a QEMU option separator.
+    fn check(&self) -> Result<(), ProtocolError> {
+        use crate::cmdline::{names, FieldPath};
+        let invalid =
+            |e: crate::cmdline::ConvertError| ProtocolError::InvalidTargetDomain(format!("{e}"));
+        names::check_name(
+            &FieldPath::new("targetState.domainNamespace"),
+            &self.namespace,
+        )
+        .map_err(invalid)?;
+        names::check_name_len(&FieldPath::new("targetState.domainName"), &self.name, 253)
+            .map_err(invalid)?;
+        Ok(())
+    }
+}
+
+/// `word` (a `-name` value, `guest=<domain>[,more]`) with the domain `from` replaced by `to`,
+/// when it is exactly that: the `guest` key first, its value `from` as QEMU's keyval escapes it,
+/// then the end or a separating comma (not an escaped one).
+fn renamed_guest(word: &str, from: &str, to: &str) -> Option<String> {
+    use crate::cmdline::qemu::KeyVal;
+    let head = KeyVal::new().kv("guest", from).finish();
+    let rest = word.strip_prefix(&head)?;
+    if !(rest.is_empty() || (rest.starts_with(',') && !rest.starts_with(",,"))) {
+        return None;
+    }
+    Some(format!("{}{rest}", KeyVal::new().kv("guest", to).finish()))
+}
+
+/// `word` (a `-blockdev` JSON object) with its `filename` moved from `from` to `to`, when its
+/// `filename` is exactly `from`: the JSON string token of `from` after the `filename` key is
+/// replaced (the word's member order stays as rendered, which the target compares word for word),
+/// and the result is parsed again and must equal the original object with only `filename`
+/// changed, else the word is left alone.
+fn moved_filename(word: &str, from: &str, to: &str) -> Option<String> {
+    let before: serde_json::Value = serde_json::from_str(word).ok()?;
+    if before.get("filename")?.as_str()? != from {
+        return None;
+    }
+    let token = |s: &str| {
+        serde_json::to_string(s)
+            .ok()
+            .map(|q| format!("\"filename\":{q}"))
+    };
+    let (old, new) = (token(from)?, token(to)?);
+    if word.matches(&old).count() != 1 {
+        return None;
+    }
+    let moved = word.replacen(&old, &new, 1);
+    let mut expected = before;
+    expected["filename"] = serde_json::Value::String(to.to_owned());
+    let after: serde_json::Value = serde_json::from_str(&moved).ok()?;
+    (after == expected).then_some(moved)
 }
 
 /// The kind of a hot-plugged device.
@@ -277,6 +417,10 @@ pub enum ProtocolError {
     /// The peer refused the connection.
     #[error("migration peer refused: {0}")]
     Refused(String),
+    /// A decentralized migration names a target VMI whose namespace or name cannot name a
+    /// domain (`targetState.domainNamespace` / `domainName`).
+    #[error("invalid target domain: {0}")]
+    InvalidTargetDomain(String),
     /// The peer sent a message this step does not expect.
     #[error("unexpected migration control message: expected {expected}, got {got}")]
     Unexpected {
@@ -504,6 +648,159 @@ mod tests {
             .unwrap();
         assert_eq!(evil.vmi_uid, r#"x","paused":true,"y":""#);
         assert!(!evil.paused);
+    }
+
+    fn identity(namespace: &str, name: &str) -> DomainIdentity {
+        DomainIdentity {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// An argv with every word that holds the domain's identity, and some that hold its
+    /// names without being derived from them.
+    fn named_argv(ns: &str, name: &str) -> Vec<String> {
+        let file = |path: &str, node: &str| {
+            serde_json::json!({"driver": "file", "filename": path, "node-name": node,
+                "auto-read-only": true, "discard": "unmap"})
+            .to_string()
+        };
+        vec![
+            "-name".into(),
+            format!("guest={ns}_{name},debug-threads=on"),
+            "-S".into(),
+            "-blockdev".into(),
+            file(
+                &format!("${{nvram}}/{name}_VARS.fd"),
+                "libvirt-pflash1-storage",
+            ),
+            "-blockdev".into(),
+            file(
+                &format!("${{cloud-init}}/{ns}/{name}/noCloud.iso"),
+                "libvirt-2-storage",
+            ),
+            "-blockdev".into(),
+            file(
+                &format!("/data/{ns}_{name}/{ns}/{name}/noCloud.iso"),
+                "libvirt-3-storage",
+            ),
+            "-chardev".into(),
+            format!("socket,id=x,path=${{cloud-init}}/{ns}/{name}/noCloud.iso"),
+            "-device".into(),
+            format!(r#"{{"driver":"virtio-blk-pci","id":"ua-{name}","serial":"{ns}_{name}"}}"#),
+        ]
+    }
+
+    #[test]
+    fn a_renamed_target_gets_its_domain_name_and_paths_and_nothing_else_changes() {
+        let mut d = domain();
+        d.argv = named_argv("default", "hv");
+        let t = d
+            .clone()
+            .for_target_domain(&identity("default", "hv"), &identity("other-ns", "vm-2"))
+            .unwrap();
+        let mut want = named_argv("default", "hv");
+        let expect = named_argv("other-ns", "vm-2");
+        // The domain name, the NVRAM file and the cloud-init ISO follow the target...
+        for i in [1, 4, 6] {
+            want[i] = expect[i].clone();
+        }
+        // ...a user's path, another option and a device property holding the names do not.
+        assert_eq!(t.argv, want);
+        assert_eq!(
+            (&t.hotplugged, &t.copied_disks),
+            (&d.hotplugged, &d.copied_disks)
+        );
+        // The same identity: unchanged.
+        assert_eq!(
+            d.clone()
+                .for_target_domain(&identity("default", "hv"), &identity("default", "hv"))
+                .unwrap(),
+            d
+        );
+        // Only the namespace differs: the ISO moves, the NVRAM (named after the name) stays.
+        let t = d
+            .clone()
+            .for_target_domain(&identity("default", "hv"), &identity("ns2", "hv"))
+            .unwrap();
+        assert_eq!(t.argv[1], "guest=ns2_hv,debug-threads=on");
+        assert_eq!(t.argv[4], d.argv[4]);
+        assert_eq!(t.argv[6], named_argv("ns2", "hv")[6]);
+    }
+
+    #[test]
+    fn hostile_target_names_are_refused_and_source_words_only_match_exactly() {
+        let mut d = domain();
+        d.argv = named_argv("default", "hv");
+        let source = identity("default", "hv");
+        for (ns, name) in [
+            ("default", "a,b"),
+            ("default", "../../etc"),
+            ("default", "a/b"),
+            ("default", ".."),
+            ("default", ""),
+            ("", "hv"),
+            ("default", r#"x","filename":"/etc/shadow"#),
+            ("default", "-rf"),
+            ("default", "a\nb"),
+            ("a/b", "hv"),
+            ("default", &"n".repeat(254)),
+            (&"n".repeat(64), "hv"),
+        ] {
+            let e = d
+                .clone()
+                .for_target_domain(&source, &identity(ns, name))
+                .unwrap_err();
+            assert!(
+                matches!(e, ProtocolError::InvalidTargetDomain(_)),
+                "{ns:?}/{name:?}: {e}"
+            );
+        }
+        // The longest valid name is accepted.
+        let long = "n".repeat(253);
+        let t = d
+            .clone()
+            .for_target_domain(&source, &identity("default", &long))
+            .unwrap();
+        assert_eq!(t.argv[1], format!("guest=default_{long},debug-threads=on"));
+        // A `-name` whose guest value merely starts with the source's domain name (an escaped
+        // comma continues it), or a blockdev whose filename only starts with the path, is not
+        // the source's: left alone (the target then refuses the argv difference).
+        assert_eq!(
+            renamed_guest("guest=default_hv,,x,debug-threads=on", "default_hv", "n_m"),
+            None
+        );
+        assert_eq!(
+            renamed_guest("guest=default_hvx", "default_hv", "n_m"),
+            None
+        );
+        assert_eq!(
+            renamed_guest("xguest=default_hv", "default_hv", "n_m"),
+            None
+        );
+        assert_eq!(
+            renamed_guest("guest=default_hv", "default_hv", "n_m").as_deref(),
+            Some("guest=n_m")
+        );
+        let from = "${cloud-init}/default/hv/noCloud.iso";
+        let longer = r#"{"driver":"file","filename":"${cloud-init}/default/hv/noCloud.iso.bak"}"#;
+        assert_eq!(moved_filename(longer, from, "x"), None);
+        // The path twice (a nested object too): ambiguous, left alone.
+        let twice = serde_json::json!({"driver": "file", "filename": from,
+            "file": {"filename": from}})
+        .to_string();
+        assert_eq!(moved_filename(&twice, from, "x"), None);
+        // The path quoted inside another value is not the filename token.
+        let quoted = serde_json::json!({"driver": "file", "filename": from,
+            "note": format!("\"filename\":\"{from}\"")})
+        .to_string();
+        let moved = moved_filename(&quoted, from, "/new").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&moved).unwrap();
+        assert_eq!(v["filename"], "/new");
+        assert_eq!(v["note"], format!("\"filename\":\"{from}\""));
+        // Not JSON, or no filename: left alone.
+        assert_eq!(moved_filename("driver=file,filename=x", "x", "y"), None);
+        assert_eq!(moved_filename(r#"{"node-name":"x"}"#, "x", "y"), None);
     }
 
     #[tokio::test]

@@ -47,6 +47,41 @@ struct PluggedNic {
     hotplug: Option<NicHotplug>,
 }
 
+/// Where a running PCI device sits, as a hot-plug plan names it: its bus's id (`pci.7`, a
+/// root port's bus has the port's id) and its address on it (`0x0`, `0x1f.0x2` with a
+/// function).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Placement {
+    /// The bus id (`bus=`).
+    pub bus: String,
+    /// The PCI address (`addr=`), slot and function as libvirt and the hot-plug path write it.
+    pub addr: String,
+}
+
+impl Placement {
+    /// From QOM: the device's `parent_bus` (the bus's canonical path, e.g.
+    /// `/machine/peripheral/pci.7/pci.7`; its last component is the bus id) and its `addr`
+    /// (QEMU's devfn, `slot << 3 | function`, 0..=255). `None` for anything else.
+    pub fn from_qom(parent_bus: &str, devfn: i64) -> Option<Placement> {
+        let bus = parent_bus.rsplit('/').next().filter(|b| {
+            !b.is_empty()
+                && b.bytes()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'.' | b'_' | b'-'))
+        })?;
+        let devfn = u8::try_from(devfn).ok()?;
+        let (slot, function) = (devfn >> 3, devfn & 7);
+        let addr = if function == 0 {
+            format!("{slot:#x}")
+        } else {
+            format!("{slot:#x}.{function:#x}")
+        };
+        Some(Placement {
+            bus: bus.to_owned(),
+            addr,
+        })
+    }
+}
+
 /// What one diff changed in the domain's interfaces.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct NicChanges {
@@ -149,6 +184,48 @@ impl NicState {
     /// interface name order. NICs QEMU started with are not listed.
     pub fn hotplugged(&self) -> impl Iterator<Item = &NicHotplug> {
         self.plugged.values().filter_map(|p| p.hotplug.as_ref())
+    }
+
+    /// The device ids of the plugged NICs not known as hot-plugged: the ones a freshly started
+    /// launcher set up for the boot ([`Self::setup_at_boot`]), some of which an adopted QEMU
+    /// may run hot-plugged ([`Self::recover_hotplugged`]).
+    pub fn unplaced(&self) -> Vec<String> {
+        self.plugged
+            .values()
+            .filter(|p| p.hotplug.is_none())
+            .map(|p| p.device_id.clone())
+            .collect()
+    }
+
+    /// After a restarted launcher adopted a running QEMU ([`crate::sync::recover`]): which of the
+    /// secondary NICs it set up for the boot that QEMU runs hot-plugged, with their placement.
+    /// A NIC counts as hot-plugged when QEMU runs its device (`placements`, by device id, read
+    /// from QOM: [`Placement::from_qom`]) but its command line (`boot_ids`: the `-device` ids
+    /// of QEMU's own argv) has no such device; it then gets the QMP plan of its interface
+    /// (`plans`: the converter's NICs, matched by device id and netdev id) at the bus and
+    /// address it runs at, so that [`Self::hotplugged`] lists it again (a migration sends it)
+    /// and it unplugs by diff as before. NICs on the command line stay boot NICs; a NIC with
+    /// no plan or no placement is left as it is. Returns the recovered interface names. Pure.
+    pub fn recover_hotplugged(
+        &mut self,
+        plans: &[NicHotplug],
+        boot_ids: &BTreeSet<String>,
+        placements: &BTreeMap<String, Placement>,
+    ) -> Vec<String> {
+        let unplaced: Vec<(String, String, String)> = self
+            .plugged
+            .iter()
+            .filter(|(_, p)| p.hotplug.is_none())
+            .map(|(name, p)| (name.clone(), p.device_id.clone(), p.netdev_id.clone()))
+            .collect();
+        let mut recovered = Vec::new();
+        for (name, placed) in recovered_plans(&unplaced, plans, boot_ids, placements) {
+            if let Some(p) = self.plugged.get_mut(&name) {
+                p.hotplug = Some(placed);
+                recovered.push(name);
+            }
+        }
+        recovered
     }
 
     /// Plugs `nic` (already placed: its device has the bus and address it must take) on the tap
@@ -405,6 +482,32 @@ pub fn diff(running: &NicView, wanted: &NicView) -> Vec<NicStep> {
     unplug.chain(plug).chain(links).collect()
 }
 
+/// The pure mapping of [`NicState::recover_hotplugged`]: for each `(interface, device id,
+/// netdev id)` of `unplaced`, the plan of `plans` with that device and netdev id placed where
+/// `placements` says it runs, unless the device is on QEMU's command line (`boot_ids`) or has
+/// no plan or no placement.
+fn recovered_plans(
+    unplaced: &[(String, String, String)],
+    plans: &[NicHotplug],
+    boot_ids: &BTreeSet<String>,
+    placements: &BTreeMap<String, Placement>,
+) -> Vec<(String, NicHotplug)> {
+    unplaced
+        .iter()
+        .filter(|(_, device, _)| !boot_ids.contains(device))
+        .filter_map(|(name, device, netdev)| {
+            let at = placements.get(device)?;
+            let plan = plans
+                .iter()
+                .find(|n| &n.id == device && &n.netdev.id == netdev)?;
+            let mut placed = plan.clone();
+            placed.device.bus = Some(at.bus.clone());
+            placed.device.addr = Some(at.addr.clone());
+            Some((name.clone(), placed))
+        })
+        .collect()
+}
+
 /// `e` as the failure of interface `name`.
 fn in_iface(name: &str, e: SyncError) -> SyncError {
     SyncError::Interface {
@@ -521,6 +624,132 @@ mod tests {
 
     fn link(id: &str, up: bool) -> NicStep {
         NicStep::SetLink { id: id.into(), up }
+    }
+
+    /// The converter's hot-plug plan of a bridge NIC `name` (virtio, tap by fd) at its boot
+    /// place, `pci.3` slot 0.
+    fn nic_plan(name: &str) -> NicHotplug {
+        use crate::cmdline::qemu::{Device, DeviceDel, DeviceNic, GetFd, NetdevDel, NetdevTap};
+        use crate::cmdline::render::PlacedDevice;
+        let id = format!("ua-{name}");
+        NicHotplug {
+            name: name.into(),
+            getfd: vec![GetFd {
+                fdname: format!("tapfd-{id}-0"),
+            }],
+            netdev: NetdevTap {
+                type_: "tap",
+                id: format!("host{id}"),
+                fd: Some(format!("tapfd-{id}-0")),
+                fds: None,
+                ifname: None,
+                script: None,
+                downscript: None,
+                vhost: None,
+                vhostfd: None,
+                vhostfds: None,
+                queues: None,
+            },
+            device: PlacedDevice {
+                device: Device::Nic(DeviceNic {
+                    driver: "virtio-net-pci-non-transitional",
+                    netdev: format!("host{id}"),
+                    id: id.clone(),
+                    mac: Some("0a:58:0a:f4:01:07".into()),
+                    host_mtu: Some(1400),
+                    romfile: Some(String::new()),
+                    bootindex: None,
+                    mq: None,
+                    vectors: None,
+                    acpi_index: None,
+                }),
+                iommu_platform: None,
+                bus: Some("pci.3".into()),
+                addr: Some("0x0".into()),
+            },
+            device_del: DeviceDel { id: id.clone() },
+            netdev_del: NetdevDel {
+                id: format!("host{id}"),
+            },
+            id,
+        }
+    }
+
+    #[test]
+    fn qom_placements_read_as_hotplug_plans_write_them() {
+        let at = |bus: &str, addr: &str| {
+            Some(Placement {
+                bus: bus.into(),
+                addr: addr.into(),
+            })
+        };
+        // QEMU 7.2: a device on root port pci.7 (the port's bus has its id), slot 0.
+        assert_eq!(
+            Placement::from_qom("/machine/peripheral/pci.7/pci.7", 0),
+            at("pci.7", "0x0")
+        );
+        assert_eq!(
+            Placement::from_qom("/machine/q35/pcie.0", 24),
+            at("pcie.0", "0x3")
+        );
+        assert_eq!(
+            Placement::from_qom("/machine/q35/pcie.0", 0xfa),
+            at("pcie.0", "0x1f.0x2")
+        );
+        for (bus, devfn) in [
+            ("/machine/peripheral/pci.7/pci.7", 256),
+            ("/machine/peripheral/pci.7/pci.7", -1),
+            ("", 0),
+            ("/machine/peripheral/", 0),
+            ("/machine/peripheral/pci,7", 0),
+        ] {
+            assert_eq!(Placement::from_qom(bus, devfn), None, "{bus} {devfn}");
+        }
+    }
+
+    #[test]
+    fn an_adopted_qemu_s_nics_missing_from_its_command_line_are_hot_plugged_where_they_run() {
+        let triple = |name: &str| {
+            (
+                name.to_owned(),
+                format!("ua-{name}"),
+                format!("hostua-{name}"),
+            )
+        };
+        // blue was hot-plugged (on pci.9), red is on QEMU's command line, green runs but the
+        // converter has no plan of it, grey has a plan but QEMU does not run it, and black's
+        // plan has another netdev.
+        let unplaced = ["blue", "red", "green", "grey", "black"].map(triple);
+        let mut black = nic_plan("black");
+        black.netdev.id = "other".into();
+        let plans = [nic_plan("blue"), nic_plan("red"), nic_plan("grey"), black];
+        let boot_ids: BTreeSet<String> = ["ua-default", "ua-red"].map(String::from).into();
+        let placements: BTreeMap<String, Placement> = ["blue", "red", "green", "black"]
+            .map(|n| {
+                (
+                    format!("ua-{n}"),
+                    Placement {
+                        bus: "pci.9".into(),
+                        addr: "0x0".into(),
+                    },
+                )
+            })
+            .into();
+        let got = recovered_plans(&unplaced, &plans, &boot_ids, &placements);
+        assert_eq!(got.len(), 1, "{got:?}");
+        let (name, placed) = &got[0];
+        assert_eq!(name, "blue");
+        assert_eq!(placed.device.bus.as_deref(), Some("pci.9"));
+        assert_eq!(placed.device.addr.as_deref(), Some("0x0"));
+        // Everything else is the converter's plan: the migration describes it from that.
+        let mut want = nic_plan("blue");
+        want.device.bus = Some("pci.9".into());
+        assert_eq!(placed, &want);
+        let sent = crate::sync::migration::hotplug::describe_nic(placed);
+        assert_eq!(
+            (sent.bus.as_deref(), sent.netdev.as_deref()),
+            (Some("pci.9"), Some("hostua-blue"))
+        );
     }
 
     #[test]
