@@ -336,8 +336,11 @@ pub async fn run<D: SupervisedDomain>(
     };
     info!(pid, "domain started, watching QEMU");
     let trimmed = super::trim::trim_after_start();
-    debug!(text_bytes = trimmed, "start-up memory trimmed");
-    let ending = grace::supervise(&qemu, domain, stop, config.grace_period).await?;
+    debug!(advised_bytes = trimmed, "start-up memory trimmed");
+    let ending = tokio::select! {
+        e = grace::supervise(&qemu, domain, stop, config.grace_period) => e?,
+        () = super::trim::periodic() => unreachable!("the periodic trim never ends"),
+    };
     debug!(?ending, "QEMU is gone");
     domain.check_exit(ending)?;
     Ok(Some(ending))
@@ -356,6 +359,7 @@ where
 {
     use crate::log::{self, VmiRef};
     use std::process::ExitCode;
+    super::trim::limit_arenas();
     let env_verbosity = std::env::var("VIRT_LAUNCHER_LOG_VERBOSITY").ok();
     let (config, ignored) = match LauncherConfig::from_args(args, env_verbosity.as_deref()) {
         Ok(p) => p,

@@ -1,0 +1,216 @@
+//! Giving resident memory back to the kernel while the pod idles: the monitor's and the launcher's
+//! resident sets are mostly clean file-backed pages (their own text and read-only data, and
+//! libc's, ld.so's, libgcc_s's) that only the start path or one RPC touched, mapped in 64 KiB
+//! blocks by the kernel's fault-around, plus freed heap.
+//!
+//! [`trim_resident`] returns free heap to the kernel (`malloc_trim(0)`, glibc) and drops the
+//! process's pages of every private, non-writable, file-backed mapping that holds no anonymous
+//! (copied-on-write) page: `madvise(MADV_PAGEOUT)` (Linux 5.4) first, which also reclaims the
+//! pages from the page cache (and so from the pod's memory cgroup charge) when no other process
+//! maps them, then `madvise(MADV_DONTNEED)`, which unmaps the shared ones (libc) from this
+//! process only. Such a mapping is never written, so dropping it loses nothing: the pages the
+//! process still runs fault back in from the file. A mapping with an anonymous page (a relocated
+//! RELRO segment, a debugger's breakpoint) and anything writable are left alone, as are the
+//! kernel's `[vdso]` and `[vvar]`. Best effort: every failure is ignored.
+//!
+//! `QLAUNCHER_TRIM=0` turns it off (for measuring); `QLAUNCHER_TRIM=random` also advises
+//! `MADV_RANDOM` (no read-ahead, so only the pages touched fault back; an experiment).
+
+/// What a trim did: bytes of mappings advised and resident kilobytes they held before.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Trimmed {
+    /// The summed length of the advised mappings, in bytes.
+    pub advised_bytes: usize,
+    /// Their resident size before the trim, in KiB (smaps' `Rss`).
+    pub resident_kib: u64,
+}
+
+/// Whether `QLAUNCHER_TRIM=0` turned trimming off.
+pub fn disabled() -> bool {
+    std::env::var_os("QLAUNCHER_TRIM").is_some_and(|v| v == "0")
+}
+
+/// Trims as described in the module documentation.
+pub fn trim_resident() -> Trimmed {
+    let mut done = Trimmed::default();
+    if disabled() {
+        return done;
+    }
+    // SAFETY: malloc_trim only releases free heap memory.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+    let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
+        return done;
+    };
+    let random = std::env::var_os("QLAUNCHER_TRIM").is_some_and(|v| v == "random");
+    for m in droppable(&smaps) {
+        // SAFETY: the range is a whole private, non-writable file mapping of this process with no
+        // anonymous page: dropping its pages only makes them fault in again from the file.
+        unsafe {
+            if random {
+                libc::madvise(m.start as *mut libc::c_void, m.len, libc::MADV_RANDOM);
+            }
+            libc::madvise(m.start as *mut libc::c_void, m.len, libc::MADV_PAGEOUT);
+            libc::madvise(m.start as *mut libc::c_void, m.len, libc::MADV_DONTNEED);
+        }
+        done.advised_bytes += m.len;
+        done.resident_kib += m.rss_kib;
+    }
+    done
+}
+
+/// One mapping [`trim_resident`] may drop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Mapping {
+    start: usize,
+    len: usize,
+    rss_kib: u64,
+}
+
+/// The mappings of an smaps text (`/proc/PID/smaps`) that are private, not writable, backed by a
+/// file (a path), resident and without anonymous pages.
+fn droppable(smaps: &str) -> Vec<Mapping> {
+    let mut out = Vec::new();
+    // (mapping, eligible by its header line, anonymous kB seen)
+    let mut cur: Option<(Mapping, bool, u64)> = None;
+    let finish = |cur: Option<(Mapping, bool, u64)>, out: &mut Vec<Mapping>| {
+        if let Some((m, true, 0)) = cur {
+            if m.rss_kib > 0 {
+                out.push(m);
+            }
+        }
+    };
+    for line in smaps.lines() {
+        if let Some((m, eligible)) = header(line) {
+            finish(cur.take(), &mut out);
+            cur = Some((m, eligible, 0));
+            continue;
+        }
+        let Some((m, _, anon)) = cur.as_mut() else {
+            continue;
+        };
+        let mut kv = line.split_whitespace();
+        let (Some(key), Some(value)) = (kv.next(), kv.next()) else {
+            continue;
+        };
+        let Ok(kib) = value.parse::<u64>() else {
+            continue;
+        };
+        match key {
+            "Rss:" => m.rss_kib = kib,
+            "Anonymous:" | "Swap:" => *anon += kib,
+            _ => {}
+        }
+    }
+    finish(cur, &mut out);
+    out
+}
+
+/// A mapping header line of smaps (`start-end perms offset dev inode path`): the mapping and
+/// whether its header makes it eligible; `None` for the other lines.
+fn header(line: &str) -> Option<(Mapping, bool)> {
+    let mut parts = line.split_whitespace();
+    let range = parts.next()?;
+    let (start, end) = range.split_once('-')?;
+    let start = usize::from_str_radix(start, 16).ok()?;
+    let end = usize::from_str_radix(end, 16).ok()?;
+    let perms = parts.next()?.as_bytes();
+    if perms.len() != 4 {
+        return None;
+    }
+    let (_offset, _dev, inode) = (parts.next()?, parts.next()?, parts.next()?);
+    let path = parts.next().unwrap_or("");
+    let eligible = perms[0] == b'r'
+        && perms[1] == b'-'
+        && perms[3] == b'p'
+        && inode != "0"
+        && path.starts_with('/')
+        && !line.ends_with(" (deleted)");
+    Some((
+        Mapping {
+            start,
+            len: end.saturating_sub(start),
+            rss_kib: 0,
+        },
+        eligible,
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SMAPS: &str = "\
+55d0a0000000-55d0a0200000 r--p 00000000 fe:01 123 /usr/bin/virt-launcher
+Size:               2048 kB
+Rss:                1092 kB
+Anonymous:             0 kB
+55d0a0200000-55d0a0700000 r-xp 00200000 fe:01 123 /usr/bin/virt-launcher
+Size:               5120 kB
+Rss:                2548 kB
+Anonymous:             0 kB
+55d0a0700000-55d0a0760000 r--p 00700000 fe:01 123 /usr/bin/virt-launcher
+Size:                384 kB
+Rss:                 360 kB
+Anonymous:           360 kB
+55d0a0760000-55d0a0765000 rw-p 00760000 fe:01 123 /usr/bin/virt-launcher
+Size:                 20 kB
+Rss:                  20 kB
+Anonymous:            20 kB
+55d0a1000000-55d0a1100000 rw-p 00000000 00:00 0 [heap]
+Size:               1024 kB
+Rss:                 532 kB
+Anonymous:           532 kB
+7f0000000000-7f0000150000 r-xp 00028000 fe:01 456 /usr/lib/x86_64-linux-gnu/libc.so.6
+Size:               1368 kB
+Rss:                1216 kB
+Anonymous:             0 kB
+7f0000200000-7f0000201000 r--p 00000000 fe:01 789 /tmp/gone (deleted)
+Size:                  4 kB
+Rss:                   4 kB
+Anonymous:             0 kB
+7f0000300000-7f0000301000 r-xp 00000000 fe:01 790 /usr/lib/idle.so
+Size:                  4 kB
+Rss:                   0 kB
+Anonymous:             0 kB
+7ffc00000000-7ffc00002000 r-xp 00000000 00:00 0 [vdso]
+Size:                  8 kB
+Rss:                   4 kB
+Anonymous:             0 kB
+";
+
+    #[test]
+    fn drops_clean_read_only_file_mappings_only() {
+        let got = droppable(SMAPS);
+        assert_eq!(
+            got,
+            vec![
+                Mapping {
+                    start: 0x55d0a0000000,
+                    len: 0x200000,
+                    rss_kib: 1092
+                },
+                Mapping {
+                    start: 0x55d0a0200000,
+                    len: 0x500000,
+                    rss_kib: 2548
+                },
+                Mapping {
+                    start: 0x7f0000000000,
+                    len: 0x150000,
+                    rss_kib: 1216
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn trimming_this_process_keeps_it_running() {
+        let before = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        assert!(!droppable(&before).is_empty());
+        trim_resident();
+        // The text faults back in: formatting and allocating still work.
+        assert_eq!(format!("{}", 41 + 1), "42");
+    }
+}
