@@ -57,7 +57,36 @@ pub fn trim_resident() -> Trimmed {
         done.advised_bytes += m.len;
         done.resident_kib += m.rss_kib;
     }
+    trim_main_stack(&smaps);
     done
+}
+
+/// Drops the main thread's stack pages below the caller's frame (start-up's deep calls left them
+/// resident; they are dead by the ABI and fault back in as zero pages), keeping a 64 KiB margin
+/// below the current stack pointer. Only on the main thread, whose stack is smaps' `[stack]`.
+fn trim_main_stack(smaps: &str) {
+    // SAFETY: getpid and gettid have no preconditions.
+    if unsafe { libc::getpid() != libc::gettid() } {
+        return;
+    }
+    let here = 0u8;
+    let sp = std::ptr::addr_of!(here) as usize;
+    let Some((start, len)) = smaps
+        .lines()
+        .filter(|l| l.ends_with("[stack]"))
+        .find_map(|l| header(l).map(|(m, _)| (m.start, m.len)))
+    else {
+        return;
+    };
+    const MARGIN: usize = 64 * 1024;
+    let end = sp.saturating_sub(MARGIN) & !0xfff;
+    if end > start && sp < start + len {
+        // SAFETY: [start, end) is the main thread's stack below this frame minus the margin:
+        // nothing lives there (no caller's frame, no signal frame while this one runs).
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
 }
 
 /// One mapping [`trim_resident`] may drop.
