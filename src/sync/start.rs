@@ -65,9 +65,13 @@ impl SyncVmi {
         drop(p.vsock);
         self.migration.set_boot_argv(p.argv);
         let client = self.connect(&watcher).await?;
-        self.follow(&client, p.domain, watcher).await?;
+        // Events are subscribed before `cont`, so the follower misses none; its queries
+        // (status, machine, channels) and the guest agent poll wait until `cont` returned: they
+        // are not on the path to a running guest (three QMP round trips while QEMU starts).
+        let events = client.events();
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
         start_up(&client, &p.qmp_plan, paused).await?;
+        self.follow(&client, events, p.domain, watcher).await?;
 
         let t_running = p.t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -101,7 +105,8 @@ impl SyncVmi {
         let (pid, watcher) = self.spawn_qemu(argv, plan, vsock.as_ref())?;
         drop(vsock);
         let client = self.connect(&watcher).await?;
-        self.follow(&client, domain, watcher).await?;
+        self.follow(&client, client.events(), domain, watcher)
+            .await?;
         self.shared.pid.send_replace(Some(pid));
         Ok(client)
     }
@@ -375,15 +380,15 @@ impl SyncVmi {
         }
     }
 
-    /// Records the domain's initial state and client, notifies ADDED, and starts the guest agent
-    /// poll and the event follower.
+    /// Records the domain's state and client, notifies ADDED, and starts the guest agent poll and
+    /// the event follower on `events` (subscribed by the caller before `cont`).
     async fn follow(
         &self,
         client: &QmpClient,
+        events: crate::qmp::client::EventStream,
         domain: ApiDomain,
         watcher: Qemu,
     ) -> Result<(), SyncError> {
-        let events = client.events();
         let (_, initial) = lifecycle::query_status(client)
             .await
             .map_err(SyncError::Qmp)?;
