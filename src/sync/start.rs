@@ -65,13 +65,20 @@ impl SyncVmi {
         drop(p.vsock);
         self.migration.set_boot_argv(p.argv);
         let client = self.connect(&watcher).await?;
-        // Events are subscribed before `cont`, so the follower misses none; its queries
-        // (status, machine, channels) and the guest agent poll wait until `cont` returned: they
-        // are not on the path to a running guest (three QMP round trips while QEMU starts).
+        // The follower's queries (status, machine, channels) and the start-up commands with
+        // `cont` go out interleaved on the one connection instead of one after the other: QEMU
+        // answers in order and `query-status` is sent first, so the domain is still seen in
+        // `prelaunch` (ADDED Paused, then the RESUME event's MODIFIED Running, as before), and
+        // the follower's round trips are off the path to `cont`. Events are subscribed before
+        // anything is sent, so the follower misses none.
         let events = client.events();
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        start_up(&client, &p.qmp_plan, paused).await?;
-        self.follow(&client, events, p.domain, watcher).await?;
+        let (followed, started) = tokio::join!(
+            self.follow(&client, events, p.domain, watcher),
+            start_up(&client, &p.qmp_plan, paused)
+        );
+        followed?;
+        started?;
 
         let t_running = p.t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
