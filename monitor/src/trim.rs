@@ -43,7 +43,11 @@ pub fn trim_resident() -> Trimmed {
     let Ok(smaps) = std::fs::read_to_string("/proc/self/smaps") else {
         return done;
     };
-    let random = std::env::var_os("QLAUNCHER_TRIM").is_some_and(|v| v == "random");
+    let mode = std::env::var("QLAUNCHER_TRIM").unwrap_or_default();
+    let random = mode == "random" || mode == "evict";
+    for m in partly_anonymous(&smaps) {
+        done.resident_kib += drop_file_pages(m);
+    }
     for m in droppable(&smaps) {
         // SAFETY: the range is a whole private, non-writable file mapping of this process with no
         // anonymous page: dropping its pages only makes them fault in again from the file.
@@ -58,11 +62,88 @@ pub fn trim_resident() -> Trimmed {
         done.resident_kib += m.rss_kib;
     }
     trim_main_stack(&smaps);
+    if mode == "evict" {
+        evict_executable();
+    }
     done
 }
 
+/// Experiment (`QLAUNCHER_TRIM=evict`): drops the executable's page cache too
+/// (`posix_fadvise(POSIX_FADV_DONTNEED)`, which skips pages still mapped), so that with
+/// `MADV_RANDOM` only the pages the process touches again are read and mapped.
+fn evict_executable() {
+    let Ok(file) = std::fs::File::open("/proc/self/exe") else {
+        return;
+    };
+    use std::os::fd::AsRawFd;
+    // SAFETY: advice on an open fd of ours.
+    unsafe {
+        libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED);
+    }
+}
+
+/// Drops the pages of a read-only private file mapping that holds some anonymous pages (a
+/// RELRO segment with its few relocated GOT pages) page by page: `/proc/self/pagemap` tells
+/// which pages are anonymous (present without bit 61, or swapped), and only the runs of the
+/// others are advised `MADV_DONTNEED`. Returns the KiB advised.
+fn drop_file_pages(m: Mapping) -> u64 {
+    use std::io::{Read, Seek, SeekFrom};
+    const PAGE: usize = 4096;
+    let pages = m.len / PAGE;
+    if pages == 0 || pages > 4096 {
+        return 0;
+    }
+    let Ok(mut f) = std::fs::File::open("/proc/self/pagemap") else {
+        return 0;
+    };
+    let mut raw = vec![0u8; pages * 8];
+    if f.seek(SeekFrom::Start((m.start / PAGE * 8) as u64))
+        .is_err()
+        || f.read_exact(&mut raw).is_err()
+    {
+        return 0;
+    }
+    let keep = |i: usize| {
+        let e = u64::from_ne_bytes(raw[i * 8..i * 8 + 8].try_into().unwrap_or([0; 8]));
+        let (present, swapped, file) = (e >> 63 & 1 == 1, e >> 62 & 1 == 1, e >> 61 & 1 == 1);
+        swapped || (present && !file)
+    };
+    let mut advised = 0;
+    let mut i = 0;
+    while i < pages {
+        if keep(i) {
+            i += 1;
+            continue;
+        }
+        let run = i;
+        while i < pages && !keep(i) {
+            i += 1;
+        }
+        // SAFETY: pages [run, i) of a non-writable private file mapping hold no anonymous page
+        // (and cannot gain one: the mapping is not writable), so dropping them loses nothing.
+        unsafe {
+            libc::madvise(
+                (m.start + run * PAGE) as *mut libc::c_void,
+                (i - run) * PAGE,
+                libc::MADV_DONTNEED,
+            );
+        }
+        advised += ((i - run) * PAGE / 1024) as u64;
+    }
+    advised
+}
+
+/// The private, non-writable file mappings that hold anonymous pages and are resident.
+fn partly_anonymous(smaps: &str) -> Vec<Mapping> {
+    mappings(smaps)
+        .into_iter()
+        .filter(|(m, eligible, anon)| *eligible && *anon > 0 && m.rss_kib > *anon)
+        .map(|(m, _, _)| m)
+        .collect()
+}
+
 /// Drops the main thread's stack pages below the caller's frame (start-up's deep calls left them
-/// resident; they are dead by the ABI and fault back in as zero pages), keeping a 64 KiB margin
+/// resident; they are dead by the ABI and fault back in as zero pages), keeping an 8 KiB margin
 /// below the current stack pointer. Only on the main thread, whose stack is smaps' `[stack]`.
 fn trim_main_stack(smaps: &str) {
     // SAFETY: getpid and gettid have no preconditions.
@@ -78,7 +159,7 @@ fn trim_main_stack(smaps: &str) {
     else {
         return;
     };
-    const MARGIN: usize = 64 * 1024;
+    const MARGIN: usize = 8 * 1024;
     let end = sp.saturating_sub(MARGIN) & !0xfff;
     if end > start && sp < start + len {
         // SAFETY: [start, end) is the main thread's stack below this frame minus the margin:
@@ -100,19 +181,21 @@ struct Mapping {
 /// The mappings of an smaps text (`/proc/PID/smaps`) that are private, not writable, backed by a
 /// file (a path), resident and without anonymous pages.
 fn droppable(smaps: &str) -> Vec<Mapping> {
+    mappings(smaps)
+        .into_iter()
+        .filter(|(m, eligible, anon)| *eligible && *anon == 0 && m.rss_kib > 0)
+        .map(|(m, _, _)| m)
+        .collect()
+}
+
+/// Every mapping of an smaps text with whether its header makes it eligible (private, not
+/// writable, a file's) and its anonymous (and swapped) KiB.
+fn mappings(smaps: &str) -> Vec<(Mapping, bool, u64)> {
     let mut out = Vec::new();
-    // (mapping, eligible by its header line, anonymous kB seen)
     let mut cur: Option<(Mapping, bool, u64)> = None;
-    let finish = |cur: Option<(Mapping, bool, u64)>, out: &mut Vec<Mapping>| {
-        if let Some((m, true, 0)) = cur {
-            if m.rss_kib > 0 {
-                out.push(m);
-            }
-        }
-    };
     for line in smaps.lines() {
         if let Some((m, eligible)) = header(line) {
-            finish(cur.take(), &mut out);
+            out.extend(cur.take());
             cur = Some((m, eligible, 0));
             continue;
         }
@@ -132,7 +215,7 @@ fn droppable(smaps: &str) -> Vec<Mapping> {
             _ => {}
         }
     }
-    finish(cur, &mut out);
+    out.extend(cur);
     out
 }
 
