@@ -5,14 +5,14 @@
 //! The work is [`qlauncher_monitor::trim::trim_resident`] (shared with the monitor, PID 1):
 //! `malloc_trim(0)`, then `MADV_PAGEOUT` and `MADV_DONTNEED` of every private, non-writable,
 //! file-backed mapping without anonymous pages. [`trim_after_start`] runs it once the domain's
-//! QEMU is watched, [`periodic`] every [`TRIM_INTERVAL`] while it runs (about 0.3 ms each, plus
+//! QEMU is watched, [`periodic`] every [`TRIM_INTERVAL`] while it runs (a read of smaps and one madvise per mapping, plus
 //! the refaults of the code that runs next). [`limit_arenas`] keeps glibc to one malloc arena.
 //! `QLAUNCHER_TRIM=0` turns trimming off (for measuring).
 
 use std::time::Duration;
 
 /// How often a launcher with a running domain gives its resident pages back.
-pub const TRIM_INTERVAL: Duration = Duration::from_secs(30);
+pub const TRIM_INTERVAL: Duration = Duration::from_secs(10);
 
 /// Trims once; returns the bytes of mappings advised. Best effort: every failure is ignored.
 pub fn trim_after_start() -> usize {
