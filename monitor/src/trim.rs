@@ -48,7 +48,11 @@ pub fn trim_resident() -> Trimmed {
     for m in partly_anonymous(&smaps) {
         done.resident_kib += drop_file_pages(m);
     }
-    for m in droppable(&smaps) {
+    let candidates = droppable(&smaps);
+    if mode != "fault-around" {
+        without_fault_around(&candidates);
+    }
+    for m in candidates {
         // SAFETY: the range is a whole private, non-writable file mapping of this process with no
         // anonymous page: dropping its pages only makes them fault in again from the file.
         unsafe {
@@ -66,6 +70,78 @@ pub fn trim_resident() -> Trimmed {
         evict_executable();
     }
     done
+}
+
+/// Turns the kernel's fault-around off for `mappings`, once per process: a fault on a file
+/// mapping otherwise maps up to 64 KiB of cached pages around it (`fault_around_bytes`), so the
+/// few hundred scattered text pages an idle launcher runs would keep megabytes resident again
+/// after every trim. A mapping registered with a userfaultfd in write-protect mode gets no
+/// fault-around (the kernel's `uffd_disable_fault_around`); with `UFFD_FEATURE_WP_ASYNC` (Linux
+/// 6.7) any memory type may be registered and the kernel resolves write-protect faults itself,
+/// and since nothing is ever write-protected (no `UFFDIO_WRITEPROTECT`) no fault is delivered:
+/// the registration only makes each fault map its own page. The userfaultfd stays open for the
+/// process's life (closing it would unregister). Best effort: on an older kernel, without the
+/// permission (`vm.unprivileged_userfaultfd`, seccomp) or on any error nothing changes.
+/// `QLAUNCHER_TRIM=fault-around` skips it (for measuring).
+fn without_fault_around(mappings: &[Mapping]) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static DONE: AtomicBool = AtomicBool::new(false);
+    if DONE.swap(true, Ordering::Relaxed) {
+        return;
+    }
+    #[repr(C)]
+    struct UffdioApi {
+        api: u64,
+        features: u64,
+        ioctls: u64,
+    }
+    #[repr(C)]
+    struct UffdioRegister {
+        start: u64,
+        len: u64,
+        mode: u64,
+        ioctls: u64,
+    }
+    const UFFD_API: u64 = 0xaa;
+    const UFFD_FEATURE_WP_ASYNC: u64 = 1 << 15;
+    const UFFDIO_REGISTER_MODE_WP: u64 = 1 << 1;
+    // _IOWR(0xaa, 0x3f, struct uffdio_api) and _IOWR(0xaa, 0x00, struct uffdio_register).
+    const UFFDIO_API: libc::c_ulong = 0xc018_aa3f;
+    const UFFDIO_REGISTER: libc::c_ulong = 0xc020_aa00;
+    // SAFETY: userfaultfd(2) with flags only; the fd is owned here.
+    let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
+    if fd < 0 {
+        return;
+    }
+    let fd = fd as libc::c_int;
+    let mut api = UffdioApi {
+        api: UFFD_API,
+        features: UFFD_FEATURE_WP_ASYNC,
+        ioctls: 0,
+    };
+    // SAFETY: UFFDIO_API with a valid, initialised struct uffdio_api.
+    if unsafe { libc::ioctl(fd, UFFDIO_API, &mut api) } != 0
+        || api.features & UFFD_FEATURE_WP_ASYNC == 0
+    {
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
+        return;
+    }
+    let mut registered = false;
+    for m in mappings {
+        let mut reg = UffdioRegister {
+            start: m.start as u64,
+            len: m.len as u64,
+            mode: UFFDIO_REGISTER_MODE_WP,
+            ioctls: 0,
+        };
+        // SAFETY: UFFDIO_REGISTER of a whole mapping of ours with a valid struct.
+        registered |= unsafe { libc::ioctl(fd, UFFDIO_REGISTER, &mut reg) } == 0;
+    }
+    if !registered {
+        // SAFETY: our own fd.
+        unsafe { libc::close(fd) };
+    }
 }
 
 /// Experiment (`QLAUNCHER_TRIM=evict`): drops the executable's page cache too
@@ -324,5 +400,11 @@ Anonymous:             0 kB
         trim_resident();
         // The text faults back in: formatting and allocating still work.
         assert_eq!(format!("{}", 41 + 1), "42");
+        let after = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let uffd_wp = after
+            .lines()
+            .filter(|l| l.starts_with("VmFlags:") && l.split_whitespace().any(|f| f == "uw"))
+            .count();
+        eprintln!("mappings without fault-around (uffd-wp): {uffd_wp}");
     }
 }
