@@ -45,12 +45,13 @@ pub fn trim_resident() -> Trimmed {
     };
     let mode = std::env::var("QLAUNCHER_TRIM").unwrap_or_default();
     let random = mode == "random" || mode == "evict";
-    for m in partly_anonymous(&smaps) {
-        done.resident_kib += drop_file_pages(m);
-    }
+    let partly = partly_anonymous(&smaps);
     let candidates = droppable(&smaps);
     if mode != "fault-around" {
-        without_fault_around(&candidates);
+        without_fault_around(&[&candidates[..], &partly[..]].concat());
+    }
+    for m in partly {
+        done.resident_kib += drop_file_pages(m);
     }
     for m in candidates {
         // SAFETY: the range is a whole private, non-writable file mapping of this process with no
