@@ -11,7 +11,12 @@
 //! process only. Such a mapping is never written, so dropping it loses nothing: the pages the
 //! process still runs fault back in from the file. A mapping with an anonymous page (a relocated
 //! RELRO segment, a debugger's breakpoint) and anything writable are left alone, as are the
-//! kernel's `[vdso]` and `[vvar]`. Best effort: every failure is ignored.
+//! kernel's `[vdso]` and `[vvar]`. The first trim also turns the kernel's fault-around off for
+//! those mappings ([`without_fault_around`]), so what faults back is one page per fault, not a
+//! 64 KiB block: measured on the idle launcher, its resident text went from 2.0 MiB to 0.43 MiB.
+//! A read-only mapping with a few anonymous pages (the RELRO segment's relocated GOT) has its
+//! other pages dropped one by one ([`drop_file_pages`]), and the main thread's dead stack below
+//! the caller's frame goes too. Best effort: every failure is ignored.
 //!
 //! `QLAUNCHER_TRIM=0` turns it off (for measuring); `QLAUNCHER_TRIM=random` also advises
 //! `MADV_RANDOM` (no read-ahead, so only the pages touched fault back; an experiment).
