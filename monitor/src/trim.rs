@@ -9,17 +9,19 @@
 //! pages from the page cache (and so from the pod's memory cgroup charge) when no other process
 //! maps them, then `madvise(MADV_DONTNEED)`, which unmaps the shared ones (libc) from this
 //! process only. Such a mapping is never written, so dropping it loses nothing: the pages the
-//! process still runs fault back in from the file. A mapping with an anonymous page (a relocated
-//! RELRO segment, a debugger's breakpoint) and anything writable are left alone, as are the
-//! kernel's `[vdso]` and `[vvar]`. The first trim also turns the kernel's fault-around off for
-//! those mappings ([`without_fault_around`]), so what faults back is one page per fault, not a
-//! 64 KiB block: measured on the idle launcher, its resident text went from 2.0 MiB to 0.43 MiB.
-//! A read-only mapping with a few anonymous pages (the RELRO segment's relocated GOT) has its
-//! other pages dropped one by one ([`drop_file_pages`]), and the main thread's dead stack below
-//! the caller's frame goes too. Best effort: every failure is ignored.
+//! process still runs fault back in from the file. A read-only mapping with a few anonymous
+//! pages (the RELRO segment's relocated GOT) has only its other pages dropped, run by run from
+//! `/proc/self/pagemap`; writable mappings and the kernel's `[vdso]` and `[vvar]` are left
+//! alone; the main thread's dead stack below the caller's frame goes too.
 //!
-//! `QLAUNCHER_TRIM=0` turns it off (for measuring); `QLAUNCHER_TRIM=random` also advises
-//! `MADV_RANDOM` (no read-ahead, so only the pages touched fault back; an experiment).
+//! The first trim also turns the kernel's fault-around off for those mappings (a write-protect
+//! userfaultfd registration), so what faults back is one page per fault, not a 64 KiB block:
+//! measured on the idle launcher, its resident text went from 2.0 MiB to 0.43 MiB.
+//! Best effort: every failure is ignored.
+//!
+//! `QLAUNCHER_TRIM=0` turns it off and `QLAUNCHER_TRIM=fault-around` keeps fault-around (for
+//! measuring); `random` also advises `MADV_RANDOM` and `evict` also drops the executable's
+//! page cache (experiments).
 
 /// What a trim did: bytes of mappings advised and resident kilobytes they held before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
