@@ -188,6 +188,9 @@ fn wait_signal(set: &SigSet, timeout: Duration) -> Result<Option<Signal>, Pid1Er
     Ok(Signal::try_from(r).ok())
 }
 
+/// How often the waiting monitor gives its resident pages back ([`crate::trim`]).
+const TRIM_INTERVAL: Duration = Duration::from_secs(60);
+
 /// Runs the monitor until the launcher has exited and the aftermath is done; returns the process
 /// exit code (the launcher's; 1 when a leftover QEMU survived its SIGTERM).
 ///
@@ -227,8 +230,15 @@ pub fn run(config: &MonitorConfig) -> Result<i32, Pid1Error> {
     info!("virt-launcher started", pid = launcher_pid);
 
     let mut launcher_status: Option<WaitStatus> = None;
+    // Start-up is over once the launcher runs: give its pages back after the loop's first round
+    // (so the loop's own code is what stays), then every minute ([`crate::trim`]).
+    let mut next_trim = Instant::now() + Duration::from_secs(1);
     while launcher_status.is_none() {
         let sig = wait_signal(&signals, Duration::from_secs(1))?;
+        if Instant::now() >= next_trim {
+            crate::trim::trim_resident();
+            next_trim = Instant::now() + TRIM_INTERVAL;
+        }
         if let Some(sig @ (Signal::SIGINT | Signal::SIGTERM | Signal::SIGQUIT)) = sig {
             info!(
                 "forwarding SIGTERM to virt-launcher",

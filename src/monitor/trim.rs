@@ -1,58 +1,48 @@
-//! Giving back start-up memory once the domain runs: the launcher's resident set is mostly
-//! file-backed pages of its own binary's text that only the start path touched, plus freed heap.
+//! Giving back start-up memory once the domain runs, and again while the launcher idles: the
+//! launcher's resident set is mostly clean file-backed pages (its own text and read-only data,
+//! libc's) that only the start path or one RPC touched, plus freed heap.
 //!
-//! [`trim_after_start`] returns the freed heap to the kernel (`malloc_trim(0)`, glibc) and asks
-//! the kernel to drop the binary's text pages from this process (`madvise(MADV_PAGEOUT)`, Linux
-//! 5.4, which also reclaims them from the page cache when nobody else maps them; else
-//! `MADV_DONTNEED`). Only `r-xp` mappings of the executable are touched: text is never written
-//! (no text relocations), so dropping it loses nothing and the pages the launcher still runs
-//! fault back in. Relocated read-only data and anything writable are left alone.
-//! `QLAUNCHER_TRIM=0` turns it off (for measuring).
+//! The work is [`qlauncher_monitor::trim::trim_resident`] (shared with the monitor, PID 1):
+//! `malloc_trim(0)`, then `MADV_PAGEOUT` and `MADV_DONTNEED` of every private, non-writable,
+//! file-backed mapping without anonymous pages, with fault-around off for them.
+//! [`trim_after_start`] runs it once the domain's
+//! QEMU is watched, [`periodic`] every [`TRIM_INTERVAL`] while it runs (a read of smaps and one madvise per mapping, plus
+//! the refaults of the code that runs next). [`limit_arenas`] keeps glibc to one malloc arena.
+//! `QLAUNCHER_TRIM=0` turns trimming off (for measuring).
 
-/// Trims as described in the module documentation; returns the bytes of text advised. Best
-/// effort: every failure is ignored.
+use std::time::Duration;
+
+/// How often a launcher with a running domain gives its resident pages back.
+pub const TRIM_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Trims once; returns the bytes of mappings advised. Best effort: every failure is ignored.
 pub fn trim_after_start() -> usize {
-    if std::env::var_os("QLAUNCHER_TRIM").is_some_and(|v| v == "0") {
-        return 0;
+    qlauncher_monitor::trim::trim_resident().advised_bytes
+}
+
+/// Trims every [`TRIM_INTERVAL`], forever (race it against the domain's supervision).
+pub async fn periodic() {
+    if qlauncher_monitor::trim::disabled() {
+        return std::future::pending().await;
     }
-    // SAFETY: malloc_trim only releases free heap memory.
+    loop {
+        tokio::time::sleep(TRIM_INTERVAL).await;
+        let t = std::time::Instant::now();
+        let done = qlauncher_monitor::trim::trim_resident();
+        tracing::trace!(
+            resident_kib = done.resident_kib,
+            micros = t.elapsed().as_micros() as u64,
+            "resident pages trimmed"
+        );
+    }
+}
+
+/// One malloc arena (`mallopt(M_ARENA_MAX, 1)`, glibc): the launcher runs a current-thread
+/// runtime, and each short-lived blocking thread would otherwise get an arena of its own whose
+/// freed pages stay resident. Call before any thread starts.
+pub fn limit_arenas() {
+    // SAFETY: mallopt only changes the allocator's tuning.
     unsafe {
-        libc::malloc_trim(0);
+        libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-    let Ok(exe) = std::fs::read_link("/proc/self/exe") else {
-        return 0;
-    };
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else {
-        return 0;
-    };
-    let exe = exe.to_string_lossy();
-    let mut advised = 0;
-    for line in maps.lines() {
-        let mut parts = line.split_whitespace();
-        let (Some(range), Some(perms)) = (parts.next(), parts.next()) else {
-            continue;
-        };
-        if perms != "r-xp" || parts.nth(3) != Some(&*exe) {
-            continue;
-        }
-        let Some((start, end)) = range.split_once('-') else {
-            continue;
-        };
-        let (Ok(start), Ok(end)) = (
-            usize::from_str_radix(start, 16),
-            usize::from_str_radix(end, 16),
-        ) else {
-            continue;
-        };
-        let len = end.saturating_sub(start);
-        // SAFETY: the range is a whole private, non-writable text mapping of this executable;
-        // dropping its pages only makes them fault in again from the file.
-        let r = unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_PAGEOUT) };
-        if r != 0 {
-            // SAFETY: as above.
-            unsafe { libc::madvise(start as *mut libc::c_void, len, libc::MADV_DONTNEED) };
-        }
-        advised += len;
-    }
-    advised
 }

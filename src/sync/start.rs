@@ -68,9 +68,20 @@ impl SyncVmi {
         drop(p.vsock);
         self.migration.set_boot_argv(p.argv);
         let client = self.connect(&watcher).await?;
-        self.follow(&client, p.domain, watcher).await?;
+        // The follower's queries (status, machine, channels) and the start-up commands with
+        // `cont` go out interleaved on the one connection instead of one after the other: QEMU
+        // answers in order and `query-status` is sent first, so the domain is still seen in
+        // `prelaunch` (ADDED Paused, then the RESUME event's MODIFIED Running, as before), and
+        // the follower's round trips are off the path to `cont`. Events are subscribed before
+        // anything is sent, so the follower misses none.
+        let events = client.events();
         let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        start_up(&client, &p.qmp_plan, paused).await?;
+        let (followed, started) = tokio::join!(
+            self.follow(&client, events, p.domain, watcher),
+            start_up(&client, &p.qmp_plan, paused)
+        );
+        followed?;
+        started?;
 
         let t_running = p.t0.elapsed();
         let ms = |d: Duration| d.as_secs_f64() * 1000.0;
@@ -104,7 +115,8 @@ impl SyncVmi {
         let (pid, watcher) = self.spawn_qemu(argv, plan, vsock.as_ref())?;
         drop(vsock);
         let client = self.connect(&watcher).await?;
-        self.follow(&client, domain, watcher).await?;
+        self.follow(&client, client.events(), domain, watcher)
+            .await?;
         self.shared.pid.send_replace(Some(pid));
         Ok(client)
     }
@@ -378,15 +390,15 @@ impl SyncVmi {
         }
     }
 
-    /// Records the domain's initial state and client, notifies ADDED, and starts the guest agent
-    /// poll and the event follower.
+    /// Records the domain's state and client, notifies ADDED, and starts the guest agent poll and
+    /// the event follower on `events` (subscribed by the caller before `cont`).
     async fn follow(
         &self,
         client: &QmpClient,
+        events: crate::qmp::client::EventStream,
         domain: ApiDomain,
         watcher: Qemu,
     ) -> Result<(), SyncError> {
-        let events = client.events();
         let (_, initial) = lifecycle::query_status(client)
             .await
             .map_err(SyncError::Qmp)?;
