@@ -406,8 +406,28 @@ mod tests {
 
     #[test]
     fn the_started_argv_is_the_process_s_own_without_its_binary() {
-        let ours: Vec<String> = std::env::args().skip(1).collect();
-        assert_eq!(super::started_argv(std::process::id() as i32), Some(ours));
+        // A process of known argv (this test binary's own may have no arguments, which no
+        // QEMU has and which reads as `None`).
+        let mut child = std::process::Command::new("sleep")
+            .args(["100", "200"])
+            .spawn()
+            .unwrap();
+        // Right after the spawn the child may not have exec'd yet: wait until it shows its own
+        // command line.
+        let pid = child.id() as i32;
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut argv = super::started_argv(pid);
+        while argv
+            .as_deref()
+            .is_none_or(|a| a.first().map(String::as_str) != Some("100"))
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+            argv = super::started_argv(pid);
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(argv, Some(vec!["100".to_owned(), "200".to_owned()]));
         assert_eq!(super::started_argv(i32::MAX), None);
     }
 
