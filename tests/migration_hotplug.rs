@@ -25,9 +25,12 @@
 
 use std::time::Duration;
 
-use qlauncher::sync::domain::{ApiDomain, LifeCycle as L};
+use qlauncher::sync::domain::LifeCycle as L;
 use testkit::guest::GuestImages;
-use testkit::handler::Client;
+use testkit::hotplug::{
+    attach_blue, blue_mac, hp1, nic_find, ping_blue, virt_handler_blue, with_blue, with_hotplug,
+    BLUE_GUEST, FIND,
+};
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
@@ -36,137 +39,6 @@ use testkit::migration::{
 
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
-const SERIAL: &str = "HP1SERIAL";
-/// The pod interface Multus attaches for the network `blue` (`pod` + sha256("blue")[..11]).
-const BLUE_POD_IFACE: &str = "pod16477688c0e";
-/// The guest's address on `blue`, and the far end's (on each pod's node).
-const BLUE_GUEST: &str = "192.168.77.10";
-const BLUE_NODE: &str = "192.168.77.1";
-/// The far end's MAC, the same on each pod's node (one secondary network).
-const BLUE_NODE_MAC: &str = "02:00:00:77:00:01";
-
-/// Gives `pod` the Multus link of `blue` with the pod-side MAC `mac` (each pod's differs).
-fn attach_blue(pod: &Pod, mac: &str) {
-    pod.net.add_multus_link(
-        BLUE_POD_IFACE,
-        mac,
-        1400,
-        "vblue",
-        BLUE_NODE_MAC,
-        &format!("{BLUE_NODE}/24"),
-    );
-}
-
-/// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
-/// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
-fn virt_handler_blue(pod: &Pod, mac: &str) {
-    for args in testkit::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, 0) {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        pod.net.pod.ip(&args);
-    }
-}
-
-/// `vmi` with the bridge interface `blue` on the Multus network `blue-net`, reported attached
-/// by Multus in `status.interfaces` (with the guest MAC `mac` once the domain reports one).
-fn with_blue(mut vmi: serde_json::Value, mac: &str) -> serde_json::Value {
-    vmi["spec"]["domain"]["devices"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "bridge": {}}));
-    vmi["spec"]["networks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
-    if vmi["status"].is_null() {
-        vmi["status"] = serde_json::json!({});
-    }
-    if vmi["status"]["interfaces"].is_null() {
-        vmi["status"]["interfaces"] = serde_json::json!([]);
-    }
-    let mut status = serde_json::json!(
-        {"name": "blue", "podInterfaceName": BLUE_POD_IFACE, "infoSource": "domain, multus-status"}
-    );
-    if !mac.is_empty() {
-        status["mac"] = mac.into();
-    }
-    vmi["status"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(status);
-    vmi
-}
-
-/// The guest MAC of the `blue` interface of a domain.
-fn blue_mac(d: &ApiDomain) -> Option<String> {
-    d.spec
-        .devices
-        .interfaces
-        .iter()
-        .find(|i| i.alias.as_ref().is_some_and(|a| a.name == "blue"))
-        .and_then(|i| i.mac.as_ref())
-        .map(|m| m.mac.clone())
-}
-
-/// The guest's network interface with MAC `mac`: its name and sysfs device path (the PCI path).
-fn nic_find(mac: &str) -> String {
-    format!(
-        "for n in /sys/class/net/*; do \
-         [ \"$(cat $n/address)\" = {mac} ] && echo ${{n##*/}} $(readlink -f $n/device); \
-         done"
-    )
-}
-
-/// The guest pings the far end of `blue` (on the node of the pod it runs in) until it answers
-/// (60 s; this machine has no `ping` of its own, the guest's busybox has).
-async fn ping_blue(c: &mut Client) {
-    exec_until_ok(
-        c,
-        &format!("ping -c 1 -W 2 {BLUE_NODE}"),
-        Duration::from_secs(60),
-    )
-    .await;
-}
-
-/// `vmi` with the hotplug volume `hp1` (a virtio disk with serial [`SERIAL`]) Ready, its
-/// `volumeStatus` target `target` (empty until the domain reports one).
-fn with_hotplug(mut vmi: serde_json::Value, target: &str) -> serde_json::Value {
-    vmi["spec"]["domain"]["devices"]["disks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}, "serial": SERIAL}));
-    vmi["spec"]["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!(
-            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
-        ));
-    if vmi["status"].is_null() {
-        vmi["status"] = serde_json::json!({});
-    }
-    vmi["status"]["volumeStatus"] = serde_json::json!([
-        {"name": "hp1", "target": target, "phase": "Ready", "hotplugVolume": {}}
-    ]);
-    vmi
-}
-
-/// The `hp1` disk of a domain: (target device, alias name, user-defined alias).
-fn hp1(d: &ApiDomain) -> Option<(String, String, bool)> {
-    d.spec
-        .devices
-        .disks
-        .iter()
-        .find(|d| d.alias.as_ref().is_some_and(|a| a.name == "hp1"))
-        .filter(|d| !d.target.device.is_empty())
-        .map(|d| {
-            let a = d.alias.as_ref().unwrap();
-            (d.target.device.clone(), a.name.clone(), a.user_defined)
-        })
-}
-
-/// The guest's block device with serial [`SERIAL`] and its sysfs device path (the PCI path).
-const FIND: &str = "for b in /sys/block/vd*; do \
-     [ \"$(cat $b/serial 2>/dev/null)\" = HP1SERIAL ] && echo ${b##*/} $(readlink -f $b/device); \
-     done";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffic() {

@@ -15,6 +15,7 @@
 //! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
 //!   GetDomain).
 //! - [`migration`]: both virt-handlers of a live migration (the proxy relay, the RPCs).
+//! - [`hotplug`]: the hot-plugged NIC `blue` and disk `hp1` of the migration tests.
 //! - [`in_process`]: the launcher in the test's process: KubeVirt's directories under a temporary
 //!   root, the cmd server with virt-handler's client, the notify server.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
@@ -39,6 +40,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod handler;
 pub mod hostile;
+pub mod hotplug;
 pub mod in_process;
 pub mod launcher;
 pub mod migration;
