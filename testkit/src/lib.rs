@@ -24,7 +24,8 @@
 //! - [`monitor`]: `qlauncher monitor` as a process, the launcher flags, the static launcher
 //!   (a launcher whose domain is one fixed QEMU command line).
 //! - [`qemu_launch`] and [`qmp`]: a QEMU started with an inherited QMP listener, for the qmp tests
-//!   and benchmark.
+//!   and benchmark; [`qmp_script`]: a scripted QMP peer, for what needs hardware this machine
+//!   lacks.
 //! - [`storage`]: scratch directories, tmpfs and loop mounts, the QEMU image tools.
 //! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
 //!   them under the real QEMU.
@@ -52,6 +53,7 @@ pub mod notify;
 pub mod process;
 pub mod qemu_launch;
 pub mod qmp;
+pub mod qmp_script;
 pub mod run;
 pub mod storage;
 
