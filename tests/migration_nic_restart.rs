@@ -19,8 +19,8 @@ use qlauncher::sync::domain::LifeCycle as L;
 use testkit::guest::GuestImages;
 use testkit::handler::Client;
 use testkit::hotplug::{
-    attach_blue, blue_mac, hp1, nic_find, ping_blue, virt_handler_blue, with_blue, with_hotplug,
-    BLUE_GUEST, FIND,
+    attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
+    ping_blue, virt_handler_blue, with_blue, with_hotplug, FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
@@ -103,37 +103,10 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let nic_seen = exec_until_ok(
-        &mut sc,
-        &format!("{} | grep .", nic_find(&nic_mac)),
-        Duration::from_secs(60),
-    )
-    .await;
-    let (nic_if, nic_pci) = nic_seen.trim().split_once(' ').unwrap();
-    let (nic_if, nic_pci) = (nic_if.to_owned(), nic_pci.to_owned());
-    exec_until_ok(
-        &mut sc,
-        &format!("ip addr add {BLUE_GUEST}/24 dev {nic_if} && ip link set {nic_if} up"),
-        Duration::from_secs(30),
-    )
-    .await;
-    ping_blue(&mut sc).await;
-    let seen = exec_until_ok(
-        &mut sc,
-        &format!("{FIND} | grep ."),
-        Duration::from_secs(60),
-    )
-    .await;
-    let (dev, pci_path) = seen.trim().split_once(' ').unwrap();
-    let (dev, pci_path) = (dev.to_owned(), pci_path.to_owned());
-    exec_until_ok(
-        &mut sc,
-        &format!(
-            "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
-        ),
-        Duration::from_secs(30),
-    )
-    .await;
+    let (nic_if, nic_pci) = guest_device(&mut sc, &nic_find(&nic_mac)).await;
+    configure_blue(&mut sc, &nic_if).await;
+    let (dev, pci_path) = guest_device(&mut sc, FIND).await;
+    mount_and_write_hp1(&mut sc, &dev).await;
     let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
         .mac
         .clone()

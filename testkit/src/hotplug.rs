@@ -114,6 +114,38 @@ pub async fn ping_blue(c: &mut Client) {
     .await;
 }
 
+/// Runs `find` ([`FIND`] or a [`nic_find`]) in the guest until it prints a device (60 s): the
+/// device's name and its sysfs device path (the PCI path).
+pub async fn guest_device(c: &mut Client, find: &str) -> (String, String) {
+    let seen = exec_until_ok(c, &format!("{find} | grep ."), Duration::from_secs(60)).await;
+    let (name, path) = seen.trim().split_once(' ').unwrap();
+    (name.to_owned(), path.to_owned())
+}
+
+/// The guest gives its interface `nic_if` the address [`BLUE_GUEST`] on `blue`, brings it up and
+/// pings the far end ([`ping_blue`]).
+pub async fn configure_blue(c: &mut Client, nic_if: &str) {
+    exec_until_ok(
+        c,
+        &format!("ip addr add {BLUE_GUEST}/24 dev {nic_if} && ip link set {nic_if} up"),
+        Duration::from_secs(30),
+    )
+    .await;
+    ping_blue(c).await;
+}
+
+/// The guest mounts the `hp1` disk `dev` at `/mnt/hp` and writes the file `f` on it.
+pub async fn mount_and_write_hp1(c: &mut Client, dev: &str) {
+    exec_until_ok(
+        c,
+        &format!(
+            "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
+        ),
+        Duration::from_secs(30),
+    )
+    .await;
+}
+
 /// Appends to `vmi`'s spec the virtio disk `hp1` (with `serial`, if any) and its hotpluggable
 /// volume, the PVC `hp1` (the status left as it is).
 pub fn push_hp1_spec(vmi: &mut serde_json::Value, serial: Option<&str>) {
