@@ -25,7 +25,6 @@
 
 use std::time::Duration;
 
-use qlauncher::sync::domain::LifeCycle as L;
 use testkit::guest::GuestImages;
 use testkit::hotplug::{
     attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
@@ -33,8 +32,8 @@ use testkit::hotplug::{
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, migrate_on, migrating_vmi, options, plain_vmi, pod_pair,
-    wait_notified, Relay, Rpc,
+    boot, exec_until_ok, migrate_and_finalize, migrate_on, migrating_vmi, options, plain_vmi,
+    pod_pair, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -111,28 +110,16 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     let tdir = target.share().join("hotplug-disks");
     std::fs::create_dir_all(&tdir).unwrap();
     std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
-    let t = target.start_launcher();
-    let mut tc = target.client(t).await;
-    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
-    let _relay = Relay::start(&source, &target, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
-        (true, String::new())
-    );
-    let ended = wait_notified(&source, "source migration ended", MIGRATION, |d| {
-        metadata(d).is_some_and(|m| m.end_timestamp.is_some())
-    })
-    .await;
-    let m = metadata(&ended).unwrap();
-    assert!(!m.failed, "{m:?}\nsource log:\n{}", source.log(s));
-    wait_notified(
-        &target,
-        "target Running with EndTimestamp",
+    let (t, mut tc, _relay) = migrate_and_finalize(
+        &source,
+        s,
+        &mut sc,
+        &mut target,
+        &vmi,
+        &options("0", 150),
         MIGRATION,
-        |d| d.status.status == L::Running && metadata(d).is_some_and(|m| m.end_timestamp.is_some()),
     )
     .await;
-    assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
 
     // On the target: the same disk (serial, PCI path), the file on the mounted file system.
     let moved = exec_until_ok(

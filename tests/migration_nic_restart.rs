@@ -15,7 +15,6 @@
 
 use std::time::Duration;
 
-use qlauncher::sync::domain::LifeCycle as L;
 use testkit::guest::GuestImages;
 use testkit::handler::Client;
 use testkit::hotplug::{
@@ -24,8 +23,7 @@ use testkit::hotplug::{
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, migrating_vmi, options, plain_vmi, pod_pair, wait_notified,
-    Relay, Rpc,
+    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -132,28 +130,16 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         ),
         &dev_target,
     );
-    let t = target.start_launcher();
-    let mut tc = target.client(t).await;
-    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
-    let _relay = Relay::start(&source, &target, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
-        (true, String::new())
-    );
-    let ended = wait_notified(&source, "source migration ended", MIGRATION, |d| {
-        metadata(d).is_some_and(|m| m.end_timestamp.is_some())
-    })
-    .await;
-    let m = metadata(&ended).unwrap();
-    assert!(!m.failed, "{m:?}\nsource log:\n{}", source.log(s));
-    wait_notified(
-        &target,
-        "target Running with EndTimestamp",
+    let (t, mut tc, _relay) = migrate_and_finalize(
+        &source,
+        s,
+        &mut sc,
+        &mut target,
+        &vmi,
+        &options("0", 150),
         MIGRATION,
-        |d| d.status.status == L::Running && metadata(d).is_some_and(|m| m.end_timestamp.is_some()),
     )
     .await;
-    assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
     let nic_moved = exec_until_ok(
         &mut tc,
         &format!("{} | grep .", nic_find(&nic_mac)),
