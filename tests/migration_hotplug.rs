@@ -28,7 +28,8 @@ use std::time::Duration;
 use testkit::guest::GuestImages;
 use testkit::hotplug::{
     attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
-    ping_blue, virt_handler_blue, with_blue, with_hotplug, FIND,
+    ping_blue, virt_handler_blue, wait_blue_unplugged, wait_hp1_unplugged, with_blue, with_hotplug,
+    FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
@@ -221,39 +222,6 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     unplugged["spec"] = plain["spec"].clone();
     unplugged["status"]["volumeStatus"] = serde_json::json!([]);
     assert_eq!(sync(&mut hc, &unplugged).await, (true, String::new()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut hc).await.as_ref().and_then(hp1).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "hp1 still in GetDomain\n{}",
-            third.log(h)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut hc,
-        &format!("test -z \"$({FIND})\""),
-        Duration::from_secs(60),
-    )
-    .await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut hc)
-        .await
-        .as_ref()
-        .and_then(blue_mac)
-        .is_some()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "blue still in GetDomain\n{}",
-            third.log(h)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut hc,
-        &format!("test -z \"$({})\"", nic_find(&nic_mac)),
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_hp1_unplugged(&mut hc, || third.log(h)).await;
+    wait_blue_unplugged(&mut hc, &nic_mac, || third.log(h)).await;
 }

@@ -19,7 +19,8 @@ use testkit::guest::GuestImages;
 use testkit::handler::Client;
 use testkit::hotplug::{
     attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
-    ping_blue, virt_handler_blue, with_blue, with_hotplug, FIND,
+    ping_blue, virt_handler_blue, wait_blue_unplugged, wait_hp1_unplugged, with_blue, with_hotplug,
+    FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
@@ -178,40 +179,7 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         .cloned()
         .collect();
     assert_eq!(sync(&mut tc, &unplugged).await, (true, String::new()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut tc)
-        .await
-        .as_ref()
-        .and_then(blue_mac)
-        .is_some()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "blue still in GetDomain\n{}",
-            target.log(t)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut tc,
-        &format!("test -z \"$({})\"", nic_find(&nic_mac)),
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_blue_unplugged(&mut tc, &nic_mac, || target.log(t)).await;
     // And the disk, by the node names QEMU runs it with.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut tc).await.as_ref().and_then(hp1).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "hp1 still in GetDomain\n{}",
-            target.log(t)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut tc,
-        &format!("test -z \"$({FIND})\""),
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_hp1_unplugged(&mut tc, || target.log(t)).await;
 }

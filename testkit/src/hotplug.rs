@@ -8,7 +8,7 @@ use std::time::Duration;
 use qlauncher::sync::domain::ApiDomain;
 
 use crate::handler::Client;
-use crate::launcher::Pod;
+use crate::launcher::{get_domain, Pod};
 use crate::migration::exec_until_ok;
 
 /// The pod interface Multus attaches for the network `blue` (`pod` + sha256("blue")[..11]).
@@ -142,6 +142,46 @@ pub async fn mount_and_write_hp1(c: &mut Client, dev: &str) {
             "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
         ),
         Duration::from_secs(30),
+    )
+    .await;
+}
+
+/// Waits (60 s each) until `GetDomain` no longer lists the NIC `blue` (else panics with `log()`,
+/// the launcher's log), then until the guest has no interface with MAC `mac`.
+pub async fn wait_blue_unplugged(c: &mut Client, mac: &str, log: impl Fn() -> String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(c).await.as_ref().and_then(blue_mac).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "blue still in GetDomain\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        c,
+        &format!("test -z \"$({})\"", nic_find(mac)),
+        Duration::from_secs(60),
+    )
+    .await;
+}
+
+/// Waits (60 s each) until `GetDomain` no longer lists the disk `hp1` (else panics with `log()`,
+/// the launcher's log), then until the guest has no block device with serial [`SERIAL`].
+pub async fn wait_hp1_unplugged(c: &mut Client, log: impl Fn() -> String) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while get_domain(c).await.as_ref().and_then(hp1).is_some() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "hp1 still in GetDomain\n{}",
+            log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    exec_until_ok(
+        c,
+        &format!("test -z \"$({FIND})\""),
+        Duration::from_secs(60),
     )
     .await;
 }
