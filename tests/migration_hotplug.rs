@@ -27,9 +27,9 @@ use std::time::Duration;
 
 use testkit::guest::GuestImages;
 use testkit::hotplug::{
-    attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
-    ping_blue, virt_handler_blue, wait_blue_unplugged, wait_hp1_unplugged, with_blue, with_hotplug,
-    FIND,
+    attach_blue, blue_mac, blue_pods, configure_blue, guest_device, hp1, hp1_image,
+    mount_and_write_hp1, nic_find, ping_blue, share_hp1, wait_blue_unplugged, wait_hp1_unplugged,
+    with_blue, with_hotplug, FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
@@ -44,29 +44,15 @@ const MIGRATION: Duration = Duration::from_secs(240);
 async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffic() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
-    attach_blue(&source, "0a:58:0a:f4:01:07");
-    attach_blue(&target, "0a:58:0a:f4:02:07");
     // The target's virt-handler sets up the pod network of every interface, `blue` included.
-    virt_handler_blue(&target, "0a:58:0a:f4:02:07");
+    blue_pods(&source, &target);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
 
     let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
 
     // virt-handler mounts the hotplug volume into the pod (an ext4 image here), then syncs.
-    let dir = source.share().join("hotplug-disks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("hp1.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    let mkfs = std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&image)
-        .status()
-        .unwrap();
-    assert!(mkfs.success());
+    let image = hp1_image(&source);
     // Multus attached `blue` to the pod: the same sync plugs the NIC.
     assert_eq!(
         sync(&mut sc, &with_blue(with_hotplug(plain.clone(), ""), "")).await,
@@ -108,9 +94,7 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     );
 
     // The target pod has the same volume (the shared claim) at its own path.
-    let tdir = target.share().join("hotplug-disks");
-    std::fs::create_dir_all(&tdir).unwrap();
-    std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
+    share_hp1(&target, &image);
     let (t, mut tc, _relay) = migrate_and_finalize(
         &source,
         s,
@@ -175,9 +159,7 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
     let mut third = Pod::new(&images.disk_qcow2, false);
     third.uid = uid.clone();
     attach_blue(&third, "0a:58:0a:f4:03:07");
-    let hdir = third.share().join("hotplug-disks");
-    std::fs::create_dir_all(&hdir).unwrap();
-    std::fs::hard_link(&image, hdir.join("hp1.img")).unwrap();
+    share_hp1(&third, &image);
     let vmi2 = with_blue(
         with_hotplug(
             migrating_vmi(&uid, "mig-hp2", &third.pod_name(), &guest_mac),

@@ -18,9 +18,9 @@ use std::time::Duration;
 use testkit::guest::GuestImages;
 use testkit::handler::Client;
 use testkit::hotplug::{
-    attach_blue, blue_mac, configure_blue, guest_device, hp1, mount_and_write_hp1, nic_find,
-    ping_blue, virt_handler_blue, wait_blue_unplugged, wait_hp1_unplugged, with_blue, with_hotplug,
-    FIND,
+    blue_mac, blue_pods, configure_blue, guest_device, hp1, hp1_image, mount_and_write_hp1,
+    nic_find, ping_blue, share_hp1, wait_blue_unplugged, wait_hp1_unplugged, with_blue,
+    with_hotplug, FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
@@ -63,29 +63,13 @@ async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Cl
 async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_unplug() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
-    attach_blue(&source, "0a:58:0a:f4:01:07");
-    attach_blue(&target, "0a:58:0a:f4:02:07");
-    virt_handler_blue(&target, "0a:58:0a:f4:02:07");
+    blue_pods(&source, &target);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
 
     let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
-    let dir = source.share().join("hotplug-disks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("hp1.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    assert!(std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
-    let tdir = target.share().join("hotplug-disks");
-    std::fs::create_dir_all(&tdir).unwrap();
-    std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
+    let image = hp1_image(&source);
+    share_hp1(&target, &image);
     assert_eq!(
         sync(&mut sc, &with_hotplug(with_blue(plain.clone(), ""), "")).await,
         (true, String::new())

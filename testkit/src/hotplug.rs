@@ -38,6 +38,42 @@ pub fn attach_blue(pod: &Pod, mac: &str) {
     );
 }
 
+/// The pods of a migration with `blue`: the Multus link in `source` (pod-side MAC
+/// `0a:58:0a:f4:01:07`) and in `target` (`0a:58:0a:f4:02:07`), where virt-handler also set up its
+/// bridge binding ([`virt_handler_blue`]).
+pub fn blue_pods(source: &Pod, target: &Pod) {
+    attach_blue(source, "0a:58:0a:f4:01:07");
+    attach_blue(target, "0a:58:0a:f4:02:07");
+    virt_handler_blue(target, "0a:58:0a:f4:02:07");
+}
+
+/// Plays the source's virt-handler mounting the hotplug volume `hp1` into `pod`: an empty 16 MiB
+/// ext4 image `hotplug-disks/hp1.img` in its share. Returns the image's path.
+pub fn hp1_image(pod: &Pod) -> std::path::PathBuf {
+    let dir = pod.share().join("hotplug-disks");
+    std::fs::create_dir_all(&dir).unwrap();
+    let image = dir.join("hp1.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(16 << 20)
+        .unwrap();
+    let mkfs = std::process::Command::new("mkfs.ext4")
+        .args(["-q", "-F"])
+        .arg(&image)
+        .status()
+        .unwrap();
+    assert!(mkfs.success());
+    image
+}
+
+/// The same volume (a shared claim) mounted into `pod` too: `image` hard-linked as its
+/// `hotplug-disks/hp1.img`.
+pub fn share_hp1(pod: &Pod, image: &std::path::Path) {
+    let dir = pod.share().join("hotplug-disks");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::hard_link(image, dir.join("hp1.img")).unwrap();
+}
+
 /// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
 /// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
 pub fn virt_handler_blue(pod: &Pod, mac: &str) {
