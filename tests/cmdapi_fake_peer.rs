@@ -10,31 +10,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use qlauncher::qmp::QmpClient;
 use qlauncher::sync::cmdapi::host_devices::{self, HotplugRunner, SriovInterface};
 use qlauncher::sync::cmdapi::{sev, CmdApiError};
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
+use testkit::qmp_script::{scripted, step, Step};
 use tokio::sync::Notify;
-
-const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 1, "major": 10}, "package": "scripted"}, "capabilities": []}}"#;
-
-/// One scripted exchange: the command expected, and the reply (`{"return": ..}` or `{"error": ..}`),
-/// held back until `gate` is notified when there is one.
-struct Step {
-    execute: &'static str,
-    reply: Value,
-    gate: Option<Arc<Notify>>,
-}
-
-fn step(execute: &'static str, reply: Value) -> Step {
-    Step {
-        execute,
-        reply,
-        gate: None,
-    }
-}
 
 /// A step whose reply waits for `gate`.
 fn gated(execute: &'static str, reply: Value, gate: &Arc<Notify>) -> Step {
@@ -42,57 +22,6 @@ fn gated(execute: &'static str, reply: Value, gate: &Arc<Notify>) -> Step {
         gate: Some(gate.clone()),
         ..step(execute, reply)
     }
-}
-
-/// A QMP peer that answers `script` in order and returns every command it got (`execute` and
-/// `arguments`); a command out of script gets a `GenericError` and ends the script.
-async fn scripted(
-    dir: &Path,
-    script: Vec<Step>,
-) -> (QmpClient, tokio::task::JoinHandle<Vec<Value>>) {
-    let path = dir.join("qmp.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let peer = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        let (r, mut w) = s.into_split();
-        let mut lines = BufReader::new(r).lines();
-        w.write_all(format!("{GREETING}\n").as_bytes())
-            .await
-            .unwrap();
-        let caps: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-        assert_eq!(caps["execute"], "qmp_capabilities");
-        w.write_all(format!("{}\n", json!({"return": {}, "id": caps["id"]})).as_bytes())
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let mut script = script.into_iter();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let cmd: Value = serde_json::from_str(&line).unwrap();
-            let mut seen = json!({"execute": cmd["execute"]});
-            if let Some(a) = cmd.get("arguments") {
-                seen["arguments"] = a.clone();
-            }
-            got.push(seen);
-            let mut reply = match script.next() {
-                Some(s) if s.execute == cmd["execute"] => {
-                    if let Some(gate) = s.gate {
-                        gate.notified().await;
-                    }
-                    s.reply
-                }
-                _ => json!({"error": {"class": "GenericError", "desc": "not in the script"}}),
-            };
-            reply["id"] = cmd["id"].clone();
-            if w.write_all(format!("{reply}\n").as_bytes()).await.is_err() {
-                break;
-            }
-        }
-        got
-    });
-    let client = QmpClient::connect(&path, Duration::from_secs(5))
-        .await
-        .unwrap();
-    (client, peer)
 }
 
 /// A node with one VF: `<root>/sys/bus/pci/devices/<addr>` with its IOMMU group, and

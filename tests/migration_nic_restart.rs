@@ -15,149 +15,20 @@
 
 use std::time::Duration;
 
-use qlauncher::sync::domain::{ApiDomain, LifeCycle as L};
 use testkit::guest::GuestImages;
 use testkit::handler::Client;
+use testkit::hotplug::{
+    blue_mac, blue_pods, configure_blue, guest_device, hp1, hp1_image, mount_and_write_hp1,
+    nic_find, ping_blue, share_hp1, wait_blue_unplugged, wait_hp1_unplugged, with_blue,
+    with_hotplug, FIND,
+};
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, migrating_vmi, options, plain_vmi, pod_pair, wait_notified,
-    Relay, Rpc,
+    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
-
-/// The pod interface Multus attaches for the network `blue` (`pod` + sha256("blue")[..11]).
-const BLUE_POD_IFACE: &str = "pod16477688c0e";
-/// The guest's address on `blue`, and the far end's (on each pod's node).
-const BLUE_GUEST: &str = "192.168.77.10";
-const BLUE_NODE: &str = "192.168.77.1";
-/// The far end's MAC, the same on each pod's node (one secondary network).
-const BLUE_NODE_MAC: &str = "02:00:00:77:00:01";
-
-/// Gives `pod` the Multus link of `blue` with the pod-side MAC `mac` (each pod's differs).
-fn attach_blue(pod: &Pod, mac: &str) {
-    pod.net.add_multus_link(
-        BLUE_POD_IFACE,
-        mac,
-        1400,
-        "vblue",
-        BLUE_NODE_MAC,
-        &format!("{BLUE_NODE}/24"),
-    );
-}
-
-/// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
-/// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
-fn virt_handler_blue(pod: &Pod, mac: &str) {
-    for args in testkit::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, 0) {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        pod.net.pod.ip(&args);
-    }
-}
-
-/// `vmi` with the bridge interface `blue` on the Multus network `blue-net`, reported attached
-/// by Multus in `status.interfaces` (with the guest MAC `mac` once the domain reports one).
-fn with_blue(mut vmi: serde_json::Value, mac: &str) -> serde_json::Value {
-    vmi["spec"]["domain"]["devices"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "bridge": {}}));
-    vmi["spec"]["networks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
-    if vmi["status"].is_null() {
-        vmi["status"] = serde_json::json!({});
-    }
-    if vmi["status"]["interfaces"].is_null() {
-        vmi["status"]["interfaces"] = serde_json::json!([]);
-    }
-    let mut status = serde_json::json!(
-        {"name": "blue", "podInterfaceName": BLUE_POD_IFACE, "infoSource": "domain, multus-status"}
-    );
-    if !mac.is_empty() {
-        status["mac"] = mac.into();
-    }
-    vmi["status"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(status);
-    vmi
-}
-
-/// The guest MAC of the `blue` interface of a domain.
-fn blue_mac(d: &ApiDomain) -> Option<String> {
-    d.spec
-        .devices
-        .interfaces
-        .iter()
-        .find(|i| i.alias.as_ref().is_some_and(|a| a.name == "blue"))
-        .and_then(|i| i.mac.as_ref())
-        .map(|m| m.mac.clone())
-}
-
-/// The guest's network interface with MAC `mac`: its name and sysfs device path (the PCI path).
-fn nic_find(mac: &str) -> String {
-    format!(
-        "for n in /sys/class/net/*; do \
-         [ \"$(cat $n/address)\" = {mac} ] && echo ${{n##*/}} $(readlink -f $n/device); \
-         done"
-    )
-}
-
-/// The guest pings the far end of `blue` (on the node of the pod it runs in) until it answers
-/// (60 s; this machine has no `ping` of its own, the guest's busybox has).
-async fn ping_blue(c: &mut Client) {
-    exec_until_ok(
-        c,
-        &format!("ping -c 1 -W 2 {BLUE_NODE}"),
-        Duration::from_secs(60),
-    )
-    .await;
-}
-
-const SERIAL: &str = "HP1SERIAL";
-/// `vmi` with the hotplug volume `hp1` (a virtio disk with serial [`SERIAL`]) Ready, its
-/// `volumeStatus` target `target` (empty until the domain reports one).
-fn with_hotplug(mut vmi: serde_json::Value, target: &str) -> serde_json::Value {
-    vmi["spec"]["domain"]["devices"]["disks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}, "serial": SERIAL}));
-    vmi["spec"]["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!(
-            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
-        ));
-    if vmi["status"].is_null() {
-        vmi["status"] = serde_json::json!({});
-    }
-    vmi["status"]["volumeStatus"] = serde_json::json!([
-        {"name": "hp1", "target": target, "phase": "Ready", "hotplugVolume": {}}
-    ]);
-    vmi
-}
-
-/// The `hp1` disk of a domain: (target device, alias name, user-defined alias).
-fn hp1(d: &ApiDomain) -> Option<(String, String, bool)> {
-    d.spec
-        .devices
-        .disks
-        .iter()
-        .find(|d| d.alias.as_ref().is_some_and(|a| a.name == "hp1"))
-        .filter(|d| !d.target.device.is_empty())
-        .map(|d| {
-            let a = d.alias.as_ref().unwrap();
-            (d.target.device.clone(), a.name.clone(), a.user_defined)
-        })
-}
-
-/// The guest's block device with serial [`SERIAL`] and its sysfs device path (the PCI path).
-const FIND: &str = "for b in /sys/block/vd*; do \
-     [ \"$(cat $b/serial 2>/dev/null)\" = HP1SERIAL ] && echo ${b##*/} $(readlink -f $b/device); \
-     done";
 
 /// Kills launcher `n` of `pod` and starts another, which adopts the running QEMU on the sync of
 /// `vmi`; returns the new launcher and its client, checking the QEMU is the same process.
@@ -192,29 +63,13 @@ async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Cl
 async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_unplug() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
-    attach_blue(&source, "0a:58:0a:f4:01:07");
-    attach_blue(&target, "0a:58:0a:f4:02:07");
-    virt_handler_blue(&target, "0a:58:0a:f4:02:07");
+    blue_pods(&source, &target);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
 
     let (s, mut sc) = boot(&mut source, &plain, BOOT).await;
-    let dir = source.share().join("hotplug-disks");
-    std::fs::create_dir_all(&dir).unwrap();
-    let image = dir.join("hp1.img");
-    std::fs::File::create(&image)
-        .unwrap()
-        .set_len(16 << 20)
-        .unwrap();
-    assert!(std::process::Command::new("mkfs.ext4")
-        .args(["-q", "-F"])
-        .arg(&image)
-        .status()
-        .unwrap()
-        .success());
-    let tdir = target.share().join("hotplug-disks");
-    std::fs::create_dir_all(&tdir).unwrap();
-    std::fs::hard_link(&image, tdir.join("hp1.img")).unwrap();
+    let image = hp1_image(&source);
+    share_hp1(&target, &image);
     assert_eq!(
         sync(&mut sc, &with_hotplug(with_blue(plain.clone(), ""), "")).await,
         (true, String::new())
@@ -231,37 +86,10 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let nic_seen = exec_until_ok(
-        &mut sc,
-        &format!("{} | grep .", nic_find(&nic_mac)),
-        Duration::from_secs(60),
-    )
-    .await;
-    let (nic_if, nic_pci) = nic_seen.trim().split_once(' ').unwrap();
-    let (nic_if, nic_pci) = (nic_if.to_owned(), nic_pci.to_owned());
-    exec_until_ok(
-        &mut sc,
-        &format!("ip addr add {BLUE_GUEST}/24 dev {nic_if} && ip link set {nic_if} up"),
-        Duration::from_secs(30),
-    )
-    .await;
-    ping_blue(&mut sc).await;
-    let seen = exec_until_ok(
-        &mut sc,
-        &format!("{FIND} | grep ."),
-        Duration::from_secs(60),
-    )
-    .await;
-    let (dev, pci_path) = seen.trim().split_once(' ').unwrap();
-    let (dev, pci_path) = (dev.to_owned(), pci_path.to_owned());
-    exec_until_ok(
-        &mut sc,
-        &format!(
-            "mkdir -p /mnt/hp && mount /dev/{dev} /mnt/hp && echo hotplug-file >/mnt/hp/f && sync"
-        ),
-        Duration::from_secs(30),
-    )
-    .await;
+    let (nic_if, nic_pci) = guest_device(&mut sc, &nic_find(&nic_mac)).await;
+    configure_blue(&mut sc, &nic_if).await;
+    let (dev, pci_path) = guest_device(&mut sc, FIND).await;
+    mount_and_write_hp1(&mut sc, &dev).await;
     let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
         .mac
         .clone()
@@ -287,28 +115,16 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         ),
         &dev_target,
     );
-    let t = target.start_launcher();
-    let mut tc = target.client(t).await;
-    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
-    let _relay = Relay::start(&source, &target, &uid).await;
-    assert_eq!(
-        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
-        (true, String::new())
-    );
-    let ended = wait_notified(&source, "source migration ended", MIGRATION, |d| {
-        metadata(d).is_some_and(|m| m.end_timestamp.is_some())
-    })
-    .await;
-    let m = metadata(&ended).unwrap();
-    assert!(!m.failed, "{m:?}\nsource log:\n{}", source.log(s));
-    wait_notified(
-        &target,
-        "target Running with EndTimestamp",
+    let (t, mut tc, _relay) = migrate_and_finalize(
+        &source,
+        s,
+        &mut sc,
+        &mut target,
+        &vmi,
+        &options("0", 150),
         MIGRATION,
-        |d| d.status.status == L::Running && metadata(d).is_some_and(|m| m.end_timestamp.is_some()),
     )
     .await;
-    assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
     let nic_moved = exec_until_ok(
         &mut tc,
         &format!("{} | grep .", nic_find(&nic_mac)),
@@ -347,40 +163,7 @@ async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_
         .cloned()
         .collect();
     assert_eq!(sync(&mut tc, &unplugged).await, (true, String::new()));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut tc)
-        .await
-        .as_ref()
-        .and_then(blue_mac)
-        .is_some()
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "blue still in GetDomain\n{}",
-            target.log(t)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut tc,
-        &format!("test -z \"$({})\"", nic_find(&nic_mac)),
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_blue_unplugged(&mut tc, &nic_mac, || target.log(t)).await;
     // And the disk, by the node names QEMU runs it with.
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while get_domain(&mut tc).await.as_ref().and_then(hp1).is_some() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "hp1 still in GetDomain\n{}",
-            target.log(t)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    exec_until_ok(
-        &mut tc,
-        &format!("test -z \"$({FIND})\""),
-        Duration::from_secs(60),
-    )
-    .await;
+    wait_hp1_unplugged(&mut tc, || target.log(t)).await;
 }

@@ -5,32 +5,12 @@
 //! device in time (the migration fails with them, the domain runs on). The rest of the
 //! migration runs against real QEMU in `migration_launchers.rs` and the other migration tests.
 
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use qlauncher::qmp::QmpClient;
 use qlauncher::sync::migration::sriov::{unplug_sriov, SriovDetachError};
 use qlauncher::sync::migration::MigrationError;
 use serde_json::{json, Value};
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::UnixListener;
-
-const GREETING: &str = r#"{"QMP": {"version": {"qemu": {"micro": 0, "minor": 1, "major": 10}, "package": "scripted"}, "capabilities": []}}"#;
-
-/// One scripted exchange: the command expected, its reply, and the events QEMU sends after it.
-struct Step {
-    execute: &'static str,
-    reply: Value,
-    events: Vec<Value>,
-}
-
-fn step(execute: &'static str, reply: Value) -> Step {
-    Step {
-        execute,
-        reply,
-        events: Vec::new(),
-    }
-}
+use testkit::qmp_script::{scripted, step, Step};
 
 /// `DEVICE_DELETED` of `id` as QEMU sends it once the guest released the device.
 fn deleted(id: &str) -> Value {
@@ -48,59 +28,6 @@ fn peripheral() -> Value {
         {"name": "ua-sriov-vf1", "type": "child<vfio-pci>"},
         {"name": "ua-sriov-vf2", "type": "child<vfio-pci>"},
         {"name": "ua-rootdisk", "type": "child<virtio-blk-pci>"}]})
-}
-
-/// A QMP peer that answers `script` in order and returns every command it got (`execute` and
-/// `arguments`); a command out of script gets a `GenericError`.
-async fn scripted(
-    dir: &Path,
-    script: Vec<Step>,
-) -> (QmpClient, tokio::task::JoinHandle<Vec<Value>>) {
-    let path = dir.join("qmp.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let peer = tokio::spawn(async move {
-        let (s, _) = listener.accept().await.unwrap();
-        let (r, mut w) = s.into_split();
-        let mut lines = BufReader::new(r).lines();
-        w.write_all(format!("{GREETING}\n").as_bytes())
-            .await
-            .unwrap();
-        let caps: Value = serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
-        assert_eq!(caps["execute"], "qmp_capabilities");
-        w.write_all(format!("{}\n", json!({"return": {}, "id": caps["id"]})).as_bytes())
-            .await
-            .unwrap();
-        let mut got = Vec::new();
-        let mut script = script.into_iter();
-        while let Ok(Some(line)) = lines.next_line().await {
-            let cmd: Value = serde_json::from_str(&line).unwrap();
-            let mut seen = json!({"execute": cmd["execute"]});
-            if let Some(a) = cmd.get("arguments") {
-                seen["arguments"] = a.clone();
-            }
-            got.push(seen);
-            let (mut reply, events) = match script.next() {
-                Some(s) if s.execute == cmd["execute"] => (s.reply, s.events),
-                _ => (
-                    json!({"error": {"class": "GenericError", "desc": "not in the script"}}),
-                    Vec::new(),
-                ),
-            };
-            reply["id"] = cmd["id"].clone();
-            let mut out = format!("{reply}\n");
-            for e in events {
-                out.push_str(&format!("{e}\n"));
-            }
-            if w.write_all(out.as_bytes()).await.is_err() {
-                break;
-            }
-        }
-        got
-    });
-    let client = QmpClient::connect(&path, Duration::from_secs(5))
-        .await
-        .unwrap();
-    (client, peer)
 }
 
 fn device_del(id: &str) -> Value {

@@ -30,6 +30,7 @@ use qlauncher::sync::uds;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use testkit::guest::wait_log_marker as wait_marker;
+use testkit::hotplug::{push_blue_spec, push_hp1_spec, BLUE_POD_IFACE};
 use testkit::netns::{Netns, PodNet, PodNetSpec, KUBELET_RESOLV_CONF};
 use testkit::process::Running;
 
@@ -84,8 +85,6 @@ fn start_run(net: &PodNet, root: &Path, vmi_file: &Path, images: &GuestImages) -
     Running::start(command, &root.join("run.log"))
 }
 
-/// The pod interface of the Multus network `blue`: `pod` + sha256("blue")[..11].
-const BLUE_POD_IFACE: &str = "pod16477688c0e";
 /// Its MAC, which the hot-plugged guest NIC takes (bridge binding, no MAC in the spec).
 const BLUE_POD_MAC: &str = "0a:58:0a:f4:01:07";
 
@@ -371,24 +370,8 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         .unwrap();
     let links_before = pod_links(&net.pod);
     let mut with_devices = vmi.clone();
-    with_devices["spec"]["domain"]["devices"]["disks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "hp1", "disk": {"bus": "virtio"}}));
-    with_devices["spec"]["volumes"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!(
-            {"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}
-        ));
-    with_devices["spec"]["domain"]["devices"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "bridge": {}}));
-    with_devices["spec"]["networks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    push_hp1_spec(&mut with_devices, None);
+    push_blue_spec(&mut with_devices);
     with_devices["status"] = serde_json::json!({
         "volumeStatus": [
             cd1_status("Ready"),
@@ -677,14 +660,7 @@ async fn multus_interface_present_at_boot_is_unplugged_by_diff() {
         .unwrap();
     let (_received, _stop_notify) = notify::start(&share.join("domain-notify-pipe.sock"));
     let mut vmi = demo_vmi();
-    vmi["spec"]["domain"]["devices"]["interfaces"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "bridge": {}}));
-    vmi["spec"]["networks"]
-        .as_array_mut()
-        .unwrap()
-        .push(serde_json::json!({"name": "blue", "multus": {"networkName": "blue-net"}}));
+    push_blue_spec(&mut vmi);
     vmi["status"]["interfaces"] =
         serde_json::json!([{"name": "blue", "infoSource": "domain, multus-status"}]);
     let vmi_file = root.path().join("demo.json");

@@ -15,6 +15,7 @@
 //! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
 //!   GetDomain).
 //! - [`migration`]: both virt-handlers of a live migration (the proxy relay, the RPCs).
+//! - [`hotplug`]: the hot-plugged NIC `blue` and disk `hp1` of the migration tests.
 //! - [`in_process`]: the launcher in the test's process: KubeVirt's directories under a temporary
 //!   root, the cmd server with virt-handler's client, the notify server.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
@@ -23,7 +24,8 @@
 //! - [`monitor`]: `qlauncher monitor` as a process, the launcher flags, the static launcher
 //!   (a launcher whose domain is one fixed QEMU command line).
 //! - [`qemu_launch`] and [`qmp`]: a QEMU started with an inherited QMP listener, for the qmp tests
-//!   and benchmark.
+//!   and benchmark; [`qmp_script`]: a scripted QMP peer, for what needs hardware this machine
+//!   lacks.
 //! - [`storage`]: scratch directories, tmpfs and loop mounts, the QEMU image tools.
 //! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
 //!   them under the real QEMU.
@@ -39,6 +41,7 @@ pub mod fuzz;
 pub mod guest;
 pub mod handler;
 pub mod hostile;
+pub mod hotplug;
 pub mod in_process;
 pub mod launcher;
 pub mod migration;
@@ -50,6 +53,7 @@ pub mod notify;
 pub mod process;
 pub mod qemu_launch;
 pub mod qmp;
+pub mod qmp_script;
 pub mod run;
 pub mod storage;
 

@@ -498,6 +498,41 @@ pub async fn migrate_on_with(
     (n, c, relay)
 }
 
+/// A migration of `vmi` from the launcher `s` of `source` (client `sc`) to a fresh launcher in
+/// `target`, virt-handler's whole part of it: starts the launcher and syncs it as the target,
+/// relays `source` → `target` (sockets named after `source`'s VMI UID), migrates with `opts`,
+/// waits (within `timeout`) until the source's migration ended, not failed (else panics with the
+/// source launcher's log), and the target notifies Running with it ended, then finalizes it on
+/// the target. Returns the target's launcher index, its client and the relay (keep it alive).
+pub async fn migrate_and_finalize(
+    source: &Pod,
+    s: usize,
+    sc: &mut Client,
+    target: &mut Pod,
+    vmi: &serde_json::Value,
+    opts: &[u8],
+    timeout: Duration,
+) -> (usize, Client, Relay) {
+    let t = target.start_launcher();
+    let mut tc = target.client(t).await;
+    assert_eq!(Rpc::sync_target(&mut tc, vmi).await, (true, String::new()));
+    let relay = Relay::start(source, target, &source.uid.clone()).await;
+    assert_eq!(Rpc::migrate(sc, vmi, opts).await, (true, String::new()));
+    let ended = wait_notified(source, "source migration ended", timeout, |d| {
+        metadata(d).is_some_and(|m| m.end_timestamp.is_some())
+    })
+    .await;
+    let m = metadata(&ended).unwrap();
+    assert!(!m.failed, "{m:?}\nsource log:\n{}", source.log(s));
+    wait_notified(target, "target Running with EndTimestamp", timeout, |d| {
+        d.status.status == LifeCycle::Running
+            && metadata(d).is_some_and(|m| m.end_timestamp.is_some())
+    })
+    .await;
+    assert_eq!(Rpc::finalize(&mut tc, vmi).await, (true, String::new()));
+    (t, tc, relay)
+}
+
 /// The two VMIs of a decentralized (cross-cluster) migration `migration_uid` of the VMI
 /// `source_uid` to a copy of it, `target_uid`, in the pod `target_pod` ([`migrating_vmi`] for
 /// each): both carry `sourceState` and `targetState` with their side's VMI UID

@@ -336,6 +336,7 @@ mod tests {
     use crate::cmdline::qemu::DeviceDiskFrontend;
     use crate::cmdline::render::PlacedDevice;
     use crate::sync::reconcile::disks::fixtures;
+    use crate::sync::reconcile::nics::fixtures::nic;
 
     /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`, on `bus`.
     fn disk(name: &str, n: u32, bus: &str) -> DiskHotplug {
@@ -468,53 +469,6 @@ mod tests {
         let mut bad = source.clone();
         bad.node_names[0] = "evil".into();
         assert!(place_like_source(&[disk("hp1", 3, "pci.6")], &bad).is_err());
-    }
-
-    /// The hot-plug plan of a bridge NIC `name` (virtio, tap by fd) on `bus`.
-    fn nic(name: &str, mac: &str, bus: Option<&str>) -> NicHotplug {
-        use crate::cmdline::qemu::{DeviceDel, DeviceNic, GetFd, NetdevDel, NetdevTap};
-        let id = format!("ua-{name}");
-        NicHotplug {
-            name: name.into(),
-            getfd: vec![GetFd {
-                fdname: format!("tapfd-{id}-0"),
-            }],
-            netdev: NetdevTap {
-                type_: "tap",
-                id: format!("host{id}"),
-                fd: Some(format!("tapfd-{id}-0")),
-                fds: None,
-                ifname: None,
-                script: None,
-                downscript: None,
-                vhost: None,
-                vhostfd: None,
-                vhostfds: None,
-                queues: None,
-            },
-            device: PlacedDevice {
-                device: Device::Nic(DeviceNic {
-                    driver: "virtio-net-pci-non-transitional",
-                    netdev: format!("host{id}"),
-                    id: id.clone(),
-                    mac: Some(mac.into()),
-                    host_mtu: Some(1400),
-                    romfile: Some(String::new()),
-                    bootindex: None,
-                    mq: None,
-                    vectors: None,
-                    acpi_index: None,
-                }),
-                iommu_platform: None,
-                bus: bus.map(str::to_owned),
-                addr: bus.map(|_| "0x0".to_owned()),
-            },
-            device_del: DeviceDel { id: id.clone() },
-            netdev_del: NetdevDel {
-                id: format!("host{id}"),
-            },
-            id,
-        }
     }
 
     #[test]

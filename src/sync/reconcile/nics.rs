@@ -600,6 +600,61 @@ async fn attach_on(client: &QmpClient, nic: &NicHotplug, tap: &str) -> Result<()
         .map_err(SyncError::Qmp)
 }
 
+/// Test fixtures for hot-plugged NICs, shared by the unit tests of the reconciler and the
+/// migration's hotplug placement.
+#[cfg(test)]
+pub(crate) mod fixtures {
+    use crate::cmdline::qemu::{Device, DeviceDel, DeviceNic, GetFd, NetdevDel, NetdevTap};
+    use crate::cmdline::render::{NicHotplug, PlacedDevice};
+
+    /// The hot-plug plan of a bridge NIC `name` (virtio, tap by fd, guest MAC `mac`) on `bus`
+    /// slot 0 (no place when `bus` is `None`).
+    pub(crate) fn nic(name: &str, mac: &str, bus: Option<&str>) -> NicHotplug {
+        let id = format!("ua-{name}");
+        NicHotplug {
+            name: name.into(),
+            getfd: vec![GetFd {
+                fdname: format!("tapfd-{id}-0"),
+            }],
+            netdev: NetdevTap {
+                type_: "tap",
+                id: format!("host{id}"),
+                fd: Some(format!("tapfd-{id}-0")),
+                fds: None,
+                ifname: None,
+                script: None,
+                downscript: None,
+                vhost: None,
+                vhostfd: None,
+                vhostfds: None,
+                queues: None,
+            },
+            device: PlacedDevice {
+                device: Device::Nic(DeviceNic {
+                    driver: "virtio-net-pci-non-transitional",
+                    netdev: format!("host{id}"),
+                    id: id.clone(),
+                    mac: Some(mac.into()),
+                    host_mtu: Some(1400),
+                    romfile: Some(String::new()),
+                    bootindex: None,
+                    mq: None,
+                    vectors: None,
+                    acpi_index: None,
+                }),
+                iommu_platform: None,
+                bus: bus.map(str::to_owned),
+                addr: bus.map(|_| "0x0".to_owned()),
+            },
+            device_del: DeviceDel { id: id.clone() },
+            netdev_del: NetdevDel {
+                id: format!("host{id}"),
+            },
+            id,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -629,50 +684,7 @@ mod tests {
     /// The converter's hot-plug plan of a bridge NIC `name` (virtio, tap by fd) at its boot
     /// place, `pci.3` slot 0.
     fn nic_plan(name: &str) -> NicHotplug {
-        use crate::cmdline::qemu::{Device, DeviceDel, DeviceNic, GetFd, NetdevDel, NetdevTap};
-        use crate::cmdline::render::PlacedDevice;
-        let id = format!("ua-{name}");
-        NicHotplug {
-            name: name.into(),
-            getfd: vec![GetFd {
-                fdname: format!("tapfd-{id}-0"),
-            }],
-            netdev: NetdevTap {
-                type_: "tap",
-                id: format!("host{id}"),
-                fd: Some(format!("tapfd-{id}-0")),
-                fds: None,
-                ifname: None,
-                script: None,
-                downscript: None,
-                vhost: None,
-                vhostfd: None,
-                vhostfds: None,
-                queues: None,
-            },
-            device: PlacedDevice {
-                device: Device::Nic(DeviceNic {
-                    driver: "virtio-net-pci-non-transitional",
-                    netdev: format!("host{id}"),
-                    id: id.clone(),
-                    mac: Some("0a:58:0a:f4:01:07".into()),
-                    host_mtu: Some(1400),
-                    romfile: Some(String::new()),
-                    bootindex: None,
-                    mq: None,
-                    vectors: None,
-                    acpi_index: None,
-                }),
-                iommu_platform: None,
-                bus: Some("pci.3".into()),
-                addr: Some("0x0".into()),
-            },
-            device_del: DeviceDel { id: id.clone() },
-            netdev_del: NetdevDel {
-                id: format!("host{id}"),
-            },
-            id,
-        }
+        fixtures::nic(name, "0a:58:0a:f4:01:07", Some("pci.3"))
     }
 
     #[test]
