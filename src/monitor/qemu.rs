@@ -50,8 +50,20 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
         return Err(spawn_err(std::io::Error::last_os_error()));
     }
     // SAFETY: pipe2 returned two fresh descriptors we now own.
-    let (read_end, write_end) =
+    let (read_end, low_write_end) =
         unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+    // The grandchild writes its pid to this end after the caller's `pre_exec` closures ran, which
+    // `dup2` QEMU's inherited descriptors onto small numbers (the QMP listener at 3, vhost-vsock
+    // at 20): an end with one of those numbers would be overwritten and the pid never arrive. It
+    // moves to 64 or above, where no such placement goes.
+    // SAFETY: F_DUPFD_CLOEXEC on an open fd returns a new fd that nothing else owns.
+    let high = unsafe { libc::fcntl(low_write_end.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 64) };
+    if high < 0 {
+        return Err(spawn_err(std::io::Error::last_os_error()));
+    }
+    drop(low_write_end);
+    // SAFETY: `high` was just returned by fcntl and is owned here alone.
+    let write_end = unsafe { OwnedFd::from_raw_fd(high) };
     let write_fd = write_end.as_raw_fd();
     // SAFETY: the closure runs between fork and exec and calls only async-signal-safe functions
     // (fork, _exit, setsid, getpid, write).

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use tokio::sync::watch;
-use tracing::info;
+use tracing::{info, warn};
 
 use crate::cmdline::context::{IfaceFacts, MonitorSocket, TapSource};
 use crate::cmdline::qemu::KeyVal;
@@ -320,13 +320,29 @@ impl SyncVmi {
         info!(pid, "QEMU started");
         // A QEMU that fails at once (a bad device, an fd it rejects) can be gone and reaped
         // before it is watched: that is an early exit with its log, not a failure to start it.
+        // Exited means gone, or a zombie not yet reaped by whoever inherited it (QEMU is
+        // detached: init or the pod's PID 1 reaps it), or on its way there.
+        let exited = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let state = stat
+                        .get(stat.rfind(')')? + 1..)?
+                        .trim_start()
+                        .chars()
+                        .next()?;
+                    Some(matches!(state, 'Z' | 'X'))
+                })
+                .unwrap_or(true)
+        };
         let watcher = Qemu::from_pid(pid).map_err(|e| {
-            if std::path::Path::new(&format!("/proc/{pid}")).exists() {
-                SyncError::StartQemu(e)
-            } else {
+            if exited() {
                 SyncError::QemuExitedEarly {
                     log_tail: log_tail(&self.config.qemu_log),
                 }
+            } else {
+                warn!(pid, error = %crate::sys::error::error_chain(&e), "cannot watch QEMU");
+                SyncError::StartQemu(e)
             }
         })?;
         Ok((pid, watcher))
