@@ -67,6 +67,18 @@ fn with_cpu_of(argv: &[String], ours: &[String]) -> Vec<String> {
     out
 }
 
+/// Checks this target's normalized argv `local` word for word against the source's
+/// ([`incoming_argv`]); when the source sent a CPU definition, its `-cpu` is compared as the
+/// adopted one ([`with_cpu_of`], see `adopt_source_cpu`), which the definition itself enforces.
+fn matches_source(local: &[String], domain: &RunningDomain) -> Result<Vec<String>, MigrationError> {
+    if domain.cpu.is_none() {
+        return incoming_argv(local, domain);
+    }
+    let mut compared = domain.clone();
+    compared.argv = with_cpu_of(&compared.argv, local);
+    incoming_argv(local, &compared)
+}
+
 /// Gives every interface without `macAddress` the guest MAC virt-handler reports for it in
 /// `status.interfaces` (read from the source's domain): the MAC the source's guest runs with.
 /// Without it the target would default to its own pod's MAC, and the device model (and the DHCP
@@ -251,12 +263,7 @@ impl SyncVmi {
                 b
             });
         let argv = boot.and_then(|b| {
-            let local = normalized(&b.argv, &self.config);
-            let mut compared = session.domain.clone();
-            if b.cpu.is_some() {
-                compared.argv = with_cpu_of(&compared.argv, &local);
-            }
-            incoming_argv(&local, &compared)?;
+            matches_source(&normalized(&b.argv, &self.config), &session.domain)?;
             let mut d = session.domain.clone();
             d.argv.clear();
             Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu, b.nics))
@@ -415,13 +422,8 @@ impl SyncVmi {
         let matching = boots
             .iter()
             .position(|(_, argv)| {
-                // The source's `-cpu` is compared as the adopted one (see `adopt_source_cpu`).
                 let local = normalized(&sriov::without_sriov_devices(argv), &self.config);
-                let mut compared = domain.clone();
-                if domain.cpu.is_some() {
-                    compared.argv = with_cpu_of(&compared.argv, &local);
-                }
-                incoming_argv(&local, &compared).is_ok()
+                matches_source(&local, domain).is_ok()
             })
             .unwrap_or(0);
         let Some((plan, argv)) = boots.into_iter().nth(matching) else {
