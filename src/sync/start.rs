@@ -322,19 +322,8 @@ impl SyncVmi {
         // before it is watched: that is an early exit with its log, not a failure to start it.
         // Exited means gone, or a zombie not yet reaped by whoever inherited it (QEMU is
         // detached: init or the pod's PID 1 reaps it), or on its way there.
-        let exited = || {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    let state = stat
-                        .get(stat.rfind(')')? + 1..)?
-                        .trim_start()
-                        .chars()
-                        .next()?;
-                    Some(matches!(state, 'Z' | 'X'))
-                })
-                .unwrap_or(true)
-        };
+        let exited =
+            || crate::monitor::procfs::stat(pid).is_none_or(|s| s.is_zombie() || s.state == 'X');
         let watcher = Qemu::from_pid(pid).map_err(|e| {
             if exited() {
                 SyncError::QemuExitedEarly {

@@ -150,12 +150,8 @@ pub fn descendants(pid: i32) -> Vec<i32> {
 
 /// Whether `pid`'s command line has an argument containing `needle` (false once it is gone).
 pub fn cmdline_mentions(pid: i32, needle: &Path) -> bool {
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return false;
-    };
-    let needle = needle.as_os_str().as_encoded_bytes();
-    raw.split(|b| *b == 0)
-        .any(|arg| arg.windows(needle.len()).any(|w| w == needle))
+    let needle = needle.to_string_lossy();
+    procfs::cmdline(pid).is_some_and(|args| args.iter().any(|a| a.contains(needle.as_ref())))
 }
 
 /// SIGKILLs every process whose command line mentions `needle` (a test's own temporary root,
