@@ -7,6 +7,7 @@
 //! ```text
 //! vmi (API types) <- cmdline (pure converter) <- storage, net, qmp (effects) <- sync (orchestrator)
 //! monitor: PID 1 process plumbing
+//! labeller: the node labeller (qmp, the host's /dev, /sys, /proc)
 //! ```
 //!
 //! `cmdline` does no I/O: every fact about the pod is gathered by the effect modules first and handed
@@ -19,6 +20,7 @@ pub use qlauncher_core::cmdline;
 /// The VMI model (kubevirt.io/v1 types, defaults, validation), compiled in the `qlauncher-core` crate.
 pub use qlauncher_core::vmi;
 
+pub mod labeller;
 pub mod log;
 pub mod monitor;
 pub mod net;

@@ -54,6 +54,10 @@ enum Cli {
     Run(cli::run::RunArgs),
     /// Print the pod interface facts and the masquerade NAT tables (read-only).
     NetProbe(cli::net::NetProbe),
+    /// Write the node-labeller files virt-handler reads (what the image's node-labeller.sh runs):
+    /// capabilities.xml, virsh_domcapabilities.xml, supported_features.xml, from a QMP probe of
+    /// QEMU and the host, without libvirt.
+    NodeLabeller(cli::node_labeller::NodeLabellerArgs),
     /// Record `qemu-system-x86_64 --version` for the launcher (run when the image is built).
     #[command(hide = true)]
     QemuVersionRecord(cli::qemu_version::QemuVersionRecordArgs),
@@ -71,6 +75,7 @@ fn main() -> ExitCode {
     match argv0.rsplit('/').next().unwrap_or_default() {
         "virt-launcher-monitor" => return cli::monitor::main(argv.collect()),
         "virt-launcher" => return qlauncher::sync::launcher::main(argv.collect()),
+        "node-labeller.sh" => return cli::node_labeller::main_as_script(),
         _ => {}
     }
     let result = match Cli::parse() {
@@ -90,6 +95,7 @@ fn main() -> ExitCode {
         Cli::NetProbe(args) => ok(cli::net::run(args)),
         Cli::Qmp(args) => ok(cli::qmp::run_qmp(args)),
         Cli::Hotplug(args) => ok(cli::qmp::run_hotplug(args)),
+        Cli::NodeLabeller(args) => return cli::node_labeller::run(args),
         Cli::QemuVersionRecord(args) => ok(cli::qemu_version::run(args)),
     };
     match result {

@@ -2,6 +2,7 @@
 pub mod convert;
 pub mod monitor;
 pub mod net;
+pub mod node_labeller;
 pub mod qemu_version;
 pub mod qmp;
 pub mod run;
