@@ -13,6 +13,8 @@
 //!   holds no descriptor of the launcher (gRPC, notify, netlink, logs), only its own sockets, the
 //!   tap and its images; its sockets (QMP, serial console, VNC, guest agent channel) are 107's,
 //!   mode 0775 (umask 0002, as libvirt starts QEMU): not world-writable.
+//! - KubeVirt's default pod at start: the launcher as uid 107 (groups [107], no capabilities) over
+//!   kubelet-made emptyDirs (root:107, 2777) serves, makes only what is missing and re-modes none.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -430,4 +432,99 @@ async fn nonroot_qemu_runs_as_107_with_only_its_own_fds_and_private_sockets() {
         );
     }
     assert_eq!(owner_mode(&pod.overlay()).0, 107);
+}
+
+/// KubeVirt's default (non-root) pod at start: the launcher as uid 107 with groups [107] and no
+/// capabilities, over the compute container's emptyDirs as the kubelet makes them (root:107,
+/// 2777). It serves `launcher-sock`, makes only what is missing (107's, with KubeVirt's modes),
+/// leaves every emptyDir's owner and mode as it was, and exits 0 on SIGTERM before any domain.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nonroot_launcher_starts_over_kubelet_emptydirs() {
+    use testkit::kubelet;
+    let tmp = tempfile::Builder::new().prefix("qlk").tempdir().unwrap();
+    let root = tmp.path();
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let empty_dirs = kubelet::compute_empty_dirs(root);
+    let share = root.join("var/run/kubevirt");
+    let private = root.join("var/run/kubevirt-private");
+    let ephemeral = root.join("var/run/kubevirt-ephemeral-disks");
+    let uid = "5a0c1b2a-7bbc-4d1e-9a7b-5e6f7a8b9c0e";
+    let log_path = root.join("launcher.log");
+    let log = std::fs::File::create(&log_path).unwrap();
+    let p = |p: PathBuf| p.display().to_string();
+    let mut launcher = testkit::process::ChildGuard::spawn(
+        std::process::Command::new("setpriv")
+            .args(&kubelet::compute_user_argv()[1..])
+            .arg(testkit::qlauncher_bin())
+            .arg("launcher")
+            .args([
+                "--qemu-timeout",
+                "240s",
+                "--name",
+                "hv",
+                "--namespace",
+                "default",
+            ])
+            .args(["--uid", uid, "--run-as-nonroot", "--allow-emulation"])
+            .args(["--kubevirt-share-dir", &p(share.clone())])
+            .args(["--ephemeral-disk-dir", &p(ephemeral.clone())])
+            .args(["--container-disk-dir", &p(share.join("container-disks"))])
+            .args(["--hotplug-disk-dir", &p(share.join("hotplug-disks"))])
+            .args(["--private-dir", &p(private.clone())])
+            .envs(kubelet::compute_user_env(root))
+            .env("QLAUNCHER_ROOT", root)
+            .env("QLAUNCHER_EMULATION", "on")
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log),
+    );
+    let launcher_log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let mut client = testkit::handler::connect(
+        &share.join("sockets/launcher-sock"),
+        Duration::from_secs(60),
+        launcher_log,
+    )
+    .await;
+    assert!(get_domain(&mut client).await.is_none());
+
+    let owner_mode = |path: &Path| {
+        let m = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        (m.uid(), m.gid(), m.permissions().mode() & 0o7777)
+    };
+    for d in &empty_dirs {
+        assert_eq!(owner_mode(d), (0, 107, 0o2777), "{}", d.display());
+    }
+    // Made by the launcher inside setgid emptyDirs: 107's; `MkdirAll` keeps the inherited
+    // setgid bit, `InitializeDisksDirectories`' chmod clears it.
+    assert_eq!(owner_mode(&private.join(uid)), (107, 107, 0o2755));
+    for sub in ["vm-disks", "secret-disks", "downwardmetrics-channel"] {
+        assert_eq!(owner_mode(&private.join(sub)), (107, 107, 0o750), "{sub}");
+    }
+    for sub in ["cloud-init-data", "disk-data"] {
+        assert_eq!(
+            owner_mode(&ephemeral.join(sub)),
+            (107, 107, 0o2755),
+            "{sub}"
+        );
+    }
+
+    let child = launcher.0.as_mut().unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no exit; log:\n{}",
+            launcher_log()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "{status}; log:\n{}", launcher_log());
 }

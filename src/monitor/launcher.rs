@@ -6,8 +6,8 @@
 //! drives the lifecycle: wait for a domain (failing after `--qemu-timeout`), watch its QEMU, and
 //! on a stop request shut it down gracefully within `--grace-period-seconds`.
 use std::future::Future;
-use std::os::unix::fs::{chown, PermissionsExt};
-use std::path::PathBuf;
+use std::os::unix::fs::{chown, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -222,19 +222,29 @@ impl LauncherConfig {
         self.private_dir.join(&self.uid)
     }
 
-    /// Every directory the launcher creates at start, with its mode and whether it belongs to
-    /// the qemu user (107), in KubeVirt's order (`virt-launcher.go` `initializeDirs`).
-    pub fn directories(&self) -> Vec<(PathBuf, u32, bool)> {
+    /// Every directory the launcher makes at start, in KubeVirt's order (`virt-launcher.go`
+    /// `initializeDirs`, then the ephemeral disk creator's `disk-data`), each with the mode and
+    /// owner the KubeVirt helper that makes it gives it: [`LauncherDir`].
+    pub fn directories(&self) -> Vec<LauncherDir> {
+        let made = |path: PathBuf, mode: u32| LauncherDir {
+            path,
+            mode,
+            remode: false,
+            qemu_owned: false,
+        };
         let mut dirs = vec![
-            (self.vmi_private_dir(), 0o755, true),
-            (
-                self.ephemeral_disk_dir.join("cloud-init-data"),
-                0o755,
-                false,
-            ),
-            (self.ephemeral_disk_dir.join("ignition-data"), 0o755, false),
-            (self.container_disk_dir.clone(), 0o755, false),
-            (self.hotplug_disk_dir.clone(), 0o755, false),
+            // `InitializePrivateDirectories`: `MkdirAllWithNosec` (0755) and the qemu user's.
+            LauncherDir {
+                qemu_owned: true,
+                ..made(self.vmi_private_dir(), 0o755)
+            },
+            // cloud-init's and ignition's `SetLocalDirectory`: `MkdirAllWithNosec` (0755).
+            made(self.ephemeral_disk_dir.join("cloud-init-data"), 0o755),
+            made(self.ephemeral_disk_dir.join("ignition-data"), 0o755),
+            // containerdisk's `SetLocalDirectory`: `MkdirAll(dir, 0750)`.
+            made(self.container_disk_dir.clone(), 0o750),
+            // hotplugdisk's `SetLocalDirectory`: `MkdirAll(dir, 0755)`.
+            made(self.hotplug_disk_dir.clone(), 0o755),
         ];
         for sub in [
             "vm-disks",
@@ -245,34 +255,101 @@ impl LauncherConfig {
             "service-account-disk",
             "downwardmetrics-channel",
         ] {
-            dirs.push((self.private_dir.join(sub), 0o750, true));
+            // `InitializeDisksDirectories`: `MkdirAll(dir, 0750)`, `Chmod(dir, 0750)`, the qemu
+            // user's.
+            dirs.push(LauncherDir {
+                path: self.private_dir.join(sub),
+                mode: 0o750,
+                remode: true,
+                qemu_owned: true,
+            });
         }
-        dirs.push((self.ephemeral_disk_dir.join("disk-data"), 0o755, false));
+        // `ephemeraldisk.NewEphemeralDiskCreator(...).Init`: `MkdirAll(dir, 0755)`.
+        dirs.push(made(self.ephemeral_disk_dir.join("disk-data"), 0o755));
         dirs
     }
+}
+
+/// One directory of [`LauncherConfig::directories`] and how KubeVirt's launcher makes it.
+///
+/// KubeVirt's helpers call `os.MkdirAll` (under umask 0 in `initializeDirs`): a missing directory
+/// and its missing parents are made with `mode`; the kernel keeps the setgid bit a directory
+/// inherits from a setgid parent (a kubelet emptyDir with an fsGroup is mode 2777 setgid). An
+/// existing directory keeps its mode: most of the launcher's directories are emptyDir mount points
+/// (`/var/run/kubevirt/container-disks`, `/var/run/kubevirt/hotplug-disks`), owned by root, which a
+/// non-root launcher without `CAP_FOWNER` could not re-mode anyway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LauncherDir {
+    /// The directory.
+    pub path: PathBuf,
+    /// The permission bits it is made with (e.g. `0o750`).
+    pub mode: u32,
+    /// Set exactly `mode` (clearing the setgid bit, as Go's `os.Chmod`) after making it, and on
+    /// an existing directory the launcher owns or when it is root (`InitializeDisksDirectories`).
+    pub remode: bool,
+    /// Given to the qemu user ([`QEMU_UID`]:[`QEMU_UID`]) when the launcher is root
+    /// (`UnsafeSetFileOwnership`); a non-root launcher is that user already.
+    pub qemu_owned: bool,
 }
 
 fn path_flag(f: &ScannedFlags, name: &str, default: PathBuf) -> PathBuf {
     f.get(name).map(PathBuf::from).unwrap_or(default)
 }
 
-/// Creates the launcher's directories ([`LauncherConfig::directories`]) with their modes
-/// (regardless of the umask) and, when running as root, gives the qemu user's ones to 107:107.
+/// Makes the launcher's directories ([`LauncherConfig::directories`]) as KubeVirt's launcher
+/// does: only what is missing, with its mode whatever the umask; an existing directory is re-moded
+/// only when [`LauncherDir::remode`] says so and the launcher owns it (or is root), so a non-root
+/// launcher (uid 107) starts over kubelet's root-owned emptyDirs; as root, the qemu user's
+/// directories are given to 107:107 unless they are already.
 /// Errors: [`MonitorError::CreateDirectory`] naming the directory.
 pub fn create_directories(config: &LauncherConfig) -> Result<(), MonitorError> {
-    let root = nix::unistd::geteuid().is_root();
-    for (path, mode, qemu_owned) in config.directories() {
+    let euid = nix::unistd::geteuid();
+    for dir in config.directories() {
         let err = |source| MonitorError::CreateDirectory {
-            path: path.clone(),
+            path: dir.path.clone(),
             source,
         };
-        std::fs::create_dir_all(&path).map_err(err)?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).map_err(err)?;
-        if qemu_owned && root {
-            chown(&path, Some(QEMU_UID), Some(QEMU_UID)).map_err(err)?;
+        let existed = make_missing(&dir.path, dir.mode).map_err(err)?;
+        let meta = std::fs::metadata(&dir.path).map_err(err)?;
+        if dir.remode && (!existed || euid.is_root() || meta.uid() == euid.as_raw()) {
+            std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(dir.mode))
+                .map_err(err)?;
+        }
+        if dir.qemu_owned && euid.is_root() && (meta.uid(), meta.gid()) != (QEMU_UID, QEMU_UID) {
+            chown(&dir.path, Some(QEMU_UID), Some(QEMU_UID)).map_err(err)?;
         }
     }
     Ok(())
+}
+
+/// `os.MkdirAll(path, mode)` under umask 0: makes `path` and its missing parents, each given
+/// `mode` plus the setgid bit it inherited (the launcher made it: it owns it). Returns whether
+/// `path` existed already. Errors: `mkdir`'s, `chmod`'s, or `path` being something else than a
+/// directory.
+fn make_missing(path: &Path, mode: u32) -> std::io::Result<bool> {
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => return Ok(true),
+        Ok(_) => {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AlreadyExists,
+                "exists and is not a directory",
+            ))
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e),
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        make_missing(parent, mode)?;
+    }
+    match std::fs::create_dir(path) {
+        Ok(()) => {}
+        // Made meanwhile by another process: it is not ours to re-mode.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(true),
+        Err(e) => return Err(e),
+    }
+    let inherited = std::fs::metadata(path)?.mode() & 0o2000;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode | inherited))?;
+    Ok(false)
 }
 
 /// Reads the VMI of a standalone run from `STANDALONE_VMI` (YAML or JSON; KubeVirt's
@@ -590,18 +667,59 @@ mod tests {
         };
         create_directories(&config).unwrap();
         let root = nix::unistd::geteuid().is_root();
-        for (path, mode, qemu_owned) in config.directories() {
-            let meta = std::fs::metadata(&path).unwrap();
-            assert_eq!(meta.mode() & 0o7777, mode, "{}", path.display());
+        for dir in config.directories() {
+            let meta = std::fs::metadata(&dir.path).unwrap();
+            assert_eq!(meta.mode() & 0o7777, dir.mode, "{}", dir.path.display());
             if root {
-                let owner = if qemu_owned { QEMU_UID } else { 0 };
+                let owner = if dir.qemu_owned { QEMU_UID } else { 0 };
                 assert_eq!(
                     (meta.uid(), meta.gid()),
                     (owner, owner),
                     "{}",
-                    path.display()
+                    dir.path.display()
                 );
             }
         }
+    }
+
+    /// An existing directory keeps its mode (an emptyDir mount point: 2777 setgid) unless KubeVirt
+    /// re-modes it; one made inside a setgid directory keeps the inherited setgid bit unless it
+    /// is re-moded.
+    #[test]
+    fn existing_directories_keep_their_mode() {
+        use std::os::unix::fs::MetadataExt;
+        let tmp = tempfile::tempdir().unwrap();
+        let r = tmp.path();
+        let config = LauncherConfig {
+            uid: "u1".into(),
+            private_dir: r.join("private"),
+            ephemeral_disk_dir: r.join("ephemeral"),
+            container_disk_dir: r.join("share/container-disks"),
+            hotplug_disk_dir: r.join("share/hotplug-disks"),
+            kubevirt_share_dir: r.join("share"),
+            ..LauncherConfig::default()
+        };
+        let empty_dirs = [
+            r.join("private"),
+            r.join("ephemeral"),
+            r.join("share/container-disks"),
+            r.join("share/hotplug-disks"),
+        ];
+        for d in &empty_dirs {
+            std::fs::create_dir_all(d).unwrap();
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o2777)).unwrap();
+        }
+        let vm_disks = r.join("private/vm-disks");
+        std::fs::create_dir(&vm_disks).unwrap();
+        std::fs::set_permissions(&vm_disks, std::fs::Permissions::from_mode(0o777)).unwrap();
+        create_directories(&config).unwrap();
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().mode() & 0o7777;
+        for d in &empty_dirs {
+            assert_eq!(mode(d), 0o2777, "{}", d.display());
+        }
+        assert_eq!(mode(&vm_disks), 0o750);
+        assert_eq!(mode(&r.join("private/u1")), 0o2755);
+        assert_eq!(mode(&r.join("private/secret-disks")), 0o750);
+        assert_eq!(mode(&r.join("ephemeral/disk-data")), 0o2755);
     }
 }

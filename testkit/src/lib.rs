@@ -18,6 +18,8 @@
 //! - [`hotplug`]: the hot-plugged NIC `blue` and disk `hp1` of the migration tests.
 //! - [`in_process`]: the launcher in the test's process: KubeVirt's directories under a temporary
 //!   root, the cmd server with virt-handler's client, the notify server.
+//! - [`kubelet`]: the kubelet's emptyDirs (root:107, 2777), the non-root compute container's
+//!   identity and environment, device plugins' per-pod 0666 device nodes.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
 //!   test guest as its containerDisk.
 //! - [`run`]: `qlauncher run` in a pod network namespace, as a user runs it.
@@ -43,6 +45,7 @@ pub mod handler;
 pub mod hostile;
 pub mod hotplug;
 pub mod in_process;
+pub mod kubelet;
 pub mod launcher;
 pub mod migration;
 pub mod monitor;
