@@ -127,6 +127,14 @@ pub enum LabellerError {
 /// Probes, renders and writes the files (see the module docs).
 pub async fn run(opts: &Options) -> Result<Report, LabellerError> {
     let mut warnings = Vec::new();
+    let accel = choose_accel(opts, &mut warnings);
+    let probed = probe::probe_qemu(&opts.qemu, accel, opts.timeout, &mut warnings).await;
+    write_files(opts, accel, &probed, warnings)
+}
+
+/// The accelerator to probe: [`Options::virttype`], else `node-labeller.sh`'s device rule
+/// ([`host::choose_virttype`], which prepares the device when [`Options::prepare_device`]).
+pub fn choose_accel(opts: &Options, warnings: &mut Vec<String>) -> probe::Accel {
     let virttype = match &opts.virttype {
         Some(v) => v.clone(),
         None => {
@@ -135,12 +143,12 @@ pub async fn run(opts: &Options) -> Result<Report, LabellerError> {
                 &opts.hypervisor_device,
                 &opts.preferred_virttype,
                 opts.prepare_device,
-                &mut warnings,
+                warnings,
             )
             .virttype
         }
     };
-    let accel = match virttype.as_str() {
+    match virttype.as_str() {
         "kvm" => probe::Accel::Kvm,
         "qemu" => probe::Accel::Tcg,
         other => {
@@ -149,9 +157,18 @@ pub async fn run(opts: &Options) -> Result<Report, LabellerError> {
             ));
             probe::Accel::Tcg
         }
-    };
+    }
+}
+
+/// Reads the host, renders the files from `probed` (a probe of [`Options::qemu`] with `accel`)
+/// and writes them; `warnings` so far are kept in the report.
+pub fn write_files(
+    opts: &Options,
+    accel: probe::Accel,
+    probed: &probe::QemuProbe,
+    mut warnings: Vec<String>,
+) -> Result<Report, LabellerError> {
     let map = load_cpu_map(opts.cpu_map.as_deref(), &mut warnings);
-    let probed = probe::probe_qemu(&opts.qemu, accel, opts.timeout, &mut warnings).await;
     let virttype = if accel == probe::Accel::Kvm && probed.kvm {
         "kvm"
     } else {
@@ -159,15 +176,12 @@ pub async fn run(opts: &Options) -> Result<Report, LabellerError> {
     };
     let tsc = host::tsc_counter(&opts.host.dev.join("kvm"), &mut warnings);
     let cells = host::numa_cells(&opts.host, &mut warnings);
-    let host_cpu = match (&map, &probed.host_cpu) {
-        (Some(m), None) => Some(host::host_cpu_data(m)),
-        _ => None,
-    };
+    let host_cpu = map.as_ref().map(host::host_cpu_data);
     let vendor = host_vendor_string();
     let inputs = render::Inputs {
         virttype,
         emulator: &opts.qemu,
-        probe: &probed,
+        probe: probed,
         map: map.as_ref(),
         tsc,
         cells: &cells,
@@ -199,7 +213,7 @@ pub async fn run(opts: &Options) -> Result<Report, LabellerError> {
     }
     Ok(Report {
         virttype: virttype.to_owned(),
-        qemu_version: probed.version,
+        qemu_version: probed.version.clone(),
         files: written,
         warnings,
     })

@@ -303,15 +303,13 @@ async fn expand_host(
         Ok(r) if !r.model.props.is_empty() => r.model.props,
         Ok(_) => {
             warnings.push(format!(
-                "QEMU probe: static expansion of CPU model {model} has no properties, host-model \
-                 from the host's CPUID instead"
+                "QEMU probe: static expansion of CPU model {model} has no properties, skipped"
             ));
             return None;
         }
         Err(e) => {
             warnings.push(format!(
-                "QEMU probe: static expansion of CPU model {model} failed, host-model from the \
-                 host's CPUID instead: {e}"
+                "QEMU probe: static expansion of CPU model {model} failed, skipped: {e}"
             ));
             return None;
         }

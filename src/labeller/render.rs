@@ -53,7 +53,8 @@ pub struct Inputs<'a> {
     pub cells: &'a [Cell],
     /// `(max_guests, max_es_guests)` for SEV from the host's CPUID.
     pub sev_guests: (u32, u32),
-    /// The host's own CPU data, for a host-model when QEMU gave no host CPU.
+    /// The host's own CPU data, for a host-model when QEMU's host CPU is missing or cannot be
+    /// decoded.
     pub host_cpu: Option<super::cpu_map::CpuData>,
     /// The host's CPUID vendor string (`AuthenticAMD`), for the last-resort host-model.
     pub host_vendor: &'a str,
@@ -115,6 +116,9 @@ fn host_model(inputs: &Inputs<'_>, warnings: &mut Vec<String>) -> (CpuDef, Sourc
         }
         if decoded.is_none() {
             if let Some(data) = &inputs.host_cpu {
+                if inputs.probe.host_cpu.is_none() {
+                    warnings.push("no host CPU from QEMU: host-model from the host's CPUID".into());
+                }
                 match x86::decode(map, data, models, None) {
                     Ok(mut cpu) => {
                         cpu.features
@@ -201,6 +205,11 @@ fn supported_features(
     {
         Ok(mut cpu) => {
             cpu.features.sort_by(|a, b| a.0.cmp(&b.0));
+            warn_invalid(
+                "supported features",
+                cpu.features.iter().map(|(n, _)| n.as_str()),
+                warnings,
+            );
             cpu
         }
         Err(e) => {

@@ -46,6 +46,7 @@ pub mod hostile;
 pub mod hotplug;
 pub mod in_process;
 pub mod kubelet;
+pub mod labels;
 pub mod launcher;
 pub mod migration;
 pub mod monitor;
