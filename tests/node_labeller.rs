@@ -457,6 +457,7 @@ fn node_labeller_sh_as_the_init_container_runs_it() {
     let script = r#"set -e
 mount -t tmpfs -o mode=0755 tmpfs /dev
 for n in "null 1 3" "zero 1 5" "random 1 8" "urandom 1 9"; do set -- $n; mknod -m 666 /dev/$1 c $2 $3; done
+ln -s /proc/self/fd /dev/fd; ln -s fd/0 /dev/stdin; ln -s fd/1 /dev/stdout; ln -s fd/2 /dev/stderr
 if [ "$WITH_KVM" = 1 ]; then mknod -m 600 /dev/kvm c 10 232; fi
 mount -t tmpfs tmpfs /var/lib
 mkdir /var/lib/kubevirt-node-labeller

@@ -340,6 +340,20 @@ async fn demo_vmi_boots_serves_http_resyncs_idempotently_and_shuts_down_on_sigte
         (before.status.status, before.status.reason),
         (LifeCycle::Running, StateChangeReason::Unknown)
     );
+    // virt-handler copies the domain's machine into status.machine, and migration target pods
+    // are pinned to machine-type.node.kubevirt.io/<it>: the node labeller labels it for this QEMU.
+    let machine = before
+        .spec
+        .machine()
+        .expect("the domain's machine")
+        .to_owned();
+    assert!(
+        machine.starts_with("pc-q35-"),
+        "q35 as QEMU resolved it: {machine}"
+    );
+    let qemu = qlauncher::sync::config::find_in_path("qemu-system-x86_64");
+    let labelled = testkit::labels::labelled_machines(&qemu);
+    assert!(labelled.contains(&machine), "{machine} not in {labelled:?}");
     let mut vmi = demo_vmi();
     vmi["metadata"]["uid"] = before.object_meta.uid.clone().into();
     let events_before = state_events(&received).len();

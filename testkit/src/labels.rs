@@ -392,3 +392,30 @@ $V capabilities > "$OUT/capabilities.xml"
         String::from_utf8_lossy(&r.stderr)
     );
 }
+
+/// The machine types the node labeller labels for `qemu` (the names after
+/// `machine-type.node.kubevirt.io/`), from `qlauncher node-labeller --virttype qemu` run on it
+/// into a scratch directory. Panics when the labeller fails or virt-handler would reject its files.
+pub fn labelled_machines(qemu: &Path) -> BTreeSet<String> {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(crate::qlauncher_bin())
+        .args(["node-labeller", "--virttype", "qemu", "--qemu"])
+        .arg(qemu)
+        .arg("--out")
+        .arg(dir.path())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "qlauncher node-labeller: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let labels = node_labels(dir.path(), None).unwrap_or_else(|f| panic!("{}", f.0));
+    assert!(labels.invalid.is_empty(), "{:?}", labels.invalid);
+    labels
+        .labels
+        .keys()
+        .filter_map(|k| k.strip_prefix("machine-type.node.kubevirt.io/"))
+        .map(str::to_owned)
+        .collect()
+}
