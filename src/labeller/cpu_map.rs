@@ -167,7 +167,8 @@ pub struct Vendor {
 pub struct Feature {
     /// libvirt's name (`pclmuldq`).
     pub name: String,
-    /// Other spellings QEMU uses (`<alias source='qemu'>`, libvirt 10 and later).
+    /// Other spellings QEMU uses (`<alias source='qemu'>`): documentation in the map, which
+    /// libvirt's loader skips (9.0 to 11.3), and so does [`CpuMap::feature`].
     pub qemu_aliases: Vec<String>,
     /// Whether a migratable CPU may have it (`migratable='no'`: `invtsc`).
     pub migratable: bool,
@@ -195,7 +196,7 @@ pub struct Model {
     pub vendor: Option<usize>,
     /// Family/model signatures it matches.
     pub signatures: Vec<Signature>,
-    /// Its features' bits (ancestor's included, removed features excluded).
+    /// Its features' bits (ancestor's included, removed and `added='yes'` features excluded).
     pub data: CpuData,
     /// Features removed from it (`removed='yes'`), disabled explicitly in guest definitions.
     pub removed: Vec<String>,
@@ -228,7 +229,6 @@ pub struct CpuMap {
     /// Models in map order (decoding walks them newest, i.e. last, first).
     pub models: Vec<Model>,
     feature_index: HashMap<String, usize>,
-    alias_index: HashMap<String, usize>,
 }
 
 /// Why the map could not be loaded.
@@ -276,30 +276,32 @@ impl CpuMap {
                 reason: "no <arch name='x86'>".into(),
             })?;
         let mut map = CpuMap::default();
-        for item in &arch.children {
-            if item.name == "include" {
-                let file = item.get("filename").unwrap_or_default();
-                if file.is_empty() || file.contains('/') || file == ".." || file == "." {
-                    return Err(CpuMapError::Invalid {
-                        path: index_path.clone(),
-                        reason: format!("include {file:?} is not a file name"),
-                    });
-                }
-                let path = dir.join(file);
-                let doc = read_xml(&path)?;
-                for el in &doc.children {
-                    map.add_element(el).map_err(|reason| CpuMapError::Invalid {
-                        path: path.clone(),
-                        reason,
-                    })?;
-                }
-            } else {
-                map.add_element(item)
-                    .map_err(|reason| CpuMapError::Invalid {
-                        path: index_path.clone(),
-                        reason,
-                    })?;
+        map.add_document(arch)
+            .map_err(|reason| CpuMapError::Invalid {
+                path: index_path.clone(),
+                reason,
+            })?;
+        // `include|group[@name]/include`, in document order (libvirt `cpu_map.c` `loadIncludes`).
+        let includes = arch.children.iter().flat_map(|c| match c.name.as_str() {
+            "include" => vec![c],
+            "group" if c.get("name").is_some() => c.named("include").collect(),
+            _ => Vec::new(),
+        });
+        for item in includes {
+            let file = item.get("filename").unwrap_or_default();
+            if file.is_empty() || file.contains('/') || file == ".." || file == "." {
+                return Err(CpuMapError::Invalid {
+                    path: index_path.clone(),
+                    reason: format!("include {file:?} is not a file name"),
+                });
             }
+            let path = dir.join(file);
+            let doc = read_xml(&path)?;
+            map.add_document(&doc)
+                .map_err(|reason| CpuMapError::Invalid {
+                    path: path.clone(),
+                    reason,
+                })?;
         }
         Ok(map)
     }
@@ -309,9 +311,7 @@ impl CpuMap {
     pub fn from_documents(docs: &[Element]) -> Result<CpuMap, String> {
         let mut map = CpuMap::default();
         for doc in docs {
-            for el in &doc.children {
-                map.add_element(el)?;
-            }
+            map.add_document(doc)?;
         }
         Ok(map)
     }
@@ -319,12 +319,6 @@ impl CpuMap {
     /// The feature called `name` in libvirt's spelling (`x86FeatureFind`).
     pub fn feature(&self, name: &str) -> Option<&Feature> {
         self.feature_index.get(name).map(|&i| &self.features[i])
-    }
-
-    /// The feature called `name`, or whose QEMU alias is `name`.
-    pub fn feature_or_alias(&self, name: &str) -> Option<&Feature> {
-        self.feature(name)
-            .or_else(|| self.alias_index.get(name).map(|&i| &self.features[i]))
     }
 
     /// The model called `name`.
@@ -343,13 +337,19 @@ impl CpuMap {
         Some(self.vendors[v].name.as_str())
     }
 
-    fn add_element(&mut self, el: &Element) -> Result<(), String> {
-        match el.name.as_str() {
-            "vendor" => self.add_vendor(el),
-            "feature" => self.add_feature(el),
-            "model" => self.add_model(el),
-            _ => Ok(()),
+    /// The vendors, then the features, then the models of one document (libvirt's `loadData`
+    /// per element name).
+    fn add_document(&mut self, doc: &Element) -> Result<(), String> {
+        for el in doc.named("vendor") {
+            self.add_vendor(el)?;
         }
+        for el in doc.named("feature") {
+            self.add_feature(el)?;
+        }
+        for el in doc.named("model") {
+            self.add_model(el)?;
+        }
+        Ok(())
     }
 
     fn add_vendor(&mut self, el: &Element) -> Result<(), String> {
@@ -406,9 +406,6 @@ impl CpuMap {
         }
         let i = self.features.len();
         self.feature_index.insert(name.to_owned(), i);
-        for a in &aliases {
-            self.alias_index.entry(a.clone()).or_insert(i);
-        }
         self.features.push(Feature {
             name: name.to_owned(),
             qemu_aliases: aliases,
@@ -449,6 +446,13 @@ impl CpuMap {
             model.vendor = p.vendor;
             model.signatures = p.signatures.clone();
             model.data = p.data.clone();
+            // libvirt 11: what the ancestor removed stays out of the descendant.
+            for r in &p.removed {
+                if let Some(f) = self.feature(r) {
+                    let bits = f.data.clone();
+                    model.data.subtract(&bits);
+                }
+            }
         }
         let sigs: Vec<&Element> = el.named("signature").collect();
         if !sigs.is_empty() {
@@ -485,6 +489,9 @@ impl CpuMap {
                 .ok_or_else(|| format!("model {name}: unknown feature {fname}"))?;
             if f.get("removed") == Some("yes") {
                 model.removed.push(fname.to_owned());
+            } else if f.get("added") == Some("yes") {
+                // libvirt 11: a feature added to the model in a later release; libvirt leaves it
+                // out of the model's bits (it only affects `check='full'`).
             } else {
                 let bits = feature.data.clone();
                 model.data.add(&bits);
@@ -583,10 +590,14 @@ mod tests {
                 <signature family='23' model='1' stepping='0-2,4'/><vendor name='AMD'/>\
                 <feature name='fpu'/><feature name='pclmuldq' removed='yes'/></model></cpus>"),
             doc("<cpus><model name='A-v2'><decode host='on' guest='off'/><model name='A'/>\
-                <feature name='mds-no'/></model></cpus>"),
+                <feature name='mds-no'/><feature name='invtsc' added='yes'/></model></cpus>"),
         ])
         .unwrap();
-        assert_eq!(map.feature_or_alias("pclmulqdq").unwrap().name, "pclmuldq");
+        assert!(map.feature("pclmulqdq").is_none(), "aliases are not names");
+        assert_eq!(
+            map.feature("pclmuldq").unwrap().qemu_aliases,
+            vec!["pclmulqdq"]
+        );
         assert!(!map.feature("invtsc").unwrap().migratable);
         let a = map.model("A").unwrap();
         assert_eq!(a.removed, vec!["pclmuldq"]);
@@ -597,6 +608,10 @@ mod tests {
         let v2 = map.model("A-v2").unwrap();
         assert_eq!((v2.vendor, v2.decode_guest), (Some(0), false));
         assert!(v2.data.contains(&a.data));
+        assert!(
+            !v2.data.contains(&map.feature("invtsc").unwrap().data),
+            "added='yes'"
+        );
         assert!(v2.matches_signature(make_signature(23, 1, 0)));
         assert_eq!(map.model_vendor("A-v2"), Some("AMD"));
     }
@@ -629,8 +644,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(
             dir.path().join("index.xml"),
-            "<cpus><arch name='x86'><include filename='x86_f.xml'/></arch>\
+            "<cpus><arch name='x86'><include filename='x86_f.xml'/>\
+             <group name='g'><include filename='x86_m.xml'/></group></arch>\
              <arch name='arm'><include filename='../etc/passwd'/></arch></cpus>",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("x86_m.xml"),
+            "<cpus><model name='M'><decode host='on' guest='on'/><feature name='fpu'/></model></cpus>",
         )
         .unwrap();
         std::fs::write(
@@ -638,7 +659,12 @@ mod tests {
             "<cpus><feature name='fpu'><cpuid eax_in='1' edx='1'/></feature></cpus>",
         )
         .unwrap();
-        assert_eq!(CpuMap::load(dir.path()).unwrap().features.len(), 1);
+        let map = CpuMap::load(dir.path()).unwrap();
+        assert_eq!(
+            (map.features.len(), map.models.len()),
+            (1, 1),
+            "a group's includes count"
+        );
         std::fs::write(
             dir.path().join("index.xml"),
             "<cpus><arch name='x86'><include filename='../x'/></arch></cpus>",

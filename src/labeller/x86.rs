@@ -118,7 +118,7 @@ pub enum X86Error {
 }
 
 /// QEMU's spelling → libvirt's, for the x86 features whose names differ
-/// (`virQEMUCapsCPUFeaturesX86`, libvirt 9.0; the `vmx-` one is libvirt 11's).
+/// (`virQEMUCapsCPUFeaturesX86`, libvirt 9.0; the `vmx-` and `hv-` ones are libvirt 11's).
 const QEMU_TO_LIBVIRT: &[(&str, &str)] = &[
     ("cmp-legacy", "cmp_legacy"),
     ("ds-cpl", "ds_cpl"),
@@ -135,6 +135,9 @@ const QEMU_TO_LIBVIRT: &[(&str, &str)] = &[
         "vmx-invept-single-context-noglobals",
         "vmx-invvpid-single-context-noglobals",
     ),
+    ("hv-vendor-id", "hv-vendor_id"),
+    ("hv-emsr-bitmap", "hv-emsr_bitmap"),
+    ("hv-xmm-input", "hv-xmm_input"),
 ];
 
 /// libvirt's name of QEMU's property `name` (`virQEMUCapsCPUFeatureFromQEMU`).
@@ -150,8 +153,8 @@ pub fn libvirt_name(name: &str) -> &str {
 pub const HOST_ONLY_FEATURES: &[&str] = &["cmt", "mbm_total", "mbm_local", "osxsave", "ospke"];
 
 /// The CPU data of QEMU's expanded host CPU (`virQEMUCapsGetCPUModelX86Data` with
-/// `migratable=false`): every feature that is on (translated, looked up by name or QEMU alias;
-/// unknown names ignored), the `vendor` string as leaf 0 and `family`/`model`/`stepping` as the
+/// `migratable=false`): every feature that is on (translated; names the map does not have are
+/// ignored), the `vendor` string as leaf 0 and `family`/`model`/`stepping` as the
 /// leaf 1 signature. Errors: [`X86Error::VendorString`].
 pub fn data_from_props<'a>(
     map: &CpuMap,
@@ -163,7 +166,7 @@ pub fn data_from_props<'a>(
         let name = libvirt_name(qname);
         match value {
             HostProp::Bool { on: true, .. } => {
-                if let Some(f) = map.feature_or_alias(name) {
+                if let Some(f) = map.feature(name) {
                     data.add(&f.data);
                 }
             }
@@ -247,7 +250,7 @@ fn to_cpu(
     missing.subtract(data);
     if let Some(hv) = hv {
         for b in &hv.blockers {
-            if let Some(f) = map.feature_or_alias(b) {
+            if let Some(f) = map.feature(b) {
                 if !extra.contains(&f.data) {
                     missing.add(&f.data);
                 }
@@ -399,7 +402,7 @@ pub fn baseline(
     if let Some(names) = qemu_features {
         let mut known = CpuData::default();
         for n in names {
-            if let Some(f) = map.feature_or_alias(n) {
+            if let Some(f) = map.feature(n) {
                 known.add(&f.data);
             }
         }
