@@ -177,6 +177,52 @@ fn a_qemu_that_does_not_start_still_gives_files_virt_handler_starts_with() {
 }
 
 #[test]
+fn a_qemu_that_never_answers_is_killed_and_the_files_are_still_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let silent = tmp.path().join("silent-qemu");
+    std::fs::write(&silent, "#!/bin/sh\nexec sleep 60\n").unwrap();
+    std::fs::set_permissions(&silent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = tmp.path().join("out");
+    let mut opts = options(&out);
+    opts.qemu = silent;
+    opts.timeout = Duration::from_secs(1);
+    let report = run(&opts);
+    has_warning(&report, "no QMP monitor");
+    has_warning(&report, "did not quit; killed");
+    accepted(&out);
+}
+
+#[test]
+fn kvm_asked_for_but_qemu_running_tcg_gives_tcg_files() {
+    let tmp = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let (probed, warnings) = rt.block_on(async {
+        let (client, _peer) = scripted(
+            tmp.path(),
+            vec![
+                step("query-version", json!({"return": {"qemu": {"major": 7, "minor": 2, "micro": 0}, "package": ""}})),
+                step("query-kvm", json!({"return": {"enabled": false, "present": true}})),
+            ],
+        )
+        .await;
+        let mut w = Vec::new();
+        let p = probe::probe_monitor(&client, Accel::Kvm, &mut w).await;
+        (p, w)
+    });
+    assert!(!probed.kvm);
+    assert!(
+        warnings.iter().any(|w| w.contains("KVM was asked for")),
+        "{warnings:?}"
+    );
+    let out = tmp.path().join("out");
+    let report = labeller::write_files(&options(&out), Accel::Kvm, &probed, warnings).unwrap();
+    assert_eq!(report.virttype, "qemu");
+    let domcaps = std::fs::read_to_string(out.join(labeller::DOMCAPABILITIES)).unwrap();
+    assert!(domcaps.contains("<domain>qemu</domain>"), "{domcaps}");
+    accepted(&out);
+}
+
+#[test]
 fn failing_qmp_steps_are_skipped_with_warnings() {
     let tmp = tempfile::tempdir().unwrap();
     let err = json!({"error": {"class": "GenericError", "desc": "scripted failure"}});
