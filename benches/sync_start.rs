@@ -12,10 +12,11 @@
 //! `cargo bench --bench sync_start` (release), or `cargo bench --profile dev --bench sync_start`
 //! to reuse the debug build; `QLAUNCHER_BENCH_RUNS` sets the number of runs (default 5).
 
-use qlauncher::sync::info::StartTimings;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
-use qlauncher::sync::{uds, SyncConfig, SyncVmi};
+use qlauncher::sync::guest::info::StartTimings;
+use qlauncher::sync::rpc::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::rpc::server::{CmdServer, CmdSocketPaths};
+use qlauncher::sync::rpc::uds;
+use qlauncher::sync::{SyncConfig, SyncVmi};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -22,7 +22,7 @@ use testkit::in_process::{InProcess, LauncherRoot};
 
 use guest::GuestImages;
 use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
-use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
 use std::path::Path;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};

@@ -14,10 +14,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
-use qlauncher::sync::{uds, SyncConfig, SyncVmi};
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::rpc::server::{CmdServer, CmdSocketPaths};
+use qlauncher::sync::rpc::uds;
+use qlauncher::sync::{SyncConfig, SyncVmi};
 use serde_json::json;
 
 /// What KubeVirt's launcher answers on a node whose QEMU cannot run SEV guests (libvirt's

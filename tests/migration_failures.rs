@@ -32,7 +32,7 @@ const END: Duration = Duration::from_secs(120);
 async fn ended(
     c: &mut testkit::handler::Client,
     uid: &str,
-) -> qlauncher::sync::migration::metadata::MigrationMetadata {
+) -> qlauncher::sync::domain::MigrationMetadata {
     let deadline = std::time::Instant::now() + END;
     loop {
         if let Some(m) = get_domain(c).await.as_ref().and_then(metadata) {
@@ -171,7 +171,7 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
         );
         // The migration metrics virt-handler polls: the job's data in GetDomainStats.
         let stats = sc
-            .get_domain_stats(qlauncher::sync::proto::cmd::v1::EmptyRequest {})
+            .get_domain_stats(qlauncher::sync::rpc::proto::cmd::v1::EmptyRequest {})
             .await
             .unwrap()
             .into_inner();

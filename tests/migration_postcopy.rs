@@ -18,8 +18,8 @@
 use std::time::Duration;
 
 use qlauncher::qmp::QmpClient;
+use qlauncher::sync::domain::MigrationMetadata;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
-use qlauncher::sync::migration::metadata::MigrationMetadata;
 use qlauncher::sync::migration::source::{
     resolved_machine, run_source_with, SourceEvent, SourcePlan,
 };

@@ -3,13 +3,12 @@
 //! unsupported RPCs answered at once, concurrency, shutdown.
 
 use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
-use qlauncher::sync::proto::cmd::info::{cmd_info_client::CmdInfoClient, CmdInfoRequest};
-use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::server::{
-    CmdServer, CmdSocketPaths, DomainManager, ExecOutput, INVALID_VMI_MESSAGE,
-};
-use qlauncher::sync::uds;
+use qlauncher::sync::rpc::manager::{DomainManager, ExecOutput, INVALID_VMI_MESSAGE};
+use qlauncher::sync::rpc::proto::cmd::info::{cmd_info_client::CmdInfoClient, CmdInfoRequest};
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::rpc::server::{CmdServer, CmdSocketPaths};
+use qlauncher::sync::rpc::uds;
 use serde::Deserialize;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::Path;
@@ -736,7 +735,7 @@ mod raw_h2 {
 /// request with RST_STREAM PROTOCOL_ERROR; the server answers it as if it were `localhost`.
 #[tokio::test]
 async fn any_authority_is_accepted_as_grpc_core_sends_it() {
-    use qlauncher::sync::proto::cmd::info::CmdInfoResponse;
+    use qlauncher::sync::rpc::proto::cmd::info::CmdInfoResponse;
     use tokio::io::AsyncWriteExt;
     let launcher = Launcher::start().await;
     launcher.server.as_ref().unwrap().mark_ready().unwrap();

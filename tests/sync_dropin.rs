@@ -19,9 +19,9 @@ use testkit::notify as notify_server;
 
 use guest::GuestImages;
 use qlauncher::sync::domain::{ApiDomain, LifeCycle};
-use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::uds;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::rpc::uds;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 

@@ -13,7 +13,7 @@ use testkit::handler::{get_domain, Client};
 use testkit::in_process::{InProcess, LauncherRoot};
 
 use guest::GuestImages;
-use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
 use std::time::{Duration, Instant};
 use testkit::guest::wait_log_marker as wait_marker;

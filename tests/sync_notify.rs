@@ -2,7 +2,7 @@
 //! retry when the server comes up late, the final delete notification, rejection, giving up.
 
 use qlauncher::sync::domain::{ApiDomain, DomainEventType, LifeCycle, StateChangeReason};
-use qlauncher::sync::notify::{Notifier, NotifyTiming};
+use qlauncher::sync::rpc::notify::{Notifier, NotifyTiming};
 use qlauncher::sync::SyncError;
 use std::path::PathBuf;
 use std::time::{Duration, UNIX_EPOCH};

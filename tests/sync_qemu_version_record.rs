@@ -12,9 +12,10 @@
 use std::path::Path;
 use std::time::Duration;
 
-use qlauncher::sync::config::{find_in_path, QemuVersionRecord, QEMU_VERSION_RECORD};
+use qlauncher::sync::config::find_in_path;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
-use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::qemu_version::{QemuVersionRecord, QEMU_VERSION_RECORD};
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use testkit::guest::GuestImages;
 use testkit::launcher::{sync, vmi, Pod};
 

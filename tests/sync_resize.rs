@@ -10,7 +10,7 @@
 use testkit::guest;
 
 use guest::{Console, GuestImages};
-use qlauncher::sync::server::DomainManager;
+use qlauncher::sync::rpc::manager::DomainManager;
 use qlauncher::sync::SyncVmi;
 use qlauncher::vmi::Vmi;
 use serde_json::json;

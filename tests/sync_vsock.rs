@@ -16,7 +16,7 @@
 //!
 //! Needs root.
 
-use qlauncher::sync::server::DomainManager;
+use qlauncher::sync::rpc::manager::DomainManager;
 use qlauncher::sync::{SyncConfig, SyncVmi};
 use qlauncher::vmi::Vmi;
 use serde_json::json;

@@ -1,6 +1,6 @@
 //! `qlauncher qemu-version-record` (hidden): runs `qemu-system-x86_64 --version` once and writes
 //! the version record the launcher reads at start instead of running QEMU
-//! ([`qlauncher::sync::config::QemuVersionRecord`]). `scripts/assemble-launcher-tree` runs it when
+//! ([`qlauncher::sync::qemu_version::QemuVersionRecord`]). `scripts/assemble-launcher-tree` runs it when
 //! the compute image is built.
 
 use std::path::PathBuf;
@@ -29,7 +29,7 @@ pub fn run(args: QemuVersionRecordArgs) -> anyhow::Result<()> {
         .qemu
         .unwrap_or_else(|| qlauncher::sync::config::find_in_path("qemu-system-x86_64"));
     let as_path = args.as_path.unwrap_or_else(|| qemu.clone());
-    let record = qlauncher::sync::config::QemuVersionRecord::probe(&qemu, &as_path)
+    let record = qlauncher::sync::qemu_version::QemuVersionRecord::probe(&qemu, &as_path)
         .with_context(|| format!("probing {}", qemu.display()))?;
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

@@ -2,9 +2,9 @@
 //! checking a running launcher (`launcher-sock`) by hand.
 
 use anyhow::{bail, Context};
-use qlauncher::sync::proto::cmd::info::{cmd_info_client::CmdInfoClient, CmdInfoRequest};
-use qlauncher::sync::proto::cmd::v1::{cmd_client::CmdClient, EmptyRequest, Response};
-use qlauncher::sync::uds;
+use qlauncher::sync::rpc::proto::cmd::info::{cmd_info_client::CmdInfoClient, CmdInfoRequest};
+use qlauncher::sync::rpc::proto::cmd::v1::{cmd_client::CmdClient, EmptyRequest, Response};
+use qlauncher::sync::rpc::uds;
 use std::path::PathBuf;
 use std::time::Duration;
 

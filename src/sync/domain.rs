@@ -14,7 +14,8 @@
 //! features, sysinfo, clock, every device); the fields the launcher updates live (interfaces,
 //! disks, channels, metadata) are typed, the rest is kept as the renderer wrote it (`rest`).
 //!
-//! Here: the domain, its metadata and spec; [`devices`] has the device types, [`status`] the status
+//! Here: the domain and its spec; [`devices`] has the device types, [`metadata`] the
+//! `<metadata><kubevirt>` records (grace period, memory dump, migration), [`status`] the status
 //! and event types (all re-exported here).
 
 use serde::{Deserialize, Serialize};
@@ -22,9 +23,11 @@ use serde_json::{Map, Value};
 use std::time::SystemTime;
 
 pub mod devices;
+pub mod metadata;
 pub mod status;
 
 pub use devices::*;
+pub use metadata::*;
 pub use status::*;
 
 /// KubeVirt's `api.Domain`: metadata, the domain spec and the live status.
@@ -235,62 +238,29 @@ impl ApiDomainSpec {
         }
         changed
     }
+
+    /// Sets the state of channel `index` (QEMU's `channelN` / `charchannelN`) to libvirt's word
+    /// for it ([`channel_state`]). True when it changed.
+    pub fn set_channel_open(&mut self, index: usize, open: bool) -> bool {
+        let Some(channel) = self.devices.channels.get_mut(index) else {
+            return false;
+        };
+        let state = channel_state(open);
+        if channel.target.state.as_deref() == Some(state) {
+            return false;
+        }
+        channel.target.state = Some(state.to_owned());
+        true
+    }
 }
 
-/// `api.Metadata`: the `<metadata><kubevirt>` block of the domain.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Metadata {
-    /// KubeVirt's metadata.
-    #[serde(rename = "KubeVirt", default)]
-    pub kubevirt: KubeVirtMetadata,
-}
-
-/// `api.KubeVirtMetadata`, the fields qlauncher keeps.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct KubeVirtMetadata {
-    /// The VMI's UID; virt-handler compares it with the VMI it expects.
-    #[serde(rename = "UID", default)]
-    pub uid: String,
-    /// Grace-period bookkeeping, once a shutdown was requested.
-    #[serde(
-        rename = "GracePeriod",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub grace_period: Option<GracePeriodMetadata>,
-    /// The memory dump's progress, once one was requested (`VirtualMachineMemoryDump`).
-    #[serde(
-        rename = "MemoryDump",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub memory_dump: Option<crate::sync::cmdapi::memory_dump::MemoryDumpMetadata>,
-    /// The migration record, once a migration of this domain was accepted
-    /// (`spec.metadata.kubevirt.migration`, [`crate::sync::migration::metadata`]).
-    #[serde(rename = "Migration", default, skip_serializing_if = "Option::is_none")]
-    pub migration: Option<crate::sync::migration::metadata::MigrationMetadata>,
-}
-
-/// `api.GracePeriodMetadata`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct GracePeriodMetadata {
-    /// Seconds the guest gets to shut down before it is killed.
-    #[serde(rename = "DeletionGracePeriodSeconds", default)]
-    pub deletion_grace_period_seconds: i64,
-    /// When the graceful shutdown was signalled (RFC 3339, UTC).
-    #[serde(
-        rename = "DeletionTimestamp",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub deletion_timestamp: Option<String>,
-    /// Whether the VMI was marked for graceful shutdown.
-    #[serde(
-        rename = "MarkedForGracefulShutdown",
-        default,
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub marked_for_graceful_shutdown: Option<bool>,
+/// libvirt's channel state words: `connected`, `disconnected`.
+pub fn channel_state(open: bool) -> &'static str {
+    if open {
+        "connected"
+    } else {
+        "disconnected"
+    }
 }
 
 #[cfg(test)]

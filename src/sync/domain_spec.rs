@@ -349,15 +349,6 @@ pub(crate) async fn live_facts(client: &QmpClient) -> LiveFacts {
     facts
 }
 
-/// libvirt's channel state words.
-pub(crate) fn channel_state(open: bool) -> &'static str {
-    if open {
-        "connected"
-    } else {
-        "disconnected"
-    }
-}
-
 /// Writes `facts` into `domain`: `OS.Type.Machine` and `Devices.Channels[N].Target.State`. True
 /// when something changed.
 pub(crate) fn apply_live_facts(domain: &mut ApiDomain, facts: &LiveFacts) -> bool {
@@ -366,22 +357,9 @@ pub(crate) fn apply_live_facts(domain: &mut ApiDomain, facts: &LiveFacts) -> boo
         changed |= domain.spec.set_machine(machine);
     }
     for &(index, open) in &facts.channels_open {
-        changed |= set_channel_open(domain, index, open);
+        changed |= domain.spec.set_channel_open(index, open);
     }
     changed
-}
-
-/// Sets the state of channel `index` (QEMU's `channelN` / `charchannelN`). True when it changed.
-pub(crate) fn set_channel_open(domain: &mut ApiDomain, index: usize, open: bool) -> bool {
-    let Some(channel) = domain.spec.devices.channels.get_mut(index) else {
-        return false;
-    };
-    let state = channel_state(open);
-    if channel.target.state.as_deref() == Some(state) {
-        return false;
-    }
-    channel.target.state = Some(state.to_owned());
-    true
 }
 
 #[cfg(test)]

@@ -12,9 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::sync::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
-use crate::sync::server::{CmdServer, CmdSocketPaths, DomainManager};
-use crate::sync::{SyncConfig, SyncVmi};
+use crate::sync::config::SyncConfig;
+use crate::sync::rpc::manager::DomainManager;
+use crate::sync::rpc::notify::{notify_socket_in_share_dir, Notifier, NotifyTiming};
+use crate::sync::rpc::server::{CmdServer, CmdSocketPaths};
+use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 use std::sync::Arc;
 
@@ -123,7 +125,7 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
 /// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION` and
 /// `--allow-emulation` pick the accelerator ([`choose_accel`]); `QLAUNCHER_OPERATOR_QMP` adds
 /// QEMU's operator QMP monitor. QEMU's version record
-/// ([`crate::sync::config::QEMU_VERSION_RECORD`]) is looked up under the root, then under `/`.
+/// ([`crate::sync::qemu_version::QEMU_VERSION_RECORD`]) is looked up under the root, then under `/`.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
     let root = std::env::var_os(ROOT_ENV)
         .map(PathBuf::from)
@@ -150,7 +152,7 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         c.runtime_uid = launcher::QEMU_UID;
     }
     c.vm_stats_collector = config.vm_stats_collector;
-    c.agent_poll = crate::sync::cmdapi::guest_info::PollIntervals {
+    c.agent_poll = crate::sync::config::PollIntervals {
         version: config.agent_version_interval,
         filesystems: config.agent_file_interval,
         fsfreeze: config.fsfreeze_status_interval,
@@ -164,13 +166,13 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     // Under `QLAUNCHER_ROOT` first (a test's pod), then the system's (the image's, also for
     // `qlauncher run` chrooted in the image's tree); a probe writes it under the root.
     let record = [
-        root.join(crate::sync::config::QEMU_VERSION_RECORD),
-        Path::new("/").join(crate::sync::config::QEMU_VERSION_RECORD),
+        root.join(crate::sync::qemu_version::QEMU_VERSION_RECORD),
+        Path::new("/").join(crate::sync::qemu_version::QEMU_VERSION_RECORD),
     ]
     .into_iter()
     .find(|p| p.exists())
-    .unwrap_or_else(|| root.join(crate::sync::config::QEMU_VERSION_RECORD));
-    let probe = crate::sync::config::QemuProbe::with_record(c.qemu.clone(), record);
+    .unwrap_or_else(|| root.join(crate::sync::qemu_version::QEMU_VERSION_RECORD));
+    let probe = crate::sync::qemu_version::QemuProbe::with_record(c.qemu.clone(), record);
     let early = probe.clone();
     tokio::spawn(async move {
         early.answer().await;

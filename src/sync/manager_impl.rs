@@ -12,12 +12,11 @@ use tracing::info;
 
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle;
-use crate::sync::cmdapi::screenshot::Screenshot;
 use crate::sync::domain::ApiDomain;
-use crate::sync::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
-use crate::sync::server::{DomainManager, ExecOutput};
+use crate::sync::error::SyncError;
+use crate::sync::rpc::manager::{DomainManager, ExecOutput, Screenshot};
+use crate::sync::rpc::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
 use crate::sync::vmi_sync::SyncVmi;
-use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
 /// How long a Shutdown whose power button met a closing monitor waits for the domain to show
@@ -168,11 +167,10 @@ impl DomainManager for SyncVmi {
                 ));
             }
         }
-        let probe = self
-            .config
-            .qemu_probe
-            .clone()
-            .unwrap_or_else(|| crate::sync::config::QemuProbe::new(self.config.qemu.clone()));
+        let probe =
+            self.config.qemu_probe.clone().unwrap_or_else(|| {
+                crate::sync::qemu_version::QemuProbe::new(self.config.qemu.clone())
+            });
         match probe.answer().await {
             Some((_, text)) => Ok(text),
             None => Err(SyncError::Unsupported(format!(

@@ -11,7 +11,7 @@
 //! created, bound and listening before QEMU starts and QEMU inherits it as fd [`QMP_FD`]
 //! (`MonitorSocket::Fd`: `-chardev socket,id=charmonitor,fd=3,server=on,wait=off`), so the
 //! launcher connects at once, without polling for QEMU to bind a path; the socket file stays at
-//! [`crate::sync::SyncConfig::qmp_socket`] for later launchers of the pod. The tap is opened by
+//! [`crate::sync::config::SyncConfig::qmp_socket`] for later launchers of the pod. The tap is opened by
 //! name (`TapSource::Ifname`); the vhost-vsock fd, when any, is inherited as `VSOCK_FD`.
 
 use std::path::Path;
@@ -27,16 +27,18 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Cont;
 use crate::qmp::lifecycle;
+use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
+use crate::sync::error::SyncError;
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
 use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
-use crate::sync::vmi_sync::{SyncVmi, QMP_CONNECT_TIMEOUT};
-use crate::sync::{privileges, recover, SyncError};
+use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::{privileges, recover};
 use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
@@ -338,7 +340,7 @@ impl SyncVmi {
     }
 
     /// Replaces a stale QMP socket file with a fresh listening socket bound at
-    /// [`crate::sync::SyncConfig::qmp_socket`], for QEMU to inherit: its fd is 64 or above and
+    /// [`crate::sync::config::SyncConfig::qmp_socket`], for QEMU to inherit: its fd is 64 or above and
     /// close-on-exec (only [`hardware::inherit_fd`] hands it to QEMU). The socket file gets the
     /// owner and mode QEMU would have given it (the runtime user's, mode `0775` from umask
     /// [`privileges::QEMU_UMASK`]).

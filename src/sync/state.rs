@@ -21,10 +21,9 @@ use crate::qmp::lifecycle::{self, DomainStatus, LifecycleInput};
 use crate::sync::domain::{
     Alias, ApiDomain, DomainEventType, Interface as DomainIface, LifeCycle, Mac, StateChangeReason,
 };
-use crate::sync::domain_spec;
-use crate::sync::notify::Notifier;
 use crate::sync::reconcile::nics::{NicChanges, NicState};
 use crate::sync::reconcile::resources;
+use crate::sync::rpc::notify::Notifier;
 
 /// The running domain and what was set up for it.
 pub(crate) struct Running {
@@ -259,7 +258,7 @@ pub(crate) async fn follow_events(
                         .and_then(|n| n.parse::<usize>().ok());
                     if let (Some(index), Some(open)) = (index, ev.data["open"].as_bool()) {
                         info!(channel = index, open, "guest channel state changed");
-                        shared.update_domain(|d| domain_spec::set_channel_open(d, index, open));
+                        shared.update_domain(|d| d.spec.set_channel_open(index, open));
                     }
                     continue;
                 }

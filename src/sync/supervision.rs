@@ -12,9 +12,9 @@ use crate::monitor::grace::{DomainControl, Ending};
 use crate::monitor::launcher::SupervisedDomain;
 use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
+use crate::sync::error::SyncError;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
-use crate::sync::SyncError;
 
 impl SyncVmi {
     /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its

@@ -5,7 +5,7 @@
 //! VMI starts the domain (`start.rs`: facts, convert, QEMU, `cont`); later syncs of the
 //! same VMI change nothing, and a changed VMI is applied by diff against the running domain
 //! (`reconcile/`). The domain's state and events live in [`crate::sync::state`];
-//! each RPC of the [`DomainManager`](crate::sync::server::DomainManager) impl
+//! each RPC of the [`DomainManager`](crate::sync::rpc::manager::DomainManager) impl
 //! (`manager_impl.rs`) is a few lines over them.
 
 use std::sync::atomic::AtomicBool;
@@ -17,27 +17,16 @@ use tracing::info;
 
 use crate::qmp::client::QmpClient;
 use crate::qmp::lifecycle::{self, DomainStatus};
+use crate::sync::config::{SyncConfig, AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
+use crate::sync::error::SyncError;
 use crate::sync::facts::secondary;
-use crate::sync::notify::Notifier;
+use crate::sync::rpc::notify::Notifier;
 use crate::sync::state::{Running, Shared};
-use crate::sync::{SyncConfig, SyncError};
 use crate::vmi::Vmi;
 
-/// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
-pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long QEMU may take to answer on QMP after it was started.
-pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How long the graceful shutdown waits for the agent to connect and sync before it presses the
-/// ACPI button instead (a guest without an agent costs this much of its grace period).
-pub(crate) const AGENT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long it listens for the agent refusing `guest-shutdown` (it says nothing when it obeys).
-pub(crate) const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);
-
 /// KubeVirt's SyncVMI over QEMU: implements the command server's
-/// [`DomainManager`](crate::sync::server::DomainManager) (`manager_impl.rs`) and the
+/// [`DomainManager`](crate::sync::rpc::manager::DomainManager) (`manager_impl.rs`) and the
 /// launcher's [`crate::monitor::launcher::SupervisedDomain`].
 pub struct SyncVmi {
     pub(crate) config: SyncConfig,
@@ -45,8 +34,8 @@ pub struct SyncVmi {
     /// background host-device hotplug, hence shared).
     pub(crate) running: Arc<Mutex<Option<Running>>>,
     pub(crate) shared: Arc<Shared>,
-    /// Guest agent, stats names and start timings ([`crate::sync::info`]).
-    pub(crate) info: crate::sync::info::DomainInfo,
+    /// Guest agent, stats names and start timings ([`crate::sync::guest::info`]).
+    pub(crate) info: crate::sync::guest::info::DomainInfo,
     /// Agent poller store, freeze, memory dump and caches ([`crate::sync::cmdapi`]).
     pub(crate) cmdapi: crate::sync::cmdapi::CmdApiState,
     /// Set by DeleteVirtualMachine: the launcher may send its final notification and exit.
@@ -81,7 +70,7 @@ impl SyncVmi {
                 migrating: AtomicBool::new(false),
                 migrated: AtomicBool::new(false),
             }),
-            info: crate::sync::info::DomainInfo::default(),
+            info: crate::sync::guest::info::DomainInfo::default(),
             cmdapi: crate::sync::cmdapi::CmdApiState::default(),
             deleted: watch::channel(false).0,
             migration: Default::default(),
@@ -99,7 +88,7 @@ impl SyncVmi {
     }
 
     /// How long the first sync took, split by step (`None` before QEMU runs).
-    pub fn start_timings(&self) -> Option<crate::sync::info::StartTimings> {
+    pub fn start_timings(&self) -> Option<crate::sync::guest::info::StartTimings> {
         self.info.timings()
     }
 
@@ -148,7 +137,7 @@ impl SyncVmi {
     }
 
     /// Starts the guest agent's polls of the domain just started or adopted: interfaces
-    /// ([`crate::sync::info`]) and the rest of KubeVirt's agent poller
+    /// ([`crate::sync::guest::info`]) and the rest of KubeVirt's agent poller
     /// ([`crate::sync::cmdapi::guest_info`]); changes land in the domain status with a MODIFIED
     /// event.
     pub(crate) fn start_agent_poll(&self) {

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use qlauncher::sync::domain::ApiDomain;
-use qlauncher::sync::proto::cmd::v1 as cmd;
-use qlauncher::sync::proto::cmd::v1::cmd_client::CmdClient;
-use qlauncher::sync::uds;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1::cmd_client::CmdClient;
+use qlauncher::sync::rpc::uds;
 use tonic::transport::Channel;
 
 /// A cmd client of the launcher.

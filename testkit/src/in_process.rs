@@ -7,8 +7,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use qlauncher::sync::notify::{Notifier, NotifyTiming};
-use qlauncher::sync::server::{CmdServer, CmdSocketPaths};
+use qlauncher::sync::rpc::notify::{Notifier, NotifyTiming};
+use qlauncher::sync::rpc::server::{CmdServer, CmdSocketPaths};
 use qlauncher::sync::{SyncConfig, SyncVmi};
 
 use crate::handler::Client;

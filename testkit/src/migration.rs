@@ -6,12 +6,12 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use qlauncher::sync::domain::MigrationMetadata;
 use qlauncher::sync::domain::{ApiDomain, LifeCycle, StateChangeReason};
-use qlauncher::sync::migration::metadata::MigrationMetadata;
 use qlauncher::sync::migration::protocol::RunningDomain;
 use qlauncher::sync::migration::target::TargetSockets;
 use qlauncher::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
-use qlauncher::sync::proto::cmd::v1 as cmd;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 
 use crate::handler::{sync, vmi_only, vmi_request, Client};

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use qlauncher::sync::domain::ApiDomain;
-use qlauncher::sync::proto::notify::info as notify_info;
-use qlauncher::sync::proto::notify::v1 as notify;
+use qlauncher::sync::rpc::proto::notify::info as notify_info;
+use qlauncher::sync::rpc::proto::notify::v1 as notify;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 

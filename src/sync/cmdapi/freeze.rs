@@ -17,7 +17,7 @@ use tokio::task::JoinHandle;
 use tracing::warn;
 
 use super::CmdApiError;
-use crate::sync::agent::GuestAgent;
+use crate::sync::guest::agent::GuestAgent;
 
 /// The message of a freeze during a migration (KubeVirt's).
 pub const FREEZE_DURING_MIGRATION: &str = "failed to freeze VMI, VMI is currently during migration";
@@ -25,9 +25,7 @@ pub const FREEZE_DURING_MIGRATION: &str = "failed to freeze VMI, VMI is currentl
 /// Whether a migration runs according to the domain's migration metadata: started (a
 /// `StartTimestamp`) and not ended (no `EndTimestamp`), KubeVirt's
 /// `StorageManager.MigrationInProgress` (`storage/manager.go`). Freeze is refused then.
-pub fn migration_in_progress(
-    migration: Option<&crate::sync::migration::metadata::MigrationMetadata>,
-) -> bool {
+pub fn migration_in_progress(migration: Option<&crate::sync::domain::MigrationMetadata>) -> bool {
     migration.is_some_and(|m| m.start_timestamp.is_some() && m.end_timestamp.is_none())
 }
 
@@ -143,7 +141,7 @@ impl Freezer {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sync::migration::metadata::MigrationMetadata;
+    use crate::sync::domain::MigrationMetadata;
 
     #[test]
     fn a_started_unfinished_migration_is_in_progress() {

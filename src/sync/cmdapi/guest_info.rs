@@ -14,7 +14,7 @@
 //! | users | `guest-get-users` | 10 s (`--qemu-agent-user-interval`) |
 //!
 //! (`guest-network-get-interfaces`, also sys info in KubeVirt, is polled by
-//! [`crate::sync::info`].) Each worker runs once at once, then after `min(10 s, interval)`,
+//! [`crate::sync::guest::info`].) Each worker runs once at once, then after `min(10 s, interval)`,
 //! doubling up to its interval. Agent errors are skipped silently; the store is never cleared, so
 //! the last data keeps being served after the agent goes away. KubeVirt starts the workers on
 //! libvirt's agent CONNECTED event; [`AgentPoller::start`] first waits for the agent to answer a
@@ -34,8 +34,9 @@ use tokio::task::JoinHandle;
 
 use crate::qmp::client::EventStream;
 
-use crate::sync::agent::{GuestAgent, DEFAULT_AGENT_TIMEOUT};
+use crate::sync::config::PollIntervals;
 use crate::sync::domain::GuestOsInfo;
+use crate::sync::guest::agent::{GuestAgent, DEFAULT_AGENT_TIMEOUT};
 
 /// How often [`AgentPoller::start`] asks `guest-ping` until the agent answers.
 pub const CONNECT_PROBE: Duration = Duration::from_secs(1);
@@ -46,33 +47,6 @@ pub const POLL_INITIAL: Duration = Duration::from_secs(10);
 /// Most users and filesystems `GetGuestInfo` lists (KubeVirt `maxUsers`, `maxFilesystems`... in
 /// `manager.go`: the first 10 of each).
 pub const GUEST_INFO_MAX_ITEMS: usize = 10;
-
-/// The workers' intervals (virt-launcher's flags and their defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct PollIntervals {
-    /// `guest-info` (`--qemu-agent-version-interval`, 300 s).
-    pub version: Duration,
-    /// `guest-get-fsinfo` (`--qemu-agent-file-interval`, 300 s).
-    pub filesystems: Duration,
-    /// `guest-fsfreeze-status` (`--qemu-fsfreeze-status-interval`, 5 s).
-    pub fsfreeze: Duration,
-    /// OS info, host name, time zone (`--qemu-agent-sys-interval`, 120 s).
-    pub sys: Duration,
-    /// `guest-get-users` (`--qemu-agent-user-interval`, 10 s).
-    pub users: Duration,
-}
-
-impl Default for PollIntervals {
-    fn default() -> Self {
-        PollIntervals {
-            version: Duration::from_secs(300),
-            filesystems: Duration::from_secs(300),
-            fsfreeze: Duration::from_secs(5),
-            sys: Duration::from_secs(120),
-            users: Duration::from_secs(10),
-        }
-    }
-}
 
 /// One command the agent supports (`GuestAgentCommandInfo`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]

@@ -10,8 +10,9 @@ use std::time::Duration;
 use super::guest_info::AgentUpdate;
 use super::{freeze, host_devices, screenshot, sev, vm_stats, CmdApiError};
 use crate::sync::domain::{Alias, HostDevice, HostDeviceSource, PciAddress};
-use crate::sync::proto::cmd::v1::{VmStatsRequest, VmStatsResponse};
-use crate::sync::{SyncError, SyncVmi};
+use crate::sync::error::SyncError;
+use crate::sync::rpc::proto::cmd::v1::{VmStatsRequest, VmStatsResponse};
+use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 
 /// The VMI's interfaces with the `sriov` binding that virt-handler sees in Multus's status
@@ -78,7 +79,9 @@ impl SyncVmi {
     }
 
     /// `GetScreenshot`; QEMU writes the image next to its QMP socket (a directory it owns).
-    pub(crate) async fn take_screenshot(&self) -> Result<screenshot::Screenshot, SyncError> {
+    pub(crate) async fn take_screenshot(
+        &self,
+    ) -> Result<crate::sync::rpc::manager::Screenshot, SyncError> {
         let client = self.client()?;
         let dir = self
             .config
@@ -119,7 +122,7 @@ impl SyncVmi {
         &self,
         request: VmStatsRequest,
     ) -> Result<VmStatsResponse, SyncError> {
-        use crate::sync::server::DomainManager;
+        use crate::sync::rpc::manager::DomainManager;
         if !self.config.vm_stats_collector {
             return Err(CmdApiError::Refused(vm_stats::VM_STATS_DISABLED.into()).into());
         }

@@ -18,35 +18,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, SystemTime};
 
-use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
 use super::CmdApiError;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{Cont, DumpFormat, DumpGuestMemory, QueryStatus, Stop};
-
-/// `api.MemoryDumpMetadata` in the domain JSON (Go field names; nil timestamps are `null`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct MemoryDumpMetadata {
-    /// Base name of the dump file.
-    #[serde(rename = "FileName", default)]
-    pub file_name: String,
-    /// When the dump started (RFC 3339, seconds, UTC).
-    #[serde(rename = "StartTimestamp", default)]
-    pub start_timestamp: Option<String>,
-    /// When it ended.
-    #[serde(rename = "EndTimestamp", default)]
-    pub end_timestamp: Option<String>,
-    /// Whether it ended (successfully or not).
-    #[serde(rename = "Completed", default)]
-    pub completed: bool,
-    /// Whether it failed.
-    #[serde(rename = "Failed", default)]
-    pub failed: bool,
-    /// Why it failed.
-    #[serde(rename = "FailureReason", default)]
-    pub failure_reason: String,
-}
+use crate::sync::domain::MemoryDumpMetadata;
 
 /// Called with the metadata after each change.
 pub type OnDumpMetadata = Arc<dyn Fn(MemoryDumpMetadata) + Send + Sync>;

@@ -26,7 +26,7 @@ pub mod sev;
 pub mod vm_stats;
 
 use crate::qmp::QmpError;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 
 /// Everything these RPCs can fail with. The `Display` text is the RPC's `message`.
 #[derive(Debug, thiserror::Error)]
@@ -68,7 +68,7 @@ impl CmdApiError {
 
 use std::sync::{Arc, Mutex as StdMutex};
 
-use crate::sync::agent::GuestAgent;
+use crate::sync::guest::agent::GuestAgent;
 
 /// What one domain keeps for these RPCs: the agent store and its poller, the freeze timer, the
 /// memory-dump state, the dirty-rate cache and the `GetVMStats` agent caches.
@@ -100,7 +100,7 @@ impl CmdApiState {
     pub fn start_poller(
         &self,
         agent: Arc<GuestAgent>,
-        intervals: guest_info::PollIntervals,
+        intervals: crate::sync::config::PollIntervals,
         on_update: guest_info::OnAgentUpdate,
         events: Option<crate::qmp::client::EventStream>,
     ) {

@@ -11,6 +11,7 @@ use super::CmdApiError;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{Screendump, ScreendumpFormat};
 use crate::qmp::QmpError;
+use crate::sync::rpc::manager::Screenshot;
 
 /// MIME type of a PNG screenshot.
 pub const MIME_PNG: &str = "image/png";
@@ -19,15 +20,6 @@ pub const MIME_PPM: &str = "image/x-portable-pixmap";
 
 /// How long QEMU may take to write the image (virt-handler's deadline is 5 s).
 pub const SCREENDUMP_TIMEOUT: Duration = Duration::from_secs(4);
-
-/// A screenshot: MIME type and image bytes.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Screenshot {
-    /// `image/png` (or `image/x-portable-pixmap` from an old QEMU).
-    pub mime: String,
-    /// The image file's bytes.
-    pub data: Vec<u8>,
-}
 
 static NEXT: AtomicU64 = AtomicU64::new(1);
 

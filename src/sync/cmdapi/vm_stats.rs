@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use tokio::sync::Mutex;
 
-use crate::sync::agent::{GuestAgent, DEFAULT_AGENT_TIMEOUT};
-use crate::sync::proto::cmd::v1 as cmd;
+use crate::sync::guest::agent::{GuestAgent, DEFAULT_AGENT_TIMEOUT};
+use crate::sync::rpc::proto::cmd::v1 as cmd;
 
 /// The gRPC error text when the flag is off (KubeVirt's).
 pub const VM_STATS_DISABLED: &str = "VMStatsCollector feature gate is not enabled";

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use crate::cmdline::ConverterContext;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// Host hardware facts: VFIO devices from the device plugins' `PCI_RESOURCE_*` variables, and

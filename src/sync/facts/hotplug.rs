@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use crate::cmdline::context::VolumeFacts;
 use crate::cmdline::ConverterContext;
 use crate::storage;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// Facts of the hotplug volumes (`<hotplug-disks>/<volume>.img`, probed) not yet in `ctx`.

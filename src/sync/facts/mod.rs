@@ -7,6 +7,7 @@
 //! interfaces), [`hotplug::add_hotplug_facts`] (hotplug volumes, also on every later sync) and
 //! [`hardware::add_hardware_facts`] (VFIO devices, virtiofsd sockets).
 
+pub mod cache;
 pub mod hardware;
 pub mod hotplug;
 pub mod network;
@@ -16,7 +17,7 @@ pub mod volumes;
 
 use crate::cmdline::context::MonitorSocket;
 use crate::cmdline::ConverterContext;
-use crate::sync::SyncConfig;
+use crate::sync::config::SyncConfig;
 
 /// The converter context of `config` before any volume or interface is known: QEMU version,
 /// KVM, paths, the QMP socket, the runtime uid, the EFI firmware files found on the host and

@@ -9,7 +9,7 @@ use tracing::{info, warn};
 
 use crate::net::{self, Binding, NetConfig, NetPlan, Port, Protocol};
 use crate::storage;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 

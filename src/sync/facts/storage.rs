@@ -7,12 +7,13 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
+use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::cmdline::plan::FirmwarePlan;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
 };
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
@@ -128,7 +129,7 @@ pub fn prepare_storage(
                 })?;
             }
             storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
-            let iso_facts = super::volumes::iso_facts(&vol.name, &iso);
+            let iso_facts = iso_facts(&vol.name, &iso);
             info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io,
                 preallocated = iso_facts.preallocated, "cloud-init ISO");
             facts.insert(vol.name.clone(), iso_facts);
@@ -168,21 +169,6 @@ pub(crate) fn prepare_nvram(
     let outcome = storage::prepare_nvram(&spec).map_err(SyncError::Storage)?;
     info!(?outcome, vars = %vars, template = %vars_template, "EFI NVRAM");
     Ok(())
-}
-
-/// KubeVirt's O_DIRECT check of a disk (`converter.go SetDriverCacheMode` with its
-/// `DirectIOChecker`): true when every file of `paths` (the disk's backend and, for an overlay,
-/// its backing file) can be opened with `O_DIRECT`. The converter then picks `cache=none` by
-/// default and accepts an explicit `none`; otherwise `writethrough`. A failed check counts as
-/// unsupported, as in KubeVirt, and is logged.
-pub(crate) fn direct_io(volume: &str, paths: &[&Path]) -> bool {
-    paths.iter().all(|p| match storage::direct_io_supported(p) {
-        Ok(supported) => supported,
-        Err(e) => {
-            tracing::warn!(volume, path = %p.display(), error = %e, "direct I/O check failed");
-            false
-        }
-    })
 }
 
 /// An `ephemeral` volume (KubeVirt `pkg/ephemeral-disk`): a qcow2 overlay at

@@ -18,9 +18,10 @@ use std::path::{Path, PathBuf};
 
 use tracing::info;
 
+use super::cache::{cache_facts, direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::vmi::{Vmi, Volume};
 
 /// Prepares `vol` if it is a config volume, a hostDisk or a (non-hotplug) PVC or DataVolume;
@@ -73,7 +74,7 @@ pub fn prepare(
     let device = Path::new(&paths.dev).join(&vol.name);
     storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
     if std::fs::metadata(&device).is_ok_and(|m| m.file_type().is_block_device()) {
-        let direct_io = super::storage::direct_io(&vol.name, &[&device]);
+        let direct_io = direct_io(&vol.name, &[&device]);
         info!(volume = %vol.name, device = %device.display(), direct_io, "block PVC");
         return Ok(Some(VolumeFacts {
             kind: StorageKind::Block,
@@ -115,33 +116,6 @@ pub fn prepare(
         preallocated,
         ..VolumeFacts::default()
     }))
-}
-
-/// The cache facts of a disk image file of `size` bytes: O_DIRECT support
-/// ([`super::storage::direct_io`]) and KubeVirt's `IsPreAllocated` (the bytes allocated on the
-/// host cover the virtual size), which with `cache=none` makes the converter choose
-/// `io=native` (`SetOptimalIOMode`).
-fn cache_facts(volume: &str, image: &Path, size: u64) -> (bool, bool) {
-    let direct_io = super::storage::direct_io(volume, &[image]);
-    let preallocated = std::fs::metadata(image)
-        .is_ok_and(|m| std::os::unix::fs::MetadataExt::blocks(&m) * 512 >= size);
-    (direct_io, preallocated)
-}
-
-/// The converter facts of an ISO the launcher generated (cloud-init NoCloud/ConfigDrive,
-/// configMap, secret, downwardAPI, serviceAccount, sysprep): KubeVirt runs the same
-/// `SetDriverCacheMode` and `SetOptimalIOMode` over every disk with a backend file
-/// (`manager.go`, after the config disks are written), so an ISO on a file system with O_DIRECT
-/// gets `cache=none` (and, being fully written, `io=native`), and on one without it
-/// `writethrough`; an explicit `none` is accepted only with O_DIRECT.
-pub fn iso_facts(volume: &str, iso: &Path) -> VolumeFacts {
-    let size = std::fs::metadata(iso).map(|m| m.len()).unwrap_or(0);
-    let (direct_io, preallocated) = cache_facts(volume, iso, size);
-    VolumeFacts {
-        direct_io,
-        preallocated,
-        ..VolumeFacts::default()
-    }
 }
 
 /// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.

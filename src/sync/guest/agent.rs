@@ -28,8 +28,8 @@ use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
 use crate::sync::domain::InterfaceStatus;
-use crate::sync::server::ExecOutput;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
+use crate::sync::rpc::manager::ExecOutput;
 
 /// The timeout of one agent command when the caller gives none (libvirt's agent default, 5 s).
 pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(5);

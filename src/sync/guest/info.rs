@@ -16,10 +16,10 @@ use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
 use crate::cmdline::qemu::SocketAddr;
 use crate::cmdline::ConverterContext;
 use crate::qmp::client::QmpClient;
-use crate::sync::agent::GuestAgent;
 use crate::sync::domain::InterfaceStatus;
-use crate::sync::stats::{self, DeviceNames};
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
+use crate::sync::guest::agent::GuestAgent;
+use crate::sync::guest::stats::{self, DeviceNames};
 
 /// The guest agent's virtio-serial port name (KubeVirt `channels.go`).
 pub const AGENT_CHANNEL: &str = "org.qemu.guest_agent.0";

@@ -40,7 +40,7 @@ use crate::qmp::commands::{
     BalloonInfo, BlockDeviceInfo, BlockInfo, BlockStatsInfo, CpuInfoFast, GuestStats,
     QomGetGuestStats, QueryBalloon, QueryBlock, QueryBlockstats, QueryCpusFast,
 };
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 use crate::sys::procfs::stat_times;
 
 /// KubeVirt `stats.DomainStats`, serialised with Go's field names.

@@ -16,18 +16,19 @@ use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
+use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, PreparedTarget,
     VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
-use crate::sync::migration::metadata::MigrationMetadata;
+use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
 use crate::sync::migration::{hotplug, sriov};
-use crate::sync::proto::cmd::v1::VirtualMachineOptions;
+use crate::sync::privileges;
+use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::vmi_sync::SyncVmi;
-use crate::sync::{privileges, SyncError};
 use crate::vmi::Vmi;
 
 /// How long the target waits for the source's hello and definition once connected.
@@ -185,7 +186,7 @@ impl SyncVmi {
 
         self.set_metadata(|m| {
             if let Some(uid) = &migration_uid {
-                MigrationMetadata::start(m, uid, SystemTime::now());
+                metadata::start(m, uid, SystemTime::now());
             }
         });
         *self.migration.target.lock().await = Some(PreparedTarget {
@@ -370,7 +371,7 @@ impl SyncVmi {
                 // KubeVirt's TargetMigrationMonitor: the end once no incoming job is left.
                 self.set_metadata(|m| {
                     if let Some(m) = m {
-                        m.finish(None, SystemTime::now());
+                        metadata::finish(m, None, SystemTime::now());
                     }
                 });
                 Ok(())
@@ -583,7 +584,7 @@ impl SyncVmi {
 
 /// Sets the guest's clock to the host's every second for up to a minute, until the agent
 /// answers (KubeVirt `setGuestTime`); stops when the agent says the command is unsupported.
-async fn sync_guest_time(agent: Arc<crate::sync::agent::GuestAgent>) {
+async fn sync_guest_time(agent: Arc<crate::sync::guest::agent::GuestAgent>) {
     let t0 = tokio::time::Instant::now();
     while t0.elapsed() < TIME_SYNC_WINDOW {
         let now = SystemTime::now()

@@ -29,11 +29,11 @@ use std::sync::Mutex as StdMutex;
 use serde::Deserialize;
 use tokio::sync::watch;
 
-use crate::sync::migration::metadata::MigrationMetadata;
+use crate::sync::domain::MigrationMetadata;
+use crate::sync::error::SyncError;
 use crate::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
 use crate::sync::start::Prepared;
 use crate::sync::vmi_sync::SyncVmi;
-use crate::sync::SyncError;
 use crate::vmi::Vmi;
 
 /// The annotation that makes KubeVirt's source launcher fail a migration at once.
@@ -223,7 +223,7 @@ pub(super) fn failed(message: String) -> SyncError {
 /// Replaces this launcher's path roots in `argv` by placeholders, so that two pods whose roots
 /// differ (never in a cluster, where both are `/`; in tests on one machine) compare their device
 /// models word for word.
-pub(super) fn normalized(argv: &[String], config: &crate::sync::SyncConfig) -> Vec<String> {
+pub(super) fn normalized(argv: &[String], config: &crate::sync::config::SyncConfig) -> Vec<String> {
     let p = &config.paths;
     let mut roots: Vec<(&str, String)> = [
         ("private", p.private_dir.clone()),
@@ -368,7 +368,7 @@ mod tests {
 
     #[test]
     fn roots_are_normalized_longest_first() {
-        let mut c = crate::sync::SyncConfig::under_root(Path::new("/tmp/podA"));
+        let mut c = crate::sync::config::SyncConfig::under_root(Path::new("/tmp/podA"));
         c.paths.container_disks = "/tmp/podA/var/run/kubevirt/container-disks".into();
         let argv = vec![
             "{\"filename\":\"/tmp/podA/var/run/kubevirt/container-disks/disk_0.img\"}".to_owned(),

@@ -84,11 +84,6 @@ pub const DIRECT_MIGRATION_PORT: u16 = 49152;
 /// The TCP role of the NBD server for copied disks (`LibvirtBlockMigrationPort`).
 pub const BLOCK_MIGRATION_PORT: u16 = 49153;
 
-/// The socket virt-handler's target proxy dials for role 0 in the target pod: where libvirt's
-/// `virtqemud` listens in KubeVirt's launcher. qlauncher's target listens here with
-/// [`protocol`] (`migration-target.go`, `handleTargetMigrationProxy`).
-pub const TARGET_CONTROL_SOCKET: &str = "/var/run/libvirt/virtqemud-sock";
-
 /// The directory of the migration proxy's unix sockets in a pod, owned by qemu (107).
 pub const MIGRATION_PROXY_DIR: &str = "/var/run/kubevirt/migrationproxy";
 

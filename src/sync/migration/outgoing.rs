@@ -13,17 +13,17 @@ use tracing::{info, warn};
 use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
+use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
     annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
 };
-use crate::sync::migration::metadata::{abort, MigrationMetadata, StartDecision};
+use crate::sync::migration::metadata::{self, abort, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain};
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::vmi_sync::SyncVmi;
-use crate::sync::SyncError;
 
 /// What a decentralized migration's `targetState` says of the target VMI when it is not the
 /// source's (KubeVirt's `generateMigrationParams`): its UID, and its identity next to the
@@ -65,7 +65,7 @@ impl SyncVmi {
                 .metadata
                 .lock()
                 .unwrap_or_else(|e| e.into_inner());
-            MigrationMetadata::start(&mut m, &uid, SystemTime::now())
+            metadata::start(&mut m, &uid, SystemTime::now())
         };
         match decision {
             StartDecision::AlreadyRunning => return Ok(()),
@@ -86,7 +86,8 @@ impl SyncVmi {
         if annotation(&vmi, FORCE_FAILURE_ANNOTATION).is_some() {
             self.set_metadata(|m| {
                 if let Some(m) = m {
-                    m.finish(
+                    metadata::finish(
+                        m,
                         Some("Failed migration to satisfy functional test condition"),
                         SystemTime::now(),
                     );
@@ -98,7 +99,7 @@ impl SyncVmi {
             warn!(reason = %reason, "migration refused");
             self.set_metadata(|m| {
                 if let Some(m) = m {
-                    m.finish(Some(&reason), SystemTime::now());
+                    metadata::finish(m, Some(&reason), SystemTime::now());
                 }
             });
             return Ok(());
@@ -270,7 +271,7 @@ impl SyncVmi {
                 }
                 self.set_metadata(|m| {
                     if let Some(m) = m {
-                        m.finish(None, SystemTime::now());
+                        metadata::finish(m, None, SystemTime::now());
                     }
                 });
             }
@@ -292,7 +293,7 @@ impl SyncVmi {
                 });
                 self.set_metadata(|m| {
                     if let Some(m) = m {
-                        m.finish(Some(&reason), SystemTime::now());
+                        metadata::finish(m, Some(&reason), SystemTime::now());
                     }
                 });
             }
@@ -355,7 +356,7 @@ impl SyncVmi {
         let Some(m) = self.migration.metadata() else {
             return Ok(());
         };
-        if !m.cancel_applies() {
+        if !metadata::cancel_applies(&m) {
             return Ok(());
         }
         self.set_metadata(|m| {

@@ -15,9 +15,9 @@ use crate::cmdline::plan::{Backend, DomainPlan, FirmwarePlan};
 use crate::cmdline::qemu::node_index;
 use crate::cmdline::render;
 use crate::qmp::client::QmpClient;
+use crate::sync::config::HOTPLUG_TIMEOUT;
+use crate::sync::error::SyncError;
 use crate::sync::state::Running;
-use crate::sync::vmi_sync::HOTPLUG_TIMEOUT;
-use crate::sync::SyncError;
 
 /// One step of the disk diff.
 #[derive(Debug, Clone, PartialEq)]

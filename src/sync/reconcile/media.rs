@@ -15,8 +15,8 @@ use tracing::info;
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan};
 use crate::cmdline::qemu::{renumber_nodes, Blockdev};
 use crate::qmp::client::QmpClient;
+use crate::sync::error::SyncError;
 use crate::sync::state::Running;
-use crate::sync::SyncError;
 
 /// The cdrom drives of `plan` that are not hot-pluggable, by device id (`ua-<name>`), each with
 /// the `blockdev-add` arguments of its medium, bottom node first (empty: no medium).

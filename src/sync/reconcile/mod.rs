@@ -22,12 +22,13 @@ pub mod resize;
 pub mod resources;
 
 use crate::cmdline::{convert, render};
+use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::domain_spec;
+use crate::sync::error::SyncError;
 use crate::sync::facts::hotplug::add_hotplug_facts;
 use crate::sync::facts::secondary;
 use crate::sync::state::Running;
-use crate::sync::vmi_sync::{SyncVmi, HOTPLUG_TIMEOUT};
-use crate::sync::SyncError;
+use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 
 /// One reconciler of a sync.

@@ -29,9 +29,9 @@ use crate::cmdline::ConverterContext;
 use crate::net::{self, NetPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::hotplug::{self, NicAttach, NicDetach};
+use crate::sync::error::SyncError;
 use crate::sync::facts::network::{plan_binding, serve_dhcp};
 use crate::sync::facts::secondary::SecondaryIface;
-use crate::sync::SyncError;
 use crate::sys::mac::MacAddr;
 
 /// A NIC plugged by diff, and its pod-side binding.

@@ -25,7 +25,7 @@ use crate::qmp::commands::{
     self, CpuDeviceAdd, DeviceDel, HotpluggableCpu, ObjectAdd, ObjectDel, VirtioMemPciAdd,
 };
 use crate::qmp::hotplug;
-use crate::sync::SyncError;
+use crate::sync::error::SyncError;
 
 /// The virtio-mem block size KubeVirt uses (2 MiB; 1 GiB hugepages are not supported here).
 pub const VIRTIO_MEM_BLOCK: u64 = 2 * 1024 * 1024;

@@ -7,12 +7,21 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 
 use crate::sync::domain::ApiDomain;
-use crate::sync::proto::cmd::v1 as cmd;
-use crate::sync::proto::cmd::v1::VirtualMachineOptions;
+use crate::sync::rpc::proto::cmd::v1 as cmd;
+use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
 
 /// The message virt-launcher answers when `vmiJson` does not decode
 /// (`cmd-server/server.go`, `getVMIFromRequest`).
 pub const INVALID_VMI_MESSAGE: &str = "No valid vmi object present in command server request";
+
+/// What `GetScreenshot` answers: the MIME type and the image bytes.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Screenshot {
+    /// `image/png` (or `image/x-portable-pixmap` from an old QEMU).
+    pub mime: String,
+    /// The image file's bytes.
+    pub data: Vec<u8>,
+}
 
 /// What `Exec` reports of a guest command that ran: its exit code and standard output. A non-zero
 /// exit code is a successful RPC (KubeVirt's `agent.ExecExitCode`).
@@ -176,8 +185,7 @@ pub trait DomainManager: Send + Sync + 'static {
     fn screenshot(
         &self,
         _vmi: Self::Vmi,
-    ) -> impl Future<Output = Option<Result<crate::sync::cmdapi::screenshot::Screenshot, Self::Error>>>
-           + Send {
+    ) -> impl Future<Output = Option<Result<Screenshot, Self::Error>>> + Send {
         async { None }
     }
     /// `VirtualMachineMemoryDump` to `dump_path` (returns at once; progress in the metadata).

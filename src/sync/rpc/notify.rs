@@ -22,9 +22,10 @@
 //! resolves once it has been delivered, for the launcher's shutdown (`waitForFinalNotify`).
 
 use crate::sync::domain::{ApiDomain, DomainEventType};
-use crate::sync::proto::notify::info as notify_info;
-use crate::sync::proto::notify::v1 as notify;
-use crate::sync::{uds, SyncError};
+use crate::sync::error::SyncError;
+use crate::sync::rpc::proto::notify::info as notify_info;
+use crate::sync::rpc::proto::notify::v1 as notify;
+use crate::sync::rpc::uds;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;

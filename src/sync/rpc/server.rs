@@ -16,11 +16,12 @@
 //! not implement (migration, freeze, backup, SEV, screenshots, memory dump, guest-agent queries,
 //! VM stats, host-device hotplug) answer at once with `success=false` and a message saying so.
 
-use crate::sync::proto::cmd::info as cmd_info;
-use crate::sync::proto::cmd::v1 as cmd;
+use crate::sync::error::SyncError;
 use crate::sync::rpc::authority::AuthorityFilteredStream;
+use crate::sync::rpc::proto::cmd::info as cmd_info;
+use crate::sync::rpc::proto::cmd::v1 as cmd;
 use crate::sync::rpc::service::CmdService;
-use crate::sync::{uds, SyncError};
+use crate::sync::rpc::uds;
 use futures_util::TryStreamExt;
 use std::future::Future;
 use std::os::unix::fs::DirBuilderExt;
@@ -43,7 +44,7 @@ pub const SELF_PING_INTERVAL: Duration = Duration::from_secs(1);
 /// How long a stopping server waits for in-flight calls (virt-launcher: 1 s).
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(1);
 
-pub use crate::sync::rpc::manager::{DomainManager, ExecOutput, INVALID_VMI_MESSAGE};
+use crate::sync::rpc::manager::DomainManager;
 
 /// Where the command server listens: the init socket, and the ready socket it is renamed to.
 #[derive(Debug, Clone, PartialEq, Eq)]

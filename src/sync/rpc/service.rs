@@ -11,8 +11,8 @@ use std::time::Duration;
 use serde::de::DeserializeOwned;
 use tonic::{Request, Status};
 
-use crate::sync::proto::cmd::v1 as cmd;
 use crate::sync::rpc::manager::{DomainManager, INVALID_VMI_MESSAGE};
+use crate::sync::rpc::proto::cmd::v1 as cmd;
 
 /// `Cmd`: decodes requests and dispatches them to the manager.
 pub(crate) struct CmdService<M> {
