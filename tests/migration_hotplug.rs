@@ -156,7 +156,7 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
 
     // On to a third pod: the former target knows the disk was hot-plugged (its own QEMU started
     // without it) and sends it on.
-    let mut third = Pod::new(&images.disk_qcow2, false);
+    let mut third = Pod::new(&images.disk_qcow2, true);
     third.uid = uid.clone();
     attach_blue(&third, "0a:58:0a:f4:03:07");
     share_hp1(&third, &image);

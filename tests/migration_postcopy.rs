@@ -347,7 +347,7 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     // the launcher cuts the mirror's connection, and since QEMU never entered post-copy the
     // source rolls back and runs on.
     {
-        let mut stalled = Pod::new(&images.disk_qcow2, false);
+        let mut stalled = Pod::new(&images.disk_qcow2, true);
         stalled.uid = uid.clone();
         let vmi0 = migrating_vmi(&uid, "mig-pc-stall", &stalled.pod_name(), POD_MAC);
         let n = stalled.start_launcher();
@@ -493,7 +493,7 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     assert!(moved.contains(&sum), "{moved} vs {sum}");
 
     // 3: on to a third pod, pausing the guest to converge.
-    let mut third = Pod::new(&images.disk_qcow2, false);
+    let mut third = Pod::new(&images.disk_qcow2, true);
     third.uid = uid.clone();
     let vmi2 = migrating_vmi(&uid, "mig-pause", &third.pod_name(), POD_MAC);
     // At 8 MiB/s the loop never lets pre-copy converge; paused after 10 s, the rest (about
