@@ -23,10 +23,6 @@ use crate::vmi::Vmi;
 /// it shut down (its SHUTDOWN event or QEMU's exit) before it reports the QMP error.
 const SHUTDOWN_SETTLE: Duration = Duration::from_secs(2);
 
-fn decode_failed(what: &str) -> SyncError {
-    SyncError::Unsupported(what.to_string())
-}
-
 impl DomainManager for SyncVmi {
     type Vmi = Vmi;
     type Error = SyncError;
@@ -58,7 +54,9 @@ impl DomainManager for SyncVmi {
     }
 
     async fn soft_reboot_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        Err(decode_failed("soft reboot needs the guest agent"))
+        Err(SyncError::Unsupported(
+            "soft reboot needs the guest agent".into(),
+        ))
     }
 
     /// KubeVirt's `SignalShutdownVMI` signals only a running or paused domain: one already
@@ -173,10 +171,9 @@ impl DomainManager for SyncVmi {
             });
         match probe.answer().await {
             Some((_, text)) => Ok(text),
-            None => Err(SyncError::Unsupported(format!(
-                "{} --version gave no version",
-                self.config.qemu.display()
-            ))),
+            None => Err(SyncError::NoQemuVersion {
+                qemu: self.config.qemu.clone(),
+            }),
         }
     }
 

@@ -20,6 +20,7 @@
 //! - [`domain`]: the `api.Domain` JSON both carry;
 //! - [`launcher`]: the launcher program (`virt-launcher`, `qlauncher launcher`) over all of it.
 
+pub(crate) mod admit;
 pub mod cmdapi;
 pub mod config;
 pub mod domain;

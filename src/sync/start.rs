@@ -29,6 +29,7 @@ use crate::qmp::commands::Cont;
 use crate::qmp::lifecycle;
 use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::admit::SpecKey;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::{self, hardware, hotplug, network, secondary};
@@ -50,7 +51,7 @@ impl SyncVmi {
     pub(crate) async fn start(
         &self,
         vmi: &Vmi,
-        spec: serde_json::Value,
+        spec: SpecKey,
     ) -> Result<Running, SyncError> {
         let p = self.prepare(vmi, spec).await?;
         self.prepare_qemu_dirs()?;
@@ -129,7 +130,7 @@ impl SyncVmi {
     pub(crate) async fn prepare(
         &self,
         vmi: &Vmi,
-        spec: serde_json::Value,
+        spec: SpecKey,
     ) -> Result<Prepared, SyncError> {
         let name = vmi.metadata.name.clone().unwrap_or_default();
         let namespace = vmi
@@ -473,7 +474,7 @@ fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
 
 /// What a domain started (or adopted) from `plan` holds.
 fn running_at_boot(
-    spec: serde_json::Value,
+    spec: SpecKey,
     ctx: ConverterContext,
     plan: &DomainPlan,
     qmp_plan: &render::QmpPlan,

@@ -28,7 +28,7 @@ use crate::sync::rpc::notify::Notifier;
 /// The running domain and what was set up for it.
 pub(crate) struct Running {
     /// The VMI as last synced (`spec` compared on the next sync).
-    pub(crate) spec: serde_json::Value,
+    pub(crate) spec: crate::sync::admit::SpecKey,
     /// The converter context of the running domain (hotplug conversions reuse it).
     pub(crate) ctx: ConverterContext,
     /// The hot-pluggable disks present, by device id.

@@ -20,7 +20,7 @@ use crate::qmp::lifecycle::{self, DomainStatus};
 use crate::sync::config::{SyncConfig, AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
-use crate::sync::facts::secondary;
+use crate::sync::admit::admit;
 use crate::sync::rpc::notify::Notifier;
 use crate::sync::state::{Running, Shared};
 use crate::vmi::Vmi;
@@ -168,30 +168,19 @@ impl SyncVmi {
 
     /// One sync (SyncVMI): the first starts the domain, later ones apply the changed VMI by
     /// diff; serialised by the `running` lock.
-    pub(crate) async fn sync(&self, mut vmi: Vmi) -> Result<(), SyncError> {
+    pub(crate) async fn sync(&self, vmi: Vmi) -> Result<(), SyncError> {
         let mut running = self.running.lock().await;
-        if let Some(r) = running.as_ref() {
-            r.keep_firmware_uuid(&mut vmi);
-        }
-        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
-        vmi.apply_defaults(&cfg);
-        if let Err(errors) = vmi.validate() {
-            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            return Err(SyncError::InvalidVmi(text.join("; ")));
-        }
-        let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
-        let spec = serde_json::to_value((&vmi.spec, volume_status, secondary::status_key(&vmi)))
-            .map_err(SyncError::EncodeDomain)?;
+        let admitted = admit(vmi, running.as_ref())?;
         if let Some(r) = running.as_mut() {
-            if r.spec == spec {
+            if r.spec == admitted.key {
                 info!("domain is up to date");
             } else {
-                self.hotplug(r, &vmi).await?;
-                r.spec = spec;
+                self.hotplug(r, &admitted.vmi).await?;
+                r.spec = admitted.key;
             }
             return Ok(());
         }
-        let r = self.start(&vmi, spec).await?;
+        let r = self.start(&admitted.vmi, admitted.key).await?;
         *running = Some(r);
         Ok(())
     }

@@ -16,8 +16,19 @@ pub mod storage;
 pub mod volumes;
 
 use crate::cmdline::context::MonitorSocket;
-use crate::cmdline::ConverterContext;
+use crate::cmdline::{ConverterContext, FieldPath};
 use crate::sync::config::SyncConfig;
+use crate::vmi::Vmi;
+
+/// The JSON path of the volume `name` in `vmi`: `spec.volumes[i]` (`spec.volumes` when no volume
+/// has that name).
+pub(crate) fn volume_field(vmi: &Vmi, name: &str) -> FieldPath {
+    let volumes = FieldPath::new("spec.volumes");
+    match vmi.spec.volumes.iter().flatten().position(|v| v.name == name) {
+        Some(i) => volumes.index(i),
+        None => volumes,
+    }
+}
 
 /// The converter context of `config` before any volume or interface is known: QEMU version,
 /// KVM, paths, the QMP socket, the runtime uid, the EFI firmware files found on the host and

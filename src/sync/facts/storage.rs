@@ -9,6 +9,7 @@ use tracing::info;
 
 use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
+use crate::cmdline::FieldPath;
 use crate::cmdline::plan::FirmwarePlan;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
@@ -60,7 +61,12 @@ pub fn prepare_storage(
                 .as_ref()
                 .map(|q| q.to_bytes())
                 .transpose()
-                .map_err(|err| SyncError::InvalidVmi(format!("volume {}: {err}", vol.name)))?
+                .map_err(|err| {
+                    let path = FieldPath::new("spec.volumes")
+                        .index(index)
+                        .key("emptyDisk.capacity");
+                    SyncError::invalid_field(path, err.to_string())
+                })?
                 .unwrap_or(0);
             let mut spec =
                 EmptyDiskSpec::at_kubevirt_path(&vol.name, capacity, Path::new(&paths.empty_disks));

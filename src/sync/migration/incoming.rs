@@ -16,9 +16,11 @@ use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
+use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
+use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
-    annotation, decode, failed, normalized, require_unix_transport, PreparedTarget,
+    annotation, decode, normalized, refused, require_unix_transport, PreparedTarget,
     VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
@@ -113,9 +115,9 @@ impl SyncVmi {
         vmi_json: Vec<u8>,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        let (mut vmi, state) = decode(&vmi_json)?;
+        let (vmi, state) = decode(&vmi_json)?;
         if annotation(&vmi, BLOCK_TARGET_ANNOTATION).is_some() {
-            return Err(failed(
+            return Err(refused(
                 "Blocking preparation of migration target in order to satisfy a functional test \
                  condition"
                     .into(),
@@ -141,23 +143,11 @@ impl SyncVmi {
         if already.as_deref() == Some(vmi_uid.as_str()) {
             return Ok(());
         }
-        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
-        vmi.apply_defaults(&cfg);
-        if let Err(errors) = vmi.validate() {
-            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            return Err(SyncError::InvalidVmi(text.join("; ")));
-        }
-        let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
-        let spec = serde_json::to_value((
-            &vmi.spec,
-            volume_status,
-            crate::sync::facts::secondary::status_key(&vmi),
-        ))
-        .map_err(SyncError::EncodeDomain)?;
-        // The spec key above is what later syncs of this VMI compare with; the domain itself
-        // runs with the source's guest MACs.
+        let Admitted { mut vmi, key } = admit(vmi, None)?;
+        // The spec key is what later syncs of this VMI compare with; the domain itself runs with
+        // the source's guest MACs.
         keep_guest_macs(&mut vmi);
-        let prepared = self.prepare(&vmi, spec).await?;
+        let prepared = self.prepare(&vmi, key).await?;
         let secondary =
             crate::sync::facts::secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
         let view = crate::sync::facts::secondary::convert_view(&vmi, &secondary);
@@ -603,7 +593,7 @@ async fn sync_guest_time(agent: Arc<crate::sync::guest::agent::GuestAgent>) {
                 info!("guest time set after migration");
                 return;
             }
-            Err(SyncError::AgentCommand { class, .. }) if class == "CommandNotFound" => return,
+            Err(AgentError::Command { class, .. }) if class == "CommandNotFound" => return,
             Err(e) if e.to_string().contains("unsupported") => return,
             Err(_) => {}
         }

@@ -169,7 +169,7 @@ impl VmiMigrationState {
 
 /// The VMI and its `status.migrationState` (None when absent) from a request's JSON.
 pub(super) fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError> {
-    let invalid = || SyncError::InvalidVmi(crate::sync::rpc::manager::INVALID_VMI_MESSAGE.into());
+    let invalid = || SyncError::UndecodableVmi;
     let raw: serde_json::Value = serde_json::from_slice(vmi_json).map_err(|_| invalid())?;
     let state = raw
         .pointer("/status/migrationState")
@@ -202,7 +202,7 @@ pub(super) fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
     if transport == "Unix" {
         Ok(())
     } else {
-        Err(failed(format!(
+        Err(refused(format!(
             "migration transport {transport:?} is not supported by qlauncher (only \"Unix\")"
         )))
     }
@@ -216,8 +216,9 @@ pub(super) fn annotation<'a>(vmi: &'a Vmi, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-pub(super) fn failed(message: String) -> SyncError {
-    SyncError::Unsupported(message)
+/// A migration request refused with `message` ([`SyncError::MigrationRefused`]).
+pub(super) fn refused(message: String) -> SyncError {
+    SyncError::MigrationRefused(message)
 }
 
 /// Replaces this launcher's path roots in `argv` by placeholders, so that two pods whose roots

@@ -15,7 +15,7 @@ use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
-    annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
+    annotation, decode, normalized, refused, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
 };
 use crate::sync::migration::metadata::{self, abort, StartDecision};
@@ -48,16 +48,16 @@ impl SyncVmi {
         let (vmi, state) = decode(&vmi_json)?;
         require_unix_transport(&vmi)?;
         if let Some(name) = state.as_ref().and_then(|s| s.running_backup.as_deref()) {
-            return Err(failed(format!(
+            return Err(refused(format!(
                 "cannot migrate VMI until backup {name} is completed"
             )));
         }
         let uid = state
             .as_ref()
             .and_then(VmiMigrationState::uid)
-            .ok_or_else(|| failed("cannot migrate VMI until migrationState is ready".into()))?;
+            .ok_or_else(|| refused("cannot migrate VMI until migrationState is ready".into()))?;
         let options = MigrationOptions::from_json(&options)
-            .map_err(|e| failed(format!("invalid migration options: {e}")))?;
+            .map_err(|e| refused(format!("invalid migration options: {e}")))?;
         let client = self.client()?;
         let decision = {
             let mut m = self
@@ -71,7 +71,7 @@ impl SyncVmi {
             StartDecision::AlreadyRunning => return Ok(()),
             StartDecision::AlreadyExecuted => {
                 let m = self.migration.metadata().unwrap_or_default();
-                return Err(failed(format!(
+                return Err(refused(format!(
                     "migration job {uid} already executed, finished at {}, failed: {}, \
                      abortStatus: {}",
                     m.end_timestamp.unwrap_or_default(),

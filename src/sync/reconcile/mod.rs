@@ -22,6 +22,7 @@ pub mod resize;
 pub mod resources;
 
 use crate::cmdline::{convert, render};
+use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
@@ -112,15 +113,9 @@ impl SyncVmi {
     fn resource_plan(
         &self,
         running: &Running,
-        mut vmi: Vmi,
+        vmi: Vmi,
     ) -> Result<crate::cmdline::DomainPlan, SyncError> {
-        running.keep_firmware_uuid(&mut vmi);
-        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
-        vmi.apply_defaults(&cfg);
-        if let Err(errors) = vmi.validate() {
-            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            return Err(SyncError::InvalidVmi(text.join("; ")));
-        }
+        let vmi = admit(vmi, Some(running))?.vmi;
         let mut ctx = running.ctx.clone();
         add_hotplug_facts(&vmi, &mut ctx)?;
         let secondary = secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;

@@ -19,6 +19,7 @@ use std::time::Duration;
 use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
+use crate::cmdline::FieldPath;
 use crate::cmdline::qemu::{ObjectMemoryBackend, QomSet};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{
@@ -74,8 +75,10 @@ pub enum ResourceStep {
 pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>, SyncError> {
     let wanted = wanted as usize;
     if wanted == 0 || wanted > running.len() {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu: {wanted} vCPUs, the domain has room for 1 to {}",
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu"),
+            format!(
+                "{wanted} vCPUs, the domain has room for 1 to {}",
             running.len()
         )));
     }
@@ -104,8 +107,10 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
         .map(|id| ResourceStep::UnplugVcpu { id: id.to_string() })
         .collect();
     if removable.len() < present - wanted {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu: {wanted} vCPUs is below the vCPUs the domain booted with"
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu"),
+            format!(
+                "{wanted} vCPUs is below the vCPUs the domain booted with"
         )));
     }
     Ok(removable)
@@ -261,15 +266,19 @@ pub fn diff_memory(
         };
     };
     if wanted < state.boot || wanted > max {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is outside {}..={max}",
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!(
+                "{wanted} bytes is outside {}..={max}",
             state.boot
         )));
     }
     let requested = wanted - state.boot;
     if !requested.is_multiple_of(VIRTIO_MEM_BLOCK) {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is not {} MiB aligned above the boot memory",
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!(
+                "{wanted} bytes is not {} MiB aligned above the boot memory",
             VIRTIO_MEM_BLOCK >> 20
         )));
     }
