@@ -22,7 +22,7 @@ use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
 use crate::sync::admit::admit;
 use crate::sync::rpc::notify::Notifier;
-use crate::sync::state::{Running, Shared};
+use crate::sync::state::{Job, Running, Shared};
 use crate::vmi::Vmi;
 
 /// KubeVirt's SyncVMI over QEMU: implements the command server's
@@ -66,9 +66,7 @@ impl SyncVmi {
                 graceful: AtomicBool::new(false),
                 pid,
                 client: StdMutex::new(None),
-                dumping: AtomicBool::new(false),
-                migrating: AtomicBool::new(false),
-                migrated: AtomicBool::new(false),
+                job: StdMutex::new(Job::Idle),
             }),
             info: crate::sync::guest::info::DomainInfo::default(),
             cmdapi: crate::sync::cmdapi::CmdApiState::default(),

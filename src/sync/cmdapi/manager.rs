@@ -11,6 +11,7 @@ use super::guest_info::AgentUpdate;
 use super::{freeze, host_devices, screenshot, sev, vm_stats, CmdApiError};
 use crate::sync::domain::{Alias, HostDevice, HostDeviceSource, PciAddress};
 use crate::sync::error::SyncError;
+use crate::sync::state::Job;
 use crate::sync::rpc::proto::cmd::v1::{VmStatsRequest, VmStatsResponse};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
@@ -102,9 +103,11 @@ impl SyncVmi {
             Path::new(dump_path),
             Arc::new(move |m| {
                 // The guest is paused for the dump (domain reason Dump) until it completed.
-                shared
-                    .dumping
-                    .store(!m.completed, std::sync::atomic::Ordering::SeqCst);
+                if m.completed {
+                    shared.end(Job::Dumping);
+                } else {
+                    shared.begin(Job::Dumping);
+                }
                 shared.modify(|d| d.spec.metadata.kubevirt.memory_dump = Some(m));
             }),
         )?;

@@ -2,7 +2,6 @@
 //! [`super::source`]), `CancelVirtualMachineMigration`, and the job statistics GetDomainStats
 //! reports while it runs (KubeVirt v1.9.0 `live-migration-source.go`, `manager.go`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -14,6 +13,7 @@ use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
+use crate::sync::state::Job;
 use crate::sync::migration::launcher::{
     annotation, decode, normalized, refused, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
@@ -224,7 +224,7 @@ impl SyncVmi {
                 control.display()
             ))
         })?;
-        self.shared.migrating.store(true, Ordering::SeqCst);
+        self.shared.begin(Job::MigratingOut);
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
         let mut on_event = |e: SourceEvent| {
@@ -235,7 +235,7 @@ impl SyncVmi {
             })
         };
         let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
-        self.shared.migrating.store(false, Ordering::SeqCst);
+        self.shared.end(Job::MigratingOut);
         let end = end?;
         info!(
             total_ms = end.total_ms,
@@ -259,7 +259,7 @@ impl SyncVmi {
                         }
                     }
                 });
-                self.shared.migrated.store(true, Ordering::SeqCst);
+                self.shared.begin(Job::MigratedAway);
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
