@@ -23,6 +23,7 @@
 pub(crate) mod admit;
 pub mod cmdapi;
 pub mod config;
+pub(crate) mod ctx;
 pub mod domain;
 pub(crate) mod domain_spec;
 pub mod error;

@@ -19,7 +19,7 @@ pub mod dirty_rate;
 pub mod freeze;
 pub mod guest_info;
 pub mod host_devices;
-mod manager;
+pub(crate) mod manager;
 pub mod memory_dump;
 pub mod screenshot;
 pub mod sev;

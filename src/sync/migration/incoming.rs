@@ -147,13 +147,13 @@ impl SyncVmi {
         // The spec key is what later syncs of this VMI compare with; the domain itself runs with
         // the source's guest MACs.
         keep_guest_macs(&mut vmi);
-        let prepared = self.prepare(&vmi, key).await?;
+        let prepared = crate::sync::start::prepare(&self.ctx, &vmi, key).await?;
         let secondary =
-            crate::sync::facts::secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
+            crate::sync::facts::secondary::secondary_ifaces(&vmi, self.ctx.config.runtime_uid)?;
         let view = crate::sync::facts::secondary::convert_view(&vmi, &secondary);
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
-        let dir = &self.config.migration_proxy_dir;
+        let dir = &self.ctx.config.migration_proxy_dir;
         let prep_err = |what: String| {
             move |source| SyncError::PrepareQemu {
                 what: what.clone(),
@@ -161,11 +161,11 @@ impl SyncVmi {
             }
         };
         std::fs::create_dir_all(dir).map_err(prep_err(format!("create {}", dir.display())))?;
-        privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(prep_err(format!(
+        privileges::prepare_socket_dir(dir, self.ctx.config.runtime_uid).map_err(prep_err(format!(
             "give {} to the runtime user",
             dir.display()
         )))?;
-        let control = &self.config.migration_control_socket;
+        let control = &self.ctx.config.migration_control_socket;
         if let Some(parent) = control.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(prep_err(format!("create {}", parent.display())))?;
@@ -254,7 +254,7 @@ impl SyncVmi {
                 b
             });
         let argv = boot.and_then(|b| {
-            matches_source(&normalized(&b.argv, &self.config), &session.domain)?;
+            matches_source(&normalized(&b.argv, &self.ctx.config), &session.domain)?;
             let mut d = session.domain.clone();
             d.argv.clear();
             Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu, b.nics))
@@ -296,9 +296,14 @@ impl SyncVmi {
         domain.spec.devices.drop_sriov_host_devices();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
         let vsock = prepared.vsock;
-        let client = match self
-            .launch_incoming(domain, &prepared.plan, &argv, vsock)
-            .await
+        let client = match crate::sync::start::launch_incoming(
+            &self.ctx,
+            domain,
+            &prepared.plan,
+            &argv,
+            vsock,
+        )
+        .await
         {
             Ok(c) => c,
             Err(e) => {
@@ -353,8 +358,8 @@ impl SyncVmi {
                         DomainState::Paused,
                         StateReason::User,
                     );
-                    *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
-                    self.shared
+                    *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+                    self.ctx.shared
                         .publish(status, crate::sync::domain::DomainEventType::Modified);
                 }
                 *self.running.lock().await = Some(prepared.running);
@@ -405,7 +410,7 @@ impl SyncVmi {
                     "cannot convert the VMI without its hot-plugged devices: {e}"
                 ))
             })?;
-            let argv = self.argv(&plan);
+            let argv = crate::sync::start::argv(&self.ctx, &plan);
             boots.push((plan, argv));
         }
         // The view whose argv is the source's; none: the first, whose difference the caller
@@ -413,7 +418,7 @@ impl SyncVmi {
         let matching = boots
             .iter()
             .position(|(_, argv)| {
-                let local = normalized(&sriov::without_sriov_devices(argv), &self.config);
+                let local = normalized(&sriov::without_sriov_devices(argv), &self.ctx.config);
                 matches_source(&local, domain).is_ok()
             })
             .unwrap_or(0);
@@ -478,7 +483,7 @@ impl SyncVmi {
             .take()
             .unwrap_or_else(|| target.prepared.plan.clone());
         plan.cpu = cpu.clone();
-        boot.argv = self.argv(&plan);
+        boot.argv = crate::sync::start::argv(&self.ctx, &plan);
         // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
         if domain.hotplugged.is_empty() {
             boot.plan = None;
@@ -526,7 +531,7 @@ impl SyncVmi {
         if pod.is_empty() || pod != target_pod {
             return Ok(());
         }
-        if self.qemu_pid().is_some() {
+        if self.ctx.qemu_pid().is_some() {
             return Ok(());
         }
         warn!(pod = %pod, "target pod cleanup signalled: exiting");
@@ -552,7 +557,7 @@ impl SyncVmi {
             .map(|(name, _)| name)
             .collect();
         if !refresh.is_empty() {
-            let client = self.client()?;
+            let client = self.ctx.client()?;
             for name in refresh {
                 let id = format!("ua-{name}");
                 crate::qmp::hotplug::set_link(&client, &id, false)
@@ -565,7 +570,7 @@ impl SyncVmi {
             }
         }
         if !self.migration.time_synced.swap(true, Ordering::SeqCst) {
-            let agent = self.info.agent.clone();
+            let agent = self.ctx.info.agent.clone();
             tokio::spawn(sync_guest_time(agent));
         }
         Ok(())

@@ -264,7 +264,7 @@ impl SyncVmi {
             f(&mut m);
             m.clone()
         };
-        self.shared.update_domain(|d| {
+        self.ctx.shared.update_domain(|d| {
             if d.spec.metadata.kubevirt.migration == m {
                 return false;
             }
@@ -274,7 +274,7 @@ impl SyncVmi {
     }
 
     pub(super) fn migration_proxy_sockets(&self, uid: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let dir = &self.config.migration_proxy_dir;
+        let dir = &self.ctx.config.migration_proxy_dir;
         (
             proxy_socket(dir, uid, 0),
             proxy_socket(dir, uid, DIRECT_MIGRATION_PORT),

@@ -58,7 +58,7 @@ impl SyncVmi {
             .ok_or_else(|| refused("cannot migrate VMI until migrationState is ready".into()))?;
         let options = MigrationOptions::from_json(&options)
             .map_err(|e| refused(format!("invalid migration options: {e}")))?;
-        let client = self.client()?;
+        let client = self.ctx.client()?;
         let decision = {
             let mut m = self
                 .migration
@@ -151,7 +151,7 @@ impl SyncVmi {
         self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
-        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
         let argv = self
             .migration
             .boot_argv
@@ -181,7 +181,7 @@ impl SyncVmi {
             vmi_uid: vmi_uid.to_owned(),
             migration_uid: migration_uid.to_owned(),
             machine,
-            argv: normalized(&sriov::without_sriov_devices(&argv), &self.config),
+            argv: normalized(&sriov::without_sriov_devices(&argv), &self.ctx.config),
             hotplugged,
             copied_disks,
             capabilities: Vec::new(),
@@ -224,7 +224,7 @@ impl SyncVmi {
                 control.display()
             ))
         })?;
-        self.shared.begin(Job::MigratingOut);
+        self.ctx.shared.begin(Job::MigratingOut);
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
         let mut on_event = |e: SourceEvent| {
@@ -235,7 +235,7 @@ impl SyncVmi {
             })
         };
         let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
-        self.shared.end(Job::MigratingOut);
+        self.ctx.shared.end(Job::MigratingOut);
         let end = end?;
         info!(
             total_ms = end.total_ms,
@@ -259,11 +259,11 @@ impl SyncVmi {
                         }
                     }
                 });
-                self.shared.begin(Job::MigratedAway);
+                self.ctx.shared.begin(Job::MigratedAway);
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
-                    let s = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+                    let s = *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
                     if s.state == DomainState::Shutoff {
                         break;
                     }
@@ -309,7 +309,7 @@ impl SyncVmi {
     /// whose image lives in the pod's own storage (containerDisk and ephemeral overlays, empty
     /// disks, cloud-init and config ISOs), by format node, with export `drive-<alias>`.
     async fn copied_disks(&self, client: &QmpClient) -> Result<Vec<CopiedDisk>, MigrationError> {
-        let p = &self.config.paths;
+        let p = &self.ctx.config.paths;
         let local = [&p.ephemeral_disks, &p.empty_disks, &p.cloud_init];
         let blocks = client.run(&QueryBlock).await?;
         let mut out = Vec::new();
@@ -488,7 +488,7 @@ impl SyncVmi {
         };
         if !released.is_empty() {
             info!(devices = ?released, "SR-IOV host devices unplugged for the migration");
-            self.shared.update_domain(|d| {
+            self.ctx.shared.update_domain(|d| {
                 let before = d.spec.devices.host_devices.len();
                 d.spec
                     .devices
@@ -556,7 +556,7 @@ impl SyncVmi {
         if !active {
             return None;
         }
-        let client = self.client().ok()?;
+        let client = self.ctx.client().ok()?;
         let info = client
             .run(&crate::qmp::migration::QueryMigrate)
             .await
