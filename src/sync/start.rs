@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::cmdline::context::{IfaceFacts, MonitorSocket, TapSource};
 use crate::cmdline::qemu::KeyVal;
-use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
+use crate::cmdline::{render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Cont;
@@ -32,7 +31,8 @@ use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as Domain
 use crate::sync::admit::SpecKey;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
-use crate::sync::facts::{self, hardware, hotplug, network, secondary};
+use crate::sync::facts::gather::{gather, BootFacts, Gathered, Purpose};
+use crate::sync::facts::{self, hardware};
 use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
@@ -40,11 +40,9 @@ use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
 use crate::sync::ctx::DomainCtx;
 use crate::sync::{privileges, recover};
-use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
-/// The fd QEMU inherits its QMP monitor's listening socket as.
-pub const QMP_FD: i32 = 3;
+pub use crate::sync::facts::gather::QMP_FD;
 
 /// A domain started (or adopted) by [`start`].
 pub(crate) struct Started {
@@ -149,66 +147,24 @@ pub(crate) async fn prepare(
     let uid = vmi.metadata.uid.clone().unwrap_or_default();
     let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
 
-    let t0 = Instant::now();
-    let mut ctx = facts::base_context(&d.config);
-    ctx.monitor = MonitorSocket::Fd(QMP_FD);
-    let mut version_source = "configured";
-    if let Some(probe) = &d.config.qemu_probe {
-        let (answer, source) = probe.answer_with_source().await;
-        version_source = source.as_str();
-        if let Some((version, _)) = answer {
-            ctx.qemu = version;
-        }
-    }
-    // The version record read at launcher start, or the `qemu --version` probe started with
-    // the launcher: waiting for it is on this path.
-    let t_probe = t0.elapsed();
-    // Storage (blocking file work on a blocking thread).
-    let storage_vmi = vmi.clone();
-    let paths = d.config.paths.clone();
-    let owner = (d.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
-    ctx.volumes = tokio::task::spawn_blocking(move || {
-        facts::storage::prepare_storage(&storage_vmi, &paths, owner, &name, &namespace)
-    })
-    .await
-    .map_err(|e| SyncError::Task(e.to_string()))??;
-    let t_storage = t0.elapsed();
-
-    // Network, in this (the pod's) network namespace.
-    let (dhcp_stop, dhcp_rx) = watch::channel(false);
-    for (iface, cfg) in network::net_configs(vmi, d.config.runtime_uid)? {
-        let plan =
-            network::setup_network(&d.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
-        let mac = MacAddr(plan.guest_mac).to_string();
-        push_interface(&mut domain, &iface, mac.clone());
-        ctx.interfaces.insert(
-            iface,
-            IfaceFacts {
-                mac: Some(mac),
-                mtu: Some(plan.mtu),
-                tap: TapSource::Ifname(plan.tap.clone()),
-            },
-        );
-    }
-    let secondary = secondary::secondary_ifaces(vmi, d.config.runtime_uid)?;
-    let mut nics = NicState::default();
-    for (iface, mac, facts) in nics
-        .setup_at_boot(&secondary, &d.config.resolv_conf)
-        .await?
-    {
+    let mut boot = BootFacts::default();
+    let Gathered {
+        ctx, view, plan, ..
+    } = gather(&d.config, vmi, Purpose::Boot(&mut boot)).await?;
+    let BootFacts {
+        interfaces,
+        mut nics,
+        vsock,
+        dhcp_stop,
+        t0,
+        t_probe,
+        version_source,
+        t_storage,
+        t_network,
+    } = boot;
+    for (iface, mac) in interfaces {
         push_interface(&mut domain, &iface, mac);
-        ctx.interfaces.insert(iface, facts);
     }
-    let t_network = t0.elapsed();
-
-    hotplug::add_hotplug_facts(vmi, &mut ctx)?;
-    hardware::add_hardware_facts(vmi, &mut ctx);
-    let vsock = hardware::open_vhost_vsock(vmi, &d.config.vhost_vsock)?;
-    if vsock.is_some() {
-        ctx.vsock_fd = Some(hardware::VSOCK_FD);
-    }
-    let view = secondary::convert_view(vmi, &secondary);
-    let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
     // Refuse before QEMU starts when host hardware the VMI asks for is not here.
     if let Some(m) = plan.missing_hardware().into_iter().next() {
         return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
@@ -241,6 +197,7 @@ pub(crate) async fn prepare(
         argv,
         running,
         vsock,
+        view,
         t0,
         t_probe,
         version_source,
@@ -448,6 +405,9 @@ pub(crate) struct Prepared {
     pub(crate) running: Running,
     /// The vhost-vsock fd QEMU inherits.
     pub(crate) vsock: Option<std::os::fd::OwnedFd>,
+    /// The VMI as the converter saw it (a migration target converts it again without the
+    /// source's hot-plugged devices).
+    pub(crate) view: Vmi,
     t0: Instant,
     /// Waiting for QEMU's version (the record read at launcher start, or the `qemu --version`
     /// probe started with the launcher).

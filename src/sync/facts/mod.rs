@@ -2,12 +2,15 @@
 //! `generateConverterContext` (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0), plus the
 //! preparation libvirt or virt-handler would do (overlays, ISOs, the pod network).
 //!
-//! In start order: [`base_context`] (the launcher's settings), [`storage::prepare_storage`]
+//! [`gather::gather`] is the one gathering-and-convert every caller uses (boot, resync, the
+//! vCPU and memory RPCs, the migration target). In boot order: [`base_context`] (the
+//! launcher's settings), [`storage::prepare_storage`]
 //! (volumes), [`network`] (the pod network binding and its DHCP servers), [`secondary`] (Multus
 //! interfaces), [`hotplug::add_hotplug_facts`] (hotplug volumes, also on every later sync) and
 //! [`hardware::add_hardware_facts`] (VFIO devices, virtiofsd sockets).
 
 pub mod cache;
+pub(crate) mod gather;
 pub mod hardware;
 pub mod hotplug;
 pub mod network;

@@ -9,7 +9,6 @@ use tracing::info;
 
 use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
-use crate::cmdline::FieldPath;
 use crate::cmdline::plan::FirmwarePlan;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
@@ -23,15 +22,13 @@ pub fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
     owner: Option<storage::Owner>,
-    name: &str,
-    namespace: &str,
 ) -> Result<BTreeMap<String, VolumeFacts>, SyncError> {
     let mut facts = BTreeMap::new();
     let ephemeral = PathBuf::from(&paths.ephemeral_disks);
     let mut cloud_init_done = false;
     for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
         if vol.container_disk.is_some() {
-            let base = PathBuf::from(&paths.container_disks).join(format!("disk_{index}.img"));
+            let base = container_disk_path(Path::new(&paths.container_disks), index);
             let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, &base, &ephemeral);
             spec.owner = owner;
             let (outcome, base_facts) =
@@ -55,21 +52,8 @@ pub fn prepare_storage(
             );
         } else if vol.ephemeral.is_some() {
             facts.insert(vol.name.clone(), ephemeral_overlay(vol, paths, owner)?);
-        } else if let Some(e) = &vol.empty_disk {
-            let capacity = e
-                .capacity
-                .as_ref()
-                .map(|q| q.to_bytes())
-                .transpose()
-                .map_err(|err| {
-                    let path = FieldPath::new("spec.volumes")
-                        .index(index)
-                        .key("emptyDisk.capacity");
-                    SyncError::invalid_field(path, err.to_string())
-                })?
-                .unwrap_or(0);
-            let mut spec =
-                EmptyDiskSpec::at_kubevirt_path(&vol.name, capacity, Path::new(&paths.empty_disks));
+        } else if let Some(spec) = EmptyDiskSpec::from_volume(vol, Path::new(&paths.empty_disks)) {
+            let mut spec = spec.map_err(SyncError::Storage)?;
             spec.owner = owner;
             let (outcome, size) = storage::create_empty_disk(&spec).map_err(SyncError::Storage)?;
             let direct_io = direct_io(&vol.name, &[&spec.path]);
@@ -83,46 +67,19 @@ pub fn prepare_storage(
                     ..VolumeFacts::default()
                 },
             );
-        } else if let Some((kind, src)) = vol
-            .cloud_init_no_cloud
-            .as_ref()
-            .map(|s| (CloudInitKind::NoCloud, s))
-            .or_else(|| {
-                vol.cloud_init_config_drive
-                    .as_ref()
-                    .map(|s| (CloudInitKind::ConfigDrive, s))
-            })
-        {
+        } else if let Some(spec) = CloudInitSpec::from_volume(vol) {
+            // KubeVirt uses the first cloud-init volume only.
             if cloud_init_done {
                 continue;
             }
             cloud_init_done = true;
-            let spec = CloudInitSpec {
-                volume: vol.name.clone(),
-                kind: Some(kind),
-                user_data: src.user_data.clone(),
-                user_data_base64: src.user_data_base64.clone(),
-                user_data_secret_ref: src.user_data_secret_ref.as_ref().map(|r| r.name.clone()),
-                network_data: src.network_data.clone(),
-                network_data_base64: src.network_data_base64.clone(),
-                network_data_secret_ref: src
-                    .network_data_secret_ref
-                    .as_ref()
-                    .map(|r| r.name.clone()),
-            };
-            let identity = VmiIdentity {
-                name: name.to_string(),
-                namespace: namespace.to_string(),
-                hostname: vmi.spec.hostname.clone(),
-                // NoCloud's instance-id (KubeVirt: the firmware UUID, stable for a VM's VMIs).
-                firmware_uuid: vmi
-                    .spec
-                    .domain
-                    .firmware
-                    .as_ref()
-                    .and_then(|f| f.uuid.clone()),
-                ..VmiIdentity::default()
-            };
+            let kind = spec.kind.unwrap_or(CloudInitKind::NoCloud);
+            let mut identity = VmiIdentity::from_vmi(vmi);
+            // NoCloud's instance-id is the firmware UUID (KubeVirt: stable for a VM's VMIs); a
+            // VMI without a namespace is in `default`.
+            if identity.namespace.is_empty() {
+                identity.namespace = "default".into();
+            }
             let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
             let data = CloudInitData::resolve(&spec, &identity, &secret_dir)
                 .map_err(SyncError::Storage)?;

@@ -148,9 +148,7 @@ impl SyncVmi {
         // the source's guest MACs.
         keep_guest_macs(&mut vmi);
         let prepared = crate::sync::start::prepare(&self.ctx, &vmi, key).await?;
-        let secondary =
-            crate::sync::facts::secondary::secondary_ifaces(&vmi, self.ctx.config.runtime_uid)?;
-        let view = crate::sync::facts::secondary::convert_view(&vmi, &secondary);
+        let view = prepared.view.clone();
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
         let dir = &self.ctx.config.migration_proxy_dir;

@@ -21,13 +21,12 @@ pub mod nics;
 pub mod resize;
 pub mod resources;
 
-use crate::cmdline::{convert, render};
+use crate::cmdline::render;
 use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
-use crate::sync::facts::hotplug::add_hotplug_facts;
-use crate::sync::facts::secondary;
+use crate::sync::facts::gather::{gather, Gathered, Purpose};
 use crate::sync::state::Running;
 use crate::sync::ctx::DomainCtx;
 use crate::vmi::Vmi;
@@ -61,15 +60,20 @@ pub(crate) async fn hotplug(
     vmi: &Vmi,
 ) -> Result<(), SyncError> {
     let client = d.client()?;
-    let mut ctx = running.ctx.clone();
-    add_hotplug_facts(vmi, &mut ctx)?;
-    let secondary = secondary::secondary_ifaces(vmi, d.config.runtime_uid)?;
-    running
-        .nics
-        .prepare(&secondary, &mut ctx, &d.config.resolv_conf)
-        .await?;
-    let view = secondary::convert_view(vmi, &secondary);
-    let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
+    let Gathered {
+        ctx,
+        view,
+        secondary,
+        plan,
+    } = gather(
+        &d.config,
+        vmi,
+        Purpose::Resync {
+            running: &running.ctx,
+            nics: &mut running.nics,
+        },
+    )
+    .await?;
     let qmp_plan = render::qmp_plan(&plan);
     let mut nics = nics::NicChanges::default();
     for reconciler in RECONCILERS {
@@ -95,7 +99,7 @@ pub(crate) async fn hotplug(
 /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs of the running domain `r` until it has as
 /// many as `vmi` asks.
 pub(crate) async fn apply_vcpus(d: &DomainCtx, r: &Running, vmi: Vmi) -> Result<(), SyncError> {
-    let plan = resource_plan(d, r, vmi)?;
+    let plan = resource_plan(d, r, vmi).await?;
     resources::set_vcpus(&d.client()?, plan.smp.cpus, HOTPLUG_TIMEOUT).await?;
     Ok(())
 }
@@ -107,26 +111,21 @@ pub(crate) async fn apply_memory(
     r: &mut Running,
     vmi: Vmi,
 ) -> Result<(), SyncError> {
-    let plan = resource_plan(d, r, vmi)?;
+    let plan = resource_plan(d, r, vmi).await?;
     r.memory = resources::set_memory(&d.client()?, &r.memory, &plan, plan.memory.size).await?;
     Ok(())
 }
 
 /// The converter's plan of `vmi` (defaults applied, validated) against the running domain's
 /// facts: the vCPU and memory sizes a CPU or memory sync aims at.
-fn resource_plan(
+async fn resource_plan(
     d: &DomainCtx,
     running: &Running,
     vmi: Vmi,
 ) -> Result<crate::cmdline::DomainPlan, SyncError> {
     let vmi = admit(vmi, Some(running))?.vmi;
-    let mut ctx = running.ctx.clone();
-    add_hotplug_facts(&vmi, &mut ctx)?;
-    let secondary = secondary::secondary_ifaces(&vmi, d.config.runtime_uid)?;
-    let pending: Vec<secondary::SecondaryIface> = secondary
-        .into_iter()
-        .filter(|s| !ctx.interfaces.contains_key(&s.name))
-        .map(|s| secondary::SecondaryIface { ready: false, ..s })
-        .collect();
-    convert(&secondary::convert_view(&vmi, &pending), &ctx).map_err(SyncError::Convert)
+    let purpose = Purpose::Resources {
+        running: &running.ctx,
+    };
+    Ok(gather(&d.config, &vmi, purpose).await?.plan)
 }
