@@ -8,9 +8,8 @@ use std::path::Path;
 use crate::vmi::{Vmi, Volume};
 
 use super::{
-    paths, validate_volume_name, ChainPolicy, CloudInitKind, CloudInitSpec, ConfigVolumeKind,
-    ConfigVolumeSpec, EmptyDiskSpec, HostDiskSpec, HostDiskType, Owner, StorageError,
-    VmiIdentity,
+    paths, validate_volume_name, CloudInitKind, CloudInitSpec, ConfigVolumeKind, ConfigVolumeSpec,
+    EmptyDiskSpec, HostDiskSpec, HostDiskType, Owner, StorageError, VmiIdentity,
 };
 
 /// KubeVirt `v1.ClusterInstancetypeAnnotation`; wins over the namespaced one.

@@ -96,7 +96,9 @@ mod tests {
             panic!("{err}");
         };
         assert!(
-            errors.iter().any(|e| e.path.starts_with("spec.domain.devices.disks[0]")),
+            errors
+                .iter()
+                .any(|e| e.path.starts_with("spec.domain.devices.disks[0]")),
             "{errors:?}"
         );
         assert!(err.to_string().starts_with("invalid VMI: "), "{err}");

@@ -12,12 +12,12 @@ use tracing::info;
 
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle;
+use crate::sync::cmdapi::manager as cmdapi;
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
+use crate::sync::reconcile;
 use crate::sync::rpc::manager::{DomainManager, ExecOutput, Screenshot};
 use crate::sync::rpc::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
-use crate::sync::cmdapi::manager as cmdapi;
-use crate::sync::reconcile;
 use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 
@@ -67,7 +67,12 @@ impl DomainManager for SyncVmi {
     async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
         self.ctx.shared.graceful.store(true, Ordering::SeqCst);
         let signalable = || {
-            let s = self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            let s = self
+                .ctx
+                .shared
+                .status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             s.shutdown.is_none()
                 && matches!(
                     s.state,

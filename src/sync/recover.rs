@@ -27,11 +27,11 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QomList, QueryBlock, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::{ApiDomain, DomainEventType};
 use crate::sync::error::SyncError;
 use crate::sync::reconcile::nics::Placement;
 use crate::sync::state::{follow_events, Running};
-use crate::sync::ctx::DomainCtx;
 use crate::vmi::Vmi;
 
 /// How long a found QEMU may take to answer on QMP before it is considered hung and replaced.

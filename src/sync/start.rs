@@ -26,9 +26,10 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Cont;
 use crate::qmp::lifecycle;
-use crate::sync::config::QMP_CONNECT_TIMEOUT;
-use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::admit::SpecKey;
+use crate::sync::config::QMP_CONNECT_TIMEOUT;
+use crate::sync::ctx::DomainCtx;
+use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, BootFacts, Gathered, Purpose};
@@ -38,7 +39,6 @@ use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
-use crate::sync::ctx::DomainCtx;
 use crate::sync::{privileges, recover};
 use crate::vmi::Vmi;
 
@@ -124,8 +124,7 @@ pub(crate) async fn launch_incoming(
     let (pid, watcher) = spawn_qemu(d, argv, plan, vsock.as_ref())?;
     drop(vsock);
     let client = connect(d, &watcher).await?;
-    follow(d, &client, client.events(), domain, watcher)
-        .await?;
+    follow(d, &client, client.events(), domain, watcher).await?;
     d.shared.pid.send_replace(Some(pid));
     Ok(client)
 }
@@ -282,8 +281,7 @@ fn spawn_qemu(
     // After the vsock fd's placement: the listener's own number is 64 or above, so that
     // placement cannot have overwritten it.
     hardware::inherit_fd(&mut command, &qmp_listener, QMP_FD);
-    let detached =
-        crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
+    let detached = crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
     let pid = detached.pid;
     info!(pid, "QEMU started");
     // A QEMU that fails at once (a bad device, an fd it rejects) can be gone and reaped

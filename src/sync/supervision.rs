@@ -12,8 +12,8 @@ use crate::monitor::grace::{DomainControl, Ending};
 use crate::monitor::launcher::SupervisedDomain;
 use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
-use crate::sync::error::SyncError;
 use crate::sync::ctx::DomainCtx;
+use crate::sync::error::SyncError;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
 
@@ -101,7 +101,12 @@ impl SupervisedDomain for SyncVmi {
         }
         // Let the event task see the exit.
         std::thread::sleep(Duration::from_millis(200));
-        let status = *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = *self
+            .ctx
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         match status.shutdown {
             Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {
                 Ok(())

@@ -10,11 +10,11 @@ use std::time::Duration;
 
 use super::guest_info::AgentUpdate;
 use super::{freeze, host_devices, screenshot, sev, vm_stats, CmdApiError};
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::{Alias, HostDevice, HostDeviceSource, PciAddress};
 use crate::sync::error::SyncError;
-use crate::sync::state::Job;
 use crate::sync::rpc::proto::cmd::v1::{VmStatsRequest, VmStatsResponse};
-use crate::sync::ctx::DomainCtx;
+use crate::sync::state::Job;
 use crate::sync::state::Running;
 use crate::vmi::Vmi;
 
@@ -144,11 +144,7 @@ pub(crate) async fn collect_vm_stats(
     }
     parts.agent_version = d.cmdapi.store.snapshot().version;
     for command in vm_stats::requested_agent_commands(&request) {
-        let reply = d
-            .cmdapi
-            .agent_replies
-            .get(&d.info.agent, command)
-            .await;
+        let reply = d.cmdapi.agent_replies.get(&d.info.agent, command).await;
         parts.agent.push((command, reply));
     }
     Ok(vm_stats::assemble(parts))

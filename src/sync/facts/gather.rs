@@ -175,11 +175,10 @@ async fn boot_context(
     let storage_vmi = vmi.clone();
     let paths = config.paths.clone();
     let owner = (config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
-    ctx.volumes = tokio::task::spawn_blocking(move || {
-        storage::prepare_storage(&storage_vmi, &paths, owner)
-    })
-    .await
-    .map_err(|e| SyncError::Task(e.to_string()))??;
+    ctx.volumes =
+        tokio::task::spawn_blocking(move || storage::prepare_storage(&storage_vmi, &paths, owner))
+            .await
+            .map_err(|e| SyncError::Task(e.to_string()))??;
     boot.t_storage = t0.elapsed();
 
     // Network, in this (the pod's) network namespace.

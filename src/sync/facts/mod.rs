@@ -27,7 +27,13 @@ use crate::vmi::Vmi;
 /// has that name).
 pub(crate) fn volume_field(vmi: &Vmi, name: &str) -> FieldPath {
     let volumes = FieldPath::new("spec.volumes");
-    match vmi.spec.volumes.iter().flatten().position(|v| v.name == name) {
+    match vmi
+        .spec
+        .volumes
+        .iter()
+        .flatten()
+        .position(|v| v.name == name)
+    {
         Some(i) => volumes.index(i),
         None => volumes,
     }

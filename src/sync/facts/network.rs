@@ -7,9 +7,9 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::cmdline::FieldPath;
 use crate::net::{self, Binding, NetConfig, NetPlan, Port, Protocol};
 use crate::storage;
-use crate::cmdline::FieldPath;
 use crate::sync::error::SyncError;
 use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
@@ -24,7 +24,15 @@ pub(crate) fn net_configs(
         vmi.metadata.name.as_deref().unwrap_or_default(),
         vmi.spec.hostname.as_deref(),
     );
-    for (index, iface) in vmi.spec.domain.devices.interfaces.iter().flatten().enumerate() {
+    for (index, iface) in vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .flatten()
+        .enumerate()
+    {
         let Some(network) = vmi.network(&iface.name) else {
             continue;
         };
@@ -48,9 +56,10 @@ pub(crate) fn net_configs(
         let mut ports = Vec::new();
         for (i, p) in iface.ports.iter().flatten().enumerate() {
             let port_field = field.key("ports").index(i);
-            let protocol = Protocol::parse(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
-                SyncError::invalid_field(port_field.key("protocol"), "not TCP or UDP")
-            })?;
+            let protocol =
+                Protocol::parse(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
+                    SyncError::invalid_field(port_field.key("protocol"), "not TCP or UDP")
+                })?;
             let port = u16::try_from(p.port).map_err(|_| {
                 SyncError::invalid_field(port_field.key("port"), "not a port number")
             })?;

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use sha2::{Digest, Sha256};
 
-use crate::net::{Binding, NetConfig};
 use crate::cmdline::FieldPath;
+use crate::net::{Binding, NetConfig};
 use crate::sync::error::SyncError;
 use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;

@@ -10,6 +10,7 @@ use tracing::info;
 use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::cmdline::plan::FirmwarePlan;
+use crate::storage::paths::container_disk_path;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
 };
@@ -17,7 +18,7 @@ use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
-/// ([`crate::sync::volumes`]); returns the converter's volume facts.
+/// ([`super::volumes`]); returns the converter's volume facts.
 pub fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
@@ -29,26 +30,9 @@ pub fn prepare_storage(
     for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
         if vol.container_disk.is_some() {
             let base = container_disk_path(Path::new(&paths.container_disks), index);
-            let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, &base, &ephemeral);
-            spec.owner = owner;
-            let (outcome, base_facts) =
-                storage::create_overlay(&spec).map_err(SyncError::Storage)?;
-            let base_facts = match base_facts {
-                Some(f) => f,
-                None => storage::probe_image(&vol.name, &base, &spec.policy)
-                    .map_err(SyncError::Storage)?,
-            };
-            let direct_io = direct_io(&vol.name, &[&spec.overlay, &base]);
-            info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), direct_io, "containerDisk overlay");
             facts.insert(
                 vol.name.clone(),
-                VolumeFacts {
-                    kind: StorageKind::File,
-                    format: base_facts.format,
-                    virtual_size: Some(base_facts.virtual_size),
-                    direct_io,
-                    preallocated: false,
-                },
+                container_disk_overlay(vol, &base, &ephemeral, owner)?,
             );
         } else if vol.ephemeral.is_some() {
             facts.insert(vol.name.clone(), ephemeral_overlay(vol, paths, owner)?);
@@ -73,33 +57,78 @@ pub fn prepare_storage(
                 continue;
             }
             cloud_init_done = true;
-            let kind = spec.kind.unwrap_or(CloudInitKind::NoCloud);
-            let mut identity = VmiIdentity::from_vmi(vmi);
-            // NoCloud's instance-id is the firmware UUID (KubeVirt: stable for a VM's VMIs); a
-            // VMI without a namespace is in `default`.
-            if identity.namespace.is_empty() {
-                identity.namespace = "default".into();
-            }
-            let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
-            let data = CloudInitData::resolve(&spec, &identity, &secret_dir)
-                .map_err(SyncError::Storage)?;
-            let iso = storage::cloud_init::cloud_init_iso_path(&ephemeral, &identity, kind)
-                .map_err(SyncError::Storage)?;
-            if let Some(dir) = iso.parent() {
-                std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
-                    what: format!("create {}", dir.display()),
-                    source,
-                })?;
-            }
-            storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
-            let iso_facts = iso_facts(&vol.name, &iso);
-            info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io,
-                preallocated = iso_facts.preallocated, "cloud-init ISO");
-            facts.insert(vol.name.clone(), iso_facts);
+            facts.insert(vol.name.clone(), cloud_init_iso(vmi, &spec, paths, owner)?);
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
             facts.insert(vol.name.clone(), f);
         }
     }
+    Ok(facts)
+}
+
+/// The overlay of a `containerDisk` volume over its `base` image, under `ephemeral` (KubeVirt's
+/// `<ephemeral>/disk-data/<volume>/disk.qcow2`), kept when it exists.
+///
+/// # Errors
+/// [`SyncError::Storage`]: the base is missing or unusable, or the overlay cannot be written.
+fn container_disk_overlay(
+    vol: &crate::vmi::Volume,
+    base: &Path,
+    ephemeral: &Path,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, base, ephemeral);
+    spec.owner = owner;
+    let (outcome, base_facts) = storage::create_overlay(&spec).map_err(SyncError::Storage)?;
+    let base_facts = match base_facts {
+        Some(f) => f,
+        None => storage::probe_image(&vol.name, base, &spec.policy).map_err(SyncError::Storage)?,
+    };
+    let direct_io = direct_io(&vol.name, &[&spec.overlay, base]);
+    info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), direct_io, "containerDisk overlay");
+    Ok(VolumeFacts {
+        kind: StorageKind::File,
+        format: base_facts.format,
+        virtual_size: Some(base_facts.virtual_size),
+        direct_io,
+        preallocated: false,
+    })
+}
+
+/// The cloud-init NoCloud or ConfigDrive ISO of `spec` (KubeVirt `pkg/cloud-init`), its data
+/// resolved against the VMI's identity ([`VmiIdentity::from_vmi`]: name, namespace, hostname,
+/// firmware UUID as NoCloud's instance-id, instancetype) and the secrets under the private
+/// directory, written under the ephemeral-disk directory.
+///
+/// # Errors
+/// [`SyncError::Storage`] from the resolution or the ISO writer; [`SyncError::PrepareQemu`]
+/// when the ISO's directory cannot be created.
+fn cloud_init_iso(
+    vmi: &Vmi,
+    spec: &CloudInitSpec,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    let kind = spec.kind.unwrap_or(CloudInitKind::NoCloud);
+    let mut identity = VmiIdentity::from_vmi(vmi);
+    // A VMI without a namespace is in `default`.
+    if identity.namespace.is_empty() {
+        identity.namespace = "default".into();
+    }
+    let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
+    let data = CloudInitData::resolve(spec, &identity, &secret_dir).map_err(SyncError::Storage)?;
+    let ephemeral = Path::new(&paths.ephemeral_disks);
+    let iso = storage::cloud_init::cloud_init_iso_path(ephemeral, &identity, kind)
+        .map_err(SyncError::Storage)?;
+    if let Some(dir) = iso.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+    }
+    storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
+    let facts = iso_facts(&spec.volume, &iso);
+    info!(volume = %spec.volume, iso = %iso.display(), direct_io = facts.direct_io,
+        preallocated = facts.preallocated, "cloud-init ISO");
     Ok(facts)
 }
 

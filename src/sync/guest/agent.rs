@@ -548,10 +548,7 @@ mod tests {
         let empty = json!({"exited": true, "exitcode": 0});
         assert_eq!(exec_output(&empty).unwrap(), ExecOutput::default());
         let bad = json!({"exited": true, "exitcode": 0, "out-data": "!!"});
-        assert!(matches!(
-            exec_output(&bad),
-            Err(AgentError::Reply { .. })
-        ));
+        assert!(matches!(exec_output(&bad), Err(AgentError::Reply { .. })));
     }
 
     #[test]

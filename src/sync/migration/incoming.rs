@@ -159,10 +159,9 @@ impl SyncVmi {
             }
         };
         std::fs::create_dir_all(dir).map_err(prep_err(format!("create {}", dir.display())))?;
-        privileges::prepare_socket_dir(dir, self.ctx.config.runtime_uid).map_err(prep_err(format!(
-            "give {} to the runtime user",
-            dir.display()
-        )))?;
+        privileges::prepare_socket_dir(dir, self.ctx.config.runtime_uid).map_err(prep_err(
+            format!("give {} to the runtime user", dir.display()),
+        ))?;
         let control = &self.ctx.config.migration_control_socket;
         if let Some(parent) = control.parent() {
             std::fs::create_dir_all(parent)
@@ -356,8 +355,14 @@ impl SyncVmi {
                         DomainState::Paused,
                         StateReason::User,
                     );
-                    *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
-                    self.ctx.shared
+                    *self
+                        .ctx
+                        .shared
+                        .status
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = status;
+                    self.ctx
+                        .shared
                         .publish(status, crate::sync::domain::DomainEventType::Modified);
                 }
                 *self.running.lock().await = Some(prepared.running);

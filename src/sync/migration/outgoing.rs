@@ -13,7 +13,6 @@ use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
-use crate::sync::state::Job;
 use crate::sync::migration::launcher::{
     annotation, decode, normalized, refused, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
@@ -23,6 +22,7 @@ use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
+use crate::sync::state::Job;
 use crate::sync::vmi_sync::SyncVmi;
 
 /// What a decentralized migration's `targetState` says of the target VMI when it is not the
@@ -151,7 +151,12 @@ impl SyncVmi {
         self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
-        let status = *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = *self
+            .ctx
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let argv = self
             .migration
             .boot_argv
@@ -263,7 +268,12 @@ impl SyncVmi {
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
-                    let s = *self.ctx.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+                    let s = *self
+                        .ctx
+                        .shared
+                        .status
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
                     if s.state == DomainState::Shutoff {
                         break;
                     }

@@ -24,11 +24,11 @@ pub mod resources;
 use crate::cmdline::render;
 use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, Gathered, Purpose};
 use crate::sync::state::Running;
-use crate::sync::ctx::DomainCtx;
 use crate::vmi::Vmi;
 
 /// One reconciler of a sync.

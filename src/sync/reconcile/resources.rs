@@ -19,8 +19,8 @@ use std::time::Duration;
 use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
-use crate::cmdline::FieldPath;
 use crate::cmdline::qemu::{ObjectMemoryBackend, QomSet};
+use crate::cmdline::FieldPath;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{
     self, CpuDeviceAdd, DeviceDel, HotpluggableCpu, ObjectAdd, ObjectDel, VirtioMemPciAdd,
@@ -79,8 +79,9 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
             FieldPath::new("spec.domain.cpu"),
             format!(
                 "{wanted} vCPUs, the domain has room for 1 to {}",
-            running.len()
-        )));
+                running.len()
+            ),
+        ));
     }
     let present = running.iter().filter(|s| s.qom_path.is_some()).count();
     if wanted >= present {
@@ -109,9 +110,8 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
     if removable.len() < present - wanted {
         return Err(SyncError::invalid_field(
             FieldPath::new("spec.domain.cpu"),
-            format!(
-                "{wanted} vCPUs is below the vCPUs the domain booted with"
-        )));
+            format!("{wanted} vCPUs is below the vCPUs the domain booted with"),
+        ));
     }
     Ok(removable)
 }
@@ -268,10 +268,8 @@ pub fn diff_memory(
     if wanted < state.boot || wanted > max {
         return Err(SyncError::invalid_field(
             FieldPath::new("spec.domain.memory.guest"),
-            format!(
-                "{wanted} bytes is outside {}..={max}",
-            state.boot
-        )));
+            format!("{wanted} bytes is outside {}..={max}", state.boot),
+        ));
     }
     let requested = wanted - state.boot;
     if !requested.is_multiple_of(VIRTIO_MEM_BLOCK) {
@@ -279,8 +277,9 @@ pub fn diff_memory(
             FieldPath::new("spec.domain.memory.guest"),
             format!(
                 "{wanted} bytes is not {} MiB aligned above the boot memory",
-            VIRTIO_MEM_BLOCK >> 20
-        )));
+                VIRTIO_MEM_BLOCK >> 20
+            ),
+        ));
     }
     match state.requested {
         Some(r) if r == requested => Ok(vec![]),
