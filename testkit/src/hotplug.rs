@@ -40,9 +40,13 @@ pub fn attach_blue(pod: &Pod, mac: &str) {
 
 /// The pods of a migration with `blue`: the Multus link in `source` (pod-side MAC
 /// `0a:58:0a:f4:01:07`) and in `target` (`0a:58:0a:f4:02:07`), where virt-handler also set up its
-/// bridge binding ([`virt_handler_blue`]).
+/// bridge binding ([`virt_handler_blue`]); in a non-root source too, whose launcher (without
+/// `NET_ADMIN`) cannot build it when the NIC is hot-plugged.
 pub fn blue_pods(source: &Pod, target: &Pod) {
     attach_blue(source, "0a:58:0a:f4:01:07");
+    if source.nonroot {
+        virt_handler_blue(source, "0a:58:0a:f4:01:07");
+    }
     attach_blue(target, "0a:58:0a:f4:02:07");
     virt_handler_blue(target, "0a:58:0a:f4:02:07");
 }

@@ -710,8 +710,13 @@ pub fn decentralized_vmis(
 /// non-root pods (launcher and QEMU as 107 over kubelet-made emptyDirs, the network set up by
 /// virt-handler: [`crate::launcher`]): the target takes the source's UID.
 pub fn pod_pair(guest_qcow2: &Path) -> (Pod, Pod) {
-    let source = Pod::new(guest_qcow2, true);
-    let mut target = Pod::new(guest_qcow2, true);
+    pod_pair_as(guest_qcow2, true)
+}
+
+/// [`pod_pair`] with non-root pods when `nonroot`, else root pods (the `Root` feature gate).
+pub fn pod_pair_as(guest_qcow2: &Path, nonroot: bool) -> (Pod, Pod) {
+    let source = Pod::new(guest_qcow2, nonroot);
+    let mut target = Pod::new(guest_qcow2, nonroot);
     target.uid = source.uid.clone();
     (source, target)
 }
