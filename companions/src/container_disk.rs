@@ -43,9 +43,15 @@ pub enum Action {
     Hold(OsString),
 }
 
-/// Why the command line was refused (exit 1), with getopt's message.
+/// Why the command line was refused (exit 1): getopt's own message (printed as
+/// `container-disk: <message>`), or main.c's (printed through [`error_log`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Usage(pub String);
+pub enum Usage {
+    /// getopt's message: unknown or ambiguous option, missing or unexpected value.
+    Getopt(String),
+    /// main.c's message: the path is too long, or none was given.
+    Invalid(String),
+}
 
 const LONG: [(&str, bool); 2] = [("copy-path", true), ("no-op", false)];
 
@@ -83,12 +89,20 @@ pub fn parse(args: &[OsString]) -> Result<Action, Usage> {
             let (full, takes_value) = match matches.as_slice() {
                 [one] => **one,
                 [exact, ..] if exact.0.as_bytes() == name => **exact,
-                [] => return Err(Usage(format!("unrecognized option '--{name_text}'"))),
-                _ => return Err(Usage(format!("option '--{name_text}' is ambiguous"))),
+                [] => {
+                    return Err(Usage::Getopt(format!(
+                        "unrecognized option '--{name_text}'"
+                    )))
+                }
+                _ => {
+                    return Err(Usage::Getopt(format!(
+                        "option '--{name_text}' is ambiguous"
+                    )))
+                }
             };
             if !takes_value {
                 if inline.is_some() {
-                    return Err(Usage(format!(
+                    return Err(Usage::Getopt(format!(
                         "option '--{full}' doesn't allow an argument"
                     )));
                 }
@@ -100,13 +114,17 @@ pub fn parse(args: &[OsString]) -> Result<Action, Usage> {
                     i += 1;
                     args[i - 1].as_bytes().to_vec()
                 }
-                None => return Err(Usage(format!("option '--{full}' requires an argument"))),
+                None => {
+                    return Err(Usage::Getopt(format!(
+                        "option '--{full}' requires an argument"
+                    )))
+                }
             }
         } else {
             // Short options: only `c`, which takes the rest of the word or the next word.
             let c = arg[1];
             if c != b'c' {
-                return Err(Usage(format!("invalid option -- '{}'", c as char)));
+                return Err(Usage::Getopt(format!("invalid option -- '{}'", c as char)));
             }
             if arg.len() > 2 {
                 arg[2..].to_vec()
@@ -114,11 +132,11 @@ pub fn parse(args: &[OsString]) -> Result<Action, Usage> {
                 i += 1;
                 args[i - 1].as_bytes().to_vec()
             } else {
-                return Err(Usage("option requires an argument -- 'c'".into()));
+                return Err(Usage::Getopt("option requires an argument -- 'c'".into()));
             }
         };
         if value.len() > MAX_COPY_PATH {
-            return Err(Usage(format!(
+            return Err(Usage::Invalid(format!(
                 "copy path can not be longer than {MAX_COPY_PATH} characters"
             )));
         }
@@ -126,7 +144,7 @@ pub fn parse(args: &[OsString]) -> Result<Action, Usage> {
     }
     match copy_path {
         Some(p) => Ok(Action::Hold(p)),
-        None => Err(Usage("no --copy-path given".into())),
+        None => Err(Usage::Invalid("no --copy-path given".into())),
     }
 }
 
@@ -220,10 +238,11 @@ pub fn main() -> ! {
     let path = match parse(&args) {
         Ok(Action::NoOp) => std::process::exit(0),
         Ok(Action::Hold(path)) => path,
-        Err(Usage(message)) => {
+        Err(Usage::Getopt(message)) => {
             let _ = writeln!(std::io::stderr().lock(), "container-disk: {message}");
             std::process::exit(1)
         }
+        Err(Usage::Invalid(message)) => fail(&message),
     };
     hold(path.as_bytes())
 }

@@ -152,11 +152,30 @@ impl Follower {
         }
     }
 
-    /// Reads what is there, writing complete lines to `out`; then checks for truncation and
-    /// replacement.
+    /// Writes the complete lines there are to `out`: first drops a file that was removed or
+    /// replaced (as nxadm/tail stops reading a moved file at once) and rewinds a truncated one.
     fn pump(&mut self, out: &mut impl Write) {
+        if let Some((_, dev, ino)) = self.file.as_ref() {
+            let replaced = match std::fs::metadata(&self.path) {
+                Ok(m) => m.dev() != *dev || m.ino() != *ino,
+                Err(_) => true,
+            };
+            if replaced {
+                self.file = None;
+            }
+        }
         if self.file.is_none() && !self.open() {
             return;
+        }
+        let Some((file, _, _)) = self.file.as_ref() else {
+            return;
+        };
+        if file
+            .metadata()
+            .map(|m| m.size() < self.offset)
+            .unwrap_or(false)
+        {
+            self.offset = 0;
         }
         loop {
             let Some((file, _, _)) = self.file.as_mut() else {
@@ -177,31 +196,11 @@ impl Follower {
                 Err(e) => {
                     log::v(3, COMPONENT, &format!("tail error: {e}"));
                     self.file = None;
-                    return;
+                    break;
                 }
             }
         }
         let _ = out.flush();
-        let Some((file, dev, ino)) = self.file.as_ref() else {
-            return;
-        };
-        if file
-            .metadata()
-            .map(|m| m.size() < self.offset)
-            .unwrap_or(false)
-        {
-            // Truncated: read again from the start.
-            self.offset = 0;
-            return self.pump(out);
-        }
-        let replaced = match std::fs::metadata(&self.path) {
-            Ok(m) => m.dev() != *dev || m.ino() != *ino,
-            Err(_) => true,
-        };
-        if replaced {
-            self.file = None;
-            self.pump(out);
-        }
     }
 
     /// Drains pending inotify events (their content does not matter: every wake-up re-checks).
