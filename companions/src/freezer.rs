@@ -17,7 +17,7 @@
 use crate::cmd_client::{runtime, LauncherClient};
 use crate::flags::{self, Flag, Kind};
 use crate::log;
-use serde_json::json;
+use serde_json::{json, Value};
 use std::path::Path;
 
 /// The log component name (`log.InitializeLogging("freezer")`).
@@ -71,6 +71,24 @@ pub fn vmi_json(name: &str, namespace: &str) -> Vec<u8> {
     })
     .to_string()
     .into_bytes()
+}
+
+/// `value[key]` as Go's `encoding/json` finds a struct field: the exact key, else a key equal to
+/// it ignoring case (KubeVirt's `api.Domain` has no JSON tags: it reads `Status` and `status`).
+pub fn go_field<'a>(value: &'a Value, key: &str) -> &'a Value {
+    static NULL: Value = Value::Null;
+    let Some(object) = value.as_object() else {
+        return &NULL;
+    };
+    object
+        .get(key)
+        .or_else(|| {
+            object
+                .iter()
+                .find(|(k, _)| k.eq_ignore_ascii_case(key))
+                .map(|(_, v)| v)
+        })
+        .unwrap_or(&NULL)
 }
 
 /// The program; returns the exit code.
@@ -127,7 +145,7 @@ async fn run(
     let info = client.guest_info().await.map_err(|e| {
         log::error(COMPONENT, "Failed to get guest info", Some(&e));
     })?;
-    let version = info["guestAgentVersion"].as_str().unwrap_or("");
+    let version = go_field(&info, "guestAgentVersion").as_str().unwrap_or("");
     if version.is_empty() {
         log::info(COMPONENT, "No guest agent, exiting");
         return Ok(());
@@ -138,7 +156,7 @@ async fn run(
     })?;
     let running = domain
         .as_ref()
-        .map(|d| d["status"]["status"] == "Running")
+        .map(|d| go_field(go_field(d, "Status"), "Status") == "Running")
         .unwrap_or(false);
     if !running {
         log::info(
@@ -152,7 +170,10 @@ async fn run(
         if let Err(e) = client.freeze(&vmi, unfreeze_timeout).await {
             if e.contains(GA_NOT_AVAILABLE) {
                 let _ = client.unfreeze(&vmi).await;
-                let os = info["os"]["name"].as_str().unwrap_or("").to_lowercase();
+                let os = go_field(go_field(&info, "os"), "name")
+                    .as_str()
+                    .unwrap_or("")
+                    .to_lowercase();
                 let hint = if os.contains("windows") {
                     "Freezing VMI failed, please make sure guest agent and VSS are running and try again"
                 } else {
@@ -174,6 +195,17 @@ async fn run(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn fields_match_as_go_matches_them() {
+        let d = serde_json::json!({"Status": {"status": "Running"}, "status": 1});
+        assert_eq!(super::go_field(&d, "status"), 1);
+        assert_eq!(
+            super::go_field(super::go_field(&d, "Status"), "Status"),
+            "Running"
+        );
+        assert!(super::go_field(&d, "none").is_null());
+    }
+
     #[test]
     fn vmi_json_is_gos_marshalling_of_name_and_namespace() {
         let v: serde_json::Value = serde_json::from_slice(&super::vmi_json("vm", "ns")).unwrap();
