@@ -158,7 +158,11 @@ impl SyncVmi {
         let storage_vmi = vmi.clone();
         let paths = self.config.paths.clone();
         let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+        let image_volume = self.config.image_volume.clone();
         ctx.volumes = tokio::task::spawn_blocking(move || {
+            if let Some(dirs) = &image_volume {
+                facts::storage::link_image_volumes(&storage_vmi, dirs, &paths)?;
+            }
             facts::storage::prepare_storage(&storage_vmi, &paths, owner, &name, &namespace)
         })
         .await
