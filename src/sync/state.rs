@@ -101,6 +101,25 @@ pub(crate) enum Job {
 }
 
 impl Shared {
+    /// The domain's lifecycle status now.
+    pub(crate) fn status(&self) -> DomainStatus {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the lifecycle status (no event: the caller publishes).
+    pub(crate) fn set_status(&self, status: DomainStatus) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+    }
+
+    /// Takes the domain over as QEMU runs it, started or adopted: its `status`, the `api.Domain`
+    /// and the QMP `client`, then notifies ADDED.
+    pub(crate) fn take_over(&self, status: DomainStatus, domain: ApiDomain, client: QmpClient) {
+        self.set_status(status);
+        *self.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+        self.publish(status, DomainEventType::Added);
+    }
+
     /// The job the domain runs now.
     pub(crate) fn job(&self) -> Job {
         *self.job.lock().unwrap_or_else(|e| e.into_inner())
@@ -164,7 +183,7 @@ impl Shared {
             let Some(d) = domain.as_mut() else { return };
             d.status.interfaces = list;
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 
@@ -185,7 +204,7 @@ impl Shared {
             let Some(d) = domain.as_mut() else { return };
             f(d);
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 
@@ -215,7 +234,7 @@ impl Shared {
             }
         };
         if changed {
-            let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+            let status = self.status();
             self.publish(status, DomainEventType::Modified);
         }
     }
@@ -251,7 +270,7 @@ impl Shared {
                 });
             }
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 }

@@ -101,12 +101,7 @@ impl SupervisedDomain for SyncVmi {
         }
         // Let the event task see the exit.
         std::thread::sleep(Duration::from_millis(200));
-        let status = *self
-            .ctx
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let status = self.ctx.shared.status();
         match status.shutdown {
             Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {
                 Ok(())

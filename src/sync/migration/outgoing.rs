@@ -151,12 +151,7 @@ impl SyncVmi {
         self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
-        let status = *self
-            .ctx
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let status = self.ctx.shared.status();
         let argv = self
             .migration
             .boot_argv
@@ -268,12 +263,7 @@ impl SyncVmi {
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
-                    let s = *self
-                        .ctx
-                        .shared
-                        .status
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
+                    let s = self.ctx.shared.status();
                     if s.state == DomainState::Shutoff {
                         break;
                     }
