@@ -20,8 +20,8 @@ use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
 use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
-    annotation, decode, normalized, refused, require_unix_transport, PreparedTarget,
-    VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    annotation, decode, migration_proxy_sockets, normalized, refused, require_unix_transport,
+    PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
@@ -171,7 +171,7 @@ impl SyncVmi {
         let listener = UnixListener::bind(control)
             .map_err(prep_err(format!("listen on {}", control.display())))?;
 
-        self.set_metadata(|m| {
+        self.migration.set_metadata(&self.ctx.shared, |m| {
             if let Some(uid) = &migration_uid {
                 metadata::start(m, uid, SystemTime::now());
             }
@@ -332,7 +332,7 @@ impl SyncVmi {
             .to_vec();
         self.migration.set_boot_argv(boot);
         // Named after the source VMI's UID (virt-handler's migrationProxyKey).
-        let (_, stream, nbd) = self.migration_proxy_sockets(&proxy_key);
+        let (_, stream, nbd) = migration_proxy_sockets(&self.ctx.config, &proxy_key);
         let sockets = TargetSockets { stream, nbd };
         if let Err(e) = session.incoming(&client, &sockets).await {
             let _ = client.run(&Quit).await;
@@ -355,7 +355,7 @@ impl SyncVmi {
                 }
                 *self.running.lock().await = Some(prepared.running);
                 // KubeVirt's TargetMigrationMonitor: the end once no incoming job is left.
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, None, SystemTime::now());
                     }
