@@ -28,7 +28,7 @@ use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QomList, QueryBlock, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
 use crate::sync::ctx::DomainCtx;
-use crate::sync::domain::{ApiDomain, DomainEventType};
+use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
 use crate::sync::reconcile::nics::Placement;
 use crate::sync::state::{follow_events, Running};
@@ -358,10 +358,7 @@ pub(crate) async fn adopt(
             missing = true;
         }
     }
-    *d.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
-    *d.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
-    *d.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
-    d.shared.publish(status, DomainEventType::Added);
+    d.shared.take_over(status, domain, client.clone());
     tokio::spawn(follow_events(d.shared.clone(), events, client, watcher));
     info!(pid, state = %status.state.as_str(), "adopted the running QEMU of an earlier launcher");
     if missing {

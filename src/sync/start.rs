@@ -29,7 +29,7 @@ use crate::qmp::lifecycle;
 use crate::sync::admit::SpecKey;
 use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
-use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
+use crate::sync::domain::{Alias, ApiDomain, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, BootFacts, Gathered, Purpose};
@@ -375,10 +375,7 @@ async fn follow(
         .map_err(SyncError::Qmp)?;
     let mut domain = domain;
     domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
-    *d.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
-    *d.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
-    *d.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
-    d.shared.publish(initial, DomainEventType::Added);
+    d.shared.take_over(initial, domain, client.clone());
     d.start_agent_poll();
     tokio::spawn(follow_events(
         d.shared.clone(),

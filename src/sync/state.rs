@@ -50,22 +50,6 @@ pub(crate) struct Running {
     pub(crate) cpu: crate::cmdline::plan::CpuPlan,
 }
 
-impl Running {
-    /// Gives `vmi` the firmware UUID the domain booted with when it carries none (virt-controller
-    /// sets one on every VMI; without it KubeVirt's defaults draw a random one per sync), so that
-    /// a resync converts the same identity (SMBIOS, cloud-init instance) instead of a new one.
-    pub(crate) fn keep_firmware_uuid(&self, vmi: &mut crate::vmi::Vmi) {
-        let fw = vmi
-            .spec
-            .domain
-            .firmware
-            .get_or_insert_with(Default::default);
-        if fw.uuid.as_deref().unwrap_or("").is_empty() {
-            fw.uuid = Some(self.firmware_uuid.clone());
-        }
-    }
-}
-
 /// State shared with the event task.
 pub(crate) struct Shared {
     pub(crate) domain: StdMutex<Option<ApiDomain>>,
@@ -101,6 +85,59 @@ pub(crate) enum Job {
 }
 
 impl Shared {
+    /// The domain's lifecycle status now.
+    pub(crate) fn status(&self) -> DomainStatus {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the lifecycle status (no event: the caller publishes).
+    pub(crate) fn set_status(&self, status: DomainStatus) {
+        *self.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+    }
+
+    /// Takes the domain over as QEMU runs it, started or adopted: its `status`, the `api.Domain`
+    /// and the QMP `client`, then notifies ADDED.
+    pub(crate) fn take_over(&self, status: DomainStatus, domain: ApiDomain, client: QmpClient) {
+        self.set_status(status);
+        *self.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+        *self.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client);
+        self.publish(status, DomainEventType::Added);
+    }
+
+    /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
+    /// delivery. Without a notifier, does nothing.
+    pub(crate) async fn final_notify(&self, wait: std::time::Duration) {
+        let Some(n) = &self.notifier else {
+            return;
+        };
+        // The event task records QEMU's exit as Shutoff first (it watches the same exit).
+        for _ in 0..40 {
+            if self.status().state == lifecycle::DomainState::Shutoff {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let Some(d) = self
+            .domain
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+        else {
+            return;
+        };
+        match n.send_final_delete(&d, std::time::SystemTime::now()) {
+            Ok(delivery) => {
+                if tokio::time::timeout(wait, delivery).await.is_err() {
+                    warn!("final notification not delivered in time");
+                }
+            }
+            Err(e) => warn!(
+                error = &e as &dyn std::error::Error,
+                "cannot queue the final notification"
+            ),
+        }
+    }
+
     /// The job the domain runs now.
     pub(crate) fn job(&self) -> Job {
         *self.job.lock().unwrap_or_else(|e| e.into_inner())
@@ -164,7 +201,7 @@ impl Shared {
             let Some(d) = domain.as_mut() else { return };
             d.status.interfaces = list;
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 
@@ -185,7 +222,7 @@ impl Shared {
             let Some(d) = domain.as_mut() else { return };
             f(d);
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 
@@ -215,7 +252,7 @@ impl Shared {
             }
         };
         if changed {
-            let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+            let status = self.status();
             self.publish(status, DomainEventType::Modified);
         }
     }
@@ -251,7 +288,7 @@ impl Shared {
                 });
             }
         }
-        let status = *self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = self.status();
         self.publish(status, DomainEventType::Modified);
     }
 }

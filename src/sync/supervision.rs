@@ -1,54 +1,18 @@
 //! The domain as the launcher's supervision sees it: the monitor's grace-period control
 //! ([`DomainControl`]: graceful shutdown mark, ACPI power button), its process view
-//! ([`SupervisedDomain`]: QEMU's pid, whether its exit was expected), and KubeVirt's final
-//! notification when the domain is gone.
+//! ([`SupervisedDomain`]: QEMU's pid, whether its exit was expected); KubeVirt's final
+//! notification when the domain is gone is [`crate::sync::state::Shared::final_notify`].
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-
-use tracing::warn;
 
 use crate::monitor::grace::{DomainControl, Ending};
 use crate::monitor::launcher::SupervisedDomain;
 use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
-use crate::sync::ctx::DomainCtx;
 use crate::sync::error::SyncError;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
-
-/// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
-/// delivery. Without a notifier, does nothing.
-pub(crate) async fn final_notify(d: &DomainCtx, wait: Duration) {
-    let Some(n) = &d.shared.notifier else {
-        return;
-    };
-    // The event task records QEMU's exit as Shutoff first (it watches the same exit).
-    for _ in 0..40 {
-        let state = d
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .state;
-        if state == lifecycle::DomainState::Shutoff {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let Some(d) = d.domain() else { return };
-    match n.send_final_delete(&d, std::time::SystemTime::now()) {
-        Ok(delivery) => {
-            if tokio::time::timeout(wait, delivery).await.is_err() {
-                warn!("final notification not delivered in time");
-            }
-        }
-        Err(e) => warn!(
-            error = &e as &dyn std::error::Error,
-            "cannot queue the final notification"
-        ),
-    }
-}
 
 impl DomainControl for SyncVmi {
     fn mark_graceful_shutdown(&self) {
@@ -108,12 +72,7 @@ impl SupervisedDomain for SyncVmi {
         }
         // Let the event task see the exit.
         std::thread::sleep(Duration::from_millis(200));
-        let status = *self
-            .ctx
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let status = self.ctx.shared.status();
         match status.shutdown {
             Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {
                 Ok(())

@@ -72,9 +72,9 @@ impl SyncVmi {
     }
 
     /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
-    /// delivery ([`crate::sync::supervision::final_notify`]).
+    /// delivery ([`crate::sync::state::Shared::final_notify`]).
     pub async fn final_notify(&self, wait: Duration) {
-        crate::sync::supervision::final_notify(&self.ctx, wait).await;
+        self.ctx.shared.final_notify(wait).await;
     }
 
     /// How long the first sync took, split by step (`None` before QEMU runs).
@@ -96,7 +96,7 @@ impl SyncVmi {
     /// diff; serialised by the `running` lock.
     pub(crate) async fn sync(&self, vmi: Vmi) -> Result<(), SyncError> {
         let mut running = self.running.lock().await;
-        let admitted = admit(vmi, running.as_ref())?;
+        let admitted = admit(vmi, running.as_ref().map(|r| r.firmware_uuid.as_str()))?;
         if let Some(r) = running.as_mut() {
             if r.spec == admitted.key {
                 info!("domain is up to date");

@@ -20,17 +20,17 @@ use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
 use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
-    annotation, decode, normalized, refused, require_unix_transport, PreparedTarget,
-    VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    annotation, decode, migration_proxy_sockets, normalized, refused, require_unix_transport,
+    PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
 use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
 use crate::sync::migration::{hotplug, sriov};
-use crate::sync::privileges;
 use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::{privileges, start};
 use crate::vmi::Vmi;
 
 /// How long the target waits for the source's hello and definition once connected.
@@ -147,7 +147,7 @@ impl SyncVmi {
         // The spec key is what later syncs of this VMI compare with; the domain itself runs with
         // the source's guest MACs.
         keep_guest_macs(&mut vmi);
-        let prepared = crate::sync::start::prepare(&self.ctx, &vmi, key).await?;
+        let prepared = start::prepare(&self.ctx, &vmi, key).await?;
         let view = prepared.view.clone();
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
@@ -171,7 +171,7 @@ impl SyncVmi {
         let listener = UnixListener::bind(control)
             .map_err(prep_err(format!("listen on {}", control.display())))?;
 
-        self.set_metadata(|m| {
+        self.migration.set_metadata(&self.ctx.shared, |m| {
             if let Some(uid) = &migration_uid {
                 metadata::start(m, uid, SystemTime::now());
             }
@@ -293,15 +293,8 @@ impl SyncVmi {
         domain.spec.devices.drop_sriov_host_devices();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
         let vsock = prepared.vsock;
-        let client = match crate::sync::start::launch_incoming(
-            &self.ctx,
-            domain,
-            &prepared.plan,
-            &argv,
-            vsock,
-        )
-        .await
-        {
+        let launched = start::launch_incoming(&self.ctx, domain, &prepared.plan, &argv, vsock);
+        let client = match launched.await {
             Ok(c) => c,
             Err(e) => {
                 let reason = crate::sys::error::error_chain(&e);
@@ -339,7 +332,7 @@ impl SyncVmi {
             .to_vec();
         self.migration.set_boot_argv(boot);
         // Named after the source VMI's UID (virt-handler's migrationProxyKey).
-        let (_, stream, nbd) = self.migration_proxy_sockets(&proxy_key);
+        let (_, stream, nbd) = migration_proxy_sockets(&self.ctx.config, &proxy_key);
         // QEMU's own stream socket when the launcher orders the multifd channels: beside its
         // QMP socket, in the directory made for QEMU's user.
         let ordered_stream = self
@@ -366,19 +359,14 @@ impl SyncVmi {
                         DomainState::Paused,
                         StateReason::User,
                     );
-                    *self
-                        .ctx
-                        .shared
-                        .status
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner()) = status;
+                    self.ctx.shared.set_status(status);
                     self.ctx
                         .shared
                         .publish(status, crate::sync::domain::DomainEventType::Modified);
                 }
                 *self.running.lock().await = Some(prepared.running);
                 // KubeVirt's TargetMigrationMonitor: the end once no incoming job is left.
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, None, SystemTime::now());
                     }
@@ -424,7 +412,7 @@ impl SyncVmi {
                     "cannot convert the VMI without its hot-plugged devices: {e}"
                 ))
             })?;
-            let argv = crate::sync::start::argv(&self.ctx, &plan);
+            let argv = start::argv(&self.ctx, &plan);
             boots.push((plan, argv));
         }
         // The view whose argv is the source's; none: the first, whose difference the caller
@@ -497,7 +485,7 @@ impl SyncVmi {
             .take()
             .unwrap_or_else(|| target.prepared.plan.clone());
         plan.cpu = cpu.clone();
-        boot.argv = crate::sync::start::argv(&self.ctx, &plan);
+        boot.argv = start::argv(&self.ctx, &plan);
         // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
         if domain.hotplugged.is_empty() {
             boot.plan = None;

@@ -33,7 +33,7 @@ use crate::sync::domain::MigrationMetadata;
 use crate::sync::error::SyncError;
 use crate::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
 use crate::sync::start::Prepared;
-use crate::sync::vmi_sync::SyncVmi;
+use crate::sync::state::Shared;
 use crate::vmi::Vmi;
 
 /// The annotation that makes KubeVirt's source launcher fail a migration at once.
@@ -251,20 +251,20 @@ pub(super) fn normalized(argv: &[String], config: &crate::sync::config::SyncConf
         .collect()
 }
 
-impl SyncVmi {
-    /// Changes the migration record with `f` and, when a domain exists, puts it in the domain and
-    /// notifies MODIFIED (before that KubeVirt drops the change too).
-    pub(super) fn set_metadata(&self, f: impl FnOnce(&mut Option<MigrationMetadata>)) {
+impl MigrationCtl {
+    /// Changes the migration record with `f` and, when a domain exists, puts it in the domain
+    /// (`shared`) and notifies MODIFIED (before that KubeVirt drops the change too).
+    pub(super) fn set_metadata(
+        &self,
+        shared: &Shared,
+        f: impl FnOnce(&mut Option<MigrationMetadata>),
+    ) {
         let m = {
-            let mut m = self
-                .migration
-                .metadata
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut m = self.metadata.lock().unwrap_or_else(|e| e.into_inner());
             f(&mut m);
             m.clone()
         };
-        self.ctx.shared.update_domain(|d| {
+        shared.update_domain(|d| {
             if d.spec.metadata.kubevirt.migration == m {
                 return false;
             }
@@ -272,15 +272,20 @@ impl SyncVmi {
             true
         });
     }
+}
 
-    pub(super) fn migration_proxy_sockets(&self, uid: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let dir = &self.ctx.config.migration_proxy_dir;
-        (
-            proxy_socket(dir, uid, 0),
-            proxy_socket(dir, uid, DIRECT_MIGRATION_PORT),
-            proxy_socket(dir, uid, BLOCK_MIGRATION_PORT),
-        )
-    }
+/// The migration proxy's sockets of the migration `uid` under `config`'s proxy directory: the
+/// control (role 0), the direct migration stream and the block migration (NBD) sockets.
+pub(super) fn migration_proxy_sockets(
+    config: &crate::sync::config::SyncConfig,
+    uid: &str,
+) -> (PathBuf, PathBuf, PathBuf) {
+    let dir = &config.migration_proxy_dir;
+    (
+        proxy_socket(dir, uid, 0),
+        proxy_socket(dir, uid, DIRECT_MIGRATION_PORT),
+        proxy_socket(dir, uid, BLOCK_MIGRATION_PORT),
+    )
 }
 
 #[cfg(test)]

@@ -14,8 +14,8 @@ use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
-    annotation, decode, normalized, refused, require_unix_transport, VmiMigrationState,
-    FORCE_FAILURE_ANNOTATION,
+    annotation, decode, migration_proxy_sockets, normalized, refused, require_unix_transport,
+    VmiMigrationState, FORCE_FAILURE_ANNOTATION,
 };
 use crate::sync::migration::metadata::{self, abort, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain};
@@ -81,10 +81,10 @@ impl SyncVmi {
             }
             StartDecision::Start => {}
         }
-        self.set_metadata(|_| {});
+        self.migration.set_metadata(&self.ctx.shared, |_| {});
         info!(migration = %uid, "migration accepted");
         if annotation(&vmi, FORCE_FAILURE_ANNOTATION).is_some() {
-            self.set_metadata(|m| {
+            self.migration.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     metadata::finish(
                         m,
@@ -97,7 +97,7 @@ impl SyncVmi {
         }
         if let Some(reason) = self.host_devices_refusal(&vmi).await {
             warn!(reason = %reason, "migration refused");
-            self.set_metadata(|m| {
+            self.migration.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     metadata::finish(m, Some(&reason), SystemTime::now());
                 }
@@ -146,17 +146,12 @@ impl SyncVmi {
         options: MigrationOptions,
         abort_rx: watch::Receiver<bool>,
     ) -> Result<(), MigrationError> {
-        let (control, stream, nbd) = self.migration_proxy_sockets(vmi_uid);
+        let (control, stream, nbd) = migration_proxy_sockets(&self.ctx.config, vmi_uid);
         // KubeVirt's prepareDomainForMigration: the VFs go before the definition is taken.
         self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
-        let status = *self
-            .ctx
-            .shared
-            .status
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
+        let status = self.ctx.shared.status();
         let argv = self
             .migration
             .boot_argv
@@ -233,7 +228,7 @@ impl SyncVmi {
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
         let mut on_event = |e: SourceEvent| {
-            self.set_metadata(|m| {
+            self.migration.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.mode = e.mode().into();
                 }
@@ -257,7 +252,7 @@ impl SyncVmi {
             Ok(()) => {
                 // A cancel that came as the migration switched to post-copy was not carried
                 // out: the abort failed (KubeVirt: libvirt refused it).
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         if m.abort_status == abort::ABORTING {
                             m.abort_status = abort::FAILED.into();
@@ -268,18 +263,13 @@ impl SyncVmi {
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
-                    let s = *self
-                        .ctx
-                        .shared
-                        .status
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner());
+                    let s = self.ctx.shared.status();
                     if s.state == DomainState::Shutoff {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, None, SystemTime::now());
                     }
@@ -289,7 +279,7 @@ impl SyncVmi {
                 let reason = e.failure_reason();
                 warn!(reason = %reason, "migration failed");
                 let aborted = matches!(e, MigrationError::Aborted);
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         if m.abort_status == abort::ABORTING {
                             m.abort_status = if aborted {
@@ -301,7 +291,7 @@ impl SyncVmi {
                         }
                     }
                 });
-                self.set_metadata(|m| {
+                self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, Some(&reason), SystemTime::now());
                     }
@@ -369,7 +359,7 @@ impl SyncVmi {
         if !metadata::cancel_applies(&m) {
             return Ok(());
         }
-        self.set_metadata(|m| {
+        self.migration.set_metadata(&self.ctx.shared, |m| {
             if let Some(m) = m {
                 m.abort_status = abort::ABORTING.into();
             }
@@ -380,7 +370,7 @@ impl SyncVmi {
             // and lose it): the abort fails at once and the migration goes on to complete
             // (`asyncMigrationAbort`, live-migration-source.go).
             info!("cancel refused: the migration is in post-copy");
-            self.set_metadata(|m| {
+            self.migration.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.abort_status = abort::FAILED.into();
                 }
@@ -395,7 +385,7 @@ impl SyncVmi {
             .clone();
         let Some(sender) = sender else {
             // No migration job runs: the abort fails (KubeVirt: no active job).
-            self.set_metadata(|m| {
+            self.migration.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.abort_status = abort::FAILED.into();
                 }
@@ -409,7 +399,7 @@ impl SyncVmi {
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ABORT_TIMEOUT).await;
-            me.set_metadata(|m| {
+            me.migration.set_metadata(&me.ctx.shared, |m| {
                 if let Some(m) = m {
                     if m.abort_status == abort::ABORTING {
                         m.abort_status = abort::FAILED.into();

@@ -123,7 +123,7 @@ async fn resource_plan(
     running: &Running,
     vmi: Vmi,
 ) -> Result<crate::cmdline::DomainPlan, SyncError> {
-    let vmi = admit(vmi, Some(running))?.vmi;
+    let vmi = admit(vmi, Some(&running.firmware_uuid))?.vmi;
     let purpose = Purpose::Resources {
         running: &running.ctx,
     };

@@ -12,9 +12,11 @@
 //!
 //! Every RPC is dispatched to a [`DomainManager`]. Failures are carried in-band (`Response{success:
 //! false, message}`, gRPC status OK), except `Exec` and `GuestPing`, whose failures KubeVirt returns as
-//! a gRPC error (status `Unknown`), which is what virt-handler's probes check. The RPCs qlauncher does
-//! not implement (migration, freeze, backup, SEV, screenshots, memory dump, guest-agent queries,
-//! VM stats, host-device hotplug) answer at once with `success=false` and a message saying so.
+//! a gRPC error (status `Unknown`), which is what virt-handler's probes check. A manager whose
+//! optional method returns `None` has that RPC answered at once with `success=false` and
+//! `<Rpc> is not supported by qlauncher`; the launcher's manager
+//! ([`crate::sync::SyncVmi`]) serves every RPC of `cmd.proto` but `BackupVirtualMachine` and
+//! `RedefineCheckpoint` (KubeVirt's changed-block-tracking backups), which answer so always.
 
 use crate::sync::error::SyncError;
 use crate::sync::rpc::authority::AuthorityFilteredStream;
