@@ -12,8 +12,10 @@ use tracing::info;
 
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle;
+use crate::sync::cmdapi::manager as cmdapi;
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
+use crate::sync::reconcile;
 use crate::sync::rpc::manager::{DomainManager, ExecOutput, Screenshot};
 use crate::sync::rpc::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
 use crate::sync::vmi_sync::SyncVmi;
@@ -22,10 +24,6 @@ use crate::vmi::Vmi;
 /// How long a Shutdown whose power button met a closing monitor waits for the domain to show
 /// it shut down (its SHUTDOWN event or QEMU's exit) before it reports the QMP error.
 const SHUTDOWN_SETTLE: Duration = Duration::from_secs(2);
-
-fn decode_failed(what: &str) -> SyncError {
-    SyncError::Unsupported(what.to_string())
-}
 
 impl DomainManager for SyncVmi {
     type Vmi = Vmi;
@@ -40,34 +38,41 @@ impl DomainManager for SyncVmi {
     }
 
     async fn pause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::pause(&self.client()?)
+        lifecycle::pause(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
 
     async fn unpause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::resume(&self.client()?)
+        lifecycle::resume(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
 
     async fn reset_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::reset(&self.client()?)
+        lifecycle::reset(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
 
     async fn soft_reboot_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        Err(decode_failed("soft reboot needs the guest agent"))
+        Err(SyncError::Unsupported(
+            "soft reboot needs the guest agent".into(),
+        ))
     }
 
     /// KubeVirt's `SignalShutdownVMI` signals only a running or paused domain: one already
     /// shutting down or off (its guest powered off, QEMU quitting) is success, also when QEMU's
     /// monitor closed under the power button.
     async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        self.shared.graceful.store(true, Ordering::SeqCst);
+        self.ctx.shared.graceful.store(true, Ordering::SeqCst);
         let signalable = || {
-            let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            let s = self
+                .ctx
+                .shared
+                .status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             s.shutdown.is_none()
                 && matches!(
                     s.state,
@@ -77,7 +82,7 @@ impl DomainManager for SyncVmi {
         if !signalable() {
             return Ok(());
         }
-        match self.graceful_shutdown().await {
+        match self.ctx.graceful_shutdown().await {
             Err(SyncError::Qmp(e)) => {
                 // The monitor closing is how a QEMU whose guest powered off ends; its SHUTDOWN
                 // event may still be on its way to the event task.
@@ -131,7 +136,9 @@ impl DomainManager for SyncVmi {
         vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        self.apply_vcpus(vmi).await
+        let running = self.running.lock().await;
+        let r = running.as_ref().ok_or(SyncError::NoDomain)?;
+        reconcile::apply_vcpus(&self.ctx, r, vmi).await
     }
 
     async fn sync_memory(
@@ -139,17 +146,19 @@ impl DomainManager for SyncVmi {
         vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        self.apply_memory(vmi).await
+        let mut running = self.running.lock().await;
+        let r = running.as_mut().ok_or(SyncError::NoDomain)?;
+        reconcile::apply_memory(&self.ctx, r, vmi).await
     }
 
     async fn get_domain(&self) -> Result<Option<ApiDomain>, SyncError> {
-        self.info.refresh_interfaces();
+        self.ctx.info.refresh_interfaces();
         Ok(self.domain())
     }
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
         let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
-        let mut stats = self.info.stats(&self.client()?, pid).await?;
+        let mut stats = self.ctx.info.stats(&self.ctx.client()?, pid).await?;
         if let Some(job) = self.migration_job_info().await {
             stats["MigrateDomainJobInfo"] = job;
         }
@@ -159,7 +168,7 @@ impl DomainManager for SyncVmi {
     /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the
     /// answer of `qemu --version`, asked once.
     async fn qemu_version(&self) -> Result<String, SyncError> {
-        if let Ok(client) = self.client() {
+        if let Ok(client) = self.ctx.client() {
             if let Ok(v) = client.run(&QueryVersion).await {
                 return Ok(format!(
                     "{}.{}.{}",
@@ -167,21 +176,21 @@ impl DomainManager for SyncVmi {
                 ));
             }
         }
-        let probe =
-            self.config.qemu_probe.clone().unwrap_or_else(|| {
-                crate::sync::qemu_version::QemuProbe::new(self.config.qemu.clone())
-            });
+        let config = &self.ctx.config;
+        let probe = config
+            .qemu_probe
+            .clone()
+            .unwrap_or_else(|| crate::sync::qemu_version::QemuProbe::new(config.qemu.clone()));
         match probe.answer().await {
             Some((_, text)) => Ok(text),
-            None => Err(SyncError::Unsupported(format!(
-                "{} --version gave no version",
-                self.config.qemu.display()
-            ))),
+            None => Err(SyncError::NoQemuVersion {
+                qemu: config.qemu.clone(),
+            }),
         }
     }
 
     async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {
-        self.info.agent.ping(timeout).await
+        Ok(self.ctx.info.agent.ping(timeout).await?)
     }
 
     async fn exec(
@@ -191,7 +200,7 @@ impl DomainManager for SyncVmi {
         args: Vec<String>,
         timeout: Duration,
     ) -> Result<ExecOutput, SyncError> {
-        self.info.agent.exec(&command, &args, timeout).await
+        Ok(self.ctx.info.agent.exec(&command, &args, timeout).await?)
     }
 
     async fn freeze_vmi(
@@ -199,42 +208,42 @@ impl DomainManager for SyncVmi {
         _vmi: Vmi,
         unfreeze_timeout: Duration,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.freeze(unfreeze_timeout).await)
+        Some(cmdapi::freeze(&self.ctx, unfreeze_timeout).await)
     }
 
     async fn unfreeze_vmi(&self, _vmi: Vmi) -> Option<Result<(), SyncError>> {
-        Some(self.unfreeze().await)
+        Some(cmdapi::unfreeze(&self.ctx).await)
     }
 
     async fn guest_info(&self) -> Option<String> {
-        Some(self.cmdapi.store.guest_info_json())
+        Some(self.ctx.cmdapi.store.guest_info_json())
     }
 
     async fn guest_users(&self) -> Option<String> {
-        Some(self.cmdapi.store.users_json())
+        Some(self.ctx.cmdapi.store.users_json())
     }
 
     async fn guest_filesystems(&self) -> Option<String> {
-        Some(self.cmdapi.store.filesystems_json())
+        Some(self.ctx.cmdapi.store.filesystems_json())
     }
 
     async fn screenshot(&self, _vmi: Vmi) -> Option<Result<Screenshot, SyncError>> {
-        Some(self.take_screenshot().await)
+        Some(cmdapi::take_screenshot(&self.ctx).await)
     }
 
     async fn memory_dump(&self, _vmi: Vmi, dump_path: String) -> Option<Result<(), SyncError>> {
-        Some(self.start_memory_dump(&dump_path))
+        Some(cmdapi::start_memory_dump(&self.ctx, &dump_path))
     }
 
     async fn dirty_rate(&self) -> Option<Result<i64, SyncError>> {
-        Some(self.dirty_rate_mbs().await)
+        Some(cmdapi::dirty_rate_mbs(&self.ctx).await)
     }
 
     async fn vm_stats(
         &self,
         request: VmStatsRequest,
     ) -> Option<Result<VmStatsResponse, SyncError>> {
-        Some(self.collect_vm_stats(request).await)
+        Some(cmdapi::collect_vm_stats(&self.ctx, request, self.get_domain_stats()).await)
     }
 
     async fn migrate_vmi(
@@ -273,15 +282,15 @@ impl DomainManager for SyncVmi {
     }
 
     async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {
-        Some(self.hotplug_sriov(&vmi).await)
+        Some(cmdapi::hotplug_sriov(&self.ctx, self.running.clone(), &vmi).await)
     }
 
     async fn sev_info(&self) -> Option<Result<Vec<u8>, SyncError>> {
-        Some(self.sev_platform_info().await)
+        Some(cmdapi::sev_platform_info(&self.ctx).await)
     }
 
     async fn launch_measurement(&self, _vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
-        Some(self.sev_launch_measurement().await)
+        Some(cmdapi::sev_launch_measurement(&self.ctx).await)
     }
 
     async fn inject_launch_secret(
@@ -289,6 +298,6 @@ impl DomainManager for SyncVmi {
         _vmi: Vmi,
         options: Vec<u8>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.sev_inject_secret(&options).await)
+        Some(cmdapi::sev_inject_secret(&self.ctx, &options).await)
     }
 }

@@ -429,16 +429,14 @@ pub fn local_uid() -> String {
 }
 
 /// What the `SyncVirtualMachine` family does with a request's `vmiJson` before it acts
-/// (`rpc::service` decodes it, `SyncVmi::sync` defaults and validates it and keys the running
-/// spec on it, the start converts it): never a panic, and a VMI that validates either converts
+/// (`rpc::service` decodes it, `sync::admit` defaults and validates it (`Vmi::admit`) and keys
+/// the running spec on it, the start converts it): never a panic, and a VMI that validates either converts
 /// or fails with a conversion error.
 fn cmd_sync_vmi(vmi_json: &[u8]) {
     let Ok(mut vmi) = serde_json::from_slice::<Vmi>(vmi_json) else {
         return;
     };
-    let cfg = DefaultsConfig::for_vmi(&vmi);
-    vmi.apply_defaults(&cfg);
-    if vmi.validate().is_err() {
+    if vmi.admit().is_err() {
         return;
     }
     let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);

@@ -171,10 +171,9 @@ impl VmiMigrationState {
 /// migration RPCs' `vmiJson`, untrusted: fuzzed by `fuzz/fuzz_targets/cmd_request.rs`).
 ///
 /// # Errors
-/// [`SyncError::InvalidVmi`] with KubeVirt's message when the JSON or its migration state does
-/// not decode.
+/// [`SyncError::UndecodableVmi`] when the JSON or its migration state does not decode.
 pub fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError> {
-    let invalid = || SyncError::InvalidVmi(crate::sync::rpc::manager::INVALID_VMI_MESSAGE.into());
+    let invalid = || SyncError::UndecodableVmi;
     let raw: serde_json::Value = serde_json::from_slice(vmi_json).map_err(|_| invalid())?;
     let state = raw
         .pointer("/status/migrationState")
@@ -210,7 +209,7 @@ pub fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
     if transport == "Unix" {
         Ok(())
     } else {
-        Err(failed(format!(
+        Err(refused(format!(
             "migration transport {transport:?} is not supported by qlauncher (only \"Unix\")"
         )))
     }
@@ -224,8 +223,9 @@ pub(super) fn annotation<'a>(vmi: &'a Vmi, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-pub(super) fn failed(message: String) -> SyncError {
-    SyncError::Unsupported(message)
+/// A migration request refused with `message` ([`SyncError::MigrationRefused`]).
+pub(super) fn refused(message: String) -> SyncError {
+    SyncError::MigrationRefused(message)
 }
 
 /// Replaces this launcher's path roots in `argv` by placeholders, so that two pods whose roots
@@ -271,7 +271,7 @@ impl SyncVmi {
             f(&mut m);
             m.clone()
         };
-        self.shared.update_domain(|d| {
+        self.ctx.shared.update_domain(|d| {
             if d.spec.metadata.kubevirt.migration == m {
                 return false;
             }
@@ -281,7 +281,7 @@ impl SyncVmi {
     }
 
     pub(super) fn migration_proxy_sockets(&self, uid: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let dir = &self.config.migration_proxy_dir;
+        let dir = &self.ctx.config.migration_proxy_dir;
         (
             proxy_socket(dir, uid, 0),
             proxy_socket(dir, uid, DIRECT_MIGRATION_PORT),

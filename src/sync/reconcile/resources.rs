@@ -20,6 +20,7 @@ use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
 use crate::cmdline::qemu::{ObjectMemoryBackend, QomSet};
+use crate::cmdline::FieldPath;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{
     self, CpuDeviceAdd, DeviceDel, HotpluggableCpu, ObjectAdd, ObjectDel, VirtioMemPciAdd,
@@ -74,10 +75,13 @@ pub enum ResourceStep {
 pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>, SyncError> {
     let wanted = wanted as usize;
     if wanted == 0 || wanted > running.len() {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu: {wanted} vCPUs, the domain has room for 1 to {}",
-            running.len()
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu"),
+            format!(
+                "{wanted} vCPUs, the domain has room for 1 to {}",
+                running.len()
+            ),
+        ));
     }
     let present = running.iter().filter(|s| s.qom_path.is_some()).count();
     if wanted >= present {
@@ -104,9 +108,10 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
         .map(|id| ResourceStep::UnplugVcpu { id: id.to_string() })
         .collect();
     if removable.len() < present - wanted {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu: {wanted} vCPUs is below the vCPUs the domain booted with"
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu"),
+            format!("{wanted} vCPUs is below the vCPUs the domain booted with"),
+        ));
     }
     Ok(removable)
 }
@@ -261,17 +266,20 @@ pub fn diff_memory(
         };
     };
     if wanted < state.boot || wanted > max {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is outside {}..={max}",
-            state.boot
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!("{wanted} bytes is outside {}..={max}", state.boot),
+        ));
     }
     let requested = wanted - state.boot;
     if !requested.is_multiple_of(VIRTIO_MEM_BLOCK) {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is not {} MiB aligned above the boot memory",
-            VIRTIO_MEM_BLOCK >> 20
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!(
+                "{wanted} bytes is not {} MiB aligned above the boot memory",
+                VIRTIO_MEM_BLOCK >> 20
+            ),
+        ));
     }
     match state.requested {
         Some(r) if r == requested => Ok(vec![]),
