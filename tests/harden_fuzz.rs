@@ -510,3 +510,44 @@ proptest! {
         fuzz::cmd_request(&apply(&seeds[seed.index(seeds.len())], &e));
     }
 }
+
+/// The committed libFuzzer seeds of the targets whose seeds are built from typed messages
+/// (`fuzz/corpus/{migration_protocol,cmd_request}/seed-*`) are what the builders make now, so a
+/// protocol change cannot leave the fuzzers starting from frames that no longer decode.
+/// `QLAUNCHER_WRITE_SEEDS=1` rewrites them.
+#[test]
+fn committed_seeds_are_current() {
+    for (target, seeds) in [
+        ("migration_protocol", fuzz::migration_seeds()),
+        ("cmd_request", fuzz::cmd_seeds(&[])),
+    ] {
+        let dir = repo().join("fuzz/corpus").join(target);
+        let seed_files = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default();
+            v.retain(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("seed-"))
+            });
+            v.sort();
+            v
+        };
+        if std::env::var_os("QLAUNCHER_WRITE_SEEDS").is_some() {
+            for p in seed_files() {
+                std::fs::remove_file(p).expect("remove a seed");
+            }
+            fuzz::write_seeds(&dir, &seeds).expect("write the seeds");
+        }
+        let committed: Vec<Vec<u8>> = seed_files()
+            .iter()
+            .map(|p| std::fs::read(p).expect("read a seed"))
+            .collect();
+        assert!(
+            committed == seeds,
+            "fuzz/corpus/{target}: the seeds differ from the builders' (rerun with \
+             QLAUNCHER_WRITE_SEEDS=1)"
+        );
+    }
+}
