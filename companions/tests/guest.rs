@@ -9,6 +9,9 @@
 //! - virt-freezer (on its fixed `/run/kubevirt/sockets/launcher-sock`, given to it through a
 //!   mount namespace of its own) freezes the guest's file systems and thaws them.
 //!
+//! `QLAUNCHER_COMPANIONS_DIR=<dir>` runs the programs found there instead of this build's (e.g.
+//! the image's static ones from scripts/build-companions).
+//!
 //! The launcher runs in-process in a private network namespace of the test thread. Needs root and
 //! the test guest (`scripts/build-guest`).
 
@@ -48,8 +51,17 @@ async fn output(mut cmd: Command) -> Output {
         .unwrap()
 }
 
+/// The program to run: this build's, or the one in `$QLAUNCHER_COMPANIONS_DIR` when set (e.g.
+/// scripts/build-companions' static ones, to check and measure what the image gets).
+fn program(built: &str, name: &str) -> PathBuf {
+    match std::env::var_os("QLAUNCHER_COMPANIONS_DIR") {
+        Some(dir) => Path::new(&dir).join(name),
+        None => PathBuf::from(built),
+    }
+}
+
 fn probe(socket: &Path, args: &[&str]) -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virt-probe"));
+    let mut cmd = Command::new(program(env!("CARGO_BIN_EXE_virt-probe"), "virt-probe"));
     cmd.arg("--socket").arg(socket).args(args);
     cmd
 }
@@ -59,7 +71,7 @@ fn probe(socket: &Path, args: &[&str]) -> Command {
 /// appears through `/var/run -> ../run`.
 fn freezer(sockets: &Path, args: &[&str]) -> Command {
     use std::os::unix::process::CommandExt;
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_virt-freezer"));
+    let mut cmd = Command::new(program(env!("CARGO_BIN_EXE_virt-freezer"), "virt-freezer"));
     cmd.args(args);
     let sockets = sockets.to_path_buf();
     // SAFETY: only syscalls between fork and exec.
