@@ -6,7 +6,10 @@
 //!
 //! Targets (bodies in `testkit/src/fuzz.rs`): `vmi_pipeline` (VMI JSON/YAML ->
 //! defaults -> validation -> conversion -> argv), `dhcp_v4`, `dhcp_v6`, `qmp_reader`,
-//! `image_facts` (format magic, qcow2 header, backing chain).
+//! `image_facts` (format magic, qcow2 header, backing chain), `migration_protocol` (the
+//! migration control frames as the target and as the source, and the target's checks of the
+//! source's definition), `cmd_request` (the cmd v1 protobuf requests and what the server does
+//! with their VMI JSON and options before it acts).
 
 use testkit::fuzz;
 
@@ -400,4 +403,151 @@ fn dhcp_v6_empty_status_code_option_is_malformed() {
         matches!(out, qlauncher::net::dhcp::Outcome::Malformed(_)),
         "{out:?}"
     );
+}
+
+const MIGRATION_TOKENS: &[&[u8]] = &[
+    b"\"type\":\"Prepare\"",
+    b"\"type\":\"Hello\"",
+    b"{}",
+    b"[]",
+    b"null",
+    b",",
+    b"\"",
+    b"\\u0000",
+    b"\"pci.0,addr=0x1\"",
+    b"\"a,b\"",
+    b"\"enforce\"",
+    b"18446744073709551616",
+    &[0, 0, 0, 0],
+    &[0xff, 0xff, 0xff, 0xff],
+    &[0, 0x40, 0, 1],
+];
+
+#[test]
+fn migration_protocol_regressions() {
+    let rt = runtime();
+    for input in files(&repo().join("fuzz/regressions/migration_protocol")) {
+        fuzz::migration_protocol(&rt, &input);
+    }
+}
+
+#[test]
+fn migration_protocol_seeds_are_the_local_definition() {
+    // The first seed carries the local domain's own definition, which the target accepts: the
+    // mutations below start from a definition that gets through every check.
+    use qlauncher::sync::migration::protocol::Message;
+    let seed = &fuzz::migration_seeds()[0];
+    let rt = runtime();
+    let prepare = rt.block_on(async {
+        let mut r = &seed[1..];
+        let _hello = qlauncher::sync::migration::protocol::read_message(&mut r).await;
+        qlauncher::sync::migration::protocol::read_message(&mut r).await
+    });
+    let Ok(Message::Prepare(domain)) = prepare else {
+        panic!("seed 0 has no Prepare: {prepare:?}");
+    };
+    let local = fuzz::local_domain();
+    qlauncher::sync::migration::target::incoming_argv(&local.argv, &domain)
+        .expect("the seed's argv is the local one");
+    assert!(
+        !domain.hotplugged.is_empty(),
+        "the seed has hot-plugged devices"
+    );
+    for sent in &domain.hotplugged {
+        let placed = match sent.kind {
+            qlauncher::sync::migration::protocol::HotplugKind::Disk => {
+                qlauncher::sync::migration::hotplug::place_like_source(&local.qmp.disks, sent)
+                    .map(drop)
+            }
+            qlauncher::sync::migration::protocol::HotplugKind::Nic => {
+                qlauncher::sync::migration::hotplug::place_nic_like_source(&local.qmp.nics, sent)
+                    .map(drop)
+            }
+        };
+        placed.expect("the seed's device is placed");
+    }
+    fuzz::migration_protocol(&rt, seed);
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(1000), failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn migration_protocol_mutated(seed in any::<prop::sample::Index>(), e in edits(MIGRATION_TOKENS)) {
+        let seeds = fuzz::migration_seeds();
+        fuzz::migration_protocol(&runtime(), &apply(&seeds[seed.index(seeds.len())], &e));
+    }
+}
+
+const CMD_TOKENS: &[&[u8]] = &[
+    &[0x0a],
+    &[0x12],
+    &[0x0a, 0x00],
+    &[0xff, 0xff, 0xff, 0xff, 0x0f],
+    b"{}",
+    b"null",
+    b",",
+    b"\"",
+    b"\"migrationState\":{}",
+    b"\"targetState\":{\"domainName\":\"a,b\",\"domainNamespace\":\"../x\"}",
+    b"\"virtualMachineInstanceUID\":\"\\\"\"",
+    b"\"Bandwidth\":\"1e400\"",
+    b"\"ParallelMigrationThreads\":4294967296",
+    b"\"Unix\"",
+];
+
+#[test]
+fn cmd_request_regressions() {
+    for input in files(&repo().join("fuzz/regressions/cmd_request")) {
+        fuzz::cmd_request(&input);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(600), failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn cmd_request_mutated(seed in any::<prop::sample::Index>(), e in edits(CMD_TOKENS)) {
+        let seeds = fuzz::cmd_seeds(&[]);
+        fuzz::cmd_request(&apply(&seeds[seed.index(seeds.len())], &e));
+    }
+}
+
+/// The committed libFuzzer seeds of the targets whose seeds are built from typed messages
+/// (`fuzz/corpus/{migration_protocol,cmd_request}/seed-*`) are what the builders make now, so a
+/// protocol change cannot leave the fuzzers starting from frames that no longer decode.
+/// `QLAUNCHER_WRITE_SEEDS=1` rewrites them.
+#[test]
+fn committed_seeds_are_current() {
+    for (target, seeds) in [
+        ("migration_protocol", fuzz::migration_seeds()),
+        ("cmd_request", fuzz::cmd_seeds(&[])),
+    ] {
+        let dir = repo().join("fuzz/corpus").join(target);
+        let seed_files = || -> Vec<PathBuf> {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(&dir)
+                .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+                .unwrap_or_default();
+            v.retain(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("seed-"))
+            });
+            v.sort();
+            v
+        };
+        if std::env::var_os("QLAUNCHER_WRITE_SEEDS").is_some() {
+            for p in seed_files() {
+                std::fs::remove_file(p).expect("remove a seed");
+            }
+            fuzz::write_seeds(&dir, &seeds).expect("write the seeds");
+        }
+        let committed: Vec<Vec<u8>> = seed_files()
+            .iter()
+            .map(|p| std::fs::read(p).expect("read a seed"))
+            .collect();
+        assert!(
+            committed == seeds,
+            "fuzz/corpus/{target}: the seeds differ from the builders' (rerun with \
+             QLAUNCHER_WRITE_SEEDS=1)"
+        );
+    }
 }

@@ -2,10 +2,9 @@
 //! this file as a module, the fuzz crate being outside the workspace) and `tests/harden_fuzz.rs`
 //! (proptest, bounded, in CI). Each takes arbitrary bytes and must return without panicking,
 //! hanging or allocating without bound; anything it checks beyond "no panic" is an invariant of
-//! the code under test, asserted here. Uses only qlauncher, std and tokio, so that it compiles in
-//! either crate.
+//! the code under test, asserted here. Uses only qlauncher, std, tokio, serde_json and prost
+//! (each a dependency of both crates), so that it compiles in either crate.
 
-use std::io::Write;
 use std::net::{Ipv4Addr, Ipv6Addr, SocketAddrV6};
 use std::path::Path;
 use std::time::Duration;
@@ -125,22 +124,26 @@ pub fn dhcp_v6(cfg: &DhcpV6Config, data: &[u8]) {
     let _ = v6::respond(cfg, data, from);
 }
 
-/// The QMP reader: a peer sends a greeting, then `data`, then closes. The client must either
-/// fail cleanly or finish a command with an answer or an error, within the timeout.
+/// The QMP reader: a peer sends a greeting, then `data`, then closes its writing side (it keeps
+/// reading until the client closes). The client must either fail cleanly or finish a command with
+/// an answer or an error, within the timeout. Both ends run as tasks of `rt` (no thread per
+/// input), and the peer is awaited, so the client's reader task runs to the end of the stream
+/// within the call.
 pub fn qmp_reader(rt: &tokio::runtime::Runtime, data: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let data = data.to_vec();
     rt.block_on(async move {
-        let (ours, mut theirs) = std::os::unix::net::UnixStream::pair().expect("socketpair");
-        ours.set_nonblocking(true).expect("nonblocking");
-        let ours = tokio::net::UnixStream::from_std(ours).expect("tokio stream");
-        let peer = std::thread::spawn(move || {
-            let _ = theirs.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}}, \"capabilities\": []}}\n");
-            let _ = theirs.write_all(&data);
-            let _ = theirs.shutdown(std::net::Shutdown::Write);
+        let (ours, theirs) = tokio::net::UnixStream::pair().expect("socketpair");
+        let peer = tokio::spawn(async move {
+            let mut theirs = theirs;
+            let _ = theirs.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}}, \"capabilities\": []}}\n").await;
+            let _ = theirs.write_all(&data).await;
+            let _ = theirs.shutdown().await;
             // Keep reading so the client's writes never block, until it closes.
             let mut sink = [0u8; 4096];
-            let _ = theirs.set_read_timeout(Some(Duration::from_secs(5)));
-            while let Ok(n) = std::io::Read::read(&mut theirs, &mut sink) {
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_secs(5), theirs.read(&mut sink)).await
+            {
                 if n == 0 {
                     break;
                 }
@@ -160,7 +163,7 @@ pub fn qmp_reader(rt: &tokio::runtime::Runtime, data: &[u8]) {
             .await;
             assert!(r.is_ok(), "execute did not return within its timeout");
         }
-        let _ = peer.join();
+        let _ = peer.await;
     });
 }
 
@@ -277,4 +280,542 @@ pub fn pod_dns(data: &[u8]) {
             other => panic!("no Advertise: {other:?}"),
         }
     }
+}
+
+/// The VMI the migration and cmd targets convert as "this launcher's" domain: hot-pluggable
+/// disks on SCSI and virtio, a pod and a secondary interface, a host-model CPU.
+pub const LOCAL_VMI: &str = r#"{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
+"metadata":{"name":"fuzz","namespace":"ns1","uid":"7e3c9a10-0000-4000-8000-0000000000f2"},
+"spec":{"domain":{"cpu":{"model":"host-model"},"firmware":{"uuid":"11111111-2222-4333-8444-5555555555f2"},
+"devices":{"disks":[{"name":"root","disk":{"bus":"virtio"}},{"name":"hp-scsi","disk":{"bus":"scsi"}},
+{"name":"hp-virtio","disk":{"bus":"virtio"}}],
+"interfaces":[{"name":"default","masquerade":{},"macAddress":"02:00:00:00:00:01"},
+{"name":"blue","bridge":{},"macAddress":"02:00:00:00:00:02"}]},"memory":{"guest":"256Mi"}},
+"networks":[{"name":"default","pod":{}},{"name":"blue","multus":{"networkName":"net-a"}}],
+"volumes":[{"name":"root","containerDisk":{"image":"example/cirros"}},
+{"name":"hp-scsi","persistentVolumeClaim":{"claimName":"pvc-a","hotpluggable":true}},
+{"name":"hp-virtio","dataVolume":{"name":"dv-b","hotpluggable":true}}]},
+"status":{"migrationTransport":"Unix","volumeStatus":[{"name":"root","target":"vda"},
+{"name":"hp-scsi","target":"sda","phase":"Ready","hotplugVolume":{"attachPodName":"hp-pod"}},
+{"name":"hp-virtio","target":"vdb","phase":"Ready","hotplugVolume":{"attachPodName":"hp-pod"}}]}}"#;
+
+/// This launcher's side of a migration, from [`LOCAL_VMI`]: the VMI as the converter sees it,
+/// its plan, argv and QMP device plan (built once).
+pub struct LocalDomain {
+    /// The VMI after defaults.
+    pub vmi: Vmi,
+    /// Its plan.
+    pub plan: qlauncher::cmdline::DomainPlan,
+    /// Its argv.
+    pub argv: Vec<String>,
+    /// Its hot-pluggable disks and NICs.
+    pub qmp: qlauncher::cmdline::render::QmpPlan,
+}
+
+/// [`LocalDomain`] of [`LOCAL_VMI`].
+pub fn local_domain() -> &'static LocalDomain {
+    static LOCAL: std::sync::OnceLock<LocalDomain> = std::sync::OnceLock::new();
+    LOCAL.get_or_init(|| {
+        let mut vmi = Vmi::from_json_or_yaml(LOCAL_VMI).expect("local VMI parses");
+        let cfg = DefaultsConfig::for_vmi(&vmi);
+        vmi.apply_defaults(&cfg);
+        vmi.validate().expect("local VMI is valid");
+        let plan = convert(&vmi, &context_for(&vmi)).expect("local VMI converts");
+        let argv = render::argv(&plan);
+        let qmp = render::qmp_plan(&plan);
+        LocalDomain {
+            vmi,
+            plan,
+            argv,
+            qmp,
+        }
+    })
+}
+
+/// A control channel whose peer sends `data` and then closes; what this side writes is dropped.
+fn control_channel(data: &[u8]) -> tokio::io::Join<&[u8], tokio::io::Sink> {
+    tokio::io::join(data, tokio::io::sink())
+}
+
+/// What a target does with the source's definition before QEMU starts: the argv check against
+/// its own, the adopted CPU, the hot-plugged devices placed as the source runs them, the views
+/// it converts again without them. None of it may panic; an adopted CPU renders as one `-cpu`
+/// word of exactly its properties (no value can add an option), and a placed device keeps the
+/// source's bus and address.
+pub fn migration_definition(domain: &qlauncher::sync::migration::protocol::RunningDomain) {
+    use qlauncher::sync::migration::{hotplug, protocol::HotplugKind, target};
+    let local = local_domain();
+    if let Ok(argv) = target::incoming_argv(&local.argv, domain) {
+        assert_eq!(argv.len(), local.argv.len() + 2, "incoming argv {argv:?}");
+        assert_eq!(argv[argv.len() - 2..], ["-incoming", "defer"]);
+    }
+    if let Some(def) = &domain.cpu {
+        if let Ok(cpu) = qlauncher::cmdline::devices::cpu::adopted_cpu_plan(def) {
+            let mut plan = local.plan.clone();
+            let flags = cpu.flags.len();
+            plan.cpu = cpu;
+            let argv = render::argv(&plan);
+            let i = argv
+                .iter()
+                .position(|w| w == "-cpu")
+                .expect("the adopted plan has -cpu");
+            let word = &argv[i + 1];
+            assert_eq!(
+                word.split(',').count(),
+                flags + 1,
+                "-cpu {word:?} is not the model and {flags} properties"
+            );
+            assert!(
+                !word.contains('\0') && !word.contains('\n'),
+                "-cpu {word:?}"
+            );
+        }
+    }
+    for sent in &domain.hotplugged {
+        match sent.kind {
+            HotplugKind::Disk => {
+                if let Ok(placed) = hotplug::place_like_source(&local.qmp.disks, sent) {
+                    assert_eq!(placed.device.addr, sent.addr);
+                }
+            }
+            HotplugKind::Nic => {
+                if let Ok(placed) = hotplug::place_nic_like_source(&local.qmp.nics, sent) {
+                    assert_eq!(placed.device.bus, sent.bus);
+                    assert_eq!(placed.device.addr, sent.addr);
+                }
+            }
+        }
+    }
+    if !domain.hotplugged.is_empty() {
+        for view in hotplug::boot_views(&local.vmi, &domain.hotplugged) {
+            let _ = convert(&view, &context_for(&view));
+        }
+    }
+}
+
+/// The migration control protocol (`sync::migration::protocol`) from the peer's bytes `data`:
+/// byte 0 picks the role. As the target: the hello, the source's `Prepare` for this VMI (its
+/// definition through [`migration_definition`]), then every further frame; as the source: the
+/// target's hello, `Ready`/`Failed` and `Done`, then every further frame. Each read either
+/// decodes a message or fails; it never panics, never allocates for a frame over the limit,
+/// and always ends (the channel closes after `data`).
+pub fn migration_protocol(rt: &tokio::runtime::Runtime, data: &[u8]) {
+    use qlauncher::sync::migration::protocol::{self, Message};
+    use qlauncher::sync::migration::target::TargetSession;
+    let Some((&role, data)) = data.split_first() else {
+        return;
+    };
+    rt.block_on(async move {
+        let mut channel = control_channel(data);
+        if role & 1 == 0 {
+            if let Ok(session) = TargetSession::accept(&mut channel, &local_uid()).await {
+                migration_definition(&session.domain);
+            }
+        } else {
+            let _ = protocol::hello_as_source(&mut channel).await;
+        }
+        while let Ok(message) = protocol::read_message(&mut channel).await {
+            if let Message::Prepare(domain) = &message {
+                migration_definition(domain);
+            }
+            let _ = message.kind();
+        }
+    });
+}
+
+/// The UID of [`LOCAL_VMI`].
+pub fn local_uid() -> String {
+    local_domain().vmi.metadata.uid.clone().unwrap_or_default()
+}
+
+/// What the `SyncVirtualMachine` family does with a request's `vmiJson` before it acts
+/// (`rpc::service` decodes it, `sync::admit` defaults and validates it (`Vmi::admit`) and keys
+/// the running spec on it, the start converts it): never a panic, and a VMI that validates either converts
+/// or fails with a conversion error.
+fn cmd_sync_vmi(vmi_json: &[u8]) {
+    let Ok(mut vmi) = serde_json::from_slice::<Vmi>(vmi_json) else {
+        return;
+    };
+    if vmi.admit().is_err() {
+        return;
+    }
+    let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
+    let key = qlauncher::sync::facts::secondary::status_key(&vmi);
+    serde_json::to_value((&vmi.spec, volume_status, key)).expect("a valid VMI's spec encodes");
+    if let Ok(plan) = convert(&vmi, &context_for(&vmi)) {
+        for w in render::argv(&plan) {
+            assert!(!w.contains('\0'), "NUL in argv word {w:?}");
+        }
+        let _ = render::qmp_plan(&plan);
+    }
+}
+
+/// What the migration RPCs do with a request's `vmiJson` and options before they act
+/// (`migration::launcher::decode`, the transport check, the migration state's UIDs and target
+/// identity, `MigrationOptions` and what the source derives from them, and the definition
+/// rewritten for the target VMI named there): never a panic; the rewritten definition keeps
+/// its shape (the UID and names can change values, never add or drop a field or an argv word).
+fn cmd_migration(vmi_json: &[u8], options: Option<&[u8]>) {
+    use qlauncher::sync::migration::{launcher, protocol, source, MigrationOptions};
+    if let Some(options) = options {
+        if let Ok(o) = MigrationOptions::from_json(options) {
+            let _ = o.max_bandwidth();
+            let _ = o.mirror_speed();
+            let _ = o.completion_deadline(u64::MAX);
+            let _ = o.progress_deadline();
+            let _ = source::capabilities(&o);
+        }
+    }
+    let Ok((vmi, state)) = launcher::decode(vmi_json) else {
+        return;
+    };
+    let _ = launcher::require_unix_transport(&vmi);
+    let Some(state) = state else {
+        return;
+    };
+    let own_uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let _ = state.uid();
+    let _ = state.proxy_key(&own_uid);
+    let local = local_domain();
+    let domain = protocol::RunningDomain {
+        vmi_uid: local_uid(),
+        migration_uid: state.uid().unwrap_or_default(),
+        machine: "pc-q35-7.2".into(),
+        argv: local.argv.clone(),
+        hotplugged: Vec::new(),
+        copied_disks: Vec::new(),
+        capabilities: vec!["multifd".into()],
+        multifd_channels: Some(8),
+        paused: false,
+        cpu: None,
+    };
+    let words = domain.argv.len();
+    let mut sent = domain;
+    if let Some(target_uid) = state.target_vmi_uid() {
+        sent = sent
+            .for_target_vmi(&local_uid(), target_uid)
+            .expect("a UID rewrite always round-trips");
+        assert_eq!(
+            sent.argv.len(),
+            words,
+            "the UID rewrite changed the argv's length"
+        );
+        assert_eq!(sent.vmi_uid, target_uid);
+    }
+    if let Some(target) = state.target_domain() {
+        let own = protocol::DomainIdentity {
+            namespace: "ns1".into(),
+            name: "fuzz".into(),
+        };
+        if let Ok(renamed) = sent.clone().for_target_domain(&own, &target) {
+            assert_eq!(
+                renamed.argv.len(),
+                words,
+                "the rename changed the argv's length"
+            );
+        }
+    }
+}
+
+/// One cmd v1 request as the command server receives it: byte 0 picks the request message
+/// (`VMIRequest`, `MigrationRequest`, `ExecRequest`, `GuestPingRequest`, `MemoryDumpRequest`,
+/// `InjectLaunchSecretRequest`, `VMStatsRequest`, `BackupRequest`, `RedefineCheckpointRequest`),
+/// the rest is its protobuf encoding (tonic hands the message body to prost). Each decoded
+/// request's untrusted fields go where the server sends them before it acts: the VMI JSON
+/// through the sync or migration preludes, the migration and SEV options through their decoders.
+pub fn cmd_request(data: &[u8]) {
+    use prost::Message as _;
+    use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+    let Some((&rpc, body)) = data.split_first() else {
+        return;
+    };
+    let json = |vmi: Option<cmd::Vmi>| vmi.map(|v| v.vmi_json).unwrap_or_default();
+    match (rpc & 0x7f) % 9 {
+        0 => {
+            if let Ok(r) = cmd::VmiRequest::decode(body) {
+                let vmi = json(r.vmi);
+                if rpc & 0x80 == 0 {
+                    cmd_sync_vmi(&vmi);
+                } else {
+                    cmd_migration(&vmi, None);
+                }
+            }
+        }
+        1 => {
+            if let Ok(r) = cmd::MigrationRequest::decode(body) {
+                cmd_migration(&json(r.vmi), Some(&r.options));
+            }
+        }
+        2 => {
+            let _ = cmd::ExecRequest::decode(body);
+        }
+        3 => {
+            let _ = cmd::GuestPingRequest::decode(body);
+        }
+        4 => {
+            if let Ok(r) = cmd::MemoryDumpRequest::decode(body) {
+                let _ = serde_json::from_slice::<Vmi>(&json(r.vmi));
+                let _ = std::path::Path::new(&r.dump_path).file_name();
+            }
+        }
+        5 => {
+            if let Ok(r) = cmd::InjectLaunchSecretRequest::decode(body) {
+                let _ = serde_json::from_slice::<Vmi>(&json(r.vmi));
+                let _ = qlauncher::sync::cmdapi::sev::secret_options(&r.options);
+            }
+        }
+        6 => {
+            let _ = cmd::VmStatsRequest::decode(body);
+        }
+        7 => {
+            let _ = cmd::BackupRequest::decode(body);
+        }
+        _ => {
+            let _ = cmd::RedefineCheckpointRequest::decode(body);
+        }
+    }
+}
+
+/// `messages` as the peer sends them (one frame each), after the role byte of
+/// [`migration_protocol`].
+pub fn migration_frames(
+    role: u8,
+    messages: &[qlauncher::sync::migration::protocol::Message],
+) -> Vec<u8> {
+    let mut out = vec![role];
+    for m in messages {
+        let body = serde_json::to_vec(m).expect("a message encodes");
+        out.extend_from_slice(&u32::try_from(body.len()).unwrap_or(u32::MAX).to_be_bytes());
+        out.extend_from_slice(&body);
+    }
+    out
+}
+
+/// Seeds of [`migration_protocol`] that get past the hello and the VMI check into every part of
+/// [`migration_definition`]: the local domain's own definition with its hot-pluggable disks and
+/// NICs as the source describes them and a host-model CPU expansion, and the source's view of a
+/// target that is ready, done, failed or refuses.
+pub fn migration_seeds() -> Vec<Vec<u8>> {
+    use qlauncher::cmdline::plan::{CpuModel, CpuProp};
+    use qlauncher::sync::migration::hotplug;
+    use qlauncher::sync::migration::protocol::{
+        CopiedDisk, Hello, Message, Outcome, Ready, RunningDomain,
+    };
+    let local = local_domain();
+    let mut hotplugged: Vec<_> = local.qmp.disks.iter().map(hotplug::describe_disk).collect();
+    hotplugged.extend(local.qmp.nics.iter().map(hotplug::describe_nic));
+    let full = RunningDomain {
+        vmi_uid: local_uid(),
+        migration_uid: "mig-1".into(),
+        machine: "pc-q35-7.2".into(),
+        argv: local.argv.clone(),
+        hotplugged,
+        copied_disks: vec![CopiedDisk {
+            node: "libvirt-1-format".into(),
+            export: "drive-ua-root".into(),
+            size: 1 << 30,
+        }],
+        capabilities: vec!["multifd".into(), "postcopy-ram".into()],
+        multifd_channels: Some(8),
+        paused: false,
+        cpu: Some(CpuModel {
+            name: "base".into(),
+            props: [
+                ("family".to_owned(), CpuProp::Int(6)),
+                ("vendor".to_owned(), CpuProp::Text("GenuineIntel".into())),
+                ("sse4.2".to_owned(), CpuProp::Bool(true)),
+                ("vmx".to_owned(), CpuProp::Bool(false)),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+    };
+    let plain = RunningDomain {
+        hotplugged: Vec::new(),
+        cpu: None,
+        copied_disks: Vec::new(),
+        ..full.clone()
+    };
+    let hello = Message::Hello(Hello::ours());
+    let done = Message::Outcome(Outcome {
+        completed: true,
+        reason: None,
+    });
+    vec![
+        migration_frames(
+            0,
+            &[
+                hello.clone(),
+                Message::Prepare(Box::new(full)),
+                done.clone(),
+                Message::Abort,
+            ],
+        ),
+        migration_frames(
+            0,
+            &[
+                hello.clone(),
+                Message::Prepare(Box::new(plain)),
+                Message::Outcome(Outcome {
+                    completed: false,
+                    reason: Some("x".into()),
+                }),
+            ],
+        ),
+        migration_frames(
+            1,
+            &[
+                hello.clone(),
+                Message::Ready(Ready {
+                    nbd_exports: vec!["drive-ua-root".into()],
+                }),
+                Message::Done,
+            ],
+        ),
+        migration_frames(
+            1,
+            &[
+                Message::Refused {
+                    reason: "no".into(),
+                },
+                Message::Failed {
+                    reason: "no".into(),
+                },
+            ],
+        ),
+    ]
+}
+
+/// Seeds of [`cmd_request`]: every request message with the fields the server reads, the
+/// VMIs being [`LOCAL_VMI`] and `vmis` (VMI JSON), for sync and, with a migration state naming a
+/// decentralized target, for the migration RPCs.
+pub fn cmd_seeds(vmis: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    use prost::Message as _;
+    use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+    let seed = |rpc: u8, m: &dyn Fn(&mut Vec<u8>)| {
+        let mut v = vec![rpc];
+        m(&mut v);
+        v
+    };
+    let local: serde_json::Value = serde_json::from_str(LOCAL_VMI).expect("local VMI is JSON");
+    let mut migrating = local.clone();
+    migrating["status"]["migrationState"] = serde_json::json!({
+        "migrationUid": "mig-1",
+        "sourceState": {"migrationUID": "mig-1",
+            "virtualMachineInstanceUID": "7e3c9a10-0000-4000-8000-0000000000f2"},
+        "targetState": {"migrationUID": "mig-1",
+            "virtualMachineInstanceUID": "7e3c9a10-0000-4000-8000-0000000000f3",
+            "domainName": "fuzz2", "domainNamespace": "ns2"},
+        "targetPod": "virt-launcher-fuzz-abcde"
+    });
+    let local = serde_json::to_vec(&local).expect("encodes");
+    let migrating = serde_json::to_vec(&migrating).expect("encodes");
+    let vmi = |json: &[u8]| {
+        Some(cmd::Vmi {
+            vmi_json: json.to_vec(),
+        })
+    };
+    let options = cmd::VirtualMachineOptions {
+        mem_balloon_stats_period: 10,
+        preallocated_volumes: vec!["root".into()],
+        interface_migration: [(
+            "blue".to_owned(),
+            cmd::InterfaceBindingMigration {
+                method: "link-refresh".into(),
+            },
+        )]
+        .into_iter()
+        .collect(),
+        ..Default::default()
+    };
+    let mut out = Vec::new();
+    for json in std::iter::once(&local).chain(vmis) {
+        out.push(seed(0, &|v| {
+            cmd::VmiRequest {
+                vmi: vmi(json),
+                options: Some(options.clone()),
+            }
+            .encode(v)
+            .expect("encodes")
+        }));
+    }
+    out.push(seed(0x80, &|v| {
+        cmd::VmiRequest {
+            vmi: vmi(&migrating),
+            options: Some(options.clone()),
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out.push(seed(1, &|v| {
+        cmd::MigrationRequest {
+            vmi: vmi(&migrating),
+            options: br#"{"Bandwidth":"64Mi","ProgressTimeout":150,"CompletionTimeoutPerGiB":800,"MaxDowntimeMs":300,"AllowAutoConverge":true,"AllowPostCopy":true,"ParallelMigrationThreads":8,"AllowWorkloadDisruption":true,"Compression":"zstd"}"#.to_vec(),
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out.push(seed(2, &|v| {
+        cmd::ExecRequest {
+            domain_name: "ns1_fuzz".into(),
+            command: "/bin/true".into(),
+            args: vec!["-x".into()],
+            timeout_seconds: 5,
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out.push(seed(3, &|v| {
+        cmd::GuestPingRequest {
+            domain_name: "ns1_fuzz".into(),
+            timeout_seconds: 5,
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out.push(seed(4, &|v| {
+        cmd::MemoryDumpRequest {
+            vmi: vmi(&local),
+            dump_path: "/var/run/kubevirt/memory-dump/fuzz.memory.dump".into(),
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out.push(seed(5, &|v| {
+        cmd::InjectLaunchSecretRequest {
+            vmi: vmi(&local),
+            options: br#"{"header":"aGVhZGVy","secret":"c2VjcmV0"}"#.to_vec(),
+        }
+        .encode(v)
+        .expect("encodes")
+    }));
+    out
+}
+
+/// Writes `seeds` into `dir` as `seed-<n>` (the libFuzzer seed corpus of a target).
+///
+/// # Errors
+/// Creating the directory or writing a file.
+pub fn write_seeds(dir: &Path, seeds: &[Vec<u8>]) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    for (i, s) in seeds.iter().enumerate() {
+        std::fs::write(dir.join(format!("seed-{i:02}")), s)?;
+    }
+    Ok(())
+}
+
+/// The VMI JSON of every `*.yaml` VMI manifest directly under `dir` that parses (sorted by
+/// name; none when `dir` does not exist).
+pub fn vmi_jsons(dir: &Path) -> Vec<Vec<u8>> {
+    let mut paths: Vec<_> = std::fs::read_dir(dir)
+        .map(|rd| rd.filter_map(|e| e.ok().map(|e| e.path())).collect())
+        .unwrap_or_default();
+    paths.retain(|p| p.extension().is_some_and(|e| e == "yaml"));
+    paths.sort();
+    paths
+        .iter()
+        .filter_map(|p| std::fs::read_to_string(p).ok())
+        .filter_map(|t| Vmi::from_json_or_yaml(&t).ok())
+        .filter_map(|v| serde_json::to_vec(&v).ok())
+        .collect()
 }

@@ -283,8 +283,11 @@ impl DhcpV4Server {
 
 /// Checks what dhcproto 0.15 does not before it decodes a client packet, because it panics
 /// on these instead of returning an error: `hlen` over 16 (slicing `chaddr`), a classless route
-/// (121) with a prefix over 32 (`unwrap`), and wrong lengths of options 80, 81, 94 and 152–155
-/// (`debug_assert`). Found by the property test below.
+/// (121) with a prefix over 32 (`unwrap`), wrong lengths of options 80, 81, 94 and 152–155
+/// (`debug_assert`), and an empty option 151 (`len - 1`). dhcproto joins the pieces of an option
+/// that appears more than once (RFC 3396), so the fixed lengths are checked on the joined length
+/// too (two 4-byte options 152 are one of 8 bytes: found by libFuzzer, `dhcp_v4`). Found by the
+/// property test below.
 fn precheck(packet: &[u8]) -> Result<(), String> {
     if packet.len() < 240 {
         return Err(format!(
@@ -298,6 +301,7 @@ fn precheck(packet: &[u8]) -> Result<(), String> {
     if packet[236..240] != [99, 130, 83, 99] {
         return Err("no DHCP magic cookie".into());
     }
+    let mut joined = [0usize; 256];
     let mut i = 240;
     while i < packet.len() {
         let code = packet[i];
@@ -320,6 +324,7 @@ fn precheck(packet: &[u8]) -> Result<(), String> {
             80 => len == 0,
             81 => len >= 3,
             94 => len == 3,
+            151 => len >= 1,
             152..=155 => len == 4,
             121 => {
                 let mut j = 0;
@@ -339,7 +344,21 @@ fn precheck(packet: &[u8]) -> Result<(), String> {
         if !ok {
             return Err(format!("option {code} has an invalid length or value"));
         }
+        joined[usize::from(code)] += len;
         i += 2 + len;
+    }
+    for (code, len) in joined.iter().enumerate() {
+        let fixed = match code {
+            80 => Some(0),
+            94 => Some(3),
+            152..=155 => Some(4),
+            _ => None,
+        };
+        if fixed.is_some_and(|f| *len != 0 && *len != f) {
+            return Err(format!(
+                "option {code} has an invalid length once its parts are joined"
+            ));
+        }
     }
     Ok(())
 }
@@ -646,6 +665,34 @@ mod tests {
         let s = DhcpV4Server::new(cfg()).unwrap();
         assert!(matches!(s.respond(&[]), Outcome::Malformed(_)));
         assert!(matches!(s.respond(&[1, 2, 3]), Outcome::Malformed(_)));
+    }
+
+    /// Regression (libFuzzer, `dhcp_v4`): dhcproto joins repeated options (RFC 3396), so two
+    /// well-formed 4-byte options 152 became one of 8 bytes and hit its `debug_assert!(len == 4)`;
+    /// an empty option 151 made it compute `len - 1`. Both are refused before dhcproto decodes.
+    #[test]
+    fn repeated_fixed_length_options_are_refused_before_the_decoder() {
+        let s = DhcpV4Server::new(cfg()).unwrap();
+        let discover = client_message(MessageType::Discover, MAC, 9, None, None, &[1, 3]);
+        let end = discover.iter().rposition(|b| *b == 255).unwrap();
+        for extra in [
+            &[152u8, 4, 0, 0, 0, 1, 152, 4, 0, 0, 0, 2][..],
+            &[94, 3, 1, 2, 3, 94, 3, 1, 2, 3][..],
+            &[151, 0][..],
+        ] {
+            let mut pkt = discover[..end].to_vec();
+            pkt.extend_from_slice(extra);
+            pkt.push(255);
+            match s.respond(&pkt) {
+                Outcome::Malformed(why) => assert!(why.contains("option"), "{extra:?}: {why}"),
+                other => panic!("{extra:?}: {other:?}"),
+            }
+        }
+        // One of each is still served.
+        let mut pkt = discover[..end].to_vec();
+        pkt.extend_from_slice(&[152, 4, 0, 0, 0, 1]);
+        pkt.push(255);
+        assert!(matches!(s.respond(&pkt), Outcome::Reply { .. }));
     }
 
     proptest::proptest! {

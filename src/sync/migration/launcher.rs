@@ -167,8 +167,12 @@ impl VmiMigrationState {
     }
 }
 
-/// The VMI and its `status.migrationState` (None when absent) from a request's JSON.
-pub(super) fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError> {
+/// The VMI and its `status.migrationState` (None when absent) from a request's JSON (the
+/// migration RPCs' `vmiJson`, untrusted: fuzzed by `fuzz/fuzz_targets/cmd_request.rs`).
+///
+/// # Errors
+/// [`SyncError::UndecodableVmi`] when the JSON or its migration state does not decode.
+pub fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError> {
     let invalid = || SyncError::UndecodableVmi;
     let raw: serde_json::Value = serde_json::from_slice(vmi_json).map_err(|_| invalid())?;
     let state = raw
@@ -193,7 +197,10 @@ pub(super) fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>)
 /// KubeVirt's target launcher runs in-pod TCP proxies on 127.0.0.1:49152/49153 and the
 /// masquerade rules skip those ports (`legacy_migration_ports`); qlauncher's launchers only
 /// speak the Unix transport every VMI created by KubeVirt since the transport exists has.
-pub(super) fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
+///
+/// # Errors
+/// [`SyncError::Unsupported`] naming the transport.
+pub fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
     let transport = vmi
         .status
         .as_ref()
