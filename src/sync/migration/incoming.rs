@@ -18,8 +18,8 @@ use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
-    annotation, decode, failed, normalized, require_unix_transport, PreparedTarget,
-    VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    annotation, boot_memory_view, decode, failed, normalized, require_unix_transport,
+    PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
@@ -157,6 +157,8 @@ impl SyncVmi {
         // The spec key above is what later syncs of this VMI compare with; the domain itself
         // runs with the source's guest MACs.
         keep_guest_macs(&mut vmi);
+        // A source whose memory grew runs its boot memory plus virtio-mem: boot the same.
+        let memory_total = boot_memory_view(&mut vmi);
         let prepared = self.prepare(&vmi, spec).await?;
         let secondary =
             crate::sync::facts::secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
@@ -194,6 +196,7 @@ impl SyncVmi {
             vmi_uid: vmi_uid.clone(),
             proxy_key,
             view,
+            memory_total,
         });
         *self
             .migration
@@ -279,6 +282,7 @@ impl SyncVmi {
         let PreparedTarget {
             mut prepared,
             proxy_key,
+            memory_total,
             ..
         } = target;
         if let Some(cpu) = adopted_cpu {
@@ -317,6 +321,14 @@ impl SyncVmi {
                 return Err((None, MigrationError::Peer(reason)));
             }
         };
+        // The vCPUs beyond the first socket (plugged at the source's start or since), as
+        // `vcpu<index>` like the source's.
+        if let Err(e) = crate::sync::start::plug_boot_vcpus(&client, prepared.plan.smp).await {
+            let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+            session.fail(&e.failure_reason()).await;
+            let _ = client.run(&Quit).await;
+            return Err((None, e));
+        }
         // The source's hot-plugged disks, before the device state arrives.
         for d in &placed {
             let attach = DiskAttach {
@@ -338,6 +350,34 @@ impl SyncVmi {
                 session.fail(&e.failure_reason()).await;
                 let _ = client.run(&Quit).await;
                 return Err((None, e));
+            }
+        }
+        // The source's virtio-mem device (its memory grew since boot), sized as the VMI asks.
+        if let Some(total) = memory_total {
+            match crate::sync::reconcile::resources::set_memory(
+                &client,
+                &prepared.running.memory,
+                &prepared.plan,
+                total,
+            )
+            .await
+            {
+                Ok(memory) => {
+                    prepared.running.memory = memory;
+                    info!(total, "virtio-mem device of the source plugged");
+                }
+                Err(e) => {
+                    let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+                    session.fail(&e.failure_reason()).await;
+                    let _ = client.run(&Quit).await;
+                    return Err((None, e));
+                }
+            }
+            if let Some(device) =
+                crate::sync::domain_spec::virtio_mem_device(&client, &prepared.running.memory).await
+            {
+                self.shared
+                    .update_domain(|d| d.spec.devices.set_memory_device(device));
             }
         }
         // What a later migration away from here sends: this QEMU's argv without `-incoming`.

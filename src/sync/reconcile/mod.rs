@@ -88,12 +88,34 @@ impl SyncVmi {
         Ok(())
     }
 
-    /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs until the domain has as many as `vmi` asks.
+    /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs until the domain has as many as `vmi` asks
+    /// (down to the first socket), then shows them enabled in the domain (`VCPUs`), as libvirt's
+    /// live XML does. An unplug on a QEMU that would crash after it
+    /// ([`resources::tcg_unplug_crashes`]) is refused, naming the QEMU version.
     pub(crate) async fn apply_vcpus(&self, vmi: Vmi) -> Result<(), SyncError> {
         let running = self.running.lock().await;
         let r = running.as_ref().ok_or(SyncError::NoDomain)?;
         let plan = self.resource_plan(r, vmi)?;
-        resources::set_vcpus(&self.client()?, plan.smp.cpus, HOTPLUG_TIMEOUT).await?;
+        let client = self.client()?;
+        let version = client
+            .run(&crate::qmp::commands::QueryVersion)
+            .await
+            .map_err(SyncError::Qmp)?
+            .qemu;
+        let v = (version.major, version.minor, version.micro);
+        let refused = resources::tcg_unplug_crashes(r.ctx.kvm, v).then(|| {
+            format!(
+                "spec.domain.cpu.sockets: unplugging vCPUs is refused under TCG (no KVM) on QEMU \
+                 {}.{}.{}: before QEMU 10.2 (10.0.5 in the 10.0 series) an unplugged vCPU stays \
+                 registered for memory updates and QEMU aborts at the next device hotplug \
+                 (QEMU issue 2517)",
+                v.0, v.1, v.2
+            )
+        });
+        resources::set_vcpus(&client, plan.smp.cpus, refused, HOTPLUG_TIMEOUT).await?;
+        let enabled = plan.smp.cpus;
+        self.shared
+            .update_domain(|d| d.spec.set_vcpus_enabled(enabled));
         Ok(())
     }
 
@@ -102,8 +124,14 @@ impl SyncVmi {
         let mut running = self.running.lock().await;
         let r = running.as_mut().ok_or(SyncError::NoDomain)?;
         let plan = self.resource_plan(r, vmi)?;
-        r.memory =
-            resources::set_memory(&self.client()?, &r.memory, &plan, plan.memory.size).await?;
+        let client = self.client()?;
+        r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
+        // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
+        // model='virtio-mem'>`).
+        if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
+            self.shared
+                .update_domain(|d| d.spec.devices.set_memory_device(device));
+        }
         Ok(())
     }
 
