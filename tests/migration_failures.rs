@@ -22,7 +22,7 @@ use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, job_data, metadata, migrating_vmi, options, Relay, Rpc,
+    boot, exec_until_ok, job_data, metadata, migrating_vmi, options, read_counter, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -76,17 +76,9 @@ async fn wait_state(c: &mut testkit::handler::Client, state: (L, R)) {
 async fn source_runs(source: &Pod, c: &mut testkit::handler::Client) {
     let d = get_domain(c).await.expect("source domain");
     assert_eq!(d.status.status, L::Running, "{:?}", source.events());
-    let a: u64 = exec_until_ok(c, "cat /tmp/counter", Duration::from_secs(30))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let a = read_counter(c, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
-    let b: u64 = exec_until_ok(c, "cat /tmp/counter", Duration::from_secs(30))
-        .await
-        .trim()
-        .parse()
-        .unwrap();
+    let b = read_counter(c, Duration::from_secs(30)).await;
     assert!(b > a, "the source's workload stopped: {a} -> {b}");
 }
 

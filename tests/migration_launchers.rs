@@ -22,7 +22,7 @@ use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     decentralized_vmis, exec_until_ok, history, metadata, migrate_on_with, migrating_vmi, options,
-    plain_vmi, pod_pair, wait_notified, Relay, Rpc,
+    plain_vmi, pod_pair, read_counter, wait_notified, Relay, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -80,12 +80,6 @@ fn adopted_cpu_arg(pid: i32) -> String {
         assert!(words.iter().any(|w| w.starts_with(key)), "{key} in {cpu}");
     }
     cpu
-}
-
-fn counter(out: &str) -> u64 {
-    out.trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("counter {out:?}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -153,8 +147,7 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     assert!(target.root.join("var/run/libvirt/virtqemud-sock").exists());
 
     let _relay = Relay::start(&source, &target, &uid).await;
-    let before =
-        counter(&exec_until_ok(&mut sc, "cat /tmp/counter", Duration::from_secs(20)).await);
+    let before = read_counter(&mut sc, Duration::from_secs(20)).await;
 
     // Source handler: the RPC returns at once; virt-handler repeats it until it sees progress.
     let opts = options("0", 150);
@@ -206,10 +199,10 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
 
     // The guest on the target: counting on from where it was, the file, the address.
-    let after = counter(&exec_until_ok(&mut tc, "cat /tmp/counter", Duration::from_secs(60)).await);
+    let after = read_counter(&mut tc, Duration::from_secs(60)).await;
     assert!(after >= before, "counter went back: {before} -> {after}");
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let later = counter(&exec_until_ok(&mut tc, "cat /tmp/counter", Duration::from_secs(20)).await);
+    let later = read_counter(&mut tc, Duration::from_secs(20)).await;
     assert!(later > after, "the workload stopped: {after} -> {later}");
     assert_eq!(
         exec_until_ok(&mut tc, "cat /data/migrated", Duration::from_secs(20)).await,
@@ -284,8 +277,7 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         d.status.status == L::Shutoff && d.status.reason == R::Migrated
     })
     .await;
-    let third_count =
-        counter(&exec_until_ok(&mut hc, "cat /tmp/counter", Duration::from_secs(60)).await);
+    let third_count = read_counter(&mut hc, Duration::from_secs(60)).await;
     // The adopted CPU is sent on unchanged.
     let third_qemu = third.qemu_pids();
     assert_eq!(third_qemu.len(), 1, "{third_qemu:?}");

@@ -12,7 +12,7 @@ use anyhow::Context;
 use qlauncher::cmdline::context::{MonitorSocket, QemuVersion};
 use qlauncher::cmdline::facts_file::{FactsFile, FdLayout};
 use qlauncher::cmdline::{convert, render};
-use qlauncher::vmi::{DefaultsConfig, Vmi};
+use qlauncher::vmi::Vmi;
 
 /// Output formats.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -73,9 +73,7 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
         eprintln!("note: the manifest has no metadata.uid; using {uid}");
     }
     // What virt-api's webhook would hand on: KubeVirt's defaults, then validation.
-    let cfg = DefaultsConfig::for_vmi(&vmi);
-    vmi.apply_defaults(&cfg);
-    if let Err(errors) = vmi.validate() {
+    if let Err(errors) = vmi.admit() {
         let list: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
         anyhow::bail!("invalid VMI:\n  {}", list.join("\n  "));
     }

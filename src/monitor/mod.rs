@@ -20,7 +20,9 @@
 //! - [`kvm_probe`]: whether KVM actually runs a guest (a tiny probe guest under `accel=kvm`), for
 //!   `--emulation auto` and `--allow-emulation`.
 //!
-//! This module imports nothing else from the crate.
+//! This module imports nothing else from the crate but [`crate::sys`] (error chains) and
+//! [`crate::log`] (the launcher's log setup): the sync module implements its traits, never the
+//! other way round.
 use std::path::PathBuf;
 
 pub mod grace;

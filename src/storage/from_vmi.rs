@@ -8,9 +8,8 @@ use std::path::Path;
 use crate::vmi::{Vmi, Volume};
 
 use super::{
-    paths, validate_volume_name, ChainPolicy, CloudInitKind, CloudInitSpec, ConfigVolumeKind,
-    ConfigVolumeSpec, EmptyDiskSpec, HostDiskSpec, HostDiskType, OverlaySpec, Owner, StorageError,
-    VmiIdentity,
+    paths, validate_volume_name, CloudInitKind, CloudInitSpec, ConfigVolumeKind, ConfigVolumeSpec,
+    EmptyDiskSpec, HostDiskSpec, HostDiskType, Owner, StorageError, VmiIdentity,
 };
 
 /// KubeVirt `v1.ClusterInstancetypeAnnotation`; wins over the namespaced one.
@@ -88,37 +87,6 @@ impl VmiIdentity {
             ssh_key_secrets: Vec::new(),
             devices: None,
         }
-    }
-}
-
-impl OverlaySpec {
-    /// The overlay of a `containerDisk` or `ephemeral` volume, `index` being its position in
-    /// `spec.volumes`; `block` tells whether an ephemeral PVC is a block device. Bases and
-    /// policies: [`paths::container_disk_path`] with [`ChainPolicy::container_disk`], or
-    /// [`paths::ephemeral_base_path`] with [`ChainPolicy::ephemeral`]; the overlay lands under
-    /// `ephemeral_dir` (normally [`paths::EPHEMERAL_DISK_DIR`]).
-    pub fn from_volume(
-        volume: &Volume,
-        index: usize,
-        block: bool,
-        ephemeral_dir: &Path,
-    ) -> Option<OverlaySpec> {
-        let (base, policy) = if volume.container_disk.is_some() {
-            (
-                paths::container_disk_path(Path::new(paths::CONTAINER_DISK_DIR), index),
-                ChainPolicy::container_disk(),
-            )
-        } else if volume.ephemeral.is_some() {
-            (
-                paths::ephemeral_base_path(Path::new(paths::VMI_DISKS_DIR), &volume.name, block),
-                ChainPolicy::ephemeral(),
-            )
-        } else {
-            return None;
-        };
-        let mut spec = OverlaySpec::at_kubevirt_path(&volume.name, &base, ephemeral_dir);
-        spec.policy = policy;
-        Some(spec)
     }
 }
 
@@ -308,24 +276,6 @@ spec:
                 ssh_key_secrets: vec![],
                 devices: None,
             }
-        );
-        let overlays: Vec<_> = volumes
-            .iter()
-            .enumerate()
-            .filter_map(|(i, v)| {
-                OverlaySpec::from_volume(v, i, false, Path::new(paths::EPHEMERAL_DISK_DIR))
-            })
-            .collect();
-        assert_eq!(
-            overlays,
-            vec![OverlaySpec {
-                volume: "containerdisk".into(),
-                base: "/var/run/kubevirt/container-disks/disk_0.img".into(),
-                overlay: "/var/run/kubevirt-ephemeral-disks/disk-data/containerdisk/disk.qcow2"
-                    .into(),
-                policy: ChainPolicy::container_disk(),
-                owner: Some(Owner::QEMU),
-            }]
         );
         let dir = Path::new("/var/run/libvirt/empty-disks");
         let empty: Vec<_> = volumes

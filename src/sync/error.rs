@@ -4,6 +4,26 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The message of a request whose VMI JSON does not decode (KubeVirt's
+/// `cmd-server/server.go` `getVMIFromRequest`).
+pub const INVALID_VMI_MESSAGE: &str = "No valid vmi object present in command server request";
+
+/// The validation errors as one line, `path: reason` joined by `; `.
+fn joined(errors: &[crate::vmi::FieldError]) -> String {
+    let text: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    text.join("; ")
+}
+
+impl SyncError {
+    /// [`SyncError::InvalidField`] at `path` for `reason`.
+    pub fn invalid_field(path: crate::cmdline::FieldPath, reason: impl Into<String>) -> SyncError {
+        SyncError::InvalidField {
+            path,
+            reason: reason.into(),
+        }
+    }
+}
+
 /// Errors of the sync module. Each variant names the step that failed; the cause is its source.
 #[derive(Debug, thiserror::Error)]
 pub enum SyncError {
@@ -111,9 +131,33 @@ pub enum SyncError {
     /// The notifier's worker task is gone (runtime shutting down).
     #[error("the notifier has stopped")]
     NotifierStopped,
-    /// The VMI is not valid (defaults applied); the message names the fields.
-    #[error("invalid VMI: {0}")]
-    InvalidVmi(String),
+    /// The VMI is not valid (KubeVirt's defaults applied, [`crate::sync::admit`]): every field
+    /// the validation rejects, with its JSON path and the reason.
+    #[error("invalid VMI: {}", joined(.0))]
+    Invalid(Vec<crate::vmi::FieldError>),
+    /// A field of an admitted VMI cannot be used with the pod's facts (a claim without its
+    /// capacity, a binding a network does not take, a quantity out of the domain's range).
+    #[error("invalid VMI: {path}: {reason}")]
+    InvalidField {
+        /// The field's JSON path, e.g. `spec.volumes[2].emptyDisk.capacity`.
+        path: crate::cmdline::FieldPath,
+        /// Why it cannot be used.
+        reason: String,
+    },
+    /// The request's VMI JSON does not decode (KubeVirt's message, [`INVALID_VMI_MESSAGE`]).
+    #[error("{}", INVALID_VMI_MESSAGE)]
+    UndecodableVmi,
+    /// A migration request KubeVirt's launcher refuses too, in its words (a backup running, no
+    /// migration state yet, a job already executed, the functional-test annotation, ...), or
+    /// one this launcher cannot serve (a transport other than `Unix`).
+    #[error("{0}")]
+    MigrationRefused(String),
+    /// `qemu --version` gave no version (no domain runs to ask over QMP).
+    #[error("{} --version gave no version", qemu.display())]
+    NoQemuVersion {
+        /// The QEMU binary asked.
+        qemu: PathBuf,
+    },
     /// Preparing a disk image or ISO failed.
     #[error("preparing storage")]
     Storage(#[source] crate::storage::StorageError),
@@ -171,56 +215,18 @@ pub enum SyncError {
     /// ([`crate::cmdapi`]); its text is the RPC's message.
     #[error(transparent)]
     CmdApi(#[from] crate::sync::cmdapi::CmdApiError),
-    /// Connecting to the guest agent's channel socket failed.
-    #[error("cannot connect to the guest agent channel {path}")]
-    AgentConnect {
-        /// The `org.qemu.guest_agent.0` socket.
-        path: PathBuf,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// Talking to the guest agent failed (channel closed, write or read error).
-    #[error("guest agent command {command}: channel error")]
-    AgentIo {
-        /// The agent command.
-        command: String,
-        /// The cause.
-        #[source]
-        source: std::io::Error,
-    },
-    /// The guest agent did not answer in time (often: no agent runs in the guest).
-    #[error("guest agent did not answer {command} within {waited:?}")]
-    AgentTimeout {
-        /// The agent command.
-        command: String,
-        /// The timeout.
-        waited: Duration,
-    },
-    /// The guest agent answered something that is not a valid reply.
-    #[error("guest agent command {command}: bad reply: {reason}")]
-    AgentReply {
-        /// The agent command.
-        command: String,
-        /// What is wrong with it.
-        reason: String,
-    },
-    /// The guest agent answered with an error.
-    #[error("guest agent command {command} failed: {class}: {desc}")]
-    AgentCommand {
-        /// The agent command.
-        command: String,
-        /// QEMU error class, e.g. `CommandNotFound`.
-        class: String,
-        /// The agent's description.
-        desc: String,
-    },
-    /// A `guest-exec` command was still running at the deadline (KubeVirt's message).
-    #[error("Timed out waiting for guest pid [{pid}] for command [{command}] to exit")]
-    GuestExecTimeout {
-        /// The guest pid.
-        pid: i64,
-        /// The command path.
-        command: String,
-    },
+    /// A guest agent command failed ([`crate::sync::guest::agent`]).
+    #[error(transparent)]
+    Agent(crate::sync::guest::agent::AgentError),
+}
+
+/// The agent's [`AgentError::NoDomain`](crate::sync::guest::agent::AgentError::NoDomain) is the
+/// orchestrator's [`SyncError::NoDomain`]; every other failure is [`SyncError::Agent`].
+impl From<crate::sync::guest::agent::AgentError> for SyncError {
+    fn from(e: crate::sync::guest::agent::AgentError) -> SyncError {
+        match e {
+            crate::sync::guest::agent::AgentError::NoDomain => SyncError::NoDomain,
+            other => SyncError::Agent(other),
+        }
+    }
 }

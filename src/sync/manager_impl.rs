@@ -12,9 +12,11 @@ use tracing::info;
 
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle;
+use crate::sync::cmdapi::manager as cmdapi;
 use crate::sync::config::{AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
+use crate::sync::reconcile;
 use crate::sync::rpc::manager::{DomainManager, ExecOutput, Screenshot};
 use crate::sync::rpc::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
 use crate::sync::vmi_sync::SyncVmi;
@@ -45,19 +47,19 @@ impl DomainManager for SyncVmi {
     }
 
     async fn pause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::pause(&self.client()?)
+        lifecycle::pause(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
 
     async fn unpause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::resume(&self.client()?)
+        lifecycle::resume(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
 
     async fn reset_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        lifecycle::reset(&self.client()?)
+        lifecycle::reset(&self.ctx.client()?)
             .await
             .map_err(SyncError::Qmp)
     }
@@ -70,6 +72,7 @@ impl DomainManager for SyncVmi {
     async fn soft_reboot_vmi(&self, vmi: Vmi) -> Result<(), SyncError> {
         if has_condition(&vmi, "AgentConnected") {
             return match self
+                .ctx
                 .info
                 .agent
                 .reboot(AGENT_SHUTDOWN_TIMEOUT, AGENT_SHUTDOWN_ANSWER)
@@ -79,7 +82,9 @@ impl DomainManager for SyncVmi {
                     info!("soft reboot: guest-shutdown (reboot) through the guest agent");
                     Ok(())
                 }
-                Err(e @ SyncError::AgentCommand { .. }) => Err(e),
+                Err(e @ crate::sync::guest::agent::AgentError::Command { .. }) => {
+                    Err(SyncError::Agent(e))
+                }
                 Err(e) => {
                     info!(reason = %e, "soft reboot: the guest agent is not responding");
                     Ok(())
@@ -99,10 +104,10 @@ impl DomainManager for SyncVmi {
                 "VMI neither have the agent connected nor the ACPI feature enabled".into(),
             ));
         }
-        let client = self.client()?;
-        self.shared.fake_reboot.store(true, Ordering::SeqCst);
+        let client = self.ctx.client()?;
+        self.ctx.shared.fake_reboot.store(true, Ordering::SeqCst);
         if let Err(e) = lifecycle::powerdown(&client).await {
-            self.shared.fake_reboot.store(false, Ordering::SeqCst);
+            self.ctx.shared.fake_reboot.store(false, Ordering::SeqCst);
             return Err(SyncError::Qmp(e));
         }
         info!("soft reboot: ACPI power button pressed (the guest's shutdown resets it)");
@@ -113,9 +118,14 @@ impl DomainManager for SyncVmi {
     /// shutting down or off (its guest powered off, QEMU quitting) is success, also when QEMU's
     /// monitor closed under the power button.
     async fn shutdown_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        self.shared.graceful.store(true, Ordering::SeqCst);
+        self.ctx.shared.graceful.store(true, Ordering::SeqCst);
         let signalable = || {
-            let s = self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+            let s = self
+                .ctx
+                .shared
+                .status
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
             s.shutdown.is_none()
                 && matches!(
                     s.state,
@@ -125,7 +135,7 @@ impl DomainManager for SyncVmi {
         if !signalable() {
             return Ok(());
         }
-        match self.graceful_shutdown().await {
+        match self.ctx.graceful_shutdown().await {
             Err(SyncError::Qmp(e)) => {
                 // The monitor closing is how a QEMU whose guest powered off ends; its SHUTDOWN
                 // event may still be on its way to the event task.
@@ -179,7 +189,9 @@ impl DomainManager for SyncVmi {
         vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        self.apply_vcpus(vmi).await
+        let running = self.running.lock().await;
+        let r = running.as_ref().ok_or(SyncError::NoDomain)?;
+        reconcile::apply_vcpus(&self.ctx, r, vmi).await
     }
 
     async fn sync_memory(
@@ -187,17 +199,19 @@ impl DomainManager for SyncVmi {
         vmi: Vmi,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        self.apply_memory(vmi).await
+        let mut running = self.running.lock().await;
+        let r = running.as_mut().ok_or(SyncError::NoDomain)?;
+        reconcile::apply_memory(&self.ctx, r, vmi).await
     }
 
     async fn get_domain(&self) -> Result<Option<ApiDomain>, SyncError> {
-        self.info.refresh_interfaces();
+        self.ctx.info.refresh_interfaces();
         Ok(self.domain())
     }
 
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
         let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
-        let mut stats = self.info.stats(&self.client()?, pid).await?;
+        let mut stats = self.ctx.info.stats(&self.ctx.client()?, pid).await?;
         if let Some(job) = self.migration_job_info().await {
             stats["MigrateDomainJobInfo"] = job;
         }
@@ -209,7 +223,7 @@ impl DomainManager for SyncVmi {
     /// in the downward metrics' `VirtProductInfo`): from QMP `query-version` while QEMU runs;
     /// before a domain exists (and after it is gone) from `qemu --version`, asked once.
     async fn qemu_version(&self) -> Result<String, SyncError> {
-        if let Ok(client) = self.client() {
+        if let Ok(client) = self.ctx.client() {
             if let Ok(v) = client.run(&QueryVersion).await {
                 return Ok(format!(
                     "QEMU {}.{}.{}",
@@ -217,21 +231,21 @@ impl DomainManager for SyncVmi {
                 ));
             }
         }
-        let probe =
-            self.config.qemu_probe.clone().unwrap_or_else(|| {
-                crate::sync::qemu_version::QemuProbe::new(self.config.qemu.clone())
-            });
+        let config = &self.ctx.config;
+        let probe = config
+            .qemu_probe
+            .clone()
+            .unwrap_or_else(|| crate::sync::qemu_version::QemuProbe::new(config.qemu.clone()));
         match probe.answer().await {
             Some((_, text)) => Ok(format!("QEMU {text}")),
-            None => Err(SyncError::Unsupported(format!(
-                "{} --version gave no version",
-                self.config.qemu.display()
-            ))),
+            None => Err(SyncError::NoQemuVersion {
+                qemu: config.qemu.clone(),
+            }),
         }
     }
 
     async fn guest_ping(&self, _domain_name: String, timeout: Duration) -> Result<(), SyncError> {
-        self.info.agent.ping(timeout).await
+        Ok(self.ctx.info.agent.ping(timeout).await?)
     }
 
     async fn exec(
@@ -241,7 +255,7 @@ impl DomainManager for SyncVmi {
         args: Vec<String>,
         timeout: Duration,
     ) -> Result<ExecOutput, SyncError> {
-        self.info.agent.exec(&command, &args, timeout).await
+        Ok(self.ctx.info.agent.exec(&command, &args, timeout).await?)
     }
 
     async fn freeze_vmi(
@@ -249,42 +263,42 @@ impl DomainManager for SyncVmi {
         _vmi: Vmi,
         unfreeze_timeout: Duration,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.freeze(unfreeze_timeout).await)
+        Some(cmdapi::freeze(&self.ctx, unfreeze_timeout).await)
     }
 
     async fn unfreeze_vmi(&self, _vmi: Vmi) -> Option<Result<(), SyncError>> {
-        Some(self.unfreeze().await)
+        Some(cmdapi::unfreeze(&self.ctx).await)
     }
 
     async fn guest_info(&self) -> Option<String> {
-        Some(self.cmdapi.store.guest_info_json())
+        Some(self.ctx.cmdapi.store.guest_info_json())
     }
 
     async fn guest_users(&self) -> Option<String> {
-        Some(self.cmdapi.store.users_json())
+        Some(self.ctx.cmdapi.store.users_json())
     }
 
     async fn guest_filesystems(&self) -> Option<String> {
-        Some(self.cmdapi.store.filesystems_json())
+        Some(self.ctx.cmdapi.store.filesystems_json())
     }
 
     async fn screenshot(&self, _vmi: Vmi) -> Option<Result<Screenshot, SyncError>> {
-        Some(self.take_screenshot().await)
+        Some(cmdapi::take_screenshot(&self.ctx).await)
     }
 
     async fn memory_dump(&self, _vmi: Vmi, dump_path: String) -> Option<Result<(), SyncError>> {
-        Some(self.start_memory_dump(&dump_path))
+        Some(cmdapi::start_memory_dump(&self.ctx, &dump_path))
     }
 
     async fn dirty_rate(&self) -> Option<Result<i64, SyncError>> {
-        Some(self.dirty_rate_mbs().await)
+        Some(cmdapi::dirty_rate_mbs(&self.ctx).await)
     }
 
     async fn vm_stats(
         &self,
         request: VmStatsRequest,
     ) -> Option<Result<VmStatsResponse, SyncError>> {
-        Some(self.collect_vm_stats(request).await)
+        Some(cmdapi::collect_vm_stats(&self.ctx, request, self.get_domain_stats()).await)
     }
 
     async fn migrate_vmi(
@@ -323,15 +337,15 @@ impl DomainManager for SyncVmi {
     }
 
     async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {
-        Some(self.hotplug_sriov(&vmi).await)
+        Some(cmdapi::hotplug_sriov(&self.ctx, self.running.clone(), &vmi).await)
     }
 
     async fn sev_info(&self) -> Option<Result<Vec<u8>, SyncError>> {
-        Some(self.sev_platform_info().await)
+        Some(cmdapi::sev_platform_info(&self.ctx).await)
     }
 
     async fn launch_measurement(&self, vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
-        Some(self.sev_launch_measurement(&vmi).await)
+        Some(cmdapi::sev_launch_measurement(&self.ctx, &vmi).await)
     }
 
     async fn inject_launch_secret(
@@ -339,6 +353,6 @@ impl DomainManager for SyncVmi {
         vmi: Vmi,
         options: Vec<u8>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.sev_inject_secret(&vmi, &options).await)
+        Some(cmdapi::sev_inject_secret(&self.ctx, &vmi, &options).await)
     }
 }

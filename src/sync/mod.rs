@@ -20,8 +20,10 @@
 //! - [`domain`]: the `api.Domain` JSON both carry;
 //! - [`launcher`]: the launcher program (`virt-launcher`, `qlauncher launcher`) over all of it.
 
+pub(crate) mod admit;
 pub mod cmdapi;
 pub mod config;
+pub(crate) mod ctx;
 pub mod domain;
 pub(crate) mod domain_spec;
 pub mod error;

@@ -27,11 +27,11 @@ use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QomList, QueryBlock, QueryNamedBlockNodes, QueryUuid};
 use crate::qmp::lifecycle;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::{ApiDomain, DomainEventType};
 use crate::sync::error::SyncError;
 use crate::sync::reconcile::nics::Placement;
 use crate::sync::state::{follow_events, Running};
-use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 
 /// How long a found QEMU may take to answer on QMP before it is considered hung and replaced.
@@ -282,93 +282,93 @@ fn disk_as_running(d: &DiskHotplug, top: Option<&str>, at: Option<&Placement>) -
     out
 }
 
-impl SyncVmi {
-    /// Takes over `found` as the running domain: the state from `query-status`, an `ADDED`
-    /// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
-    /// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
-    /// new block nodes are numbered after QEMU's highest. The migration's boot argv becomes QEMU's
-    /// own command line, and the secondary NICs QEMU runs without having them on it count as
-    /// hot-plugged again, with the plan of `nic_plans` (the converter's NICs) at the bus and
-    /// address QOM reports ([`crate::sync::reconcile::nics::NicState::recover_hotplugged`]);
-    /// the hot-plugged disks get QEMU's node names and place ([`disk_as_running`]).
-    pub(crate) async fn adopt(
-        &self,
-        found: Found,
-        vmi: &Vmi,
-        domain: ApiDomain,
-        mut running: Running,
-        nic_plans: &[NicHotplug],
-    ) -> Result<Running, SyncError> {
-        let Found { pid, client } = found;
-        let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
-        let events = client.events();
-        let (_, status) = lifecycle::query_status(&client)
-            .await
-            .map_err(SyncError::Qmp)?;
-        let nodes = client
-            .run(&QueryNamedBlockNodes)
-            .await
-            .map_err(SyncError::Qmp)?;
-        let max = nodes.iter().filter_map(|n| node_index(&n.node_name)).max();
-        if let Some(max) = max {
-            running.next_node = running.next_node.max(max + 1);
-        }
-        let present = device_ids(&client).await?;
-        // What the adopted QEMU was started with is its own command line (the plan converted
-        // now has the interfaces attached since as boot NICs): a later migration sends it, and
-        // the NICs QEMU runs without them on it were hot-plugged.
-        if let Some(argv) = started_argv(pid) {
-            let boot_ids = crate::sync::migration::hotplug::argv_device_ids(&argv);
-            let mut placements = BTreeMap::new();
-            for id in running.nics.unplaced() {
-                if boot_ids.contains(&id) || !present.contains(&id) {
-                    continue;
-                }
-                if let Some(at) = placement(&client, &id).await {
-                    placements.insert(id, at);
-                }
-            }
-            let recovered = running
-                .nics
-                .recover_hotplugged(nic_plans, &boot_ids, &placements);
-            if !recovered.is_empty() {
-                info!(interfaces = ?recovered, "hot-plugged NICs of the adopted QEMU recovered");
-            }
-            // The hot-plugged disks QEMU runs: their nodes and place as QEMU has them (the plan
-            // converted now numbers its nodes per plan and puts no disk on a root port).
-            let tops = top_nodes(&client).await;
-            for (id, d) in running.disks.iter_mut() {
-                if boot_ids.contains(id) || !present.contains(id) {
-                    continue;
-                }
-                let at = placement(&client, id).await;
-                let top = tops.get(id).map(String::as_str);
-                *d = disk_as_running(d, top, at.as_ref());
-                info!(device = %id, top = ?top, at = ?at, "hot-plugged disk of the adopted QEMU recovered");
-            }
-            self.migration.set_boot_argv(argv);
-        }
-        let wanted = std::mem::take(&mut running.disks);
-        let mut missing = false;
-        for (id, d) in wanted {
-            if present.contains(&id) {
-                running.disks.insert(id, d);
-            } else {
-                missing = true;
-            }
-        }
-        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
-        *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
-        *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
-        self.shared.publish(status, DomainEventType::Added);
-        tokio::spawn(follow_events(self.shared.clone(), events, client, watcher));
-        info!(pid, state = %status.state.as_str(), "adopted the running QEMU of an earlier launcher");
-        if missing {
-            self.hotplug(&mut running, vmi).await?;
-        }
-        self.shared.pid.send_replace(Some(pid));
-        Ok(running)
+/// Takes over `found` as the running domain: the state from `query-status`, an `ADDED`
+/// notification, the event follower, the QEMU pid for the launcher's supervision. Hot-pluggable
+/// disks of `vmi` that QEMU lacks (the earlier launcher died while attaching them) are attached;
+/// new block nodes are numbered after QEMU's highest. QEMU's own command line is returned beside
+/// the running domain (the boot argv a migration sends; `None` when it cannot be read), and the
+/// secondary NICs QEMU runs without having them on it count as
+/// hot-plugged again, with the plan of `nic_plans` (the converter's NICs) at the bus and
+/// address QOM reports ([`crate::sync::reconcile::nics::NicState::recover_hotplugged`]);
+/// the hot-plugged disks get QEMU's node names and place ([`disk_as_running`]).
+pub(crate) async fn adopt(
+    d: &DomainCtx,
+    found: Found,
+    vmi: &Vmi,
+    domain: ApiDomain,
+    mut running: Running,
+    nic_plans: &[NicHotplug],
+) -> Result<(Running, Option<Vec<String>>), SyncError> {
+    let Found { pid, client } = found;
+    let mut own_argv = None;
+    let watcher = Qemu::from_pid(pid).map_err(SyncError::StartQemu)?;
+    let events = client.events();
+    let (_, status) = lifecycle::query_status(&client)
+        .await
+        .map_err(SyncError::Qmp)?;
+    let nodes = client
+        .run(&QueryNamedBlockNodes)
+        .await
+        .map_err(SyncError::Qmp)?;
+    let max = nodes.iter().filter_map(|n| node_index(&n.node_name)).max();
+    if let Some(max) = max {
+        running.next_node = running.next_node.max(max + 1);
     }
+    let present = device_ids(&client).await?;
+    // What the adopted QEMU was started with is its own command line (the plan converted
+    // now has the interfaces attached since as boot NICs): a later migration sends it, and
+    // the NICs QEMU runs without them on it were hot-plugged.
+    if let Some(argv) = started_argv(pid) {
+        let boot_ids = crate::sync::migration::hotplug::argv_device_ids(&argv);
+        let mut placements = BTreeMap::new();
+        for id in running.nics.unplaced() {
+            if boot_ids.contains(&id) || !present.contains(&id) {
+                continue;
+            }
+            if let Some(at) = placement(&client, &id).await {
+                placements.insert(id, at);
+            }
+        }
+        let recovered = running
+            .nics
+            .recover_hotplugged(nic_plans, &boot_ids, &placements);
+        if !recovered.is_empty() {
+            info!(interfaces = ?recovered, "hot-plugged NICs of the adopted QEMU recovered");
+        }
+        // The hot-plugged disks QEMU runs: their nodes and place as QEMU has them (the plan
+        // converted now numbers its nodes per plan and puts no disk on a root port).
+        let tops = top_nodes(&client).await;
+        for (id, d) in running.disks.iter_mut() {
+            if boot_ids.contains(id) || !present.contains(id) {
+                continue;
+            }
+            let at = placement(&client, id).await;
+            let top = tops.get(id).map(String::as_str);
+            *d = disk_as_running(d, top, at.as_ref());
+            info!(device = %id, top = ?top, at = ?at, "hot-plugged disk of the adopted QEMU recovered");
+        }
+        own_argv = Some(argv);
+    }
+    let wanted = std::mem::take(&mut running.disks);
+    let mut missing = false;
+    for (id, d) in wanted {
+        if present.contains(&id) {
+            running.disks.insert(id, d);
+        } else {
+            missing = true;
+        }
+    }
+    *d.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
+    *d.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+    *d.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
+    d.shared.publish(status, DomainEventType::Added);
+    tokio::spawn(follow_events(d.shared.clone(), events, client, watcher));
+    info!(pid, state = %status.state.as_str(), "adopted the running QEMU of an earlier launcher");
+    if missing {
+        crate::sync::reconcile::hotplug(d, &mut running, vmi).await?;
+    }
+    d.shared.pid.send_replace(Some(pid));
+    Ok((running, own_argv))
 }
 
 #[cfg(test)]

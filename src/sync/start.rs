@@ -20,413 +20,376 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::cmdline::context::{IfaceFacts, MonitorSocket, TapSource};
 use crate::cmdline::qemu::KeyVal;
-use crate::cmdline::{convert, render, ConverterContext, DomainPlan};
+use crate::cmdline::{render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Cont;
 use crate::qmp::lifecycle;
+use crate::sync::admit::SpecKey;
 use crate::sync::config::QMP_CONNECT_TIMEOUT;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::{Alias, ApiDomain, DomainEventType, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
-use crate::sync::facts::{self, hardware, hotplug, network, secondary};
+use crate::sync::facts::gather::{gather, BootFacts, Gathered, Purpose};
+use crate::sync::facts::{self, hardware};
 use crate::sync::reconcile::disks::next_node_index;
 use crate::sync::reconcile::media;
 use crate::sync::reconcile::nics::NicState;
 use crate::sync::reconcile::resources;
 use crate::sync::state::{follow_events, Running};
-use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::{privileges, recover};
-use crate::sys::mac::MacAddr;
 use crate::vmi::Vmi;
 
-/// The fd QEMU inherits its QMP monitor's listening socket as.
-pub const QMP_FD: i32 = 3;
+pub use crate::sync::facts::gather::QMP_FD;
 
-impl SyncVmi {
-    /// Starts (or adopts) the domain of `vmi`; `spec` is what later syncs compare against.
-    pub(crate) async fn start(
-        &self,
-        vmi: &Vmi,
-        spec: serde_json::Value,
-    ) -> Result<Running, SyncError> {
-        let p = self.prepare(vmi, spec).await?;
-        self.prepare_qemu_dirs()?;
-        // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
-        if let Some(found) = recover::find(&self.config.qmp_socket, &p.plan.uuid).await {
-            // What the plan says the adopted QEMU was started with; devices hot-plugged into it
-            // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
-            // The adopted QEMU's own command line replaces the plan's argv when it can be read.
-            self.migration.set_boot_argv(p.argv);
-            let running = self
-                .adopt(found, vmi, p.domain, p.running, &p.qmp_plan.nics)
-                .await?;
-            self.start_agent_poll();
-            return Ok(running);
-        }
-        let (pid, watcher) = self.spawn_qemu(&p.argv, &p.plan, p.vsock.as_ref())?;
-        drop(p.vsock);
-        self.migration.set_boot_argv(p.argv);
-        let client = self.connect(&watcher).await?;
-        // The follower's queries (status, machine, channels) and the start-up commands with
-        // `cont` go out interleaved on the one connection instead of one after the other: QEMU
-        // answers in order and `query-status` is sent first, so the domain is still seen in
-        // `prelaunch` (ADDED Paused, then the RESUME event's MODIFIED Running, as before), and
-        // the follower's round trips are off the path to `cont`. Events are subscribed before
-        // anything is sent, so the follower misses none.
-        let events = client.events();
-        let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
-        let (followed, started) = tokio::join!(
-            self.follow(&client, events, p.domain, watcher),
-            start_up(&client, &p.qmp_plan, p.plan.smp, paused)
-        );
-        followed?;
-        started?;
+/// A domain started (or adopted) by [`start`].
+pub(crate) struct Started {
+    /// What the running domain holds.
+    pub(crate) running: Running,
+    /// QEMU's argv as it was started (`-S` included): the plan's, or an adopted QEMU's own
+    /// command line when it can be read. A migration sends it
+    /// ([`crate::sync::migration::launcher::MigrationCtl::set_boot_argv`]).
+    pub(crate) boot_argv: Vec<String>,
+}
 
-        let t_running = p.t0.elapsed();
-        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
-        info!(
-            qemu_version_probe_ms = ms(p.t_probe),
-            qemu_version_source = p.version_source,
-            storage_ms = ms(p.t_storage - p.t_probe),
-            network_ms = ms(p.t_network - p.t_storage),
-            convert_ms = ms(p.t_convert - p.t_network),
-            qemu_ms = ms(t_running - p.t_convert),
-            total_ms = ms(t_running),
-            "domain started (sync received to cont acknowledged)"
-        );
-        self.info
-            .set_timings(p.t_storage, p.t_network, p.t_convert, t_running);
-        self.shared.pid.send_replace(Some(pid));
-        Ok(p.running)
-    }
-
-    /// Starts the QEMU of a migration target from `prepared` with `argv` (the local argv with
-    /// the source's machine and `-incoming defer`), connects to it and follows its events (the
-    /// domain appears, Paused/Migration); returns the QMP client ([`crate::sync::migration`]).
-    pub(crate) async fn launch_incoming(
-        &self,
-        domain: ApiDomain,
-        plan: &DomainPlan,
-        argv: &[String],
-        vsock: Option<std::os::fd::OwnedFd>,
-    ) -> Result<QmpClient, SyncError> {
-        self.prepare_qemu_dirs()?;
-        let (pid, watcher) = self.spawn_qemu(argv, plan, vsock.as_ref())?;
-        drop(vsock);
-        let client = self.connect(&watcher).await?;
-        self.follow(&client, client.events(), domain, watcher)
-            .await?;
-        self.shared.pid.send_replace(Some(pid));
-        Ok(client)
-    }
-
-    /// Everything of a start before QEMU runs: storage, network, facts, conversion (KubeVirt's
-    /// preStartHook and converter). A migration target stops here until the source's
-    /// definition arrives.
-    pub(crate) async fn prepare(
-        &self,
-        vmi: &Vmi,
-        spec: serde_json::Value,
-    ) -> Result<Prepared, SyncError> {
-        let name = vmi.metadata.name.clone().unwrap_or_default();
-        let namespace = vmi
-            .metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into());
-        let uid = vmi.metadata.uid.clone().unwrap_or_default();
-        let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
-
-        let t0 = Instant::now();
-        let mut ctx = facts::base_context(&self.config);
-        ctx.monitor = MonitorSocket::Fd(QMP_FD);
-        let mut version_source = "configured";
-        if let Some(probe) = &self.config.qemu_probe {
-            let (answer, source) = probe.answer_with_source().await;
-            version_source = source.as_str();
-            if let Some((version, _)) = answer {
-                ctx.qemu = version;
-            }
-        }
-        // The version record read at launcher start, or the `qemu --version` probe started with
-        // the launcher: waiting for it is on this path.
-        let t_probe = t0.elapsed();
-        // Storage (blocking file work on a blocking thread).
-        let storage_vmi = vmi.clone();
-        let paths = self.config.paths.clone();
-        let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
-        ctx.volumes = tokio::task::spawn_blocking(move || {
-            facts::storage::prepare_storage(&storage_vmi, &paths, owner, &name, &namespace)
-        })
-        .await
-        .map_err(|e| SyncError::Task(e.to_string()))??;
-        let t_storage = t0.elapsed();
-
-        // Network, in this (the pod's) network namespace.
-        let (dhcp_stop, dhcp_rx) = watch::channel(false);
-        for (iface, cfg) in network::net_configs(vmi, self.config.runtime_uid)? {
-            let plan =
-                network::setup_network(&self.config.resolv_conf, &cfg, dhcp_rx.clone()).await?;
-            let mac = MacAddr(plan.guest_mac).to_string();
-            push_interface(&mut domain, &iface, mac.clone());
-            ctx.interfaces.insert(
-                iface,
-                IfaceFacts {
-                    mac: Some(mac),
-                    mtu: Some(plan.mtu),
-                    tap: TapSource::Ifname(plan.tap.clone()),
-                },
-            );
-        }
-        let secondary = secondary::secondary_ifaces(vmi, self.config.runtime_uid)?;
-        let mut nics = NicState::default();
-        for (iface, mac, facts) in nics
-            .setup_at_boot(&secondary, &self.config.resolv_conf)
-            .await?
-        {
-            push_interface(&mut domain, &iface, mac);
-            ctx.interfaces.insert(iface, facts);
-        }
-        let t_network = t0.elapsed();
-
-        hotplug::add_hotplug_facts(vmi, &mut ctx)?;
-        hardware::add_hardware_facts(vmi, &mut ctx);
-        let vsock = hardware::open_vhost_vsock(vmi, &self.config.vhost_vsock)?;
-        if vsock.is_some() {
-            ctx.vsock_fd = Some(hardware::VSOCK_FD);
-        }
-        let view = secondary::convert_view(vmi, &secondary);
-        let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
-        // Refuse before QEMU starts when host hardware the VMI asks for is not here.
-        if let Some(m) = plan.missing_hardware().into_iter().next() {
-            return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
-                m.path, m.reason,
-            )));
-        }
-        // EFI: the per-VM VARS file from its template (kept when it exists), as libvirt does.
-        let owner = (self.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
-        let nvram_plan = plan.firmware.clone();
-        let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
-        tokio::task::spawn_blocking(move || {
-            facts::storage::prepare_nvram(&nvram_plan, &vmi_name, owner)
-        })
-        .await
-        .map_err(|e| SyncError::Task(e.to_string()))??;
-        nics.started(&plan);
-        self.info.remember_plan(&plan, &ctx);
-        let qmp_plan = render::qmp_plan(&plan);
-        domain.spec.uuid = plan.uuid.clone();
-        domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
-        let argv = self.argv(&plan);
-        let next_node = next_node_index(&plan);
-        let t_convert = t0.elapsed();
-
-        let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
-        Ok(Prepared {
-            domain,
-            plan,
-            qmp_plan,
-            argv,
+/// Starts (or adopts) the domain of `vmi`; `spec` is what later syncs compare against.
+pub(crate) async fn start(d: &DomainCtx, vmi: &Vmi, spec: SpecKey) -> Result<Started, SyncError> {
+    let p = prepare(d, vmi, spec).await?;
+    prepare_qemu_dirs(d)?;
+    // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
+    if let Some(found) = recover::find(&d.config.qmp_socket, &p.plan.uuid).await {
+        // What the plan says the adopted QEMU was started with; devices hot-plugged into it
+        // since (NICs, virtio-mem, cdrom media) are re-applied by the next diff.
+        // The adopted QEMU's own command line replaces the plan's argv when it can be read.
+        let (running, own_argv) =
+            recover::adopt(d, found, vmi, p.domain, p.running, &p.qmp_plan.nics).await?;
+        d.start_agent_poll();
+        return Ok(Started {
             running,
-            vsock,
-            t0,
-            t_probe,
-            version_source,
-            t_storage,
-            t_network,
-            t_convert,
-        })
+            boot_argv: own_argv.unwrap_or(p.argv),
+        });
     }
+    let (pid, watcher) = spawn_qemu(d, &p.argv, &p.plan, p.vsock.as_ref())?;
+    drop(p.vsock);
+    let client = connect(d, &watcher).await?;
+    // The follower's queries (status, machine, channels) and the start-up commands with
+    // `cont` go out interleaved on the one connection instead of one after the other: QEMU
+    // answers in order and `query-status` is sent first, so the domain is still seen in
+    // `prelaunch` (ADDED Paused, then the RESUME event's MODIFIED Running, as before), and
+    // the follower's round trips are off the path to `cont`. Events are subscribed before
+    // anything is sent, so the follower misses none.
+    let events = client.events();
+    let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
+    let (followed, started) = tokio::join!(
+        follow(d, &client, events, p.domain, watcher),
+        start_up(&client, &p.qmp_plan, p.plan.smp, paused)
+    );
+    followed?;
+    started?;
 
-    /// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
-    pub(crate) fn argv(&self, plan: &DomainPlan) -> Vec<String> {
-        let mut argv = render::argv(plan);
-        if let Some(p) = &self.config.operator_qmp_socket {
-            argv.push("-qmp".into());
-            argv.push(operator_qmp_arg(p));
-        }
-        argv
+    let t_running = p.t0.elapsed();
+    let ms = |t: Duration| t.as_secs_f64() * 1000.0;
+    info!(
+        qemu_version_probe_ms = ms(p.t_probe),
+        qemu_version_source = p.version_source,
+        storage_ms = ms(p.t_storage - p.t_probe),
+        network_ms = ms(p.t_network - p.t_storage),
+        convert_ms = ms(p.t_convert - p.t_network),
+        qemu_ms = ms(t_running - p.t_convert),
+        total_ms = ms(t_running),
+        "domain started (sync received to cont acknowledged)"
+    );
+    d.info
+        .set_timings(p.t_storage, p.t_network, p.t_convert, t_running);
+    d.shared.pid.send_replace(Some(pid));
+    Ok(Started {
+        running: p.running,
+        boot_argv: p.argv,
+    })
+}
+
+/// Starts the QEMU of a migration target from `prepared` with `argv` (the local argv with
+/// the source's machine and `-incoming defer`), connects to it and follows its events (the
+/// domain appears, Paused/Migration); returns the QMP client ([`crate::sync::migration`]).
+pub(crate) async fn launch_incoming(
+    d: &DomainCtx,
+    domain: ApiDomain,
+    plan: &DomainPlan,
+    argv: &[String],
+    vsock: Option<std::os::fd::OwnedFd>,
+) -> Result<QmpClient, SyncError> {
+    prepare_qemu_dirs(d)?;
+    let (pid, watcher) = spawn_qemu(d, argv, plan, vsock.as_ref())?;
+    drop(vsock);
+    let client = connect(d, &watcher).await?;
+    follow(d, &client, client.events(), domain, watcher).await?;
+    d.shared.pid.send_replace(Some(pid));
+    Ok(client)
+}
+
+/// Everything of a start before QEMU runs: storage, network, facts, conversion (KubeVirt's
+/// preStartHook and converter). A migration target stops here until the source's
+/// definition arrives.
+pub(crate) async fn prepare(
+    d: &DomainCtx,
+    vmi: &Vmi,
+    spec: SpecKey,
+) -> Result<Prepared, SyncError> {
+    let name = vmi.metadata.name.clone().unwrap_or_default();
+    let namespace = vmi
+        .metadata
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let uid = vmi.metadata.uid.clone().unwrap_or_default();
+    let mut domain = ApiDomain::for_vmi(&namespace, &name, &uid);
+
+    let mut boot = BootFacts::default();
+    let Gathered {
+        ctx, view, plan, ..
+    } = gather(&d.config, vmi, Purpose::Boot(&mut boot)).await?;
+    let BootFacts {
+        interfaces,
+        mut nics,
+        vsock,
+        dhcp_stop,
+        t0,
+        t_probe,
+        version_source,
+        t_storage,
+        t_network,
+    } = boot;
+    for (iface, mac) in interfaces {
+        push_interface(&mut domain, &iface, mac);
     }
-
-    /// Creates the directories of the QMP socket and the QEMU log and gives the socket's to the
-    /// runtime user.
-    fn prepare_qemu_dirs(&self) -> Result<(), SyncError> {
-        let qmp = &self.config.qmp_socket;
-        for dir in [qmp.parent(), self.config.qemu_log.parent()]
-            .into_iter()
-            .flatten()
-        {
-            std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
-                what: format!("create {}", dir.display()),
-                source,
-            })?;
-        }
-        if let Some(dir) = qmp.parent() {
-            privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(|source| {
-                SyncError::PrepareQemu {
-                    what: format!("give {} to the runtime user", dir.display()),
-                    source,
-                }
-            })?;
-        }
-        Ok(())
+    // Refuse before QEMU starts when host hardware the VMI asks for is not here.
+    if let Some(m) = plan.missing_hardware().into_iter().next() {
+        return Err(SyncError::Convert(crate::cmdline::ConvertError::missing(
+            m.path, m.reason,
+        )));
     }
+    // EFI: the per-VM VARS file from its template (kept when it exists), as libvirt does.
+    let owner = (d.config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+    let nvram_plan = plan.firmware.clone();
+    let vmi_name = vmi.metadata.name.clone().unwrap_or_default();
+    tokio::task::spawn_blocking(move || {
+        facts::storage::prepare_nvram(&nvram_plan, &vmi_name, owner)
+    })
+    .await
+    .map_err(|e| SyncError::Task(e.to_string()))??;
+    nics.started(&plan);
+    d.info.remember_plan(&plan, &ctx);
+    let qmp_plan = render::qmp_plan(&plan);
+    domain.spec.uuid = plan.uuid.clone();
+    domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
+    let argv = argv(d, &plan);
+    let next_node = next_node_index(&plan);
+    let t_convert = t0.elapsed();
 
-    /// Spawns QEMU detached (a child of PID 1), its output appended to the QEMU log; returns its
-    /// pid and a watcher of its exit.
-    fn spawn_qemu(
-        &self,
-        argv: &[String],
-        plan: &DomainPlan,
-        vsock: Option<&std::os::fd::OwnedFd>,
-    ) -> Result<(i32, Qemu), SyncError> {
-        let qmp_listener = self.bind_qmp()?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&self.config.qemu_log)
-            .map_err(|source| SyncError::PrepareQemu {
-                what: format!("open {}", self.config.qemu_log.display()),
-                source,
-            })?;
-        let log_err = log.try_clone().map_err(|source| SyncError::PrepareQemu {
-            what: "duplicate the log fd".into(),
+    let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+    Ok(Prepared {
+        domain,
+        plan,
+        qmp_plan,
+        argv,
+        running,
+        vsock,
+        view,
+        t0,
+        t_probe,
+        version_source,
+        t_storage,
+        t_network,
+        t_convert,
+    })
+}
+
+/// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
+pub(crate) fn argv(d: &DomainCtx, plan: &DomainPlan) -> Vec<String> {
+    let mut argv = render::argv(plan);
+    if let Some(p) = &d.config.operator_qmp_socket {
+        argv.push("-qmp".into());
+        argv.push(operator_qmp_arg(p));
+    }
+    argv
+}
+
+/// Creates the directories of the QMP socket and the QEMU log and gives the socket's to the
+/// runtime user.
+fn prepare_qemu_dirs(d: &DomainCtx) -> Result<(), SyncError> {
+    let qmp = &d.config.qmp_socket;
+    for dir in [qmp.parent(), d.config.qemu_log.parent()]
+        .into_iter()
+        .flatten()
+    {
+        std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
+            what: format!("create {}", dir.display()),
             source,
         })?;
-        let mut command = std::process::Command::new(&self.config.qemu);
-        command
-            .args(argv)
-            .env_clear()
-            .envs(plan.env.iter().cloned())
-            .stdin(std::process::Stdio::null())
-            .stdout(log)
-            .stderr(log_err);
-        if let Ok(p) = std::env::var("PATH") {
-            command.env("PATH", p);
-        }
-        // Confinement first: it marks every inherited fd close-on-exec, so the vhost-vsock fd is
-        // placed after it (and after the switch to the runtime user: the fd was opened by us).
-        privileges::confine_qemu(&mut command, self.config.runtime_uid);
-        if let Some(fd) = vsock {
-            hardware::inherit_fd(&mut command, fd, hardware::VSOCK_FD);
-        }
-        // After the vsock fd's placement: the listener's own number is 64 or above, so that
-        // placement cannot have overwritten it.
-        hardware::inherit_fd(&mut command, &qmp_listener, QMP_FD);
-        let detached =
-            crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
-        let pid = detached.pid;
-        info!(pid, "QEMU started");
-        // A QEMU that fails at once (a bad device, an fd it rejects) can be gone and reaped
-        // before it is watched: that is an early exit with its log, not a failure to start it.
-        // Exited means gone, or a zombie not yet reaped by whoever inherited it (QEMU is
-        // detached: init or the pod's PID 1 reaps it), or on its way there.
-        let exited =
-            || crate::monitor::procfs::stat(pid).is_none_or(|s| s.is_zombie() || s.state == 'X');
-        let watcher = Qemu::from_pid(pid).map_err(|e| {
-            if exited() {
-                SyncError::QemuExitedEarly {
-                    log_tail: log_tail(&self.config.qemu_log),
-                }
-            } else {
-                warn!(pid, error = %crate::sys::error::error_chain(&e), "cannot watch QEMU");
-                SyncError::StartQemu(e)
+    }
+    if let Some(dir) = qmp.parent() {
+        privileges::prepare_socket_dir(dir, d.config.runtime_uid).map_err(|source| {
+            SyncError::PrepareQemu {
+                what: format!("give {} to the runtime user", dir.display()),
+                source,
             }
         })?;
-        Ok((pid, watcher))
     }
+    Ok(())
+}
 
-    /// Replaces a stale QMP socket file with a fresh listening socket bound at
-    /// [`crate::sync::config::SyncConfig::qmp_socket`], for QEMU to inherit: its fd is 64 or above and
-    /// close-on-exec (only [`hardware::inherit_fd`] hands it to QEMU). The socket file gets the
-    /// owner and mode QEMU would have given it (the runtime user's, mode `0775` from umask
-    /// [`privileges::QEMU_UMASK`]).
-    fn bind_qmp(&self) -> Result<std::os::fd::OwnedFd, SyncError> {
-        use std::os::fd::{AsRawFd, FromRawFd};
-        use std::os::unix::fs::PermissionsExt;
-        let qmp = &self.config.qmp_socket;
-        if qmp.symlink_metadata().is_ok() {
-            let _ = std::fs::remove_file(qmp);
-        }
-        let failed = |source| SyncError::PrepareQemu {
-            what: format!("listen on {}", qmp.display()),
+/// Spawns QEMU detached (a child of PID 1), its output appended to the QEMU log; returns its
+/// pid and a watcher of its exit.
+fn spawn_qemu(
+    d: &DomainCtx,
+    argv: &[String],
+    plan: &DomainPlan,
+    vsock: Option<&std::os::fd::OwnedFd>,
+) -> Result<(i32, Qemu), SyncError> {
+    let qmp_listener = bind_qmp(d)?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&d.config.qemu_log)
+        .map_err(|source| SyncError::PrepareQemu {
+            what: format!("open {}", d.config.qemu_log.display()),
             source,
-        };
-        let listener = std::os::unix::net::UnixListener::bind(qmp).map_err(failed)?;
-        let mode = 0o777 & !privileges::QEMU_UMASK;
-        std::fs::set_permissions(qmp, std::fs::Permissions::from_mode(mode)).map_err(failed)?;
-        let uid = self.config.runtime_uid;
-        if privileges::drops_privileges(uid) {
-            std::os::unix::fs::chown(qmp, Some(uid), Some(uid)).map_err(failed)?;
-        }
-        // SAFETY: F_DUPFD_CLOEXEC on an open fd returns a new fd that nothing else owns.
-        let fd = unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 64) };
-        if fd < 0 {
-            return Err(failed(std::io::Error::last_os_error()));
-        }
-        // SAFETY: `fd` was just returned by fcntl and is owned here alone.
-        Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+        })?;
+    let log_err = log.try_clone().map_err(|source| SyncError::PrepareQemu {
+        what: "duplicate the log fd".into(),
+        source,
+    })?;
+    let mut command = std::process::Command::new(&d.config.qemu);
+    command
+        .args(argv)
+        .env_clear()
+        .envs(plan.env.iter().cloned())
+        .stdin(std::process::Stdio::null())
+        .stdout(log)
+        .stderr(log_err);
+    if let Ok(p) = std::env::var("PATH") {
+        command.env("PATH", p);
     }
+    // Confinement first: it marks every inherited fd close-on-exec, so the vhost-vsock fd is
+    // placed after it (and after the switch to the runtime user: the fd was opened by us).
+    privileges::confine_qemu(&mut command, d.config.runtime_uid);
+    if let Some(fd) = vsock {
+        hardware::inherit_fd(&mut command, fd, hardware::VSOCK_FD);
+    }
+    // After the vsock fd's placement: the listener's own number is 64 or above, so that
+    // placement cannot have overwritten it.
+    hardware::inherit_fd(&mut command, &qmp_listener, QMP_FD);
+    let detached = crate::monitor::qemu::spawn_detached(command).map_err(SyncError::StartQemu)?;
+    let pid = detached.pid;
+    info!(pid, "QEMU started");
+    // A QEMU that fails at once (a bad device, an fd it rejects) can be gone and reaped
+    // before it is watched: that is an early exit with its log, not a failure to start it.
+    // Exited means gone, or a zombie not yet reaped by whoever inherited it (QEMU is
+    // detached: init or the pod's PID 1 reaps it), or on its way there.
+    let exited =
+        || crate::monitor::procfs::stat(pid).is_none_or(|s| s.is_zombie() || s.state == 'X');
+    let watcher = Qemu::from_pid(pid).map_err(|e| {
+        if exited() {
+            SyncError::QemuExitedEarly {
+                log_tail: log_tail(&d.config.qemu_log),
+            }
+        } else {
+            warn!(pid, error = %crate::sys::error::error_chain(&e), "cannot watch QEMU");
+            SyncError::StartQemu(e)
+        }
+    })?;
+    Ok((pid, watcher))
+}
 
-    /// Connects to QEMU's QMP socket, which listens already (QEMU accepts once it is up); fails
-    /// with the log's tail when QEMU exits first.
-    async fn connect(&self, watcher: &Qemu) -> Result<QmpClient, SyncError> {
-        let connect = QmpClient::connect(&self.config.qmp_socket, QMP_CONNECT_TIMEOUT);
-        tokio::pin!(connect);
-        let exited_early = || SyncError::QemuExitedEarly {
-            log_tail: log_tail(&self.config.qemu_log),
-        };
-        tokio::select! {
-            c = &mut connect => match c {
-                Ok(c) => Ok(c),
-                // The listener was bound before QEMU ran, so the connection itself succeeds and a
-                // QEMU that exits during start-up shows as a greeting cut short: report its log.
-                Err(e) => {
-                    let exited = tokio::time::timeout(Duration::from_secs(1), watcher.exited());
-                    if exited.await.is_ok() {
-                        Err(exited_early())
-                    } else {
-                        Err(SyncError::Qmp(e))
-                    }
+/// Replaces a stale QMP socket file with a fresh listening socket bound at
+/// [`crate::sync::config::SyncConfig::qmp_socket`], for QEMU to inherit: its fd is 64 or above and
+/// close-on-exec (only [`hardware::inherit_fd`] hands it to QEMU). The socket file gets the
+/// owner and mode QEMU would have given it (the runtime user's, mode `0775` from umask
+/// [`privileges::QEMU_UMASK`]).
+fn bind_qmp(d: &DomainCtx) -> Result<std::os::fd::OwnedFd, SyncError> {
+    use std::os::fd::{AsRawFd, FromRawFd};
+    use std::os::unix::fs::PermissionsExt;
+    let qmp = &d.config.qmp_socket;
+    if qmp.symlink_metadata().is_ok() {
+        let _ = std::fs::remove_file(qmp);
+    }
+    let failed = |source| SyncError::PrepareQemu {
+        what: format!("listen on {}", qmp.display()),
+        source,
+    };
+    let listener = std::os::unix::net::UnixListener::bind(qmp).map_err(failed)?;
+    let mode = 0o777 & !privileges::QEMU_UMASK;
+    std::fs::set_permissions(qmp, std::fs::Permissions::from_mode(mode)).map_err(failed)?;
+    let uid = d.config.runtime_uid;
+    if privileges::drops_privileges(uid) {
+        std::os::unix::fs::chown(qmp, Some(uid), Some(uid)).map_err(failed)?;
+    }
+    // SAFETY: F_DUPFD_CLOEXEC on an open fd returns a new fd that nothing else owns.
+    let fd = unsafe { libc::fcntl(listener.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 64) };
+    if fd < 0 {
+        return Err(failed(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just returned by fcntl and is owned here alone.
+    Ok(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
+}
+
+/// Connects to QEMU's QMP socket, which listens already (QEMU accepts once it is up); fails
+/// with the log's tail when QEMU exits first.
+async fn connect(d: &DomainCtx, watcher: &Qemu) -> Result<QmpClient, SyncError> {
+    let connect = QmpClient::connect(&d.config.qmp_socket, QMP_CONNECT_TIMEOUT);
+    tokio::pin!(connect);
+    let exited_early = || SyncError::QemuExitedEarly {
+        log_tail: log_tail(&d.config.qemu_log),
+    };
+    tokio::select! {
+        c = &mut connect => match c {
+            Ok(c) => Ok(c),
+            // The listener was bound before QEMU ran, so the connection itself succeeds and a
+            // QEMU that exits during start-up shows as a greeting cut short: report its log.
+            Err(e) => {
+                let exited = tokio::time::timeout(Duration::from_secs(1), watcher.exited());
+                if exited.await.is_ok() {
+                    Err(exited_early())
+                } else {
+                    Err(SyncError::Qmp(e))
                 }
-            },
-            _ = watcher.exited() => Err(exited_early()),
-        }
-    }
-
-    /// Records the domain's state and client, notifies ADDED, and starts the guest agent poll and
-    /// the event follower on `events` (subscribed by the caller before `cont`).
-    async fn follow(
-        &self,
-        client: &QmpClient,
-        events: crate::qmp::client::EventStream,
-        domain: ApiDomain,
-        watcher: Qemu,
-    ) -> Result<(), SyncError> {
-        let (_, initial) = lifecycle::query_status(client)
-            .await
-            .map_err(SyncError::Qmp)?;
-        let mut domain = domain;
-        domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
-        *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
-        *self.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
-        *self.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
-        self.shared.publish(initial, DomainEventType::Added);
-        self.start_agent_poll();
-        tokio::spawn(follow_events(
-            self.shared.clone(),
-            events,
-            client.clone(),
-            watcher,
-        ));
-        Ok(())
+            }
+        },
+        _ = watcher.exited() => Err(exited_early()),
     }
 }
 
-/// A domain prepared but not started ([`SyncVmi::prepare`]).
+/// Records the domain's state and client, notifies ADDED, and starts the guest agent poll and
+/// the event follower on `events` (subscribed by the caller before `cont`).
+async fn follow(
+    d: &DomainCtx,
+    client: &QmpClient,
+    events: crate::qmp::client::EventStream,
+    domain: ApiDomain,
+    watcher: Qemu,
+) -> Result<(), SyncError> {
+    let (_, initial) = lifecycle::query_status(client)
+        .await
+        .map_err(SyncError::Qmp)?;
+    let mut domain = domain;
+    domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
+    *d.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = initial;
+    *d.shared.domain.lock().unwrap_or_else(|e| e.into_inner()) = Some(domain);
+    *d.shared.client.lock().unwrap_or_else(|e| e.into_inner()) = Some(client.clone());
+    d.shared.publish(initial, DomainEventType::Added);
+    d.start_agent_poll();
+    tokio::spawn(follow_events(
+        d.shared.clone(),
+        events,
+        client.clone(),
+        watcher,
+    ));
+    Ok(())
+}
+
+/// A domain prepared but not started ([`prepare`]).
 pub(crate) struct Prepared {
     /// The `api.Domain` to publish once QEMU runs.
     pub(crate) domain: ApiDomain,
@@ -440,6 +403,9 @@ pub(crate) struct Prepared {
     pub(crate) running: Running,
     /// The vhost-vsock fd QEMU inherits.
     pub(crate) vsock: Option<std::os::fd::OwnedFd>,
+    /// The VMI as the converter saw it (a migration target converts it again without the
+    /// source's hot-plugged devices).
+    pub(crate) view: Vmi,
     t0: Instant,
     /// Waiting for QEMU's version (the record read at launcher start, or the `qemu --version`
     /// probe started with the launcher).
@@ -473,7 +439,7 @@ fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
 
 /// What a domain started (or adopted) from `plan` holds.
 fn running_at_boot(
-    spec: serde_json::Value,
+    spec: SpecKey,
     ctx: ConverterContext,
     plan: &DomainPlan,
     qmp_plan: &render::QmpPlan,
@@ -503,7 +469,7 @@ fn running_at_boot(
 /// `smp.cpus` before the guest runs, as libvirt plugs its enabled `hotpluggable='yes'` vCPUs
 /// (`qemuProcessSetupHotpluggableVcpus`); then the plan's start-up commands, then `cont` unless
 /// the VMI starts paused.
-pub(crate) async fn start_up(
+async fn start_up(
     client: &QmpClient,
     qmp_plan: &render::QmpPlan,
     smp: crate::cmdline::plan::SmpPlan,
@@ -529,7 +495,13 @@ pub(crate) async fn plug_boot_vcpus(
     smp: crate::cmdline::plan::SmpPlan,
 ) -> Result<(), SyncError> {
     if smp.cpus > smp.stable {
-        resources::set_vcpus(client, smp.cpus, None, crate::sync::config::HOTPLUG_TIMEOUT).await?;
+        crate::sync::reconcile::resources::set_vcpus(
+            client,
+            smp.cpus,
+            None,
+            crate::sync::config::HOTPLUG_TIMEOUT,
+        )
+        .await?;
     }
     Ok(())
 }

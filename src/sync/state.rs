@@ -28,7 +28,7 @@ use crate::sync::rpc::notify::Notifier;
 /// The running domain and what was set up for it.
 pub(crate) struct Running {
     /// The VMI as last synced (`spec` compared on the next sync).
-    pub(crate) spec: serde_json::Value,
+    pub(crate) spec: crate::sync::admit::SpecKey,
     /// The converter context of the running domain (hotplug conversions reuse it).
     pub(crate) ctx: ConverterContext,
     /// The hot-pluggable disks present, by device id.
@@ -74,31 +74,65 @@ pub(crate) struct Shared {
     pub(crate) graceful: AtomicBool,
     pub(crate) pid: watch::Sender<Option<i32>>,
     pub(crate) client: StdMutex<Option<QmpClient>>,
-    /// A memory dump runs: its STOP is Paused/Dump, not a user's pause.
-    pub(crate) dumping: AtomicBool,
-    /// An outgoing migration runs: its STOP (the switchover) is Paused/Migration
-    /// ([`crate::sync::migration`]).
-    pub(crate) migrating: AtomicBool,
-    /// The domain migrated away: QEMU's exit is Shutoff/Migrated.
-    pub(crate) migrated: AtomicBool,
+    /// What the domain is busy with ([`Job`]); read through [`Shared::job`].
+    pub(crate) job: StdMutex<Job>,
     /// A soft reboot pressed the ACPI power button: the guest's next shutdown resets and
     /// resumes the machine instead of ending QEMU (libvirt's fake reboot, `priv->fakeReboot`,
     /// `qemuProcessFakeReboot`).
     pub(crate) fake_reboot: AtomicBool,
 }
 
+/// The job a domain runs beside the guest: what names the reason of a pause or an exit that
+/// QEMU's events alone do not tell (libvirt's domain job, `virDomainJobType` and the pause
+/// reasons `VIR_DOMAIN_PAUSED_DUMP` / `_MIGRATION`, `VIR_DOMAIN_SHUTOFF_MIGRATED`).
+///
+/// Later jobs outrank earlier ones (`Idle < Dumping < MigratingOut < MigratedAway`):
+/// [`Shared::begin`] never replaces a higher job, [`Shared::end`] ends only the job named, and
+/// a domain that migrated away stays so.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Job {
+    /// No job: a STOP is the user's pause, an exit a shutdown or a crash.
+    #[default]
+    Idle,
+    /// A memory dump runs ([`crate::sync::cmdapi::memory_dump`]): its STOP is Paused/Dump.
+    Dumping,
+    /// An outgoing migration runs ([`crate::sync::migration`]): its STOP (the switchover) is
+    /// Paused/Migration.
+    MigratingOut,
+    /// The domain migrated away: the `quit` that follows is no shutdown, and QEMU's exit is
+    /// Shutoff/Migrated.
+    MigratedAway,
+}
+
 impl Shared {
+    /// The job the domain runs now.
+    pub(crate) fn job(&self) -> Job {
+        *self.job.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Starts `job` unless a higher one runs ([`Job`]).
+    pub(crate) fn begin(&self, job: Job) {
+        let mut current = self.job.lock().unwrap_or_else(|e| e.into_inner());
+        *current = (*current).max(job);
+    }
+
+    /// Ends `job` when it is the one running (back to [`Job::Idle`]).
+    pub(crate) fn end(&self, job: Job) {
+        let mut current = self.job.lock().unwrap_or_else(|e| e.into_inner());
+        if *current == job {
+            *current = Job::Idle;
+        }
+    }
+
     /// Applies a lifecycle input, updates the `api.Domain` and notifies MODIFIED on change.
     pub(crate) fn apply(&self, input: &LifecycleInput) -> DomainStatus {
         let mut status = self.status.lock().unwrap_or_else(|e| e.into_inner());
+        let job = self.job();
         // The `quit` that ends QEMU after a guest shutdown emits a second SHUTDOWN (host origin);
-        // the first origin names the final reason.
+        // the first origin names the final reason. The `quit` that stops a migrated-away source
+        // is no shutdown of the domain.
         if let LifecycleInput::Event(ev) = input {
-            if ev.name == "SHUTDOWN" && status.shutdown.is_some() {
-                return *status;
-            }
-            // The `quit` that stops a migrated-away source is no shutdown of the domain.
-            if ev.name == "SHUTDOWN" && self.migrated.load(std::sync::atomic::Ordering::SeqCst) {
+            if ev.name == "SHUTDOWN" && (status.shutdown.is_some() || job == Job::MigratedAway) {
                 return *status;
             }
         }
@@ -107,21 +141,15 @@ impl Shared {
             if ev.name == "STOP"
                 && next.state == lifecycle::DomainState::Paused
                 && next.reason == lifecycle::StateReason::User
-                && self.dumping.load(std::sync::atomic::Ordering::SeqCst)
             {
-                next.reason = lifecycle::StateReason::Dump;
-            }
-            if ev.name == "STOP"
-                && next.state == lifecycle::DomainState::Paused
-                && next.reason == lifecycle::StateReason::User
-                && self.migrating.load(std::sync::atomic::Ordering::SeqCst)
-            {
-                next.reason = lifecycle::StateReason::Migration;
+                match job {
+                    Job::Dumping => next.reason = lifecycle::StateReason::Dump,
+                    Job::MigratingOut => next.reason = lifecycle::StateReason::Migration,
+                    Job::Idle | Job::MigratedAway => {}
+                }
             }
         }
-        if matches!(input, LifecycleInput::QemuExited)
-            && self.migrated.load(std::sync::atomic::Ordering::SeqCst)
-        {
+        if matches!(input, LifecycleInput::QemuExited) && job == Job::MigratedAway {
             next.reason = lifecycle::StateReason::Migrated;
         }
         let changed = (next.state, next.reason) != (status.state, status.reason);
@@ -304,6 +332,33 @@ pub(crate) async fn follow_events(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_higher_job_outranks_and_only_the_running_job_ends() {
+        let job = StdMutex::new(Job::Idle);
+        let shared = Shared {
+            domain: StdMutex::new(None),
+            status: StdMutex::new(DomainStatus::default()),
+            notifier: None,
+            graceful: AtomicBool::new(false),
+            pid: watch::channel(None).0,
+            client: StdMutex::new(None),
+            job,
+            fake_reboot: AtomicBool::new(false),
+        };
+        shared.begin(Job::Dumping);
+        assert_eq!(shared.job(), Job::Dumping);
+        shared.begin(Job::MigratingOut);
+        shared.begin(Job::Dumping);
+        assert_eq!(shared.job(), Job::MigratingOut);
+        shared.end(Job::Dumping);
+        assert_eq!(shared.job(), Job::MigratingOut);
+        shared.end(Job::MigratingOut);
+        assert_eq!(shared.job(), Job::Idle);
+        shared.begin(Job::MigratedAway);
+        shared.end(Job::MigratingOut);
+        assert_eq!(shared.job(), Job::MigratedAway);
+    }
 
     #[test]
     fn qmp_states_map_to_kubevirt_names() {

@@ -12,50 +12,49 @@ use crate::monitor::grace::{DomainControl, Ending};
 use crate::monitor::launcher::SupervisedDomain;
 use crate::monitor::MonitorError;
 use crate::qmp::lifecycle;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::error::SyncError;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
 
-impl SyncVmi {
-    /// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
-    /// delivery. Without a notifier, does nothing.
-    pub async fn final_notify(&self, wait: Duration) {
-        let Some(n) = &self.shared.notifier else {
-            return;
-        };
-        // The event task records QEMU's exit as Shutoff first (it watches the same exit).
-        for _ in 0..40 {
-            let state = self
-                .shared
-                .status
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .state;
-            if state == lifecycle::DomainState::Shutoff {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
+/// Sends KubeVirt's final notification (domain deleted) and waits up to `wait` for its
+/// delivery. Without a notifier, does nothing.
+pub(crate) async fn final_notify(d: &DomainCtx, wait: Duration) {
+    let Some(n) = &d.shared.notifier else {
+        return;
+    };
+    // The event task records QEMU's exit as Shutoff first (it watches the same exit).
+    for _ in 0..40 {
+        let state = d
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .state;
+        if state == lifecycle::DomainState::Shutoff {
+            break;
         }
-        let Some(d) = self.domain() else { return };
-        match n.send_final_delete(&d, std::time::SystemTime::now()) {
-            Ok(delivery) => {
-                if tokio::time::timeout(wait, delivery).await.is_err() {
-                    warn!("final notification not delivered in time");
-                }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let Some(d) = d.domain() else { return };
+    match n.send_final_delete(&d, std::time::SystemTime::now()) {
+        Ok(delivery) => {
+            if tokio::time::timeout(wait, delivery).await.is_err() {
+                warn!("final notification not delivered in time");
             }
-            Err(e) => warn!(
-                error = &e as &dyn std::error::Error,
-                "cannot queue the final notification"
-            ),
         }
+        Err(e) => warn!(
+            error = &e as &dyn std::error::Error,
+            "cannot queue the final notification"
+        ),
     }
 }
 
 impl DomainControl for SyncVmi {
     fn mark_graceful_shutdown(&self) {
-        self.shared.graceful.store(true, Ordering::SeqCst);
+        self.ctx.shared.graceful.store(true, Ordering::SeqCst);
         // A metadata-only change, notified as MODIFIED as KubeVirt's metadata cache does.
-        self.shared.update_domain(|d| {
+        self.ctx.shared.update_domain(|d| {
             let gp = d
                 .spec
                 .metadata
@@ -74,7 +73,7 @@ impl DomainControl for SyncVmi {
     }
 
     async fn power_button(&self) -> Result<(), MonitorError> {
-        self.graceful_shutdown().await.map_err(|e| match e {
+        self.ctx.graceful_shutdown().await.map_err(|e| match e {
             SyncError::Qmp(e) => MonitorError::PowerButton(std::io::Error::other(e.to_string())),
             other => MonitorError::QemuExited {
                 reason: other.to_string(),
@@ -85,7 +84,7 @@ impl DomainControl for SyncVmi {
 
 impl SupervisedDomain for SyncVmi {
     async fn started(&self) -> Result<i32, MonitorError> {
-        let mut rx = self.shared.pid.subscribe();
+        let mut rx = self.ctx.shared.pid.subscribe();
         let pid = match rx.wait_for(|p| p.is_some()).await {
             Ok(p) => *p,
             Err(_) => None,
@@ -97,12 +96,17 @@ impl SupervisedDomain for SyncVmi {
     }
 
     fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
-        if ending != Ending::ExitedOnItsOwn || self.shared.graceful.load(Ordering::SeqCst) {
+        if ending != Ending::ExitedOnItsOwn || self.ctx.shared.graceful.load(Ordering::SeqCst) {
             return Ok(());
         }
         // Let the event task see the exit.
         std::thread::sleep(Duration::from_millis(200));
-        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = *self
+            .ctx
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         match status.shutdown {
             Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {
                 Ok(())
@@ -110,7 +114,7 @@ impl SupervisedDomain for SyncVmi {
             _ => Err(MonitorError::QemuExited {
                 reason: format!(
                     "QEMU exited without a shutdown request: {}",
-                    log_tail(&self.config.qemu_log)
+                    log_tail(&self.ctx.config.qemu_log)
                 ),
             }),
         }

@@ -379,6 +379,20 @@ impl Drop for Pod {
             let _ = c.kill();
             let _ = c.wait();
         }
+        // A failing test shows what each launcher of the pod logged last (its root goes below).
+        if std::thread::panicking() {
+            for n in 0..self.launchers.len() {
+                let log = self.log(n);
+                let lines: Vec<&str> = log.lines().collect();
+                let tail = &lines[lines.len().saturating_sub(LOG_TAIL)..];
+                eprintln!(
+                    "--- {} launcher {n}: last {} lines of its log ---\n{}",
+                    self.root.display(),
+                    tail.len(),
+                    tail.join("\n")
+                );
+            }
+        }
         for _ in 0..50 {
             let pids = self.qemu_pids();
             if pids.is_empty() {
@@ -395,6 +409,9 @@ impl Drop for Pod {
         let _ = std::fs::remove_dir_all(&self.root);
     }
 }
+
+/// How many of a launcher's last log lines a failing test prints ([`Pod`]'s drop).
+const LOG_TAIL: usize = 60;
 
 /// True when `/dev/net/tun` is read-write for everyone (as on a standard host and in a pod).
 fn tun_is_world_rw() -> bool {

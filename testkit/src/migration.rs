@@ -335,6 +335,25 @@ pub async fn exec_until_ok(c: &mut Client, script: &str, timeout: Duration) -> S
     }
 }
 
+/// The guest workload's counter (`/tmp/counter`, rewritten every 50 ms by a shell loop that
+/// truncates the file before it writes the next number): read through the agent until it holds a
+/// number, so a read between the truncation and the write is retried. Panics after `timeout`.
+pub async fn read_counter(c: &mut Client, timeout: Duration) -> u64 {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some((0, out)) = exec(c, "cat /tmp/counter").await {
+            if let Ok(n) = out.trim().parse() {
+                return n;
+            }
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the guest's counter was never readable"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// `MigrateDomainJobInfo` of GetDomainStats: (DataTotal, DataRemaining) in bytes, zeros when
 /// no migration job runs.
 pub async fn job_data(c: &mut Client) -> (u64, u64) {

@@ -7,10 +7,11 @@
 //! exported XML with KubeVirt's expected XML element by element. Nothing here launches QEMU or
 //! touches the pod; the libvirt tools are run only by the harness and the validation helper.
 //!
-//! The `qlauncher-compat` binary (`src/bin/qlauncher-compat.rs`) offers
-//! `convert FILE --format libvirt-xml` and `compare FILE`. It is a second binary rather than a
-//! subcommand of `qlauncher` because this crate depends on `qlauncher`: the main binary
-//! depending back on it would be a cycle.
+//! This crate depends on `qlauncher-core` only (the VMI model and the converter's plan), and the
+//! `qlauncher` crate depends on it: the launcher's `GetDomain` spec is [`export::export`] plus
+//! [`api_json::to_api_spec`], and `qlauncher convert --format libvirt-xml` and `qlauncher
+//! compare` call [`cli`]. The `qlauncher-compat` binary (`src/bin/qlauncher-compat.rs`) offers
+//! the same `convert FILE --format libvirt-xml` and `compare FILE` without the launcher.
 #![warn(missing_docs)]
 
 pub mod api_json;

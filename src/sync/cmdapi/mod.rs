@@ -19,14 +19,14 @@ pub mod dirty_rate;
 pub mod freeze;
 pub mod guest_info;
 pub mod host_devices;
-mod manager;
+pub(crate) mod manager;
 pub mod memory_dump;
 pub mod screenshot;
 pub mod sev;
 pub mod vm_stats;
 
 use crate::qmp::QmpError;
-use crate::sync::error::SyncError;
+use crate::sync::guest::agent::AgentError;
 
 /// Everything these RPCs can fail with. The `Display` text is the RPC's `message`.
 #[derive(Debug, thiserror::Error)]
@@ -57,9 +57,9 @@ pub enum CmdApiError {
 
 impl CmdApiError {
     /// From a guest agent client error: the agent's description verbatim when it answered.
-    pub fn agent(e: SyncError) -> CmdApiError {
+    pub fn agent(e: AgentError) -> CmdApiError {
         let message = match e {
-            SyncError::AgentCommand { desc, .. } => desc,
+            AgentError::Command { desc, .. } => desc,
             other => other.to_string(),
         };
         CmdApiError::Agent { message }

@@ -2,12 +2,15 @@
 //! `generateConverterContext` (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0), plus the
 //! preparation libvirt or virt-handler would do (overlays, ISOs, the pod network).
 //!
-//! In start order: [`base_context`] (the launcher's settings), [`storage::prepare_storage`]
+//! [`gather::gather`] is the one gathering-and-convert every caller uses (boot, resync, the
+//! vCPU and memory RPCs, the migration target). In boot order: [`base_context`] (the
+//! launcher's settings), [`storage::prepare_storage`]
 //! (volumes), [`network`] (the pod network binding and its DHCP servers), [`secondary`] (Multus
 //! interfaces), [`hotplug::add_hotplug_facts`] (hotplug volumes, also on every later sync) and
 //! [`hardware::add_hardware_facts`] (VFIO devices, virtiofsd sockets).
 
 pub mod cache;
+pub(crate) mod gather;
 pub mod hardware;
 pub mod hotplug;
 pub mod network;
@@ -16,8 +19,25 @@ pub mod storage;
 pub mod volumes;
 
 use crate::cmdline::context::MonitorSocket;
-use crate::cmdline::ConverterContext;
+use crate::cmdline::{ConverterContext, FieldPath};
 use crate::sync::config::SyncConfig;
+use crate::vmi::Vmi;
+
+/// The JSON path of the volume `name` in `vmi`: `spec.volumes[i]` (`spec.volumes` when no volume
+/// has that name).
+pub(crate) fn volume_field(vmi: &Vmi, name: &str) -> FieldPath {
+    let volumes = FieldPath::new("spec.volumes");
+    match vmi
+        .spec
+        .volumes
+        .iter()
+        .flatten()
+        .position(|v| v.name == name)
+    {
+        Some(i) => volumes.index(i),
+        None => volumes,
+    }
+}
 
 /// The converter context of `config` before any volume or interface is known: QEMU version,
 /// KVM, paths, the QMP socket, the runtime uid, the EFI firmware files found on the host and

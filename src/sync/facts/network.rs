@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::cmdline::FieldPath;
 use crate::net::{self, Binding, NetConfig, NetPlan, Port, Protocol};
 use crate::storage;
 use crate::sync::error::SyncError;
@@ -23,7 +24,15 @@ pub(crate) fn net_configs(
         vmi.metadata.name.as_deref().unwrap_or_default(),
         vmi.spec.hostname.as_deref(),
     );
-    for iface in vmi.spec.domain.devices.interfaces.iter().flatten() {
+    for (index, iface) in vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .iter()
+        .flatten()
+        .enumerate()
+    {
         let Some(network) = vmi.network(&iface.name) else {
             continue;
         };
@@ -43,18 +52,25 @@ pub(crate) fn net_configs(
             warn!(interface = %iface.name, "binding not supported; interface skipped");
             continue;
         };
+        let field = FieldPath::new("spec.domain.devices.interfaces").index(index);
         let mut ports = Vec::new();
         for (i, p) in iface.ports.iter().flatten().enumerate() {
-            let field = || format!("spec.domain.devices.interfaces[{}].ports[{i}]", iface.name);
-            let protocol = Protocol::parse(p.protocol.as_deref().unwrap_or(""))
-                .ok_or_else(|| SyncError::InvalidVmi(format!("{}: bad protocol", field())))?;
-            let port = u16::try_from(p.port)
-                .map_err(|_| SyncError::InvalidVmi(format!("{}: bad port", field())))?;
+            let port_field = field.key("ports").index(i);
+            let protocol =
+                Protocol::parse(p.protocol.as_deref().unwrap_or("")).ok_or_else(|| {
+                    SyncError::invalid_field(port_field.key("protocol"), "not TCP or UDP")
+                })?;
+            let port = u16::try_from(p.port).map_err(|_| {
+                SyncError::invalid_field(port_field.key("port"), "not a port number")
+            })?;
             ports.push(Port { protocol, port });
         }
         let mac = match iface.mac_address.as_deref() {
             Some(m) => Some(m.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
-                SyncError::InvalidVmi(format!("interface {}: bad macAddress {m:?}", iface.name))
+                SyncError::invalid_field(
+                    field.key("macAddress"),
+                    format!("{m:?} is not a MAC address"),
+                )
             })?),
             None => None,
         };

@@ -6,6 +6,7 @@ use std::collections::BTreeSet;
 
 use sha2::{Digest, Sha256};
 
+use crate::cmdline::FieldPath;
 use crate::net::{Binding, NetConfig};
 use crate::sync::error::SyncError;
 use crate::sys::mac::MacAddr;
@@ -63,7 +64,7 @@ pub fn secondary_ifaces(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<SecondaryIfac
         if iface.sriov.is_some() {
             continue;
         }
-        let field = format!("spec.domain.devices.interfaces[{index}]");
+        let field = FieldPath::new("spec.domain.devices.interfaces").index(index);
         if iface.bridge.is_none() {
             return Err(SyncError::Unsupported(format!(
                 "{field} ({}): only the bridge binding is supported on a Multus network",
@@ -83,7 +84,10 @@ pub fn secondary_ifaces(vmi: &Vmi, runtime_uid: u32) -> Result<Vec<SecondaryIfac
             .unwrap_or_else(|| hashed_pod_iface(&network.name));
         let mac = match iface.mac_address.as_deref().filter(|m| !m.is_empty()) {
             Some(m) => Some(m.parse::<MacAddr>().map(|m| m.0).map_err(|_| {
-                SyncError::InvalidVmi(format!("{field}.macAddress: {m:?} is not a MAC address"))
+                SyncError::invalid_field(
+                    field.key("macAddress"),
+                    format!("{m:?} is not a MAC address"),
+                )
             })?),
             None => None,
         };

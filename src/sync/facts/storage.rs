@@ -10,6 +10,7 @@ use tracing::info;
 use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::cmdline::plan::FirmwarePlan;
+use crate::storage::paths::container_disk_path;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
 };
@@ -17,53 +18,26 @@ use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
-/// ([`crate::sync::volumes`]); returns the converter's volume facts.
+/// ([`super::volumes`]); returns the converter's volume facts.
 pub fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
     owner: Option<storage::Owner>,
-    name: &str,
-    namespace: &str,
 ) -> Result<BTreeMap<String, VolumeFacts>, SyncError> {
     let mut facts = BTreeMap::new();
     let ephemeral = PathBuf::from(&paths.ephemeral_disks);
     let mut cloud_init_done = false;
     for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
         if vol.container_disk.is_some() {
-            let base = PathBuf::from(&paths.container_disks).join(format!("disk_{index}.img"));
-            let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, &base, &ephemeral);
-            spec.owner = owner;
-            let (outcome, base_facts) =
-                storage::create_overlay(&spec).map_err(SyncError::Storage)?;
-            let base_facts = match base_facts {
-                Some(f) => f,
-                None => storage::probe_image(&vol.name, &base, &spec.policy)
-                    .map_err(SyncError::Storage)?,
-            };
-            let direct_io = direct_io(&vol.name, &[&spec.overlay, &base]);
-            info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), direct_io, "containerDisk overlay");
+            let base = container_disk_path(Path::new(&paths.container_disks), index);
             facts.insert(
                 vol.name.clone(),
-                VolumeFacts {
-                    kind: StorageKind::File,
-                    format: base_facts.format,
-                    virtual_size: Some(base_facts.virtual_size),
-                    direct_io,
-                    preallocated: false,
-                },
+                container_disk_overlay(vol, &base, &ephemeral, owner)?,
             );
         } else if vol.ephemeral.is_some() {
             facts.insert(vol.name.clone(), ephemeral_overlay(vol, paths, owner)?);
-        } else if let Some(e) = &vol.empty_disk {
-            let capacity = e
-                .capacity
-                .as_ref()
-                .map(|q| q.to_bytes())
-                .transpose()
-                .map_err(|err| SyncError::InvalidVmi(format!("volume {}: {err}", vol.name)))?
-                .unwrap_or(0);
-            let mut spec =
-                EmptyDiskSpec::at_kubevirt_path(&vol.name, capacity, Path::new(&paths.empty_disks));
+        } else if let Some(spec) = EmptyDiskSpec::from_volume(vol, Path::new(&paths.empty_disks)) {
+            let mut spec = spec.map_err(SyncError::Storage)?;
             spec.owner = owner;
             let (outcome, size) = storage::create_empty_disk(&spec).map_err(SyncError::Storage)?;
             let direct_io = direct_io(&vol.name, &[&spec.path]);
@@ -77,66 +51,84 @@ pub fn prepare_storage(
                     ..VolumeFacts::default()
                 },
             );
-        } else if let Some((kind, src)) = vol
-            .cloud_init_no_cloud
-            .as_ref()
-            .map(|s| (CloudInitKind::NoCloud, s))
-            .or_else(|| {
-                vol.cloud_init_config_drive
-                    .as_ref()
-                    .map(|s| (CloudInitKind::ConfigDrive, s))
-            })
-        {
+        } else if let Some(spec) = CloudInitSpec::from_volume(vol) {
+            // KubeVirt uses the first cloud-init volume only.
             if cloud_init_done {
                 continue;
             }
             cloud_init_done = true;
-            let spec = CloudInitSpec {
-                volume: vol.name.clone(),
-                kind: Some(kind),
-                user_data: src.user_data.clone(),
-                user_data_base64: src.user_data_base64.clone(),
-                user_data_secret_ref: src.user_data_secret_ref.as_ref().map(|r| r.name.clone()),
-                network_data: src.network_data.clone(),
-                network_data_base64: src.network_data_base64.clone(),
-                network_data_secret_ref: src
-                    .network_data_secret_ref
-                    .as_ref()
-                    .map(|r| r.name.clone()),
-            };
-            let identity = VmiIdentity {
-                name: name.to_string(),
-                namespace: namespace.to_string(),
-                hostname: vmi.spec.hostname.clone(),
-                // NoCloud's instance-id (KubeVirt: the firmware UUID, stable for a VM's VMIs).
-                firmware_uuid: vmi
-                    .spec
-                    .domain
-                    .firmware
-                    .as_ref()
-                    .and_then(|f| f.uuid.clone()),
-                ..VmiIdentity::default()
-            };
-            let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
-            let data = CloudInitData::resolve(&spec, &identity, &secret_dir)
-                .map_err(SyncError::Storage)?;
-            let iso = storage::cloud_init::cloud_init_iso_path(&ephemeral, &identity, kind)
-                .map_err(SyncError::Storage)?;
-            if let Some(dir) = iso.parent() {
-                std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
-                    what: format!("create {}", dir.display()),
-                    source,
-                })?;
-            }
-            storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
-            let iso_facts = iso_facts(&vol.name, &iso);
-            info!(volume = %vol.name, iso = %iso.display(), direct_io = iso_facts.direct_io,
-                preallocated = iso_facts.preallocated, "cloud-init ISO");
-            facts.insert(vol.name.clone(), iso_facts);
+            facts.insert(vol.name.clone(), cloud_init_iso(vmi, &spec, paths, owner)?);
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
             facts.insert(vol.name.clone(), f);
         }
     }
+    Ok(facts)
+}
+
+/// The overlay of a `containerDisk` volume over its `base` image, under `ephemeral` (KubeVirt's
+/// `<ephemeral>/disk-data/<volume>/disk.qcow2`), kept when it exists.
+///
+/// # Errors
+/// [`SyncError::Storage`]: the base is missing or unusable, or the overlay cannot be written.
+fn container_disk_overlay(
+    vol: &crate::vmi::Volume,
+    base: &Path,
+    ephemeral: &Path,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    let mut spec = OverlaySpec::at_kubevirt_path(&vol.name, base, ephemeral);
+    spec.owner = owner;
+    let (outcome, base_facts) = storage::create_overlay(&spec).map_err(SyncError::Storage)?;
+    let base_facts = match base_facts {
+        Some(f) => f,
+        None => storage::probe_image(&vol.name, base, &spec.policy).map_err(SyncError::Storage)?,
+    };
+    let direct_io = direct_io(&vol.name, &[&spec.overlay, base]);
+    info!(volume = %vol.name, ?outcome, overlay = %spec.overlay.display(), direct_io, "containerDisk overlay");
+    Ok(VolumeFacts {
+        kind: StorageKind::File,
+        format: base_facts.format,
+        virtual_size: Some(base_facts.virtual_size),
+        direct_io,
+        preallocated: false,
+    })
+}
+
+/// The cloud-init NoCloud or ConfigDrive ISO of `spec` (KubeVirt `pkg/cloud-init`), its data
+/// resolved against the VMI's identity ([`VmiIdentity::from_vmi`]: name, namespace, hostname,
+/// firmware UUID as NoCloud's instance-id, instancetype) and the secrets under the private
+/// directory, written under the ephemeral-disk directory.
+///
+/// # Errors
+/// [`SyncError::Storage`] from the resolution or the ISO writer; [`SyncError::PrepareQemu`]
+/// when the ISO's directory cannot be created.
+fn cloud_init_iso(
+    vmi: &Vmi,
+    spec: &CloudInitSpec,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    let kind = spec.kind.unwrap_or(CloudInitKind::NoCloud);
+    let mut identity = VmiIdentity::from_vmi(vmi);
+    // A VMI without a namespace is in `default`.
+    if identity.namespace.is_empty() {
+        identity.namespace = "default".into();
+    }
+    let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
+    let data = CloudInitData::resolve(spec, &identity, &secret_dir).map_err(SyncError::Storage)?;
+    let ephemeral = Path::new(&paths.ephemeral_disks);
+    let iso = storage::cloud_init::cloud_init_iso_path(ephemeral, &identity, kind)
+        .map_err(SyncError::Storage)?;
+    if let Some(dir) = iso.parent() {
+        std::fs::create_dir_all(dir).map_err(|source| SyncError::PrepareQemu {
+            what: format!("create {}", dir.display()),
+            source,
+        })?;
+    }
+    storage::write_cloud_init_iso(&data, &iso, owner).map_err(SyncError::Storage)?;
+    let facts = iso_facts(&spec.volume, &iso);
+    info!(volume = %spec.volume, iso = %iso.display(), direct_io = facts.direct_io,
+        preallocated = facts.preallocated, "cloud-init ISO");
     Ok(facts)
 }
 

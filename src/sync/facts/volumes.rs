@@ -20,6 +20,7 @@ use tracing::info;
 
 use super::cache::{cache_facts, direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
+use crate::cmdline::FieldPath;
 use crate::storage::{self, ConfigVolumeSpec, HostDiskSpec, HostDiskType};
 use crate::sync::error::SyncError;
 use crate::vmi::{Vmi, Volume};
@@ -29,7 +30,7 @@ use crate::vmi::{Vmi, Volume};
 ///
 /// # Errors
 /// [`SyncError::Storage`] from the ISO writer or the hostDisk preparation;
-/// [`SyncError::InvalidVmi`] for a filesystem claim whose `disk.img` is missing and whose
+/// [`SyncError::InvalidField`] for a filesystem claim whose `disk.img` is missing and whose
 /// capacity the VMI status does not give.
 pub fn prepare(
     vmi: &Vmi,
@@ -87,11 +88,13 @@ pub fn prepare(
         Ok(m) => m.len(),
         Err(_) => {
             let capacity = claim_capacity(vmi, &vol.name)?.ok_or_else(|| {
-                SyncError::InvalidVmi(format!(
-                    "volume {}: {} is missing and status.volumeStatus gives no PVC capacity",
-                    vol.name,
-                    image.display()
-                ))
+                SyncError::invalid_field(
+                    super::volume_field(vmi, &vol.name),
+                    format!(
+                        "{} is missing and status.volumeStatus gives no PVC capacity",
+                        image.display()
+                    ),
+                )
             })?;
             let spec = HostDiskSpec {
                 volume: vol.name.clone(),
@@ -120,20 +123,22 @@ pub fn prepare(
 
 /// `status.volumeStatus[name].persistentVolumeClaimInfo.capacity.storage` in bytes.
 fn claim_capacity(vmi: &Vmi, name: &str) -> Result<Option<u64>, SyncError> {
-    let Some(q) = vmi
+    let Some((index, q)) = vmi
         .status
         .as_ref()
         .and_then(|s| s.volume_status.as_ref())
-        .and_then(|list| list.iter().find(|v| v.name == name))
-        .and_then(|v| v.persistent_volume_claim_info.as_ref())
-        .and_then(|i| i.capacity.as_ref())
-        .and_then(|c| c.get("storage"))
+        .and_then(|list| list.iter().enumerate().find(|(_, v)| v.name == name))
+        .and_then(|(i, v)| Some((i, v.persistent_volume_claim_info.as_ref()?)))
+        .and_then(|(i, info)| Some((i, info.capacity.as_ref()?.get("storage")?)))
     else {
         return Ok(None);
     };
-    q.to_bytes()
-        .map(Some)
-        .map_err(|e| SyncError::InvalidVmi(format!("volume {name}: PVC capacity: {e}")))
+    q.to_bytes().map(Some).map_err(|e| {
+        let path = FieldPath::new("status.volumeStatus")
+            .index(index)
+            .key("persistentVolumeClaimInfo.capacity.storage");
+        SyncError::invalid_field(path, e.to_string())
+    })
 }
 
 fn create_parent(path: &Path) -> Result<(), SyncError> {
@@ -227,7 +232,8 @@ mod tests {
         );
         let err = prepare_all(&v, &roots(dir.path())).remove(0).unwrap_err();
         assert!(
-            err.starts_with("invalid VMI: volume data: ") && err.ends_with("gives no PVC capacity"),
+            err.starts_with("invalid VMI: spec.volumes[0]: ")
+                && err.ends_with("gives no PVC capacity"),
             "{err}"
         );
     }

@@ -28,7 +28,6 @@ use tokio::net::UnixStream;
 use tokio::sync::Mutex;
 
 use crate::sync::domain::InterfaceStatus;
-use crate::sync::error::SyncError;
 use crate::sync::rpc::manager::ExecOutput;
 
 /// The timeout of one agent command when the caller gives none (libvirt's agent default, 5 s).
@@ -36,6 +35,67 @@ pub const DEFAULT_AGENT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Longest answer line accepted from the guest (a guest is not trusted to end its lines).
 const MAX_LINE: u64 = 16 << 20;
+
+/// Every way a guest agent command fails. The `Display` text names the command; the cause is
+/// the `#[source]`.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    /// No domain is known yet, so there is no agent channel.
+    #[error("no domain is running")]
+    NoDomain,
+    /// Connecting to the guest agent's channel socket failed.
+    #[error("cannot connect to the guest agent channel {path}")]
+    Connect {
+        /// The `org.qemu.guest_agent.0` socket.
+        path: PathBuf,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Talking to the guest agent failed (channel closed, write or read error).
+    #[error("guest agent command {command}: channel error")]
+    Io {
+        /// The agent command.
+        command: String,
+        /// The cause.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The guest agent did not answer in time (often: no agent runs in the guest).
+    #[error("guest agent did not answer {command} within {waited:?}")]
+    Timeout {
+        /// The agent command.
+        command: String,
+        /// The timeout.
+        waited: Duration,
+    },
+    /// The guest agent answered something that is not a valid reply.
+    #[error("guest agent command {command}: bad reply: {reason}")]
+    Reply {
+        /// The agent command.
+        command: String,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The guest agent answered with an error.
+    #[error("guest agent command {command} failed: {class}: {desc}")]
+    Command {
+        /// The agent command.
+        command: String,
+        /// QEMU error class, e.g. `CommandNotFound`.
+        class: String,
+        /// The agent's description.
+        desc: String,
+    },
+    /// A `guest-exec` command was still running at the deadline (KubeVirt's message).
+    #[error("Timed out waiting for guest pid [{pid}] for command [{command}] to exit")]
+    ExecTimeout {
+        /// The guest pid.
+        pid: i64,
+        /// The command path.
+        command: String,
+    },
+}
 
 /// A guest agent client for the running domain.
 #[derive(Debug, Default)]
@@ -67,13 +127,13 @@ impl GuestAgent {
             .is_some()
     }
 
-    /// The agent socket of the running domain; [`SyncError::NoDomain`] before one is known.
-    fn socket_path(&self) -> Result<PathBuf, SyncError> {
+    /// The agent socket of the running domain; [`AgentError::NoDomain`] before one is known.
+    fn socket_path(&self) -> Result<PathBuf, AgentError> {
         self.socket
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
-            .ok_or(SyncError::NoDomain)
+            .ok_or(AgentError::NoDomain)
     }
 
     /// The channel in `conn`, connected to `socket` first when there is none, after a
@@ -82,19 +142,19 @@ impl GuestAgent {
         &self,
         conn: &'a mut Option<BufReader<UnixStream>>,
         socket: &Path,
-    ) -> Result<&'a mut BufReader<UnixStream>, SyncError> {
+    ) -> Result<&'a mut BufReader<UnixStream>, AgentError> {
         if conn.is_none() {
             let stream =
                 UnixStream::connect(socket)
                     .await
-                    .map_err(|source| SyncError::AgentConnect {
+                    .map_err(|source| AgentError::Connect {
                         path: socket.to_path_buf(),
                         source,
                     })?;
             *conn = Some(BufReader::new(stream));
         }
         let Some(stream) = conn.as_mut() else {
-            return Err(SyncError::NoDomain);
+            return Err(AgentError::NoDomain);
         };
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         sync(stream, id).await?;
@@ -104,16 +164,16 @@ impl GuestAgent {
     /// Runs one agent command within `timeout` (sync included); returns its `return` value.
     ///
     /// # Errors
-    /// [`SyncError::NoDomain`] before a domain is known; [`SyncError::AgentConnect`],
-    /// [`SyncError::AgentIo`], [`SyncError::AgentTimeout`] (no agent answering, e.g. none
-    /// installed in the guest), [`SyncError::AgentReply`] for an answer that is not an agent
-    /// reply, [`SyncError::AgentCommand`] for the agent's own error.
+    /// [`AgentError::NoDomain`] before a domain is known; [`AgentError::Connect`],
+    /// [`AgentError::Io`], [`AgentError::Timeout`] (no agent answering, e.g. none
+    /// installed in the guest), [`AgentError::Reply`] for an answer that is not an agent
+    /// reply, [`AgentError::Command`] for the agent's own error.
     pub async fn command(
         &self,
         execute: &str,
         arguments: Option<Value>,
         timeout: Duration,
-    ) -> Result<Value, SyncError> {
+    ) -> Result<Value, AgentError> {
         let socket = self.socket_path()?;
         let mut conn = self.conn.lock().await;
         let outcome = tokio::time::timeout(timeout, async {
@@ -129,17 +189,17 @@ impl GuestAgent {
         .await;
         let result = match outcome {
             Ok(r) => r,
-            Err(_) => Err(SyncError::AgentTimeout {
+            Err(_) => Err(AgentError::Timeout {
                 command: execute.to_string(),
                 waited: timeout,
             }),
         };
         if matches!(
             result,
-            Err(SyncError::AgentIo { .. }
-                | SyncError::AgentTimeout { .. }
-                | SyncError::AgentReply { .. }
-                | SyncError::AgentConnect { .. })
+            Err(AgentError::Io { .. }
+                | AgentError::Timeout { .. }
+                | AgentError::Reply { .. }
+                | AgentError::Connect { .. })
         ) {
             *conn = None;
         }
@@ -150,7 +210,7 @@ impl GuestAgent {
     ///
     /// # Errors
     /// As [`GuestAgent::command`].
-    pub async fn ping(&self, timeout: Duration) -> Result<(), SyncError> {
+    pub async fn ping(&self, timeout: Duration) -> Result<(), AgentError> {
         let timeout = if timeout.is_zero() {
             DEFAULT_AGENT_TIMEOUT
         } else {
@@ -162,15 +222,15 @@ impl GuestAgent {
     /// Runs `command args...` in the guest with KubeVirt's `GuestExec` semantics (module doc).
     ///
     /// # Errors
-    /// As [`GuestAgent::command`]; [`SyncError::AgentReply`] for a pid of 0 or less or
-    /// undecodable output; [`SyncError::GuestExecTimeout`] when the command still runs after
+    /// As [`GuestAgent::command`]; [`AgentError::Reply`] for a pid of 0 or less or
+    /// undecodable output; [`AgentError::ExecTimeout`] when the command still runs after
     /// `timeout`.
     pub async fn exec(
         &self,
         command: &str,
         args: &[String],
         timeout: Duration,
-    ) -> Result<ExecOutput, SyncError> {
+    ) -> Result<ExecOutput, AgentError> {
         let started = self
             .command(
                 "guest-exec",
@@ -180,7 +240,7 @@ impl GuestAgent {
             .await?;
         let pid = started["pid"].as_i64().unwrap_or(0);
         if pid <= 0 {
-            return Err(SyncError::AgentReply {
+            return Err(AgentError::Reply {
                 command: "guest-exec".into(),
                 reason: format!("invalid pid [{pid}] returned: {started}"),
             });
@@ -200,7 +260,7 @@ impl GuestAgent {
             }
             tokio::time::sleep(interval).await;
             if tokio::time::Instant::now() > deadline {
-                return Err(SyncError::GuestExecTimeout {
+                return Err(AgentError::ExecTimeout {
                     pid,
                     command: command.to_string(),
                 });
@@ -217,13 +277,13 @@ impl GuestAgent {
     ///
     /// # Errors
     /// As [`GuestAgent::command`] for the connection and the sync within `timeout` (no agent:
-    /// the caller falls back to the ACPI button); [`SyncError::AgentCommand`] when the agent
+    /// the caller falls back to the ACPI button); [`AgentError::Command`] when the agent
     /// refuses (e.g. `CommandNotFound` from an agent without it).
     pub async fn shutdown(
         &self,
         timeout: Duration,
         answer_wait: Duration,
-    ) -> Result<(), SyncError> {
+    ) -> Result<(), AgentError> {
         self.shutdown_mode("powerdown", timeout, answer_wait).await
     }
 
@@ -233,7 +293,7 @@ impl GuestAgent {
     ///
     /// # Errors
     /// As [`GuestAgent::shutdown`].
-    pub async fn reboot(&self, timeout: Duration, answer_wait: Duration) -> Result<(), SyncError> {
+    pub async fn reboot(&self, timeout: Duration, answer_wait: Duration) -> Result<(), AgentError> {
         self.shutdown_mode("reboot", timeout, answer_wait).await
     }
 
@@ -242,7 +302,7 @@ impl GuestAgent {
         mode: &'static str,
         timeout: Duration,
         answer_wait: Duration,
-    ) -> Result<(), SyncError> {
+    ) -> Result<(), AgentError> {
         const SHUTDOWN: &str = "guest-shutdown";
         let socket = self.socket_path()?;
         let mut conn = self.conn.lock().await;
@@ -257,7 +317,7 @@ impl GuestAgent {
         })
         .await
         .unwrap_or_else(|_| {
-            Err(SyncError::AgentTimeout {
+            Err(AgentError::Timeout {
                 command: SHUTDOWN.to_string(),
                 waited: timeout,
             })
@@ -267,7 +327,7 @@ impl GuestAgent {
             return Err(e);
         }
         let Some(stream) = conn.as_mut() else {
-            return Err(SyncError::NoDomain);
+            return Err(AgentError::NoDomain);
         };
         let answer = tokio::time::timeout(answer_wait, read_answer(stream, SHUTDOWN)).await;
         // The channel is not reused: the guest is going down or the agent said no.
@@ -284,7 +344,7 @@ impl GuestAgent {
     ///
     /// # Errors
     /// As [`GuestAgent::command`] for `guest-network-get-interfaces`.
-    pub async fn interfaces(&self, timeout: Duration) -> Result<Vec<InterfaceStatus>, SyncError> {
+    pub async fn interfaces(&self, timeout: Duration) -> Result<Vec<InterfaceStatus>, AgentError> {
         let v = self
             .command("guest-network-get-interfaces", None, timeout)
             .await?;
@@ -296,21 +356,21 @@ async fn send(
     stream: &mut BufReader<UnixStream>,
     command: &str,
     request: &Value,
-) -> Result<(), SyncError> {
+) -> Result<(), AgentError> {
     let mut line = request.to_string().into_bytes();
     line.push(b'\n');
     stream
         .get_mut()
         .write_all(&line)
         .await
-        .map_err(|source| SyncError::AgentIo {
+        .map_err(|source| AgentError::Io {
             command: command.to_string(),
             source,
         })
 }
 
 /// `guest-sync-delimited`: skips to the agent's `0xFF`, then reads answers until ours.
-async fn sync(stream: &mut BufReader<UnixStream>, id: u64) -> Result<(), SyncError> {
+async fn sync(stream: &mut BufReader<UnixStream>, id: u64) -> Result<(), AgentError> {
     const SYNC: &str = "guest-sync-delimited";
     send(
         stream,
@@ -318,7 +378,7 @@ async fn sync(stream: &mut BufReader<UnixStream>, id: u64) -> Result<(), SyncErr
         &json!({"execute": SYNC, "arguments": {"id": id}}),
     )
     .await?;
-    let io = |source| SyncError::AgentIo {
+    let io = |source| AgentError::Io {
         command: SYNC.into(),
         source,
     };
@@ -339,8 +399,8 @@ async fn sync(stream: &mut BufReader<UnixStream>, id: u64) -> Result<(), SyncErr
     }
 }
 
-fn closed(command: &str) -> SyncError {
-    SyncError::AgentIo {
+fn closed(command: &str) -> AgentError {
+    AgentError::Io {
         command: command.to_string(),
         source: std::io::Error::new(
             std::io::ErrorKind::UnexpectedEof,
@@ -353,14 +413,14 @@ fn closed(command: &str) -> SyncError {
 async fn read_answer(
     stream: &mut BufReader<UnixStream>,
     command: &str,
-) -> Result<Value, SyncError> {
+) -> Result<Value, AgentError> {
     loop {
         let mut line = Vec::new();
         let n = (&mut *stream)
             .take(MAX_LINE)
             .read_until(b'\n', &mut line)
             .await
-            .map_err(|source| SyncError::AgentIo {
+            .map_err(|source| AgentError::Io {
                 command: command.to_string(),
                 source,
             })?;
@@ -373,7 +433,7 @@ async fn read_answer(
         if text.is_empty() {
             continue;
         }
-        return serde_json::from_str(text).map_err(|e| SyncError::AgentReply {
+        return serde_json::from_str(text).map_err(|e| AgentError::Reply {
             command: command.to_string(),
             reason: format!("not JSON ({e}): {text}"),
         });
@@ -381,9 +441,9 @@ async fn read_answer(
 }
 
 /// The `return` of an agent answer, or its error.
-fn reply_value(command: &str, answer: Value) -> Result<Value, SyncError> {
+fn reply_value(command: &str, answer: Value) -> Result<Value, AgentError> {
     if let Some(e) = answer.get("error") {
-        return Err(SyncError::AgentCommand {
+        return Err(AgentError::Command {
             command: command.to_string(),
             class: e["class"].as_str().unwrap_or_default().to_string(),
             desc: e["desc"].as_str().unwrap_or_default().to_string(),
@@ -391,7 +451,7 @@ fn reply_value(command: &str, answer: Value) -> Result<Value, SyncError> {
     }
     match answer.get("return") {
         Some(v) => Ok(v.clone()),
-        None => Err(SyncError::AgentReply {
+        None => Err(AgentError::Reply {
             command: command.to_string(),
             reason: format!("neither return nor error: {answer}"),
         }),
@@ -399,11 +459,11 @@ fn reply_value(command: &str, answer: Value) -> Result<Value, SyncError> {
 }
 
 /// The output of an exited `guest-exec-status`.
-fn exec_output(status: &Value) -> Result<ExecOutput, SyncError> {
+fn exec_output(status: &Value) -> Result<ExecOutput, AgentError> {
     let data = status["out-data"].as_str().unwrap_or_default();
     let bytes = base64::engine::general_purpose::STANDARD
         .decode(data)
-        .map_err(|e| SyncError::AgentReply {
+        .map_err(|e| AgentError::Reply {
             command: "guest-exec-status".into(),
             reason: format!("out-data is not base64: {e}"),
         })?;
@@ -507,10 +567,7 @@ mod tests {
         let empty = json!({"exited": true, "exitcode": 0});
         assert_eq!(exec_output(&empty).unwrap(), ExecOutput::default());
         let bad = json!({"exited": true, "exitcode": 0, "out-data": "!!"});
-        assert!(matches!(
-            exec_output(&bad),
-            Err(SyncError::AgentReply { .. })
-        ));
+        assert!(matches!(exec_output(&bad), Err(AgentError::Reply { .. })));
     }
 
     #[test]
@@ -526,7 +583,7 @@ mod tests {
         );
         assert!(matches!(
             reply_value("guest-ping", json!({"foo": 1})),
-            Err(SyncError::AgentReply { .. })
+            Err(AgentError::Reply { .. })
         ));
         assert_eq!(
             reply_value("guest-ping", json!({"return": {}})).unwrap(),
@@ -571,7 +628,7 @@ mod tests {
 
     /// A peer playing QGA for `guest-shutdown`: answers the sync, then obeys silently
     /// (`obey`) or refuses with `CommandNotFound` (the test guest's busybox responder).
-    async fn shutdown_against(obey: bool) -> (Result<(), SyncError>, Value) {
+    async fn shutdown_against(obey: bool) -> (Result<(), AgentError>, Value) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("org.qemu.guest_agent.0");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
@@ -614,7 +671,7 @@ mod tests {
         );
         let (r, _) = shutdown_against(false).await;
         assert!(
-            matches!(r, Err(SyncError::AgentCommand { ref class, .. }) if class == "CommandNotFound"),
+            matches!(r, Err(AgentError::Command { ref class, .. }) if class == "CommandNotFound"),
             "{r:?}"
         );
         // No agent listening at all: a connect error, so the caller presses the ACPI button.
@@ -624,7 +681,7 @@ mod tests {
             agent
                 .shutdown(Duration::from_secs(1), Duration::from_millis(100))
                 .await,
-            Err(SyncError::AgentConnect { .. })
+            Err(AgentError::Connect { .. })
         ));
     }
 
@@ -637,7 +694,7 @@ mod tests {
         agent.set_socket(path);
         let e = agent.ping(Duration::from_millis(200)).await.unwrap_err();
         assert!(
-            matches!(e, SyncError::AgentTimeout { ref command, .. } if command == "guest-ping"),
+            matches!(e, AgentError::Timeout { ref command, .. } if command == "guest-ping"),
             "{e}"
         );
     }

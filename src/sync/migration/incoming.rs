@@ -16,9 +16,11 @@ use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
+use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
+use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
-    annotation, boot_memory_view, decode, failed, normalized, require_unix_transport,
+    annotation, boot_memory_view, decode, normalized, refused, require_unix_transport,
     PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
@@ -113,9 +115,9 @@ impl SyncVmi {
         vmi_json: Vec<u8>,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        let (mut vmi, state) = decode(&vmi_json)?;
+        let (vmi, state) = decode(&vmi_json)?;
         if annotation(&vmi, BLOCK_TARGET_ANNOTATION).is_some() {
-            return Err(failed(
+            return Err(refused(
                 "Blocking preparation of migration target in order to satisfy a functional test \
                  condition"
                     .into(),
@@ -141,31 +143,17 @@ impl SyncVmi {
         if already.as_deref() == Some(vmi_uid.as_str()) {
             return Ok(());
         }
-        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
-        vmi.apply_defaults(&cfg);
-        if let Err(errors) = vmi.validate() {
-            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            return Err(SyncError::InvalidVmi(text.join("; ")));
-        }
-        let volume_status = vmi.status.as_ref().map(|s| &s.volume_status);
-        let spec = serde_json::to_value((
-            &vmi.spec,
-            volume_status,
-            crate::sync::facts::secondary::status_key(&vmi),
-        ))
-        .map_err(SyncError::EncodeDomain)?;
-        // The spec key above is what later syncs of this VMI compare with; the domain itself
-        // runs with the source's guest MACs.
+        let Admitted { mut vmi, key } = admit(vmi, None)?;
+        // The spec key is what later syncs of this VMI compare with; the domain itself runs with
+        // the source's guest MACs.
         keep_guest_macs(&mut vmi);
         // A source whose memory grew runs its boot memory plus virtio-mem: boot the same.
         let memory_total = boot_memory_view(&mut vmi);
-        let prepared = self.prepare(&vmi, spec).await?;
-        let secondary =
-            crate::sync::facts::secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
-        let view = crate::sync::facts::secondary::convert_view(&vmi, &secondary);
+        let prepared = crate::sync::start::prepare(&self.ctx, &vmi, key).await?;
+        let view = prepared.view.clone();
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
-        let dir = &self.config.migration_proxy_dir;
+        let dir = &self.ctx.config.migration_proxy_dir;
         let prep_err = |what: String| {
             move |source| SyncError::PrepareQemu {
                 what: what.clone(),
@@ -173,11 +161,10 @@ impl SyncVmi {
             }
         };
         std::fs::create_dir_all(dir).map_err(prep_err(format!("create {}", dir.display())))?;
-        privileges::prepare_socket_dir(dir, self.config.runtime_uid).map_err(prep_err(format!(
-            "give {} to the runtime user",
-            dir.display()
-        )))?;
-        let control = &self.config.migration_control_socket;
+        privileges::prepare_socket_dir(dir, self.ctx.config.runtime_uid).map_err(prep_err(
+            format!("give {} to the runtime user", dir.display()),
+        ))?;
+        let control = &self.ctx.config.migration_control_socket;
         if let Some(parent) = control.parent() {
             std::fs::create_dir_all(parent)
                 .map_err(prep_err(format!("create {}", parent.display())))?;
@@ -267,7 +254,7 @@ impl SyncVmi {
                 b
             });
         let argv = boot.and_then(|b| {
-            matches_source(&normalized(&b.argv, &self.config), &session.domain)?;
+            matches_source(&normalized(&b.argv, &self.ctx.config), &session.domain)?;
             let mut d = session.domain.clone();
             d.argv.clear();
             Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu, b.nics))
@@ -310,9 +297,14 @@ impl SyncVmi {
         domain.spec.devices.drop_sriov_host_devices();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
         let vsock = prepared.vsock;
-        let client = match self
-            .launch_incoming(domain, &prepared.plan, &argv, vsock)
-            .await
+        let client = match crate::sync::start::launch_incoming(
+            &self.ctx,
+            domain,
+            &prepared.plan,
+            &argv,
+            vsock,
+        )
+        .await
         {
             Ok(c) => c,
             Err(e) => {
@@ -376,7 +368,8 @@ impl SyncVmi {
             if let Some(device) =
                 crate::sync::domain_spec::virtio_mem_device(&client, &prepared.running.memory).await
             {
-                self.shared
+                self.ctx
+                    .shared
                     .update_domain(|d| d.spec.devices.set_memory_device(device));
             }
         }
@@ -403,8 +396,14 @@ impl SyncVmi {
                         DomainState::Paused,
                         StateReason::User,
                     );
-                    *self.shared.status.lock().unwrap_or_else(|e| e.into_inner()) = status;
-                    self.shared
+                    *self
+                        .ctx
+                        .shared
+                        .status
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner()) = status;
+                    self.ctx
+                        .shared
                         .publish(status, crate::sync::domain::DomainEventType::Modified);
                 }
                 *self.running.lock().await = Some(prepared.running);
@@ -455,7 +454,7 @@ impl SyncVmi {
                     "cannot convert the VMI without its hot-plugged devices: {e}"
                 ))
             })?;
-            let argv = self.argv(&plan);
+            let argv = crate::sync::start::argv(&self.ctx, &plan);
             boots.push((plan, argv));
         }
         // The view whose argv is the source's; none: the first, whose difference the caller
@@ -463,7 +462,7 @@ impl SyncVmi {
         let matching = boots
             .iter()
             .position(|(_, argv)| {
-                let local = normalized(&sriov::without_sriov_devices(argv), &self.config);
+                let local = normalized(&sriov::without_sriov_devices(argv), &self.ctx.config);
                 matches_source(&local, domain).is_ok()
             })
             .unwrap_or(0);
@@ -528,7 +527,7 @@ impl SyncVmi {
             .take()
             .unwrap_or_else(|| target.prepared.plan.clone());
         plan.cpu = cpu.clone();
-        boot.argv = self.argv(&plan);
+        boot.argv = crate::sync::start::argv(&self.ctx, &plan);
         // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
         if domain.hotplugged.is_empty() {
             boot.plan = None;
@@ -576,7 +575,7 @@ impl SyncVmi {
         if pod.is_empty() || pod != target_pod {
             return Ok(());
         }
-        if self.qemu_pid().is_some() {
+        if self.ctx.qemu_pid().is_some() {
             return Ok(());
         }
         warn!(pod = %pod, "target pod cleanup signalled: exiting");
@@ -602,7 +601,7 @@ impl SyncVmi {
             .map(|(name, _)| name)
             .collect();
         if !refresh.is_empty() {
-            let client = self.client()?;
+            let client = self.ctx.client()?;
             for name in refresh {
                 let id = format!("ua-{name}");
                 crate::qmp::hotplug::set_link(&client, &id, false)
@@ -615,7 +614,7 @@ impl SyncVmi {
             }
         }
         if !self.migration.time_synced.swap(true, Ordering::SeqCst) {
-            let agent = self.info.agent.clone();
+            let agent = self.ctx.info.agent.clone();
             tokio::spawn(sync_guest_time(agent));
         }
         Ok(())
@@ -643,7 +642,7 @@ async fn sync_guest_time(agent: Arc<crate::sync::guest::agent::GuestAgent>) {
                 info!("guest time set after migration");
                 return;
             }
-            Err(SyncError::AgentCommand { class, .. }) if class == "CommandNotFound" => return,
+            Err(AgentError::Command { class, .. }) if class == "CommandNotFound" => return,
             Err(e) if e.to_string().contains("unsupported") => return,
             Err(_) => {}
         }

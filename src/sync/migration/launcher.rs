@@ -200,7 +200,7 @@ impl VmiMigrationState {
 
 /// The VMI and its `status.migrationState` (None when absent) from a request's JSON.
 pub(super) fn decode(vmi_json: &[u8]) -> Result<(Vmi, Option<VmiMigrationState>), SyncError> {
-    let invalid = || SyncError::InvalidVmi(crate::sync::rpc::manager::INVALID_VMI_MESSAGE.into());
+    let invalid = || SyncError::UndecodableVmi;
     let raw: serde_json::Value = serde_json::from_slice(vmi_json).map_err(|_| invalid())?;
     let state = raw
         .pointer("/status/migrationState")
@@ -233,7 +233,7 @@ pub(super) fn require_unix_transport(vmi: &Vmi) -> Result<(), SyncError> {
     if transport == "Unix" {
         Ok(())
     } else {
-        Err(failed(format!(
+        Err(refused(format!(
             "migration transport {transport:?} is not supported by qlauncher (only \"Unix\")"
         )))
     }
@@ -247,10 +247,9 @@ pub(super) fn annotation<'a>(vmi: &'a Vmi, key: &str) -> Option<&'a str> {
         .map(String::as_str)
 }
 
-/// A migration request refused with `message`, KubeVirt's text for it (no prefix: the RPC's
-/// message is virt-launcher's, `live-migration-source.go`, `live-migration-target.go`).
-pub(super) fn failed(message: String) -> SyncError {
-    SyncError::Refused(message)
+/// A migration request refused with `message` ([`SyncError::MigrationRefused`]).
+pub(super) fn refused(message: String) -> SyncError {
+    SyncError::MigrationRefused(message)
 }
 
 /// Replaces this launcher's path roots in `argv` by placeholders, so that two pods whose roots
@@ -296,7 +295,7 @@ impl SyncVmi {
             f(&mut m);
             m.clone()
         };
-        self.shared.update_domain(|d| {
+        self.ctx.shared.update_domain(|d| {
             if d.spec.metadata.kubevirt.migration == m {
                 return false;
             }
@@ -306,7 +305,7 @@ impl SyncVmi {
     }
 
     pub(super) fn migration_proxy_sockets(&self, uid: &str) -> (PathBuf, PathBuf, PathBuf) {
-        let dir = &self.config.migration_proxy_dir;
+        let dir = &self.ctx.config.migration_proxy_dir;
         (
             proxy_socket(dir, uid, 0),
             proxy_socket(dir, uid, DIRECT_MIGRATION_PORT),

@@ -2,7 +2,6 @@
 //! [`super::source`]), `CancelVirtualMachineMigration`, and the job statistics GetDomainStats
 //! reports while it runs (KubeVirt v1.9.0 `live-migration-source.go`, `manager.go`).
 
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
@@ -15,7 +14,7 @@ use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
-    annotation, decode, failed, normalized, require_unix_transport, VmiMigrationState,
+    annotation, decode, normalized, refused, require_unix_transport, VmiMigrationState,
     FORCE_FAILURE_ANNOTATION,
 };
 use crate::sync::migration::metadata::{self, abort, StartDecision};
@@ -23,6 +22,7 @@ use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain
 use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
+use crate::sync::state::Job;
 use crate::sync::vmi_sync::SyncVmi;
 
 /// What a decentralized migration's `targetState` says of the target VMI when it is not the
@@ -48,17 +48,17 @@ impl SyncVmi {
         let (vmi, state) = decode(&vmi_json)?;
         require_unix_transport(&vmi)?;
         if let Some(name) = state.as_ref().and_then(|s| s.running_backup.as_deref()) {
-            return Err(failed(format!(
+            return Err(refused(format!(
                 "cannot migrate VMI until backup {name} is completed"
             )));
         }
         let uid = state
             .as_ref()
             .and_then(VmiMigrationState::uid)
-            .ok_or_else(|| failed("cannot migrate VMI until migrationState is ready".into()))?;
+            .ok_or_else(|| refused("cannot migrate VMI until migrationState is ready".into()))?;
         let options = MigrationOptions::from_json(&options)
-            .map_err(|e| failed(format!("invalid migration options: {e}")))?;
-        let client = self.client()?;
+            .map_err(|e| refused(format!("invalid migration options: {e}")))?;
+        let client = self.ctx.client()?;
         let decision = {
             let mut m = self
                 .migration
@@ -71,7 +71,7 @@ impl SyncVmi {
             StartDecision::AlreadyRunning => return Ok(()),
             StartDecision::AlreadyExecuted => {
                 let m = self.migration.metadata().unwrap_or_default();
-                return Err(failed(format!(
+                return Err(refused(format!(
                     "migration job {uid} already executed, finished at {}, failed: {}, \
                      abortStatus: {}",
                     m.end_timestamp.unwrap_or_default(),
@@ -151,7 +151,12 @@ impl SyncVmi {
         self.unplug_sriov_for_migration(client).await?;
         let machine = resolved_machine(client).await?;
         let copied_disks = self.copied_disks(client).await?;
-        let status = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+        let status = *self
+            .ctx
+            .shared
+            .status
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
         let argv = self
             .migration
             .boot_argv
@@ -181,7 +186,7 @@ impl SyncVmi {
             vmi_uid: vmi_uid.to_owned(),
             migration_uid: migration_uid.to_owned(),
             machine,
-            argv: normalized(&sriov::without_sriov_devices(&argv), &self.config),
+            argv: normalized(&sriov::without_sriov_devices(&argv), &self.ctx.config),
             hotplugged,
             copied_disks,
             capabilities: Vec::new(),
@@ -224,7 +229,7 @@ impl SyncVmi {
                 control.display()
             ))
         })?;
-        self.shared.migrating.store(true, Ordering::SeqCst);
+        self.ctx.shared.begin(Job::MigratingOut);
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
         let mut on_event = |e: SourceEvent| {
@@ -235,7 +240,7 @@ impl SyncVmi {
             })
         };
         let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
-        self.shared.migrating.store(false, Ordering::SeqCst);
+        self.ctx.shared.end(Job::MigratingOut);
         let end = end?;
         info!(
             total_ms = end.total_ms,
@@ -259,11 +264,16 @@ impl SyncVmi {
                         }
                     }
                 });
-                self.shared.migrated.store(true, Ordering::SeqCst);
+                self.ctx.shared.begin(Job::MigratedAway);
                 let _ = client.run(&Quit).await;
                 let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
                 while tokio::time::Instant::now() < deadline {
-                    let s = *self.shared.status.lock().unwrap_or_else(|e| e.into_inner());
+                    let s = *self
+                        .ctx
+                        .shared
+                        .status
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner());
                     if s.state == DomainState::Shutoff {
                         break;
                     }
@@ -309,7 +319,7 @@ impl SyncVmi {
     /// whose image lives in the pod's own storage (containerDisk and ephemeral overlays, empty
     /// disks, cloud-init and config ISOs), by format node, with export `drive-<alias>`.
     async fn copied_disks(&self, client: &QmpClient) -> Result<Vec<CopiedDisk>, MigrationError> {
-        let p = &self.config.paths;
+        let p = &self.ctx.config.paths;
         let local = [&p.ephemeral_disks, &p.empty_disks, &p.cloud_init];
         let blocks = client.run(&QueryBlock).await?;
         let mut out = Vec::new();
@@ -488,7 +498,7 @@ impl SyncVmi {
         };
         if !released.is_empty() {
             info!(devices = ?released, "SR-IOV host devices unplugged for the migration");
-            self.shared.update_domain(|d| {
+            self.ctx.shared.update_domain(|d| {
                 let before = d.spec.devices.host_devices.len();
                 d.spec
                     .devices
@@ -556,7 +566,7 @@ impl SyncVmi {
         if !active {
             return None;
         }
-        let client = self.client().ok()?;
+        let client = self.ctx.client().ok()?;
         let info = client
             .run(&crate::qmp::migration::QueryMigrate)
             .await

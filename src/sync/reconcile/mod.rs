@@ -13,7 +13,7 @@
 //! Other changes are logged and left for a restart.
 //!
 //! To add a sync diff: a file here with its `Step` type, `diff` and table tests, a variant of
-//! [`Reconciler`] in [`RECONCILERS`], and its arm in [`SyncVmi::hotplug`].
+//! [`Reconciler`] in [`RECONCILERS`], and its arm in [`hotplug`].
 
 pub mod disks;
 pub mod media;
@@ -21,14 +21,14 @@ pub mod nics;
 pub mod resize;
 pub mod resources;
 
-use crate::cmdline::{convert, render};
+use crate::cmdline::render;
+use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
-use crate::sync::facts::hotplug::add_hotplug_facts;
-use crate::sync::facts::secondary;
+use crate::sync::facts::gather::{gather, Gathered, Purpose};
 use crate::sync::state::Running;
-use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
 
 /// One reconciler of a sync.
@@ -53,110 +53,107 @@ pub const RECONCILERS: [Reconciler; 4] = [
     Reconciler::Nics,
 ];
 
-impl SyncVmi {
-    /// Applies the difference between the running domain and `vmi` (see the module doc).
-    pub(crate) async fn hotplug(&self, running: &mut Running, vmi: &Vmi) -> Result<(), SyncError> {
-        let client = self.client()?;
-        let mut ctx = running.ctx.clone();
-        add_hotplug_facts(vmi, &mut ctx)?;
-        let secondary = secondary::secondary_ifaces(vmi, self.config.runtime_uid)?;
-        running
-            .nics
-            .prepare(&secondary, &mut ctx, &self.config.resolv_conf)
-            .await?;
-        let view = secondary::convert_view(vmi, &secondary);
-        let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
-        let qmp_plan = render::qmp_plan(&plan);
-        let mut nics = nics::NicChanges::default();
-        for reconciler in RECONCILERS {
-            match reconciler {
-                Reconciler::Disks => disks::apply(&client, running, &qmp_plan.disks).await?,
-                Reconciler::Media => media::apply(&client, running, &plan).await?,
-                Reconciler::Resize => resize::grow_disks(&client, vmi, &plan).await,
-                Reconciler::Nics => {
-                    nics = running
-                        .nics
-                        .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
-                        .await?;
-                }
+/// Applies the difference between the running domain and `vmi` (see the module doc).
+pub(crate) async fn hotplug(
+    d: &DomainCtx,
+    running: &mut Running,
+    vmi: &Vmi,
+) -> Result<(), SyncError> {
+    let client = d.client()?;
+    let Gathered {
+        ctx,
+        view,
+        secondary,
+        plan,
+    } = gather(
+        &d.config,
+        vmi,
+        Purpose::Resync {
+            running: &running.ctx,
+            nics: &mut running.nics,
+        },
+    )
+    .await?;
+    let qmp_plan = render::qmp_plan(&plan);
+    let mut nics = nics::NicChanges::default();
+    for reconciler in RECONCILERS {
+        match reconciler {
+            Reconciler::Disks => disks::apply(&client, running, &qmp_plan.disks).await?,
+            Reconciler::Media => media::apply(&client, running, &plan).await?,
+            Reconciler::Resize => resize::grow_disks(&client, vmi, &plan).await,
+            Reconciler::Nics => {
+                nics = running
+                    .nics
+                    .apply(&client, &plan, &qmp_plan.nics, &secondary, HOTPLUG_TIMEOUT)
+                    .await?;
             }
         }
-        // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-        domain_spec::report_hotplug(&self.shared, &client, &view, &ctx, &plan).await;
-        running.ctx = ctx;
-        self.shared.publish_nic_changes(&nics);
-        Ok(())
     }
+    // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
+    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await;
+    running.ctx = ctx;
+    d.shared.publish_nic_changes(&nics);
+    Ok(())
+}
 
-    /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs until the domain has as many as `vmi` asks
-    /// (down to the first socket), then shows them enabled in the domain (`VCPUs`), as libvirt's
-    /// live XML does. An unplug on a QEMU that would crash after it
-    /// ([`resources::tcg_unplug_crashes`]) is refused, naming the QEMU version.
-    pub(crate) async fn apply_vcpus(&self, vmi: Vmi) -> Result<(), SyncError> {
-        let running = self.running.lock().await;
-        let r = running.as_ref().ok_or(SyncError::NoDomain)?;
-        let plan = self.resource_plan(r, vmi)?;
-        let client = self.client()?;
-        let version = client
-            .run(&crate::qmp::commands::QueryVersion)
-            .await
-            .map_err(SyncError::Qmp)?
-            .qemu;
-        let v = (version.major, version.minor, version.micro);
-        let refused = resources::tcg_unplug_crashes(r.ctx.kvm, v).then(|| {
-            format!(
-                "spec.domain.cpu.sockets: unplugging vCPUs is refused under TCG (no KVM) on QEMU \
-                 {}.{}.{}: before QEMU 10.2 (10.0.5 in the 10.0 series) an unplugged vCPU stays \
-                 registered for memory updates and QEMU aborts at the next device hotplug \
-                 (QEMU issue 2517)",
-                v.0, v.1, v.2
-            )
-        });
-        resources::set_vcpus(&client, plan.smp.cpus, refused, HOTPLUG_TIMEOUT).await?;
-        let enabled = plan.smp.cpus;
-        self.shared
-            .update_domain(|d| d.spec.set_vcpus_enabled(enabled));
-        Ok(())
-    }
+/// SyncVirtualMachineCPUs: plugs or unplugs vCPUs of the running domain `r` until it has as
+/// many as `vmi` asks (down to the first socket), then shows them enabled in the domain
+/// (`VCPUs`), as libvirt's live XML does. An unplug on a QEMU that would crash after it
+/// ([`resources::tcg_unplug_crashes`]) is refused, naming the QEMU version.
+pub(crate) async fn apply_vcpus(d: &DomainCtx, r: &Running, vmi: Vmi) -> Result<(), SyncError> {
+    let plan = resource_plan(d, r, vmi).await?;
+    let client = d.client()?;
+    let version = client
+        .run(&crate::qmp::commands::QueryVersion)
+        .await
+        .map_err(SyncError::Qmp)?
+        .qemu;
+    let v = (version.major, version.minor, version.micro);
+    let hazard = resources::tcg_unplug_crashes(r.ctx.kvm, v);
+    let refused = (hazard && !d.config.allow_unsafe_tcg_vcpu_unplug).then(|| {
+        format!(
+            "unplugging vCPUs is refused under TCG (no KVM) on QEMU {}.{}.{}: before QEMU 10.2 \
+             (10.0.5 in the 10.0 series) an unplugged vCPU stays registered for memory updates \
+             and QEMU aborts at the next device hotplug (QEMU issue 2517)",
+            v.0, v.1, v.2
+        )
+    });
+    resources::set_vcpus(&client, plan.smp.cpus, refused, HOTPLUG_TIMEOUT).await?;
+    let enabled = plan.smp.cpus;
+    d.shared
+        .update_domain(|dom| dom.spec.set_vcpus_enabled(enabled));
+    Ok(())
+}
 
-    /// SyncVirtualMachineMemory: sizes the virtio-mem device to the memory `vmi` asks for.
-    pub(crate) async fn apply_memory(&self, vmi: Vmi) -> Result<(), SyncError> {
-        let mut running = self.running.lock().await;
-        let r = running.as_mut().ok_or(SyncError::NoDomain)?;
-        let plan = self.resource_plan(r, vmi)?;
-        let client = self.client()?;
-        r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
-        // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
-        // model='virtio-mem'>`).
-        if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
-            self.shared
-                .update_domain(|d| d.spec.devices.set_memory_device(device));
-        }
-        Ok(())
+/// SyncVirtualMachineMemory: sizes the virtio-mem device of the running domain `r` to the
+/// memory `vmi` asks for.
+pub(crate) async fn apply_memory(
+    d: &DomainCtx,
+    r: &mut Running,
+    vmi: Vmi,
+) -> Result<(), SyncError> {
+    let plan = resource_plan(d, r, vmi).await?;
+    let client = d.client()?;
+    r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
+    // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
+    // model='virtio-mem'>`).
+    if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
+        d.shared
+            .update_domain(|dom| dom.spec.devices.set_memory_device(device));
     }
+    Ok(())
+}
 
-    /// The converter's plan of `vmi` (defaults applied, validated) against the running domain's
-    /// facts: the vCPU and memory sizes a CPU or memory sync aims at.
-    fn resource_plan(
-        &self,
-        running: &Running,
-        mut vmi: Vmi,
-    ) -> Result<crate::cmdline::DomainPlan, SyncError> {
-        running.keep_firmware_uuid(&mut vmi);
-        let cfg = crate::vmi::DefaultsConfig::for_vmi(&vmi);
-        vmi.apply_defaults(&cfg);
-        if let Err(errors) = vmi.validate() {
-            let text: Vec<String> = errors.iter().map(|e| e.to_string()).collect();
-            return Err(SyncError::InvalidVmi(text.join("; ")));
-        }
-        let mut ctx = running.ctx.clone();
-        add_hotplug_facts(&vmi, &mut ctx)?;
-        let secondary = secondary::secondary_ifaces(&vmi, self.config.runtime_uid)?;
-        let pending: Vec<secondary::SecondaryIface> = secondary
-            .into_iter()
-            .filter(|s| !ctx.interfaces.contains_key(&s.name))
-            .map(|s| secondary::SecondaryIface { ready: false, ..s })
-            .collect();
-        convert(&secondary::convert_view(&vmi, &pending), &ctx).map_err(SyncError::Convert)
-    }
+/// The converter's plan of `vmi` (defaults applied, validated) against the running domain's
+/// facts: the vCPU and memory sizes a CPU or memory sync aims at.
+async fn resource_plan(
+    d: &DomainCtx,
+    running: &Running,
+    vmi: Vmi,
+) -> Result<crate::cmdline::DomainPlan, SyncError> {
+    let vmi = admit(vmi, Some(running))?.vmi;
+    let purpose = Purpose::Resources {
+        running: &running.ctx,
+    };
+    Ok(gather(&d.config, &vmi, purpose).await?.plan)
 }

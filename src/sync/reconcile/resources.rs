@@ -20,6 +20,7 @@ use tracing::info;
 
 use crate::cmdline::plan::DomainPlan;
 use crate::cmdline::qemu::{ObjectMemoryBackend, QomSet};
+use crate::cmdline::FieldPath;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{
     self, CpuDeviceAdd, DeviceDel, HotpluggableCpu, ObjectAdd, ObjectDel, VirtioMemPciAdd,
@@ -72,16 +73,19 @@ pub enum ResourceStep {
 /// of every socket but the first, plugged at start or later) to unplug from the highest. Pure.
 ///
 /// # Errors
-/// [`SyncError::InvalidVmi`] naming `spec.domain.cpu.sockets`: more vCPUs than the slots, or
+/// [`SyncError::InvalidField`] at `spec.domain.cpu.sockets`: more vCPUs than the slots, or
 /// fewer than the first socket's (QEMU's own vCPUs, libvirt's `hotpluggable='no'`, which
 /// cannot be unplugged).
 pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>, SyncError> {
     let wanted = wanted as usize;
     if wanted == 0 || wanted > running.len() {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu.sockets: {wanted} vCPUs, the domain has room for 1 to {}",
-            running.len()
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu.sockets"),
+            format!(
+                "{wanted} vCPUs, the domain has room for 1 to {}",
+                running.len()
+            ),
+        ));
     }
     let present = running.iter().filter(|s| s.qom_path.is_some()).count();
     if wanted >= present {
@@ -107,10 +111,13 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
         .collect();
     let fixed = present - pluggable.len();
     if wanted < fixed {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.cpu.sockets: {wanted} vCPUs is below the {fixed} vCPUs of the first \
-             socket, which cannot be unplugged"
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.cpu.sockets"),
+            format!(
+                "{wanted} vCPUs is below the {fixed} vCPUs of the first socket, which cannot be \
+                 unplugged"
+            ),
+        ));
     }
     Ok(pluggable
         .into_iter()
@@ -138,7 +145,8 @@ pub fn tcg_unplug_crashes(kvm: bool, version: (u64, u64, u64)) -> bool {
 /// ([`tcg_unplug_crashes`]), when it must not.
 ///
 /// # Errors
-/// As [`diff_vcpus`]; [`SyncError::InvalidVmi`] with `unplug_refused` when the diff unplugs;
+/// As [`diff_vcpus`]; [`SyncError::InvalidField`] at `spec.domain.cpu.sockets` with
+/// `unplug_refused` when the diff unplugs;
 /// [`SyncError::Qmp`] from QEMU.
 pub async fn set_vcpus(
     client: &QmpClient,
@@ -156,7 +164,10 @@ pub async fn set_vcpus(
             .iter()
             .any(|s| matches!(s, ResourceStep::UnplugVcpu { .. }))
         {
-            return Err(SyncError::InvalidVmi(reason));
+            return Err(SyncError::invalid_field(
+                FieldPath::new("spec.domain.cpu.sockets"),
+                reason,
+            ));
         }
     }
     run(client, &steps, unplug_timeout).await?;
@@ -297,17 +308,20 @@ pub fn diff_memory(
         };
     };
     if wanted < state.boot || wanted > max {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is outside {}..={max}",
-            state.boot
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!("{wanted} bytes is outside {}..={max}", state.boot),
+        ));
     }
     let requested = wanted - state.boot;
     if !requested.is_multiple_of(VIRTIO_MEM_BLOCK) {
-        return Err(SyncError::InvalidVmi(format!(
-            "spec.domain.memory.guest: {wanted} bytes is not {} MiB aligned above the boot memory",
-            VIRTIO_MEM_BLOCK >> 20
-        )));
+        return Err(SyncError::invalid_field(
+            FieldPath::new("spec.domain.memory.guest"),
+            format!(
+                "{wanted} bytes is not {} MiB aligned above the boot memory",
+                VIRTIO_MEM_BLOCK >> 20
+            ),
+        ));
     }
     match state.requested {
         Some(r) if r == requested => Ok(vec![]),

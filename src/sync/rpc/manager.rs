@@ -11,8 +11,9 @@ use crate::sync::rpc::proto::cmd::v1 as cmd;
 use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
 
 /// The message virt-launcher answers when `vmiJson` does not decode
-/// (`cmd-server/server.go`, `getVMIFromRequest`).
-pub const INVALID_VMI_MESSAGE: &str = "No valid vmi object present in command server request";
+/// (`cmd-server/server.go`, `getVMIFromRequest`); also the text of
+/// [`SyncError::UndecodableVmi`](crate::sync::error::SyncError::UndecodableVmi).
+pub use crate::sync::error::INVALID_VMI_MESSAGE;
 
 /// What `GetScreenshot` answers: the MIME type and the image bytes.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

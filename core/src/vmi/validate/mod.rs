@@ -113,4 +113,16 @@ impl Vmi {
             Err(e.0)
         }
     }
+
+    /// What virt-api's webhooks hand on: KubeVirt's defaults for this VMI
+    /// ([`DefaultsConfig::for_vmi`], then [`Vmi::apply_defaults`]), then [`Vmi::validate`].
+    /// The launcher admits every VMI it is sent this way (`qlauncher::sync::admit`), as does
+    /// `qlauncher convert`.
+    ///
+    /// Errors: every [`FieldError`] of [`Vmi::validate`]; the defaults are applied either way.
+    pub fn admit(&mut self) -> Result<(), Vec<FieldError>> {
+        let cfg = DefaultsConfig::for_vmi(self);
+        self.apply_defaults(&cfg);
+        self.validate()
+    }
 }

@@ -1,0 +1,157 @@
+//! The domain context: what every feature of the orchestrator takes (start, recovery, the sync
+//! diff, the cmd API, migration), so that none of them extends the dispatcher
+//! ([`crate::sync::vmi_sync::SyncVmi`]), which keeps only the sync lock, the migration control
+//! and the deletion signal and calls down into them. Cloud Hypervisor's `Vm` handle beside its
+//! `Vmm` dispatcher plays the same part.
+//!
+//! [`DomainCtx`] holds the launcher's settings ([`SyncConfig`]), the state shared with the QMP
+//! event task ([`Shared`]: the `api.Domain`, the lifecycle status, the QMP client, the job), the
+//! domain information ([`DomainInfo`]: guest agent, stats names, start timings) and the cmd API
+//! state ([`CmdApiState`]: agent poller store, freeze, memory dump, caches).
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use tokio::sync::watch;
+use tracing::info;
+
+use crate::qmp::client::QmpClient;
+use crate::qmp::lifecycle::{self, DomainStatus};
+use crate::sync::cmdapi::CmdApiState;
+use crate::sync::config::{SyncConfig, AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
+use crate::sync::domain::ApiDomain;
+use crate::sync::error::SyncError;
+use crate::sync::guest::info::DomainInfo;
+use crate::sync::rpc::notify::Notifier;
+use crate::sync::state::{Job, Shared};
+
+/// The domain's context (see the module doc).
+pub(crate) struct DomainCtx {
+    /// The launcher's settings.
+    pub(crate) config: SyncConfig,
+    /// The state shared with the event task.
+    pub(crate) shared: Arc<Shared>,
+    /// Guest agent, stats names and start timings.
+    pub(crate) info: DomainInfo,
+    /// Agent poller store, freeze, memory dump and caches.
+    pub(crate) cmdapi: CmdApiState,
+}
+
+impl DomainCtx {
+    /// The context of a launcher with no domain yet; `notifier` receives the domain events.
+    pub(crate) fn new(config: SyncConfig, notifier: Option<Notifier>) -> DomainCtx {
+        let (pid, _) = watch::channel(None);
+        DomainCtx {
+            config,
+            shared: Arc::new(Shared {
+                domain: StdMutex::new(None),
+                status: StdMutex::new(DomainStatus::default()),
+                notifier,
+                graceful: AtomicBool::new(false),
+                pid,
+                client: StdMutex::new(None),
+                job: StdMutex::new(Job::Idle),
+                fake_reboot: AtomicBool::new(false),
+            }),
+            info: DomainInfo::default(),
+            cmdapi: CmdApiState::default(),
+        }
+    }
+
+    /// The current domain (`None` before the first sync).
+    pub(crate) fn domain(&self) -> Option<ApiDomain> {
+        self.shared
+            .domain
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// The QEMU pid once started.
+    pub(crate) fn qemu_pid(&self) -> Option<i32> {
+        *self.shared.pid.borrow()
+    }
+
+    /// The QMP client of the running domain.
+    ///
+    /// # Errors
+    /// [`SyncError::NoDomain`] before QEMU runs.
+    pub(crate) fn client(&self) -> Result<QmpClient, SyncError> {
+        self.shared
+            .client
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+            .ok_or(SyncError::NoDomain)
+    }
+
+    /// Whether the guest opened the guest agent's channel (`org.qemu.guest_agent.0`): its state
+    /// in the domain is `connected`, which follows QEMU's `VSERPORT_CHANGE` as libvirt's
+    /// `<channel>` state does (and virt-handler's `AgentConnected` condition after it).
+    pub(crate) fn agent_connected(&self) -> bool {
+        let domain = self.shared.domain.lock().unwrap_or_else(|e| e.into_inner());
+        domain.as_ref().is_some_and(|d| {
+            d.spec.devices.channels.iter().any(|c| {
+                c.target.name == crate::sync::guest::info::AGENT_CHANNEL
+                    && c.target.state.as_deref() == Some(crate::sync::domain::channel_state(true))
+            })
+        })
+    }
+
+    /// The graceful shutdown of libvirt's default mode (`virDomainShutdown` without flags, what
+    /// KubeVirt's `SignalShutdownVMI` and its grace-period logic call): libvirt uses the guest
+    /// agent only while it is connected to it, which it is while the guest holds the agent's
+    /// channel open (`qemuDomainShutdownFlags`: `priv->agent`, opened and closed on
+    /// `VSERPORT_CHANGE`). So: `guest-shutdown` through the agent when its channel is connected
+    /// ([`DomainCtx::agent_connected`]), and the ACPI power button (QMP `system_powerdown`) at
+    /// once when it is not, or when the agent does not take the command. A guest without ACPI
+    /// handling but with an agent still powers off within its grace period, and a guest without
+    /// an agent gets the button without waiting for one.
+    ///
+    /// # Errors
+    /// [`SyncError::Qmp`] when the power button cannot be pressed (no QMP connection).
+    pub(crate) async fn graceful_shutdown(&self) -> Result<(), SyncError> {
+        if !self.agent_connected() {
+            info!("graceful shutdown: the guest agent's channel is not connected, pressing the ACPI power button");
+        } else if self.info.agent.has_socket() {
+            match self
+                .info
+                .agent
+                .shutdown(AGENT_SHUTDOWN_TIMEOUT, AGENT_SHUTDOWN_ANSWER)
+                .await
+            {
+                Ok(()) => {
+                    info!("graceful shutdown: guest-shutdown through the guest agent");
+                    return Ok(());
+                }
+                Err(e) => {
+                    info!(reason = %e, "graceful shutdown: no agent shutdown, pressing the ACPI power button");
+                }
+            }
+        }
+        lifecycle::powerdown(&self.client()?)
+            .await
+            .map_err(SyncError::Qmp)
+    }
+
+    /// Starts the guest agent's polls of the domain just started or adopted: interfaces
+    /// ([`crate::sync::guest::info`]) and the rest of KubeVirt's agent poller
+    /// ([`crate::sync::cmdapi::guest_info`]); changes land in the domain status with a MODIFIED
+    /// event.
+    pub(crate) fn start_agent_poll(&self) {
+        let Ok(client) = self.client() else { return };
+        let events = client.events();
+        let shared = self.shared.clone();
+        self.info.start_interface_poller(
+            client,
+            Arc::new(move |list| shared.set_guest_interfaces(list)),
+        );
+        let shared = self.shared.clone();
+        self.cmdapi.start_poller(
+            self.info.agent.clone(),
+            self.config.agent_poll,
+            Arc::new(move |update| shared.apply_agent_update(update)),
+            Some(events),
+        );
+    }
+}
