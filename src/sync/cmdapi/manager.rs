@@ -283,7 +283,11 @@ pub(crate) async fn sev_launch_measurement(
     vmi: &crate::vmi::Vmi,
 ) -> Result<Vec<u8>, SyncError> {
     let client = d.client()?;
-    let loader = d.config.ovmf_dir.join(sev::SEV_OVMF_CODE);
+    // KubeVirt's EFI environment keeps the path only when the file exists
+    // (`efi.DetectEFIEnvironment`); else it opens "" (`open : no such file or directory`).
+    let loader = Some(d.config.ovmf_dir.join(sev::SEV_OVMF_CODE))
+        .filter(|p| p.exists())
+        .unwrap_or_default();
     Ok(sev::launch_measurement(&client, is_sev(vmi), &loader).await?)
 }
 
