@@ -142,6 +142,7 @@ async fn one(mem: u64, multifd: bool, guest: &GuestImages) -> serde_json::Value 
     let sockets = TargetSockets {
         stream: tmp.path().join("m-49152-source.sock"),
         nbd: tmp.path().join("m-49153-source.sock"),
+        ordered_stream: tmp.path().join("m-qemu-stream.sock"),
     };
     let listener = UnixListener::bind(&control).unwrap();
     let (tc, ts) = (t_qmp.clone(), sockets.clone());

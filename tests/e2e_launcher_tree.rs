@@ -1,8 +1,9 @@
 //! qlauncher chrooted into the compute container's file tree (`scripts/assemble-launcher-tree`,
 //! the same files as the `Containerfile`'s image) boots the demo VMI with `qlauncher run`, the
-//! guest gets its DHCP lease from qlauncher, and SIGTERM stops it gracefully. The tree holds
-//! qlauncher, QEMU, their libraries and firmware and nothing else (no shell, `ip`, `nft`,
-//! `qemu-img`): this proves qlauncher needs no outside program but QEMU.
+//! guest gets its DHCP lease from qlauncher, and SIGTERM stops it gracefully. Every process of the
+//! pod runs the monitor, the launcher or QEMU: qlauncher needs no outside program but QEMU (the
+//! tree's shell and coreutils are there only for KubeVirt's other containers; no `ip`, `nft`,
+//! `qemu-img`).
 //!
 //! The test plays the container runtime: in a private mount namespace (gone with its last
 //! process) it mounts what a pod's container has, `/proc`, `/sys`, a `/dev` tmpfs with the usual

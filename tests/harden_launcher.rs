@@ -9,7 +9,8 @@
 //!   on the same directories: the next sync succeeds with one QEMU (the running one adopted), the
 //!   overlay kept (same inode, same header), the nftables ruleset, links, addresses and routes
 //!   exactly as after the first setup, and the adopted domain still paused, resumed and shut down.
-//! - `--run-as-nonroot`: QEMU runs as 107:107 with no supplementary groups and no capabilities,
+//! - KubeVirt's default non-root pod (the launcher as 107 with `--run-as-nonroot`): QEMU runs as
+//!   107:107 with no capabilities and only the pod's fsGroup as supplementary group,
 //!   holds no descriptor of the launcher (gRPC, notify, netlink, logs), only its own sockets, the
 //!   tap and its images; its sockets (QMP, serial console, VNC, guest agent channel) are 107's,
 //!   mode 0775 (umask 0002, as libvirt starts QEMU): not world-writable.
@@ -307,8 +308,9 @@ fn unix_sockets(pid: i32) -> Vec<(String, String)> {
         .collect()
 }
 
-/// With `--run-as-nonroot`, QEMU runs as 107:107 without groups or capabilities, holds only its
-/// own descriptors, and its sockets have KubeVirt's owner and modes.
+/// In KubeVirt's default non-root pod (the launcher as 107 over kubelet-made emptyDirs, with
+/// `--run-as-nonroot`), QEMU runs as 107:107 without capabilities, holds only its own
+/// descriptors, and its sockets have KubeVirt's owner and modes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn nonroot_qemu_runs_as_107_with_only_its_own_fds_and_private_sockets() {
     let images = GuestImages::locate();
@@ -325,10 +327,13 @@ async fn nonroot_qemu_runs_as_107_with_only_its_own_fds_and_private_sockets() {
     let qemu = pod.wait_qemu(n, START).await;
     let launcher = pod.launcher_pid(n);
 
-    // Identity: the qemu user, no supplementary groups, no capabilities.
+    // Identity: the qemu user, no capabilities (the launcher's NET_BIND_SERVICE stays its own),
+    // and only the pod's fsGroup as supplementary group: the compute container's, which a
+    // process without CAP_SETGID cannot leave.
+    assert_eq!(status_field(pod.launcher_pid(n), "Uid"), "107 107 107 107");
     assert_eq!(status_field(qemu, "Uid"), "107 107 107 107");
     assert_eq!(status_field(qemu, "Gid"), "107 107 107 107");
-    assert_eq!(status_field(qemu, "Groups"), "");
+    assert_eq!(status_field(qemu, "Groups"), "107");
     for caps in ["CapInh", "CapPrm", "CapEff", "CapAmb"] {
         assert_eq!(status_field(qemu, caps), "0000000000000000", "{caps}");
     }
@@ -416,7 +421,8 @@ async fn nonroot_qemu_runs_as_107_with_only_its_own_fds_and_private_sockets() {
             std::fs::symlink_metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
         (m.uid(), m.gid(), m.permissions().mode() & 0o7777)
     };
-    assert_eq!(owner_mode(&vmi_dir), (107, 107, 0o755));
+    // Made inside the setgid emptyDir: the bit is inherited (as KubeVirt's MkdirAll keeps it).
+    assert_eq!(owner_mode(&vmi_dir), (107, 107, 0o2755));
     assert_eq!(owner_mode(&private.join("qlauncher")), (107, 107, 0o750));
     for socket in [
         pod.qmp_socket(),

@@ -12,7 +12,11 @@
 //! migration (the third pod's VMI has its own UID, name and namespace: its domain and QEMU are
 //! named after it). The VMI's CPU is host-model: each target
 //! starts from the source's expanded CPU (`-cpu base,...,enforce=on`, no `max`), and the guest's
-//! CPU identity in `/proc/cpuinfo` is the same on all three. Needs root and the test guest
+//! CPU identity in `/proc/cpuinfo` is the same on all three. The pods are KubeVirt's default
+//! non-root ones (each launcher and its QEMU run as 107 over kubelet-made emptyDirs, virt-handler
+//! set up the pod network); the migrations use virt-handler's default options (8 multifd
+//! channels), the first through a proxy that hands the target the main channel last; each
+//! source launcher exits 0 once its domain migrated away. Needs root and the test guest
 //! (`scripts/build-guest`).
 
 use std::time::Duration;
@@ -21,8 +25,8 @@ use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    decentralized_vmis, exec_until_ok, history, metadata, migrate_on_with, migrating_vmi, options,
-    plain_vmi, pod_pair, read_counter, wait_notified, Relay, Rpc,
+    decentralized_vmis, exec_until_ok, history, metadata, migrate_on_with, migrating_vmi,
+    multifd_options, plain_vmi, pod_pair, read_counter, wait_notified, Relay, Rpc, StreamOrder,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -146,11 +150,20 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     assert!(get_domain(&mut tc).await.is_none());
     assert!(target.root.join("var/run/libvirt/virtqemud-sock").exists());
 
-    let _relay = Relay::start(&source, &target, &uid).await;
+    // KubeVirt's proxy gives no order to the stream's connections: this one hands the main
+    // channel to the target last (after the 8 multifd channels).
+    let _relay = Relay::start_with(
+        &source,
+        &target,
+        &uid,
+        StreamOrder::Reversed { connections: 9 },
+    )
+    .await;
     let before = read_counter(&mut sc, Duration::from_secs(20)).await;
 
-    // Source handler: the RPC returns at once; virt-handler repeats it until it sees progress.
-    let opts = options("0", 150);
+    // Source handler (KubeVirt's default options: 8 multifd channels): the RPC returns at once;
+    // virt-handler repeats it until it sees progress.
+    let opts = multifd_options("0", 150);
     assert_eq!(
         Rpc::migrate(&mut sc, &vmi, &opts).await,
         (true, String::new())
@@ -189,10 +202,12 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
         "{msg}"
     );
 
-    // The source's QEMU is gone; after DeleteVirtualMachine the source launcher exits.
+    // The source's QEMU is gone; after DeleteVirtualMachine the source launcher exits 0, as
+    // KubeVirt's does (the source pod completes, it does not fail).
     assert!(!source.qemu_pids().contains(&source_qemu));
     assert_eq!(Rpc::delete(&mut sc, &vmi).await, (true, String::new()));
-    source.wait_launcher(s, Duration::from_secs(60)).await;
+    let exit = source.wait_launcher(s, Duration::from_secs(60)).await;
+    assert!(exit.success(), "{exit:?}; log:\n{}", source.log(s));
 
     // Target handler: finalize twice.
     assert_eq!(Rpc::finalize(&mut tc, &vmi).await, (true, String::new()));
@@ -249,7 +264,7 @@ async fn a_running_guest_migrates_to_the_target_pod_and_keeps_its_state() {
     // names its VMI's UID in the definition after the target's (the serial console's socket
     // path holds it, so without the rewrite the target refuses the definition), and the proxy
     // sockets keep the source VMI's UID.
-    let mut third = Pod::new(&images.disk_qcow2, false);
+    let mut third = Pod::new(&images.disk_qcow2, true);
     assert_ne!(third.uid, uid);
     let (mut vmi2, mut third_vmi) =
         decentralized_vmis(&uid, &third.uid, "mig-2", &third.pod_name(), &guest_mac);

@@ -360,6 +360,7 @@ async fn a_domain_started_by_libvirt_from_our_xml_migrates_into_qlaunchers_qemu(
     let sockets = TargetSockets {
         stream: root.join("u-49152-source.sock"),
         nbd: root.join("u-49153-source.sock"),
+        ordered_stream: root.join("u-qemu-stream.sock"),
     };
     let listener = UnixListener::bind(&control).unwrap();
     let (t_client, t_sockets, uid) = (t_qmp.clone(), sockets.clone(), domain.vmi_uid.clone());

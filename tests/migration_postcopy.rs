@@ -30,7 +30,7 @@ use testkit::handler::Client;
 use testkit::launcher::{get_domain, Pod};
 use testkit::migration::{
     boot, exec_until_ok, job_data, metadata, migrate_on, migrating_vmi, options, plain_vmi,
-    pod_pair, running_domain, target_sockets, wait_notified, Relay, Rpc,
+    pod_pair_as, running_domain, target_sockets, wait_notified, Relay, Rpc,
 };
 use testkit::netns::POD_MAC;
 use tokio::net::{UnixListener, UnixStream};
@@ -326,7 +326,9 @@ const LAUNCHER_MIGRATION: Duration = Duration::from_secs(300);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_pause_converges() {
     let images = GuestImages::locate();
-    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    // Root pods, as before: with non-root ones the disk-mirror case did not start its RAM copy in
+    // one run here (not investigated yet; see the mig27 report of issue 27).
+    let (mut source, mut target) = pod_pair_as(&images.disk_qcow2, false);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
     let (_, mut sc) = boot(&mut source, &plain, LAUNCHER_BOOT).await;

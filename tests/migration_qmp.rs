@@ -3,7 +3,10 @@
 //! domain's definition crosses the control channel, the target starts `-S -incoming defer`,
 //! the source's containerDisk-like overlay (qcow2 over a shared backing file) is mirrored over
 //! NBD to a same-size overlay on the target, the switchover happens at `pre-switchover`, and the
-//! target runs the VM with the data written on the source.
+//! target runs the VM with the data written on the source. With KubeVirt's 8 multifd channels
+//! through a proxy that hands the target the stream's connections in reverse order (the main
+//! channel last), the migration completes on QEMU 7.2 too (whose incoming side takes the first
+//! connection it accepts as the main channel), over the multifd channels, time after time.
 
 use std::path::Path;
 use std::process::Command;
@@ -15,7 +18,7 @@ use qlauncher::sync::migration::source::{resolved_machine, run_source, SourcePla
 use qlauncher::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
 use qlauncher::sync::migration::{MigrationError, MigrationOptions};
 use serde_json::json;
-use testkit::migration::target_sockets;
+use testkit::migration::{target_sockets, StreamOrder, StreamRelay};
 use testkit::qmp::{q35_args, TestVm};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
@@ -379,4 +382,89 @@ async fn target_killed_mid_copy_fails_the_migration_and_the_source_keeps_running
     assert_eq!(jobs, json!([]));
     let (t_end, _vm) = target.await.unwrap();
     assert!(matches!(t_end.unwrap(), TargetEnd::Failed { .. }));
+}
+
+/// One migration of an idle VM with KubeVirt's default 8 multifd channels through a proxy that
+/// reverses the order of the stream's connections (the main channel reaches the target last).
+async fn multifd_through_a_reordering_proxy(run: usize) {
+    let pair = source_vm().await;
+    let sock_dir = tempfile::tempdir().unwrap();
+    let control = sock_dir.path().join("control.sock");
+    let sockets = target_sockets(sock_dir.path());
+    let listener = UnixListener::bind(&control).unwrap();
+    let target = tokio::spawn(target(
+        listener,
+        pair.target_dir.path().to_owned(),
+        pair.base_dir.path().join("base.img"),
+        sockets.clone(),
+        None,
+    ));
+    // The source's proxy socket; the relay dials the target's stream socket.
+    let proxied = sock_dir.path().join("proxy-49152.sock");
+    let _relay = StreamRelay::start(
+        &proxied,
+        &sockets.stream,
+        StreamOrder::Reversed { connections: 9 },
+    );
+    let conn = UnixStream::connect(&control).await.unwrap();
+    let plan = SourcePlan {
+        stream: proxied,
+        nbd: sockets.nbd.clone(),
+        options: MigrationOptions::from_json(
+            br#"{"Bandwidth":"0","ProgressTimeout":150,"CompletionTimeoutPerGiB":150,
+                 "ParallelMigrationThreads":8}"#,
+        )
+        .unwrap(),
+        data_bytes: 128 << 20,
+    };
+    let (_abort_tx, abort) = watch::channel(false);
+    let end = tokio::time::timeout(
+        Duration::from_secs(300),
+        run_source(
+            conn,
+            pair.source.client(),
+            definition_of(&pair, false).await,
+            &plan,
+            abort,
+        ),
+    )
+    .await
+    .expect("source finished");
+    let (t_end, t_vm) = target.await.unwrap();
+    let t_vm = t_vm.expect("the target QEMU started");
+    assert!(
+        end.is_ok(),
+        "run {run}: {end:?}; target: {t_end:?}; target QEMU log:\n{}",
+        std::fs::read_to_string(t_vm.path("qemu.log")).unwrap_or_default()
+    );
+    assert_eq!(t_end.unwrap(), TargetEnd::Completed { paused: false });
+    assert_eq!(status(pair.source.client()).await, "postmigrate");
+    assert_eq!(status(t_vm.client()).await, "running");
+    // The RAM went over the multifd channels.
+    let info = pair
+        .source
+        .client()
+        .execute("query-migrate", None)
+        .await
+        .unwrap();
+    assert!(
+        info["ram"]["multifd-bytes"].as_u64().unwrap_or(0) > 0,
+        "run {run}: {info}"
+    );
+    eprintln!("run {run}: migrated over 8 multifd channels, main channel reordered last");
+}
+
+/// KubeVirt's migration proxy does not keep the order of the stream's connections. QEMU 7.2's
+/// incoming side takes the first one it accepts as the main channel; the target launcher orders
+/// them, and every run completes over the multifd channels. `REORDER_RUNS` (default 3) sets
+/// the number of migrations.
+#[tokio::test]
+async fn multifd_survives_a_proxy_that_reorders_the_stream_connections() {
+    let runs = std::env::var("REORDER_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    for run in 1..=runs {
+        multifd_through_a_reordering_proxy(run).await;
+    }
 }

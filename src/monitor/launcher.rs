@@ -50,9 +50,10 @@ pub const LAUNCHER_FLAGS: &[(&str, FlagKind)] = &[
     ("qemu-agent-user-interval", FlagKind::Value),
     ("qemu-agent-version-interval", FlagKind::Value),
     ("qemu-fsfreeze-status-interval", FlagKind::Value),
+    // The ImageVolume feature gate: containerDisks are image volumes, linked before SyncVMI.
+    ("image-volume", FlagKind::Bool),
     // Accepted, not used by qlauncher.
     ("allow-cross-arch-emulation", FlagKind::Bool),
-    ("image-volume", FlagKind::Bool),
     ("libvirt-hook-server-and-client", FlagKind::Bool),
     ("upgrade-ordinal-ifaces", FlagKind::Bool),
     ("vgpu-dedicated-hook", FlagKind::Bool),
@@ -81,6 +82,7 @@ const USED_FLAGS: &[&str] = &[
     "hypervisor",
     "v",
     "private-dir",
+    "image-volume",
 ];
 
 /// virt-launcher's configuration, with KubeVirt's defaults.
@@ -111,6 +113,11 @@ pub struct LauncherConfig {
     pub allow_emulation: bool,
     /// `--run-as-nonroot`.
     pub run_as_nonroot: bool,
+    /// `--image-volume` (the ImageVolume feature gate, on by default in KubeVirt v1.9): the
+    /// containerDisks are image volumes under `/var/run/kubevirt-image-volume/disk_<i>` (and
+    /// `/var/run/kubevirt-kernel-boot`), linked as `disk_<i>.img` before each SyncVMI
+    /// ([`crate::storage::image_volume`]).
+    pub image_volume: bool,
     /// `--vm-stats-collector`: answer `GetVMStats`.
     pub vm_stats_collector: bool,
     /// `--qemu-agent-version-interval` (default 300 s).
@@ -150,6 +157,7 @@ impl Default for LauncherConfig {
             grace_period: Duration::from_secs(30),
             allow_emulation: false,
             run_as_nonroot: false,
+            image_volume: false,
             vm_stats_collector: false,
             agent_version_interval: Duration::from_secs(300),
             agent_file_interval: Duration::from_secs(300),
@@ -193,6 +201,7 @@ impl LauncherConfig {
             grace_period: Duration::from_secs(f.int("grace-period-seconds", 30u64)?),
             allow_emulation: f.bool("allow-emulation")?,
             run_as_nonroot: f.bool("run-as-nonroot")?,
+            image_volume: f.bool("image-volume")?,
             vm_stats_collector: f.bool("vm-stats-collector")?,
             agent_version_interval: f
                 .duration("qemu-agent-version-interval", d.agent_version_interval)?,

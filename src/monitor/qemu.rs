@@ -77,8 +77,10 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
                 libc::_exit(0);
             }
             libc::setsid();
-            // QEMU gets no ambient capabilities (the monitor gives the launcher
-            // CAP_NET_BIND_SERVICE; libvirt also starts QEMU without extra capabilities).
+            // QEMU gets no ambient or inheritable capabilities (the monitor gives the launcher
+            // CAP_NET_BIND_SERVICE, inheritable and ambient: a non-root launcher's QEMU would
+            // keep it in both sets across exec; libvirt clears the emulator's capabilities,
+            // `clear_emulator_capabilities`).
             libc::prctl(
                 libc::PR_CAP_AMBIENT,
                 libc::PR_CAP_AMBIENT_CLEAR_ALL as libc::c_ulong,
@@ -86,6 +88,7 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
                 0 as libc::c_ulong,
                 0 as libc::c_ulong,
             );
+            clear_inheritable_caps();
             let me = libc::getpid().to_ne_bytes();
             libc::write(write_fd, me.as_ptr().cast(), me.len());
             Ok(())
@@ -106,6 +109,48 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
         stdout,
         stderr,
     })
+}
+
+/// Empties the calling thread's inheritable capability set (`capget`, then `capset` with the
+/// effective and permitted sets unchanged; version 3 headers, `capget(2)`). Async-signal-safe
+/// (two raw syscalls); a failure leaves the set as it was.
+fn clear_inheritable_caps() {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
+    let mut header = Header {
+        version: LINUX_CAPABILITY_VERSION_3,
+        pid: 0,
+    };
+    let mut data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: capget and capset with a valid version 3 header and two data structs, as the
+    // kernel's ABI for 64 capability bits takes them.
+    unsafe {
+        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0 {
+            return;
+        }
+        if data.iter().all(|d| d.inheritable == 0) {
+            return;
+        }
+        for d in &mut data {
+            d.inheritable = 0;
+        }
+        libc::syscall(libc::SYS_capset, &mut header, data.as_ptr());
+    }
 }
 
 /// A QEMU process watched through a pidfd. Needs a tokio runtime with I/O enabled.

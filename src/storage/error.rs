@@ -38,6 +38,18 @@ pub enum StorageError {
         #[source]
         source: io::Error,
     },
+    /// With the ImageVolume feature, the file of a containerDisk (or kernel boot) image volume
+    /// cannot be found or linked: no file, more than one, a path leaving the volume, or the link
+    /// cannot be made (KubeVirt `linkImageVolumeFilePaths` fails SyncVMI the same way).
+    #[error("volume {volume}: image volume {path}: {reason}")]
+    ImageVolume {
+        /// Volume name (`kernel-boot` for the kernel boot container).
+        volume: String,
+        /// The image volume directory or file involved.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
     /// The image is neither raw nor a qcow2 version qlauncher reads.
     #[error("volume {volume}: image {path} has an unsupported format: {reason}")]
     UnsupportedFormat {

@@ -19,6 +19,8 @@
 //! - [`nvram`]: [`detect_efi`] (the OVMF files on the host) and [`NvramSpec`] → the per-VM
 //!   `<name>_VARS.fd` copied from its template (libvirt's NVRAM handling).
 //! - [`iso`]: the ISO9660 + Joliet + Rock Ridge writer shared by the last two (crate `hadris-iso`).
+//! - [`image_volume`]: the ImageVolume feature's links from `disk_<i>.img` (and the kernel boot
+//!   artifacts) into the image volumes (`linkImageVolumeFilePaths`).
 //! - [`paths`]: KubeVirt's fixed directories and file names.
 //! - [`from_vmi`]: the specs above filled from `crate::vmi` types (the only `vmi` import).
 //!
@@ -32,6 +34,7 @@ mod error;
 pub mod facts;
 pub mod from_vmi;
 pub mod host_disk;
+pub mod image_volume;
 pub mod iso;
 pub mod nvram;
 pub mod overlay;

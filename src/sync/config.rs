@@ -65,6 +65,10 @@ pub struct SyncConfig {
     /// Where a migration target listens for the source launcher: the path virt-handler's target
     /// proxy dials for role 0 (`/var/run/libvirt/virtqemud-sock` in a pod).
     pub migration_control_socket: PathBuf,
+    /// `--image-volume`: the image volumes the containerDisks and the kernel boot image are
+    /// linked from before storage is prepared ([`crate::storage::image_volume`]); `None` without
+    /// the ImageVolume feature (virt-handler bind-mounts `disk_<i>.img` then).
+    pub image_volume: Option<crate::storage::image_volume::ImageVolumeDirs>,
 }
 
 /// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
@@ -155,6 +159,7 @@ impl SyncConfig {
             sysfs: root.join("sys"),
             migration_proxy_dir: root.join("var/run/kubevirt/migrationproxy"),
             migration_control_socket: root.join(TARGET_CONTROL_SOCKET.trim_start_matches('/')),
+            image_volume: None,
         }
     }
 }

@@ -152,6 +152,11 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
         c.runtime_uid = launcher::QEMU_UID;
     }
     c.vm_stats_collector = config.vm_stats_collector;
+    if config.image_volume {
+        c.image_volume = Some(crate::storage::image_volume::ImageVolumeDirs::under_root(
+            &root,
+        ));
+    }
     c.agent_poll = crate::sync::config::PollIntervals {
         version: config.agent_version_interval,
         filesystems: config.agent_file_interval,

@@ -99,6 +99,13 @@ impl SupervisedDomain for SyncVmi {
         if ending != Ending::ExitedOnItsOwn || self.ctx.shared.graceful.load(Ordering::SeqCst) {
             return Ok(());
         }
+        // The `quit` after a completed outgoing migration (Shutoff/Migrated): the domain lives
+        // on in the target pod. KubeVirt's launcher sends its final notification and exits 0
+        // (`cmd/virt-launcher/virt-launcher.go`, v1.9.0), so the source pod completes instead
+        // of ending Failed.
+        if self.ctx.shared.job() == crate::sync::state::Job::MigratedAway {
+            return Ok(());
+        }
         // Let the event task see the exit.
         std::thread::sleep(Duration::from_millis(200));
         let status = *self

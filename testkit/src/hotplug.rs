@@ -40,9 +40,13 @@ pub fn attach_blue(pod: &Pod, mac: &str) {
 
 /// The pods of a migration with `blue`: the Multus link in `source` (pod-side MAC
 /// `0a:58:0a:f4:01:07`) and in `target` (`0a:58:0a:f4:02:07`), where virt-handler also set up its
-/// bridge binding ([`virt_handler_blue`]).
+/// bridge binding ([`virt_handler_blue`]); in a non-root source too, whose launcher (without
+/// `NET_ADMIN`) cannot build it when the NIC is hot-plugged.
 pub fn blue_pods(source: &Pod, target: &Pod) {
     attach_blue(source, "0a:58:0a:f4:01:07");
+    if source.nonroot {
+        virt_handler_blue(source, "0a:58:0a:f4:01:07");
+    }
     attach_blue(target, "0a:58:0a:f4:02:07");
     virt_handler_blue(target, "0a:58:0a:f4:02:07");
 }
@@ -63,6 +67,11 @@ pub fn hp1_image(pod: &Pod) -> std::path::PathBuf {
         .status()
         .unwrap();
     assert!(mkfs.success());
+    // virt-handler gives a mounted hotplug volume to QEMU's user (107 in a non-root pod).
+    if pod.nonroot {
+        let id = Some(crate::kubelet::QEMU_ID);
+        std::os::unix::fs::chown(&image, id, id).unwrap();
+    }
     image
 }
 
@@ -77,7 +86,13 @@ pub fn share_hp1(pod: &Pod, image: &std::path::Path) {
 /// Plays the target's virt-handler: sets up the bridge binding of `blue` in `pod` (pod link MAC
 /// `mac`) before `SyncMigrationTarget`, which the launcher then adopts unchanged.
 pub fn virt_handler_blue(pod: &Pod, mac: &str) {
-    for args in crate::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, 0) {
+    // The tap is QEMU's user's: 107 in a non-root pod.
+    let owner = if pod.nonroot {
+        crate::kubelet::QEMU_ID
+    } else {
+        0
+    };
+    for args in crate::net::kubevirt_bridge_links(BLUE_POD_IFACE, mac, 1400, owner) {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         pod.net.pod.ip(&args);
     }

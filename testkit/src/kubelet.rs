@@ -83,6 +83,22 @@ pub fn compute_user_argv() -> Vec<String> {
     ]
 }
 
+/// The words that run a command as KubeVirt's virt-launcher runs in a non-root compute container:
+/// [`compute_user_argv`] plus `NET_BIND_SERVICE` inheritable and ambient, which
+/// virt-launcher-monitor (file capability `cap_net_bind_service`) hands its virt-launcher
+/// (`AmbientCaps`, `cmd/virt-launcher-monitor`, v1.9.0) so that it can serve DHCP on port 67.
+/// Nothing else is permitted; `no_new_privs` stays set.
+pub fn launcher_user_argv() -> Vec<String> {
+    compute_user_argv()
+        .into_iter()
+        .map(|w| match w.as_str() {
+            "--inh-caps=-all" => "--inh-caps=-all,+net_bind_service".to_owned(),
+            "--ambient-caps=-all" => "--ambient-caps=-all,+net_bind_service".to_owned(),
+            _ => w,
+        })
+        .collect()
+}
+
 /// The environment the template gives a non-root compute container
 /// (`rendercontainer.go xdgEnvironmentVariables`), at the pod's paths: `XDG_CACHE_HOME` and
 /// `XDG_CONFIG_HOME` the private directory, `XDG_RUNTIME_DIR` `<root>/var/run`, and `HOME=/` (as

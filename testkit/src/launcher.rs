@@ -4,6 +4,15 @@
 //! root, the test guest's qcow2 as the containerDisk, and a notify server playing virt-handler on
 //! `domain-notify-pipe.sock`. Everything (launchers, the QEMU they started, namespaces, files) is
 //! removed on drop.
+//!
+//! A non-root pod (KubeVirt's default, `status.runtimeUser: 107`) is run as KubeVirt runs it: the
+//! compute container's emptyDirs as the kubelet makes them (root:107, 2777,
+//! [`crate::kubelet::compute_empty_dirs`]), virt-handler's masquerade setup of the pod network
+//! before any launcher starts (the launcher, without `NET_ADMIN`, adopts it), the notify socket
+//! given to 107, and each launcher exec'd as uid and gid 107 with only `NET_BIND_SERVICE`
+//! ([`crate::kubelet::launcher_user_argv`]), `--run-as-nonroot` and the compute container's
+//! environment. A root pod (the `Root` feature gate) runs the launcher and QEMU as root over
+//! directories the test made.
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -60,6 +69,9 @@ fn is_qemu(argv: &[String]) -> bool {
     argv.first()
         .is_some_and(|a| a.rsplit('/').next().unwrap_or(a).starts_with("qemu-system"))
 }
+
+/// The MTU of a launcher pod's `eth0` (the kernel's default: [`pod_net`] sets none).
+pub const POD_MTU: u32 = 1500;
 
 /// The pod network of a launcher pod: no MTU or service route, a short resolv.conf.
 fn pod_net() -> PodNet {
@@ -118,20 +130,48 @@ pub struct Pod {
     pub net: PodNet,
     /// Notifications received.
     pub received: Received,
-    /// Pass `--run-as-nonroot`.
+    /// KubeVirt's default non-root pod (see the module doc); else a root pod.
     pub nonroot: bool,
     launchers: Vec<Child>,
     _notify_stop: tokio::sync::oneshot::Sender<()>,
 }
 
+/// virt-handler's network setup of a non-root pod before the launcher's first sync
+/// (`NetConf.Setup`, `pkg/network/setup/netpod/masquerade`, v1.9.0) for the interface `default`
+/// on `eth0` (MTU [`POD_MTU`]): bridge `k6t-eth0` with the gateway, `tap0` owned by 107 as its
+/// port, forwarding and `route_localnet` on, and KubeVirt's IPv4 `nat` table (every port
+/// forwarded to the guest).
+pub fn virt_handler_masquerade(net: &PodNet) {
+    for args in crate::net::kubevirt_masquerade_links_mtu(crate::kubelet::QEMU_ID, false, POD_MTU) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        net.pod.ip(&args);
+    }
+    net.pod.sh(&["sysctl", "-qw", "net.ipv4.ip_forward=1"]);
+    net.pod
+        .sh(&["sysctl", "-qw", "net.ipv4.conf.k6t-eth0.route_localnet=1"]);
+    let cfg = qlauncher::net::NetConfig::default();
+    for c in crate::net::kubevirt_nft(&cfg, crate::net::POD_IPV4) {
+        if c.get(2).map(String::as_str) != Some("ip") {
+            continue;
+        }
+        let mut args = vec!["nft"];
+        args.extend(c.iter().map(String::as_str));
+        net.pod.sh(&args);
+    }
+}
+
 impl Pod {
-    /// Makes the pod (call inside a tokio runtime: the notify server runs on it).
+    /// Makes the pod (call inside a tokio runtime: the notify server runs on it): KubeVirt's
+    /// default non-root pod when `nonroot` (see the module doc), else a root pod.
     pub fn new(guest_qcow2: &Path, nonroot: bool) -> Pod {
         let id = crate::unique();
         let root = PathBuf::from(format!("/tmp/qlh{id}"));
         std::fs::create_dir_all(&root).unwrap();
         // QEMU may run as 107: every directory above its files must be searchable.
         std::fs::set_permissions(&root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if nonroot {
+            crate::kubelet::compute_empty_dirs(&root);
+        }
         let uid = uuid_for(&id);
         let mut pod = Pod {
             root,
@@ -145,11 +185,15 @@ impl Pod {
         let disks = pod.share().join("container-disks");
         std::fs::create_dir_all(&disks).unwrap();
         std::os::unix::fs::symlink(guest_qcow2, disks.join("disk_0.img")).unwrap();
-        let stop = crate::notify::start_into(
-            &pod.share().join("domain-notify-pipe.sock"),
-            pod.received.clone(),
-        );
+        let pipe = pod.share().join("domain-notify-pipe.sock");
+        let stop = crate::notify::start_into(&pipe, pod.received.clone());
         pod._notify_stop = stop;
+        if nonroot {
+            // virt-handler gives the pipe to the launcher's user, and sets up the network.
+            let id = Some(crate::kubelet::QEMU_ID);
+            std::os::unix::fs::chown(&pipe, id, id).unwrap();
+            virt_handler_masquerade(&pod.net);
+        }
         pod
     }
 
@@ -239,8 +283,14 @@ impl Pod {
                 .arg(&node)
                 .arg("ip");
         }
+        command.args(["netns", "exec", &self.net.pod.name]);
+        if self.nonroot {
+            // The compute container's virt-launcher: 107 with only NET_BIND_SERVICE.
+            command
+                .args(crate::kubelet::launcher_user_argv())
+                .envs(crate::kubelet::compute_user_env(&self.root));
+        }
         let child = command
-            .args(["netns", "exec", &self.net.pod.name])
             .arg(crate::qlauncher_bin())
             .args(&args)
             .env("QLAUNCHER_ROOT", &self.root)

@@ -18,6 +18,8 @@
 //! - [`hotplug`]: the hot-plugged NIC `blue` and disk `hp1` of the migration tests.
 //! - [`in_process`]: the launcher in the test's process: KubeVirt's directories under a temporary
 //!   root, the cmd server with virt-handler's client, the notify server.
+//! - [`container`]: one container of a pod run as kubelet and runc run it (chroot into the
+//!   image tree, the pod's mounts, env, user, capabilities, no shell in between), and exec in it.
 //! - [`kubelet`]: the kubelet's emptyDirs (root:107, 2777), the non-root compute container's
 //!   identity and environment, device plugins' per-pod 0666 device nodes.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
@@ -39,6 +41,7 @@
 #![warn(missing_docs)]
 
 pub mod cmdline;
+pub mod container;
 pub mod fuzz;
 pub mod guest;
 pub mod handler;

@@ -37,9 +37,112 @@ struct Gate {
     rate: tokio::sync::watch::Receiver<u64>,
 }
 
+/// In which order a relay passes on the connections of the migration stream (role 49152) to the
+/// target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StreamOrder {
+    /// Each connection as soon as it is accepted (the order it came in, as a proxy usually
+    /// delivers it).
+    AsAccepted,
+    /// The worst order KubeVirt's proxy can produce (its per-connection dials to the target
+    /// race): up to `connections` connections are collected (a batch ends 2 s after its last
+    /// arrival), then passed on last first, so the main channel, which the source opens first,
+    /// reaches the target last.
+    Reversed {
+        /// The batch size: 1 + the multifd channels.
+        connections: usize,
+    },
+}
+
+/// Passes on what `rx` delivers with `forward`, in `order` ([`StreamOrder`]); each `forward`
+/// is awaited before the next (it returns once its connection to the target is queued).
+async fn pass_on<C, F, Fut>(
+    mut rx: tokio::sync::mpsc::UnboundedReceiver<C>,
+    order: StreamOrder,
+    forward: F,
+) where
+    F: Fn(C) -> Fut,
+    Fut: std::future::Future<Output = ()>,
+{
+    loop {
+        let Some(first) = rx.recv().await else { return };
+        let StreamOrder::Reversed { connections } = order else {
+            forward(first).await;
+            continue;
+        };
+        let mut batch = vec![first];
+        let mut closed = false;
+        while batch.len() < connections {
+            match tokio::time::timeout(Duration::from_secs(2), rx.recv()).await {
+                Ok(Some(c)) => batch.push(c),
+                Ok(None) => {
+                    closed = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        for c in batch.into_iter().rev() {
+            forward(c).await;
+        }
+        if closed {
+            return;
+        }
+    }
+}
+
+/// A unix-socket relay from `listen` to `dial` that passes the connections on in `order`
+/// (KubeVirt's migration proxy as seen from the two QEMUs, for tests of the migration stream
+/// alone); stops when dropped.
+pub struct StreamRelay {
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl StreamRelay {
+    /// Binds `listen` and starts relaying (inside a tokio runtime).
+    pub fn start(listen: &Path, dial: &Path, order: StreamOrder) -> StreamRelay {
+        let _ = std::fs::remove_file(listen);
+        let unix = UnixListener::bind(listen).unwrap();
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let accept = tokio::spawn(async move {
+            while let Ok((conn, _)) = unix.accept().await {
+                if tx.send(conn).is_err() {
+                    return;
+                }
+            }
+        });
+        let dial = dial.to_owned();
+        let relay = tokio::spawn(pass_on(rx, order, move |conn: UnixStream| {
+            let dial = dial.clone();
+            async move {
+                if let Ok(out) = UnixStream::connect(&dial).await {
+                    tokio::spawn(pipe(conn, out, None));
+                }
+            }
+        }));
+        StreamRelay {
+            tasks: vec![accept, relay],
+        }
+    }
+}
+
+impl Drop for StreamRelay {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
 impl Relay {
-    /// Starts the relay (inside a tokio runtime).
+    /// Starts the relay (inside a tokio runtime), the stream's connections passed on as they
+    /// come ([`StreamOrder::AsAccepted`]).
     pub async fn start(source: &Pod, target: &Pod, uid: &str) -> Relay {
+        Relay::start_with(source, target, uid, StreamOrder::AsAccepted).await
+    }
+
+    /// [`Relay::start`], passing the stream's connections to the target in `order`.
+    pub async fn start_with(source: &Pod, target: &Pod, uid: &str, order: StreamOrder) -> Relay {
         let src_dir = source.share().join("migrationproxy");
         std::fs::create_dir_all(&src_dir).unwrap();
         // virt-handler gives the directory and its sockets to qemu (107): a non-root QEMU
@@ -73,18 +176,29 @@ impl Relay {
                 BLOCK_MIGRATION_PORT => Some(nbd_gate.clone()),
                 _ => None,
             };
+            let order = if role == DIRECT_MIGRATION_PORT {
+                order
+            } else {
+                StreamOrder::AsAccepted
+            };
+            let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
             tasks.push(tokio::spawn(async move {
                 while let Ok((conn, _)) = tcp.accept().await {
-                    let dial = dial.clone();
-                    let gate = gate.clone();
-                    tokio::spawn(async move {
-                        // The target handler dials lazily; a missing socket closes the leg.
-                        if let Ok(out) = UnixStream::connect(&dial).await {
-                            pipe(conn, out, gate).await;
-                        }
-                    });
+                    if tx.send(conn).is_err() {
+                        return;
+                    }
                 }
             }));
+            tasks.push(tokio::spawn(pass_on(rx, order, move |conn: TcpStream| {
+                let dial = dial.clone();
+                let gate = gate.clone();
+                async move {
+                    // The target handler dials lazily; a missing socket closes the leg.
+                    if let Ok(out) = UnixStream::connect(&dial).await {
+                        tokio::spawn(pipe(conn, out, gate));
+                    }
+                }
+            })));
             let sock = proxy_socket(&src_dir, uid, role);
             let _ = std::fs::remove_file(&sock);
             let unix = UnixListener::bind(&sock).unwrap();
@@ -210,6 +324,16 @@ pub fn options(bandwidth: &str, progress_timeout: i64) -> Vec<u8> {
         "AllowWorkloadDisruption": false, "StallDetectorOptions": null, "Compression": null
     }))
     .unwrap()
+}
+
+/// [`options`] with `ParallelMigrationThreads: 8`, as virt-handler sends them for a VMI without a
+/// CPU limit or dedicated CPUs (`configureParallelMigrationThreads`,
+/// `pkg/virt-handler/migration-source.go`, v1.9.0): KubeVirt's default multifd migration.
+pub fn multifd_options(bandwidth: &str, progress_timeout: i64) -> Vec<u8> {
+    let mut o: serde_json::Value =
+        serde_json::from_slice(&options(bandwidth, progress_timeout)).expect("options are JSON");
+    o["ParallelMigrationThreads"] = 8.into();
+    serde_json::to_vec(&o).unwrap()
 }
 
 fn answer(r: Result<tonic::Response<cmd::Response>, tonic::Status>, rpc: &str) -> (bool, String) {
@@ -425,11 +549,13 @@ pub fn exists(path: &Path) -> bool {
 }
 
 /// The stream and NBD sockets a target listens on in `dir`, named as for the VMI UID `u`
-/// (`u-49152-source.sock`, `u-49153-source.sock`).
+/// (`u-49152-source.sock`, `u-49153-source.sock`), and QEMU's own stream socket behind the
+/// launcher's channel ordering (`u-qemu-stream.sock`).
 pub fn target_sockets(dir: &Path) -> TargetSockets {
     TargetSockets {
         stream: dir.join("u-49152-source.sock"),
         nbd: dir.join("u-49153-source.sock"),
+        ordered_stream: dir.join("u-qemu-stream.sock"),
     }
 }
 
@@ -580,11 +706,17 @@ pub fn decentralized_vmis(
     (source, target)
 }
 
-/// A source and a target pod (root QEMU) of one VMI on the guest `guest_qcow2`: the target takes
-/// the source's UID.
+/// A source and a target pod of one VMI on the guest `guest_qcow2`, both KubeVirt's default
+/// non-root pods (launcher and QEMU as 107 over kubelet-made emptyDirs, the network set up by
+/// virt-handler: [`crate::launcher`]): the target takes the source's UID.
 pub fn pod_pair(guest_qcow2: &Path) -> (Pod, Pod) {
-    let source = Pod::new(guest_qcow2, false);
-    let mut target = Pod::new(guest_qcow2, false);
+    pod_pair_as(guest_qcow2, true)
+}
+
+/// [`pod_pair`] with non-root pods when `nonroot`, else root pods (the `Root` feature gate).
+pub fn pod_pair_as(guest_qcow2: &Path, nonroot: bool) -> (Pod, Pod) {
+    let source = Pod::new(guest_qcow2, nonroot);
+    let mut target = Pod::new(guest_qcow2, nonroot);
     target.uid = source.uid.clone();
     (source, target)
 }

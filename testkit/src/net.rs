@@ -312,7 +312,14 @@ pub fn accept_one(l: &std::net::TcpListener) -> (std::net::SocketAddr, String) {
 /// `fd10:0:2::1/120` without DAD when `ipv6`), set up, then tap `tap0` owned by `owner` (uid and
 /// gid) as its port. Arguments of `ip`, in order.
 pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
+    kubevirt_masquerade_links_mtu(owner, ipv6, 1450)
+}
+
+/// [`kubevirt_masquerade_links`] for a pod link `eth0` with MTU `mtu` (the bridge and the tap
+/// take the pod link's).
+pub fn kubevirt_masquerade_links_mtu(owner: u32, ipv6: bool, mtu: u32) -> Vec<Vec<String>> {
     let owner = owner.to_string();
+    let mtu = mtu.to_string();
     let mut cmds: Vec<Vec<&str>> = vec![
         vec!["link", "add", "k6t-eth0", "type", "bridge"],
         vec![
@@ -322,7 +329,7 @@ pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
             "address",
             "02:00:00:00:00:00",
             "mtu",
-            "1450",
+            &mtu,
         ],
         vec!["addr", "add", "10.0.2.1/24", "dev", "k6t-eth0"],
     ];
@@ -342,7 +349,7 @@ pub fn kubevirt_masquerade_links(owner: u32, ipv6: bool) -> Vec<Vec<String>> {
         "tuntap", "add", "dev", "tap0", "mode", "tap", "user", &owner, "group", &owner,
     ]);
     cmds.push(vec![
-        "link", "set", "tap0", "mtu", "1450", "master", "k6t-eth0", "up",
+        "link", "set", "tap0", "mtu", &mtu, "master", "k6t-eth0", "up",
     ]);
     cmds.into_iter()
         .map(|c| c.into_iter().map(String::from).collect())

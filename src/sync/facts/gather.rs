@@ -175,10 +175,17 @@ async fn boot_context(
     let storage_vmi = vmi.clone();
     let paths = config.paths.clone();
     let owner = (config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
-    ctx.volumes =
-        tokio::task::spawn_blocking(move || storage::prepare_storage(&storage_vmi, &paths, owner))
-            .await
-            .map_err(|e| SyncError::Task(e.to_string()))??;
+    // `--image-volume`: the containerDisks' `disk_<i>.img` are linked into the image volumes
+    // first (KubeVirt's SyncVMI and migration target do so before converting).
+    let image_volume = config.image_volume.clone();
+    ctx.volumes = tokio::task::spawn_blocking(move || {
+        if let Some(dirs) = &image_volume {
+            storage::link_image_volumes(&storage_vmi, dirs, &paths)?;
+        }
+        storage::prepare_storage(&storage_vmi, &paths, owner)
+    })
+    .await
+    .map_err(|e| SyncError::Task(e.to_string()))??;
     boot.t_storage = t0.elapsed();
 
     // Network, in this (the pod's) network namespace.

@@ -17,6 +17,47 @@ use crate::storage::{
 use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
+/// With the ImageVolume feature (`--image-volume`): links each containerDisk's `disk_<i>.img` and
+/// the kernel boot artifacts under `paths.container_disks` to their files in the image volumes
+/// `dirs` (KubeVirt `linkImageVolumeFilePaths`, run before every conversion). Errors name the
+/// volume ([`crate::storage::StorageError::ImageVolume`]).
+pub fn link_image_volumes(
+    vmi: &Vmi,
+    dirs: &storage::image_volume::ImageVolumeDirs,
+    paths: &PathRoots,
+) -> Result<(), SyncError> {
+    let container_disks = PathBuf::from(&paths.container_disks);
+    for (index, vol) in vmi.spec.volumes.iter().flatten().enumerate() {
+        if let Some(cd) = &vol.container_disk {
+            let (target, outcome) = storage::image_volume::link_container_disk(
+                &dirs.disks,
+                &container_disks,
+                &vol.name,
+                index,
+                cd.path.as_deref(),
+            )
+            .map_err(SyncError::Storage)?;
+            info!(volume = %vol.name, target = %target.display(), ?outcome, "containerDisk image volume");
+        }
+    }
+    let kernel_boot = vmi
+        .spec
+        .domain
+        .firmware
+        .as_ref()
+        .and_then(|f| f.kernel_boot.as_ref())
+        .and_then(|k| k.container.as_ref());
+    if let Some(k) = kernel_boot {
+        storage::image_volume::link_kernel_boot(
+            &dirs.kernel_boot,
+            &container_disks,
+            &[k.kernel_path.as_deref(), k.initrd_path.as_deref()],
+        )
+        .map_err(SyncError::Storage)?;
+    }
+    Ok(())
+}
+
 /// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
 /// ([`super::volumes`]); returns the converter's volume facts.
 pub fn prepare_storage(

@@ -381,7 +381,18 @@ impl SyncVmi {
         self.migration.set_boot_argv(boot);
         // Named after the source VMI's UID (virt-handler's migrationProxyKey).
         let (_, stream, nbd) = self.migration_proxy_sockets(&proxy_key);
-        let sockets = TargetSockets { stream, nbd };
+        // QEMU's own stream socket when the launcher orders the multifd channels: beside its
+        // QMP socket, in the directory made for QEMU's user.
+        let ordered_stream = self
+            .ctx
+            .config
+            .qmp_socket
+            .with_file_name("migration-stream.sock");
+        let sockets = TargetSockets {
+            stream,
+            nbd,
+            ordered_stream,
+        };
         if let Err(e) = session.incoming(&client, &sockets).await {
             let _ = client.run(&Quit).await;
             return Err((None, e));

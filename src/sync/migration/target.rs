@@ -30,6 +30,119 @@ pub struct TargetSockets {
     pub stream: PathBuf,
     /// The NBD server for copied disks (`<uid>-49153-source.sock`).
     pub nbd: PathBuf,
+    /// Where QEMU itself listens for the stream when the launcher orders the multifd channels
+    /// in front of it ([`order_channels`], QEMU before 8.0); a path of the launcher's private
+    /// directory, writable by QEMU's user.
+    pub ordered_stream: PathBuf,
+}
+
+/// The first four bytes of the main migration channel (`QEMU_VM_FILE_MAGIC`, "QEVM",
+/// `migration/savevm.c`).
+pub const MAIN_CHANNEL_MAGIC: [u8; 4] = *b"QEVM";
+
+/// The first four bytes of a multifd channel (`MULTIFD_MAGIC` 0x11223344, big-endian, of the
+/// initial packet, `migration/multifd.c`).
+pub const MULTIFD_CHANNEL_MAGIC: [u8; 4] = [0x11, 0x22, 0x33, 0x44];
+
+/// The first QEMU version whose incoming side tells the main channel from multifd channels by
+/// their first bytes (`migration_ioc_process_incoming` peeks at the magic since 8.0). Before it,
+/// the first connection QEMU accepts is taken as the main channel, which KubeVirt's migration
+/// proxy does not guarantee: its per-connection dials to the target race, and a multifd
+/// channel accepted first fails the migration (`multifd channel N: received packet magic
+/// 5145564d expected 11223344`).
+pub const PEEKS_CHANNEL_MAGIC: (u64, u64, u64) = (8, 0, 0);
+
+/// True when the target QEMU of `version` with `multifd_channels` needs the launcher to order
+/// the connections ([`order_channels`]).
+pub fn needs_channel_order(version: (u64, u64, u64), multifd_channels: Option<u32>) -> bool {
+    multifd_channels.is_some_and(|n| n > 0) && version < PEEKS_CHANNEL_MAGIC
+}
+
+/// How long [`order_channels`] keeps retrying a connection to QEMU's socket whose accept queue
+/// is full (`EAGAIN`: QEMU 7.2 listens with a backlog of the channel count).
+const QEMU_CONNECT_RETRY: Duration = Duration::from_secs(10);
+
+/// Puts the main channel first in front of a QEMU that takes the first accepted connection as it
+/// (before [`PEEKS_CHANNEL_MAGIC`]): accepts the migration proxy's connections on `listener`,
+/// reads each one's first four bytes ([`MAIN_CHANNEL_MAGIC`], [`MULTIFD_CHANNEL_MAGIC`] or
+/// anything else), connects to QEMU's own socket `qemu` for the main channel first and for
+/// every other channel only after it (held until then, in their order of arrival), writes the
+/// bytes read and copies both ways until either side closes. QEMU's listener accepts in the
+/// order the connections were queued, so one connection at a time is made. Runs until the
+/// listener fails or the task is dropped; copies already running go on until their sockets
+/// close.
+pub async fn order_channels(listener: tokio::net::UnixListener, qemu: PathBuf) {
+    use tokio::io::AsyncReadExt;
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut main_connected = false;
+    let mut held: Vec<(tokio::net::UnixStream, [u8; 4])> = Vec::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                let Ok((mut conn, _)) = accepted else { return };
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    let mut head = [0u8; 4];
+                    if conn.read_exact(&mut head).await.is_ok() {
+                        let _ = tx.send((conn, head));
+                    }
+                });
+            }
+            Some((conn, head)) = rx.recv() => {
+                let main = head == MAIN_CHANNEL_MAGIC;
+                if !main && !main_connected {
+                    tracing::debug!(held = held.len() + 1, "migration channel held until the main channel");
+                    held.push((conn, head));
+                    continue;
+                }
+                forward_channel(conn, head, &qemu).await;
+                if main && !main_connected {
+                    main_connected = true;
+                    for (conn, head) in held.drain(..) {
+                        forward_channel(conn, head, &qemu).await;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Connects to QEMU's socket `qemu` (retrying while its accept queue is full), sends `head`
+/// and copies between it and `conn` in a task of its own. A channel QEMU cannot be reached for
+/// is dropped: the source then fails the migration.
+async fn forward_channel(conn: tokio::net::UnixStream, head: [u8; 4], qemu: &std::path::Path) {
+    use tokio::io::AsyncWriteExt;
+    let t0 = Instant::now();
+    let mut upstream = loop {
+        match tokio::net::UnixStream::connect(qemu).await {
+            Ok(s) => break s,
+            Err(e)
+                if e.kind() == std::io::ErrorKind::WouldBlock
+                    && t0.elapsed() < QEMU_CONNECT_RETRY =>
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, socket = %qemu.display(), "cannot pass a migration channel to QEMU");
+                return;
+            }
+        }
+    };
+    tokio::spawn(async move {
+        let mut conn = conn;
+        if upstream.write_all(&head).await.is_ok() {
+            let _ = tokio::io::copy_bidirectional(&mut conn, &mut upstream).await;
+        }
+    });
+}
+
+/// Aborts the task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// How the target's part ended.
@@ -55,6 +168,8 @@ pub struct TargetSession<S> {
     control: S,
     /// The source's running-domain definition.
     pub domain: RunningDomain,
+    /// The channel ordering in front of QEMU's stream socket, while the session lives.
+    channel_order: Option<AbortOnDrop>,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
@@ -88,7 +203,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
             .await;
             return Err(MigrationError::Peer(reason));
         }
-        Ok(TargetSession { control, domain })
+        Ok(TargetSession {
+            control,
+            domain,
+            channel_order: None,
+        })
     }
 
     /// Tells the source that preparing failed (QEMU did not start, an image is missing).
@@ -105,7 +224,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
     /// Prepares the incoming QEMU `qmp` (started `-S -incoming defer` from the definition):
     /// capabilities (`events`, `return-path`, `late-block-activate` and the source's),
     /// `multifd-channels`, the NBD server with one writable export per copied disk, then
-    /// `migrate-incoming unix:<stream>`; answers Ready.
+    /// `migrate-incoming unix:<stream>`; answers Ready. With multifd on a QEMU before 8.0
+    /// ([`needs_channel_order`]) QEMU listens on `ordered_stream` instead and the launcher
+    /// listens on `stream`, putting the main channel first ([`order_channels`]) for as long as
+    /// the session lives.
     pub async fn incoming(
         &mut self,
         qmp: &QmpClient,
@@ -125,7 +247,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
     }
 
     async fn prepare_incoming(
-        &self,
+        &mut self,
         qmp: &QmpClient,
         sockets: &TargetSockets,
     ) -> Result<Ready, MigrationError> {
@@ -166,10 +288,32 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
             }
         }
         let _ = std::fs::remove_file(&sockets.stream);
+        let order = needs_channel_order(qmp.greeting().version, self.domain.multifd_channels);
+        let listen = if order {
+            let _ = std::fs::remove_file(&sockets.ordered_stream);
+            &sockets.ordered_stream
+        } else {
+            &sockets.stream
+        };
         qmp.run(&MigrateIncoming {
-            uri: format!("unix:{}", sockets.stream.display()),
+            uri: format!("unix:{}", listen.display()),
         })
         .await?;
+        if order {
+            let listener = tokio::net::UnixListener::bind(&sockets.stream).map_err(|e| {
+                MigrationError::Peer(format!(
+                    "cannot listen for the migration stream on {}: {e}",
+                    sockets.stream.display()
+                ))
+            })?;
+            tracing::info!(
+                channels = self.domain.multifd_channels.unwrap_or(0),
+                "QEMU before 8.0 takes the first connection as the main channel: the launcher \
+                 orders the multifd channels"
+            );
+            let qemu = sockets.ordered_stream.clone();
+            self.channel_order = Some(AbortOnDrop(tokio::spawn(order_channels(listener, qemu))));
+        }
         Ok(Ready {
             nbd_exports: exports,
         })

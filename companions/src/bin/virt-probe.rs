@@ -1,0 +1,5 @@
+//! `virt-probe` (in PATH) of the launcher image: see [`companions::probe`].
+
+fn main() {
+    std::process::exit(companions::probe::main())
+}
