@@ -306,8 +306,12 @@ async fn sev_info_measurement_and_secret_follow_libvirts_qmp() {
     let info: Value = serde_json::from_slice(&sev::platform_info(&client).await.unwrap()).unwrap();
     assert_eq!(info, json!({"pdh": "cGRo", "certChain": "Y2VydHM="}));
 
-    let m: Value =
-        serde_json::from_slice(&sev::launch_measurement(&client, &loader).await.unwrap()).unwrap();
+    let m: Value = serde_json::from_slice(
+        &sev::launch_measurement(&client, true, &loader)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     let sha: String = sha2::Digest::finalize(sha2::Digest::chain_update(
         <sha2::Sha256 as sha2::Digest>::new(),
         b"ovmf",

@@ -11,6 +11,9 @@
 //!   volume, and the domain metadata says completed; the guest runs again afterwards.
 //! - `GetDomainDirtyRateStats` reports a rate while the guest writes memory.
 //! - `GetVMStats` answers domain stats, dirty rate and agent data.
+//! - `GetQemuVersion` answers `QEMU <x.y.z>`; `InjectLaunchSecret` and `GetLaunchMeasurement` on
+//!   this domain without SEV answer as KubeVirt's launcher (libvirt's refusal; the loader's hash).
+//! - `SoftRebootVirtualMachine` with `AgentConnected` reboots the guest through the agent.
 //!
 //! The launcher runs in-process in a private network namespace of the test thread. Needs root and
 //! the test guest (`scripts/build-guest`).
@@ -157,6 +160,11 @@ async fn scenario() {
     let operator_qmp = root.path().join("operator-qmp.sock");
     root.config.operator_qmp_socket = Some(operator_qmp.clone());
     root.config.vm_stats_collector = true;
+    // The OVMF directory (the VMI boots BIOS; only GetLaunchMeasurement reads it).
+    let ovmf = root.path().join("ovmf");
+    std::fs::create_dir_all(&ovmf).unwrap();
+    std::fs::write(ovmf.join("OVMF_CODE.cc.fd"), OVMF_CC).unwrap();
+    root.config.ovmf_dir = ovmf;
     let private = root.private.clone();
     let hotplug = root.share_dir().join("hotplug-disks/memdump");
     std::fs::create_dir_all(&hotplug).unwrap();
@@ -540,6 +548,64 @@ async fn scenario() {
     assert_eq!(users["return"][0]["user"], "root");
     sh(&mut client, "kill $(cat /tmp/dirty.pid)").await;
 
+    // GetQemuVersion answers as KubeVirt formats libvirt's hypervisor version.
+    let version = client
+        .get_qemu_version(cmd::EmptyRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .version;
+    let qemu = std::process::Command::new("qemu-system-x86_64")
+        .arg("--version")
+        .output()
+        .unwrap();
+    let line = String::from_utf8_lossy(&qemu.stdout).into_owned();
+    let micro_version = line.split_whitespace().nth(3).unwrap_or_default();
+    assert_eq!(version, format!("QEMU {micro_version}"));
+
+    // SEV attestation on a domain without SEV, as KubeVirt answers: InjectLaunchSecret is
+    // libvirt's refusal; GetLaunchMeasurement hashes the SEV OVMF code file only (libvirt
+    // reports no launch-security parameters for such a domain).
+    let secret = client
+        .inject_launch_secret(cmd::InjectLaunchSecretRequest {
+            vmi: Some(handler::vmi_message(&vmi)),
+            options: br#"{"header":"aGVhZGVy","secret":"c2VjcmV0"}"#.to_vec(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (secret.success, secret.message.as_str()),
+        (
+            false,
+            "LibvirtError(Code=84, Domain=10, Message='Operation not supported: setting a launch \
+             secret is only supported in SEV-enabled domains')"
+        )
+    );
+    let measurement = client
+        .get_launch_measurement(handler::vmi_only(&vmi))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        measurement.response,
+        Some(cmd::Response {
+            success: true,
+            message: String::new()
+        })
+    );
+    let loader_sha: String = sha2::Digest::finalize(sha2::Digest::chain_update(
+        <sha2::Sha256 as sha2::Digest>::new(),
+        OVMF_CC,
+    ))
+    .iter()
+    .map(|b| format!("{b:02x}"))
+    .collect();
+    assert_eq!(
+        serde_json::from_slice::<Value>(&measurement.launch_measurement).unwrap(),
+        json!({"loaderSHA": loader_sha})
+    );
+
     // Still "not supported": backup and checkpoints (their own issue).
     let backup = client
         .backup_virtual_machine(cmd::BackupRequest {
@@ -551,6 +617,18 @@ async fn scenario() {
         .into_inner();
     assert!(!backup.success);
 
+    // SoftRebootVirtualMachine with the agent connected (virt-handler's AgentConnected
+    // condition): the guest reboots through the agent (`guest-shutdown` mode `reboot`).
+    let mut connected = vmi.clone();
+    connected["status"]["conditions"] = json!([{"type": "AgentConnected", "status": "True"}]);
+    let answer = client
+        .soft_reboot_virtual_machine(handler::vmi_only(&connected))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.success, "{}", answer.message);
+    wait_marker(&serial, "QLG: reboot", Duration::from_secs(60)).await;
+
     let answer = client
         .kill_virtual_machine(handler::vmi_only(&vmi))
         .await
@@ -558,3 +636,6 @@ async fn scenario() {
         .into_inner();
     assert!(answer.success, "{}", answer.message);
 }
+
+/// What the test puts at `<ovmf-path>/OVMF_CODE.cc.fd`, the file GetLaunchMeasurement hashes.
+const OVMF_CC: &[u8] = b"qlauncher test: SEV OVMF code";

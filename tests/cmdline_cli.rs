@@ -129,24 +129,22 @@ fn compare_and_golden_subcommands_pass_on_the_kubevirt_test_vmi() {
     assert!(out.ends_with(" differences, 0 unexpected\n"), "{out}");
 }
 
-/// A VMI whose name Kubernetes accepts (dots, 253 characters) with serials of KubeVirt's allowed
-/// lengths on every bus: `validate` and `convert` agree (one rule), and QEMU gets the serials
-/// whole; a serial over 256 is refused by both at the same field.
+/// A VMI whose name Kubernetes accepts (dots, 253 characters) with serials of the longest
+/// lengths each bus takes (KubeVirt's 256 on virtio, sata; QEMU's 36 on scsi, 20 on usb):
+/// `validate` and `convert` agree (one rule), and QEMU gets the serials whole; a serial over 256,
+/// or over the bus's limit, is refused by both at the same field.
 #[test]
 fn kubernetes_names_and_serials_on_every_bus_pass_validate_and_convert_alike() {
     let name = format!("{}.{}", "w".repeat(126), "p".repeat(126));
     let dir = std::env::temp_dir().join(format!("qlauncher-cli-names-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let write = |serial0: &str| {
+    let serial = |bus: &str, len: usize| format!("{bus}-{}", "s".repeat(len - bus.len() - 1));
+    let write = |tag: &str, serials: [String; 4]| {
         let disks: Vec<serde_json::Value> = ["virtio", "sata", "scsi", "usb"]
             .iter()
+            .zip(&serials)
             .enumerate()
-            .map(|(i, bus)| {
-                let serial = if i == 0 {
-                    serial0.to_string()
-                } else {
-                    format!("{bus}-{}", "s".repeat(35))
-                };
+            .map(|(i, (bus, serial))| {
                 serde_json::json!({"name": format!("d{i}"), "disk": {"bus": bus}, "serial": serial})
             })
             .collect();
@@ -159,39 +157,57 @@ fn kubernetes_names_and_serials_on_every_bus_pass_validate_and_convert_alike() {
             "spec": {"domain": {"devices": {"disks": disks}, "memory": {"guest": "128Mi"}},
                      "volumes": volumes}
         });
-        let path = dir.join(format!("vmi-{}.json", serial0.len()));
+        let path = dir.join(format!("vmi-{tag}.json"));
         std::fs::write(&path, vmi.to_string()).unwrap();
         path
     };
-    let good = write(&"V".repeat(256));
+    let longest = [
+        "V".repeat(256),
+        serial("sata", 256),
+        serial("scsi", 36),
+        serial("usb", 20),
+    ];
+    let good = write("good", longest.clone());
     let good = good.to_str().unwrap();
     let (ok, _, err) = qlauncher(&["validate", good]);
     assert!(ok, "{err}");
     let (ok, out, err) = qlauncher(&["convert", good]);
     assert!(ok, "{err}");
-    assert!(
-        out.contains(&format!("\"serial\":\"{}\"", "V".repeat(256))),
-        "{out}"
-    );
-    for bus in ["sata", "scsi", "usb"] {
-        assert!(
-            out.contains(&format!("\"serial\":\"{bus}-{}\"", "s".repeat(35))),
-            "{bus}"
-        );
+    for s in &longest {
+        assert!(out.contains(&format!("\"serial\":\"{s}\"")), "{s}");
     }
     assert!(out.contains(&format!("guest=ns_{name},")));
 
-    let bad = write(&"V".repeat(257));
-    let bad = bad.to_str().unwrap();
-    for cmd in ["validate", "convert"] {
-        let (ok, _, err) = qlauncher(&[cmd, bad]);
-        assert!(!ok, "{cmd} accepted a 257-character serial");
-        assert!(
-            err.contains(
-                "spec.domain.devices.disks[0].serial: must be at most 256 characters long"
-            ),
-            "{cmd}: {err}"
-        );
+    let mut over_256 = longest.clone();
+    over_256[0] = "V".repeat(257);
+    let mut over_scsi = longest.clone();
+    over_scsi[2] = serial("scsi", 37);
+    let mut over_usb = longest.clone();
+    over_usb[3] = serial("usb", 21);
+    for (tag, serials, want) in [
+        (
+            "256",
+            over_256,
+            "spec.domain.devices.disks[0].serial: must be at most 256 characters long",
+        ),
+        (
+            "scsi",
+            over_scsi,
+            "spec.domain.devices.disks[2].serial: is 37 characters long; a disk on bus scsi takes at most 36 (QEMU's scsi-hd and scsi-cd)",
+        ),
+        (
+            "usb",
+            over_usb,
+            "spec.domain.devices.disks[3].serial: is 21 characters long; a disk on bus usb takes at most 20 (QEMU's usb-storage)",
+        ),
+    ] {
+        let bad = write(tag, serials);
+        let bad = bad.to_str().unwrap();
+        for cmd in ["validate", "convert"] {
+            let (ok, _, err) = qlauncher(&[cmd, bad]);
+            assert!(!ok, "{cmd} accepted the {tag} case");
+            assert!(err.contains(want), "{cmd}: {err}");
+        }
     }
     let _ = std::fs::remove_dir_all(&dir);
 }

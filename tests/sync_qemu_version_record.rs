@@ -67,7 +67,7 @@ async fn a_matching_record_gives_the_version_without_a_probe() {
         .into_inner();
     assert_eq!(
         version.version,
-        format!("{}.{}.997", real.major, real.minor)
+        format!("QEMU {}.{}.997", real.major, real.minor)
     );
     assert_eq!(
         sync(&mut client, &vmi(&pod.uid)).await,

@@ -101,6 +101,10 @@ const CASES: &[Case] = &[
     ("vmi name too long", |v| v.metadata.name = Some("a".repeat(254)), &[("metadata.name", SUBDOMAIN)]),
     ("vmi name empty part", |v| v.metadata.name = s("a..b"), &[("metadata.name", SUBDOMAIN)]),
     ("serial too long", |v| disk(v, 2).serial = Some("S".repeat(257)), &[("spec.domain.devices.disks[2].serial", "must be at most 256 characters long")]),
+    ("scsi serial over 36", |v| disk(v, 2).serial = Some("S".repeat(37)), &[("spec.domain.devices.disks[2].serial", "is 37 characters long; a disk on bus scsi takes at most 36 (QEMU's scsi-hd and scsi-cd)")]),
+    ("scsi cdrom serial over 36", |v| { disk(v, 1).cdrom.as_mut().unwrap().bus = s("scsi"); disk(v, 1).serial = Some("c".repeat(40)); }, &[("spec.domain.devices.disks[1].serial", "is 40 characters long; a disk on bus scsi takes at most 36 (QEMU's scsi-hd and scsi-cd)")]),
+    ("lun serial over 36", |v| { let d = disk(v, 2); d.disk = None; d.lun = Some(Default::default()); d.serial = Some("L".repeat(37)); }, &[("spec.domain.devices.disks[2].serial", "is 37 characters long; a disk on bus scsi takes at most 36 (QEMU's scsi-hd and scsi-cd)")]),
+    ("usb serial over 20", |v| { disk(v, 2).disk.as_mut().unwrap().bus = s("usb"); disk(v, 2).serial = Some("U".repeat(21)); }, &[("spec.domain.devices.disks[2].serial", "is 21 characters long; a disk on bus usb takes at most 20 (QEMU's usb-storage)")]),
     ("vmi name missing", |v| v.metadata.name = None, &[("metadata.name", "is required")]),
     ("hostname", |v| v.spec.hostname = s("-host"), &[("spec.hostname", DNS)]),
     ("subdomain", |v| v.spec.subdomain = s("a..b"), &[("spec.subdomain", "must be a DNS-1123 subdomain")]),
@@ -203,7 +207,8 @@ const CASES: &[Case] = &[
 
 /// Every name Kubernetes accepts for an object (a DNS-1123 subdomain: dots, up to 253
 /// characters, parts longer than 63) validates, and so does a serial of any length up to
-/// KubeVirt's 256 on every bus.
+/// KubeVirt's 256 on virtio and sata (libvirt passes it whole; the device cuts what the guest
+/// reads), up to 36 on scsi and 20 on usb (what QEMU's devices take).
 #[test]
 fn kubernetes_names_and_kubevirt_serials_validate() {
     let long_label = format!("a{}", "b".repeat(99));
@@ -220,10 +225,20 @@ fn kubernetes_names_and_kubevirt_serials_validate() {
         v.metadata.name = s(name);
         assert_eq!(v.validate(), Ok(()), "{name}");
     }
-    for serial in ["S".repeat(39), "x".repeat(256), "a.b+c_d-e".into()] {
+    for (i, bus, serial) in [
+        (0, "virtio", "S".repeat(39)),
+        (0, "virtio", "x".repeat(256)),
+        (1, "sata", "x".repeat(256)),
+        (2, "scsi", "a.b+c_d-e".into()),
+        (2, "scsi", "s".repeat(36)),
+        (2, "usb", "u".repeat(20)),
+    ] {
         let mut v = base();
-        disk(&mut v, 2).serial = Some(serial.clone());
-        assert_eq!(v.validate(), Ok(()), "{serial}");
+        if let Some(t) = disk(&mut v, i).disk.as_mut() {
+            t.bus = s(bus);
+        }
+        disk(&mut v, i).serial = Some(serial.clone());
+        assert_eq!(v.validate(), Ok(()), "{bus} {serial}");
     }
 }
 

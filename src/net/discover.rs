@@ -60,8 +60,8 @@ pub struct ResolvConf {
     pub search: Vec<String>,
     /// What was read but left out, one line per kind naming the entries (logged once by
     /// [`discover`]): search entries that are not DNS names
-    /// ([`crate::net::dhcp::dns_name_problem`]) and the words after the first address of a
-    /// `nameserver` line.
+    /// ([`crate::net::dhcp::dns_name_problem`]) and `nameserver` lines with more than one
+    /// address.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub dropped: Vec<String>,
 }
@@ -83,13 +83,13 @@ pub struct PodFacts {
 /// lines; comments (`#`, `;`) and other keywords are ignored, and so are unparsable addresses.
 ///
 /// The text is untrusted pod input and never makes this fail. As resolv.conf(5) and glibc's
-/// `res_init` read it, a `nameserver` line holds one address: words after it are dropped (KubeVirt
-/// v1.9 `dns/resolveconf.go` skips such a line entirely; the pod's own resolver uses its first
-/// address, so the guest gets that one). Search entries that are not DNS names are dropped. What
-/// was dropped is listed in [`ResolvConf::dropped`].
+/// `res_init` read it, a `nameserver` line holds one address; a line with more words is skipped
+/// whole, none of its addresses reaching the guest, as KubeVirt v1.9's `ParseNameservers`
+/// (`pkg/network/dns/resolveconf.go`) skips it with a warning. Search entries that are not DNS
+/// names are dropped. What was dropped is listed in [`ResolvConf::dropped`].
 pub fn parse_resolv_conf(text: &str) -> ResolvConf {
     let mut r = ResolvConf::default();
-    let mut extra_words: Vec<String> = Vec::new();
+    let mut long_lines: Vec<String> = Vec::new();
     let mut search_line: Vec<&str> = Vec::new();
     for line in text.lines() {
         let line = line.split(['#', ';']).next().unwrap_or("");
@@ -97,7 +97,10 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
         match words.next() {
             Some("nameserver") => {
                 let Some(addr) = words.next() else { continue };
-                extra_words.extend(words.map(|w| format!("{w:?} (after {addr})")));
+                if words.next().is_some() {
+                    long_lines.push(format!("{:?}", line.trim()));
+                    continue;
+                }
                 let addr = addr.split('%').next().unwrap_or(addr);
                 match addr.parse::<IpAddr>() {
                     Ok(IpAddr::V4(a)) => r.nameservers_v4.push(a),
@@ -117,10 +120,10 @@ pub fn parse_resolv_conf(text: &str) -> ResolvConf {
             Some(why) => invalid.push(format!("{w:?} ({why})")),
         }
     }
-    if !extra_words.is_empty() {
+    if !long_lines.is_empty() {
         r.dropped.push(format!(
-            "nameserver lines hold one address each; ignored: {}",
-            extra_words.join(", ")
+            "nameserver lines must hold one address each; skipped: {}",
+            long_lines.join(", ")
         ));
     }
     if !invalid.is_empty() {
@@ -322,11 +325,11 @@ mod tests {
     #[test]
     fn hostile_resolv_conf_is_cut_to_what_fits() {
         let r = parse_resolv_conf(
-            "nameserver 10.96.0.10 10.96.0.11\nnameserver\nsearch ok.example. 10.0.0.1 a_b.example bad-.example OK.Example\n",
+            "nameserver 10.96.0.10 10.96.0.11\nnameserver\nnameserver 10.96.0.12\nsearch ok.example. 10.0.0.1 a_b.example bad-.example OK.Example\n",
         );
         assert_eq!(
             r.nameservers_v4,
-            vec!["10.96.0.10".parse::<Ipv4Addr>().unwrap()]
+            vec!["10.96.0.12".parse::<Ipv4Addr>().unwrap()]
         );
         assert_eq!(
             r.search,
@@ -335,7 +338,7 @@ mod tests {
         assert_eq!(
             r.dropped,
             vec![
-                "nameserver lines hold one address each; ignored: \"10.96.0.11\" (after 10.96.0.10)".to_string(),
+                "nameserver lines must hold one address each; skipped: \"nameserver 10.96.0.10 10.96.0.11\"".to_string(),
                 "search domains that are not DNS names dropped: \"10.0.0.1\" (an IP address), \"a_b.example\" (a character other than a letter, a digit or '-'), \"bad-.example\" (a label that starts or ends with '-')".into(),
             ]
         );

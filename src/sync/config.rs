@@ -48,6 +48,10 @@ pub struct SyncConfig {
     pub vhost_vsock: PathBuf,
     /// `--vm-stats-collector`: `GetVMStats` answers (else it is a gRPC error, as KubeVirt's).
     pub vm_stats_collector: bool,
+    /// Unplug vCPUs under TCG even on a QEMU that aborts at the next memory-topology change
+    /// after it ([`crate::sync::reconcile::resources::tcg_unplug_crashes`]); off by default (the
+    /// unplug is refused). For tests of the unplug itself, where nothing is plugged afterwards.
+    pub allow_unsafe_tcg_vcpu_unplug: bool,
     /// The guest agent poller's intervals (`--qemu-agent-*-interval`,
     /// `--qemu-fsfreeze-status-interval`; KubeVirt's defaults).
     pub agent_poll: PollIntervals,
@@ -149,6 +153,7 @@ impl SyncConfig {
             ovmf_dir: "/usr/share/OVMF".into(),
             vhost_vsock: "/dev/vhost-vsock".into(),
             vm_stats_collector: false,
+            allow_unsafe_tcg_vcpu_unplug: false,
             agent_poll: Default::default(),
             network_info: root.join("etc/podinfo/network-info"),
             sysfs: root.join("sys"),

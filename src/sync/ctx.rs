@@ -51,6 +51,7 @@ impl DomainCtx {
                 pid,
                 client: StdMutex::new(None),
                 job: StdMutex::new(Job::Idle),
+                fake_reboot: AtomicBool::new(false),
             }),
             info: DomainInfo::default(),
             cmdapi: CmdApiState::default(),
@@ -84,16 +85,35 @@ impl DomainCtx {
             .ok_or(SyncError::NoDomain)
     }
 
+    /// Whether the guest opened the guest agent's channel (`org.qemu.guest_agent.0`): its state
+    /// in the domain is `connected`, which follows QEMU's `VSERPORT_CHANGE` as libvirt's
+    /// `<channel>` state does (and virt-handler's `AgentConnected` condition after it).
+    pub(crate) fn agent_connected(&self) -> bool {
+        let domain = self.shared.domain.lock().unwrap_or_else(|e| e.into_inner());
+        domain.as_ref().is_some_and(|d| {
+            d.spec.devices.channels.iter().any(|c| {
+                c.target.name == crate::sync::guest::info::AGENT_CHANNEL
+                    && c.target.state.as_deref() == Some(crate::sync::domain::channel_state(true))
+            })
+        })
+    }
+
     /// The graceful shutdown of libvirt's default mode (`virDomainShutdown` without flags, what
-    /// KubeVirt's `SignalShutdownVMI` and its grace-period logic call): the guest agent's
-    /// `guest-shutdown` when an agent answers on the domain's channel, the ACPI power button
-    /// (QMP `system_powerdown`) when none does or it refuses. So a guest without ACPI handling
-    /// but with an agent still powers off within its grace period.
+    /// KubeVirt's `SignalShutdownVMI` and its grace-period logic call): libvirt uses the guest
+    /// agent only while it is connected to it, which it is while the guest holds the agent's
+    /// channel open (`qemuDomainShutdownFlags`: `priv->agent`, opened and closed on
+    /// `VSERPORT_CHANGE`). So: `guest-shutdown` through the agent when its channel is connected
+    /// ([`DomainCtx::agent_connected`]), and the ACPI power button (QMP `system_powerdown`) at
+    /// once when it is not, or when the agent does not take the command. A guest without ACPI
+    /// handling but with an agent still powers off within its grace period, and a guest without
+    /// an agent gets the button without waiting for one.
     ///
     /// # Errors
     /// [`SyncError::Qmp`] when the power button cannot be pressed (no QMP connection).
     pub(crate) async fn graceful_shutdown(&self) -> Result<(), SyncError> {
-        if self.info.agent.has_socket() {
+        if !self.agent_connected() {
+            info!("graceful shutdown: the guest agent's channel is not connected, pressing the ACPI power button");
+        } else if self.info.agent.has_socket() {
             match self
                 .info
                 .agent

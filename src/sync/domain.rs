@@ -226,6 +226,34 @@ impl ApiDomainSpec {
         true
     }
 
+    /// Marks the first `enabled` vCPUs of `VCPUs` enabled and the others not (libvirt's live
+    /// `<vcpus>` after `setvcpus`); the list itself (every vCPU up to maxSockets, hotpluggable
+    /// flags) stays. True when it changed; a domain without the list (no CPU hotplug) is left.
+    pub fn set_vcpus_enabled(&mut self, enabled: u32) -> bool {
+        let Some(list) = self
+            .rest
+            .get_mut("VCPUs")
+            .and_then(|v| v.get_mut("VCPU"))
+            .and_then(Value::as_array_mut)
+        else {
+            return false;
+        };
+        let mut changed = false;
+        for vcpu in list.iter_mut() {
+            let Some(id) = vcpu.get("ID").and_then(Value::as_u64) else {
+                continue;
+            };
+            let want = Value::String(if id < u64::from(enabled) { "yes" } else { "no" }.into());
+            if vcpu.get("Enabled") != Some(&want) {
+                if let Some(o) = vcpu.as_object_mut() {
+                    o.insert("Enabled".into(), want);
+                    changed = true;
+                }
+            }
+        }
+        changed
+    }
+
     /// Sets the `state` (`connected` / `disconnected`) of the channel named `name` (the guest
     /// agent's is `org.qemu.guest_agent.0`), as libvirt reports it. True when it changed.
     pub fn set_channel_state(&mut self, name: &str, state: &str) -> bool {

@@ -81,6 +81,15 @@ pub(crate) fn apply_converted(
     grace.deletion_grace_period_seconds = seconds;
     carry_identity(&previous, &mut domain.spec);
     if reconverted {
+        // The virtio-mem device is live state (plugged by SyncVirtualMachineMemory), as SR-IOV
+        // VFs are below.
+        if let Some(memory) = previous.devices.rest.get("Memory") {
+            domain
+                .spec
+                .devices
+                .rest
+                .insert("Memory".into(), memory.clone());
+        }
         let devices = &mut domain.spec.devices;
         devices.drop_sriov_host_devices();
         let live = previous
@@ -310,6 +319,44 @@ pub(crate) async fn report_hotplug(
         }
         d.spec != before
     });
+}
+
+/// The `api.MemoryDevice` of the running virtio-mem device of `memory` (KubeVirt's
+/// `BuildMemoryDevice`, `pkg/liveupdate/memory`, as libvirt's live XML reports it): model
+/// `virtio-mem`, target `Size` (maxGuest - boot), `Node` 0, `Block` 2 MiB, `Requested` and
+/// `Current` (QEMU's `requested-size` and `size`, bytes), alias `virtiomem0` and the PCI address
+/// QEMU gave it. `None` when there is no device (no growth yet) or QEMU does not answer.
+pub(crate) async fn virtio_mem_device(
+    client: &QmpClient,
+    memory: &crate::sync::reconcile::resources::MemoryState,
+) -> Option<Value> {
+    use crate::sync::reconcile::resources::{VIRTIO_MEM_BLOCK, VIRTIO_MEM_ID};
+    let (max, requested) = (memory.max?, memory.requested?);
+    let path = format!("/machine/peripheral/{VIRTIO_MEM_ID}");
+    let current = client
+        .run(&QomGet {
+            path,
+            property: "size".into(),
+        })
+        .await
+        .ok()?
+        .as_u64()?;
+    let bytes = |v: u64| json!({"Value": v, "Unit": "b"});
+    let mut device = json!({
+        "Model": "virtio-mem",
+        "Target": {
+            "Size": bytes(max.saturating_sub(memory.boot)),
+            "Requested": bytes(requested),
+            "Current": bytes(current),
+            "Node": "0",
+            "Block": bytes(VIRTIO_MEM_BLOCK),
+        },
+        "Alias": {"Name": VIRTIO_MEM_ID},
+    });
+    if let Some(address) = qemu_pci_address(client, VIRTIO_MEM_ID).await {
+        device["Address"] = address;
+    }
+    Some(device)
 }
 
 /// What libvirt knows of a running QEMU and writes into the live domain XML.

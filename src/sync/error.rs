@@ -206,6 +206,11 @@ pub enum SyncError {
     /// The operation is not supported by qlauncher.
     #[error("not supported by qlauncher: {0}")]
     Unsupported(String),
+    /// A request refused with KubeVirt's own message (the text is the RPC's message as
+    /// virt-launcher words it, e.g. a repeated migration's `migration job <uid> already
+    /// executed, ...`).
+    #[error("{0}")]
+    Refused(String),
     /// A guest-agent, freeze, screenshot, dump, dirty-rate, host-device or SEV RPC failed
     /// ([`crate::cmdapi`]); its text is the RPC's message.
     #[error(transparent)]

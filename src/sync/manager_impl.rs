@@ -13,6 +13,7 @@ use tracing::info;
 use crate::qmp::commands::QueryVersion;
 use crate::qmp::lifecycle;
 use crate::sync::cmdapi::manager as cmdapi;
+use crate::sync::config::{AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
 use crate::sync::reconcile;
@@ -24,6 +25,14 @@ use crate::vmi::Vmi;
 /// How long a Shutdown whose power button met a closing monitor waits for the domain to show
 /// it shut down (its SHUTDOWN event or QEMU's exit) before it reports the QMP error.
 const SHUTDOWN_SETTLE: Duration = Duration::from_secs(2);
+
+/// Whether `vmi` has condition `kind` with status `True` (`status.conditions`).
+fn has_condition(vmi: &Vmi, kind: &str) -> bool {
+    vmi.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.kind == kind && c.status == "True"))
+}
 
 impl DomainManager for SyncVmi {
     type Vmi = Vmi;
@@ -55,10 +64,54 @@ impl DomainManager for SyncVmi {
             .map_err(SyncError::Qmp)
     }
 
-    async fn soft_reboot_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {
-        Err(SyncError::Unsupported(
-            "soft reboot needs the guest agent".into(),
-        ))
+    /// KubeVirt's `SoftRebootVMI`: through the guest agent (`guest-shutdown` mode `reboot`) when
+    /// the VMI has the `AgentConnected` condition, an agent that does not answer counting as
+    /// done (KubeVirt ignores libvirt's `VIR_ERR_AGENT_UNRESPONSIVE`); else with the ACPI power
+    /// button, the guest's shutdown then resetting the machine (libvirt's fake reboot); refused
+    /// when the VMI turns ACPI off.
+    async fn soft_reboot_vmi(&self, vmi: Vmi) -> Result<(), SyncError> {
+        if has_condition(&vmi, "AgentConnected") {
+            return match self
+                .ctx
+                .info
+                .agent
+                .reboot(AGENT_SHUTDOWN_TIMEOUT, AGENT_SHUTDOWN_ANSWER)
+                .await
+            {
+                Ok(()) => {
+                    info!("soft reboot: guest-shutdown (reboot) through the guest agent");
+                    Ok(())
+                }
+                Err(e @ crate::sync::guest::agent::AgentError::Command { .. }) => {
+                    Err(SyncError::Agent(e))
+                }
+                Err(e) => {
+                    info!(reason = %e, "soft reboot: the guest agent is not responding");
+                    Ok(())
+                }
+            };
+        }
+        let acpi_off = vmi
+            .spec
+            .domain
+            .features
+            .as_ref()
+            .and_then(|f| f.acpi.as_ref())
+            .and_then(|a| a.enabled)
+            == Some(false);
+        if acpi_off {
+            return Err(SyncError::Refused(
+                "VMI neither have the agent connected nor the ACPI feature enabled".into(),
+            ));
+        }
+        let client = self.ctx.client()?;
+        self.ctx.shared.fake_reboot.store(true, Ordering::SeqCst);
+        if let Err(e) = lifecycle::powerdown(&client).await {
+            self.ctx.shared.fake_reboot.store(false, Ordering::SeqCst);
+            return Err(SyncError::Qmp(e));
+        }
+        info!("soft reboot: ACPI power button pressed (the guest's shutdown resets it)");
+        Ok(())
     }
 
     /// KubeVirt's `SignalShutdownVMI` signals only a running or paused domain: one already
@@ -165,13 +218,15 @@ impl DomainManager for SyncVmi {
         Ok(stats)
     }
 
-    /// QMP `query-version` while QEMU runs; before a domain exists (and after it is gone) the
-    /// answer of `qemu --version`, asked once.
+    /// `QEMU <major>.<minor>.<micro>`, as KubeVirt's `GetQemuVersion` formats libvirt's
+    /// hypervisor version (`virtwrap/cli/libvirt.go`; virt-handler hands the string to the guest
+    /// in the downward metrics' `VirtProductInfo`): from QMP `query-version` while QEMU runs;
+    /// before a domain exists (and after it is gone) from `qemu --version`, asked once.
     async fn qemu_version(&self) -> Result<String, SyncError> {
         if let Ok(client) = self.ctx.client() {
             if let Ok(v) = client.run(&QueryVersion).await {
                 return Ok(format!(
-                    "{}.{}.{}",
+                    "QEMU {}.{}.{}",
                     v.qemu.major, v.qemu.minor, v.qemu.micro
                 ));
             }
@@ -182,7 +237,7 @@ impl DomainManager for SyncVmi {
             .clone()
             .unwrap_or_else(|| crate::sync::qemu_version::QemuProbe::new(config.qemu.clone()));
         match probe.answer().await {
-            Some((_, text)) => Ok(text),
+            Some((_, text)) => Ok(format!("QEMU {text}")),
             None => Err(SyncError::NoQemuVersion {
                 qemu: config.qemu.clone(),
             }),
@@ -289,15 +344,15 @@ impl DomainManager for SyncVmi {
         Some(cmdapi::sev_platform_info(&self.ctx).await)
     }
 
-    async fn launch_measurement(&self, _vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
-        Some(cmdapi::sev_launch_measurement(&self.ctx).await)
+    async fn launch_measurement(&self, vmi: Vmi) -> Option<Result<Vec<u8>, SyncError>> {
+        Some(cmdapi::sev_launch_measurement(&self.ctx, &vmi).await)
     }
 
     async fn inject_launch_secret(
         &self,
-        _vmi: Vmi,
+        vmi: Vmi,
         options: Vec<u8>,
     ) -> Option<Result<(), SyncError>> {
-        Some(cmdapi::sev_inject_secret(&self.ctx, &options).await)
+        Some(cmdapi::sev_inject_secret(&self.ctx, &vmi, &options).await)
     }
 }

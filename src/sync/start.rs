@@ -84,7 +84,7 @@ pub(crate) async fn start(d: &DomainCtx, vmi: &Vmi, spec: SpecKey) -> Result<Sta
     let paused = vmi.spec.start_strategy.as_deref() == Some("Paused");
     let (followed, started) = tokio::join!(
         follow(d, &client, events, p.domain, watcher),
-        start_up(&client, &p.qmp_plan, paused)
+        start_up(&client, &p.qmp_plan, p.plan.smp, paused)
     );
     followed?;
     started?;
@@ -462,17 +462,43 @@ fn running_at_boot(
     }
 }
 
-/// The plan's start-up commands, then `cont` unless the VMI starts paused.
+/// The vCPUs beyond QEMU's own (`smp.stable`, the first socket with CPU hotplug) plugged up to
+/// `smp.cpus` before the guest runs, as libvirt plugs its enabled `hotpluggable='yes'` vCPUs
+/// (`qemuProcessSetupHotpluggableVcpus`); then the plan's start-up commands, then `cont` unless
+/// the VMI starts paused.
 async fn start_up(
     client: &QmpClient,
     qmp_plan: &render::QmpPlan,
+    smp: crate::cmdline::plan::SmpPlan,
     paused: bool,
 ) -> Result<(), SyncError> {
+    plug_boot_vcpus(client, smp).await?;
     for step in &qmp_plan.startup {
         client.run(step).await.map_err(SyncError::Qmp)?;
     }
     if !paused {
         client.run(&Cont).await.map_err(SyncError::Qmp)?;
+    }
+    Ok(())
+}
+
+/// Plugs the boot vCPUs QEMU did not create itself (`smp.stable` to `smp.cpus`, see
+/// [`crate::cmdline::plan::SmpPlan`]) into a QEMU started with `-S`, as `vcpu<index>`.
+///
+/// # Errors
+/// [`SyncError::Qmp`] when QEMU refuses.
+pub(crate) async fn plug_boot_vcpus(
+    client: &QmpClient,
+    smp: crate::cmdline::plan::SmpPlan,
+) -> Result<(), SyncError> {
+    if smp.cpus > smp.stable {
+        crate::sync::reconcile::resources::set_vcpus(
+            client,
+            smp.cpus,
+            None,
+            crate::sync::config::HOTPLUG_TIMEOUT,
+        )
+        .await?;
     }
     Ok(())
 }

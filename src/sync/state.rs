@@ -60,6 +60,10 @@ pub(crate) struct Shared {
     pub(crate) client: StdMutex<Option<QmpClient>>,
     /// What the domain is busy with ([`Job`]); read through [`Shared::job`].
     pub(crate) job: StdMutex<Job>,
+    /// A soft reboot pressed the ACPI power button: the guest's next shutdown resets and
+    /// resumes the machine instead of ending QEMU (libvirt's fake reboot, `priv->fakeReboot`,
+    /// `qemuProcessFakeReboot`).
+    pub(crate) fake_reboot: AtomicBool,
 }
 
 /// The job a domain runs beside the guest: what names the reason of a pause or an exit that
@@ -328,7 +332,26 @@ pub(crate) async fn follow_events(
                     continue;
                 }
                 let is_shutdown = ev.name == "SHUTDOWN";
+                let guest = ev.data["guest"].as_bool() == Some(true);
                 shared.apply(&LifecycleInput::Event(ev));
+                if is_shutdown
+                    && guest
+                    && shared.fake_reboot.swap(false, std::sync::atomic::Ordering::SeqCst)
+                {
+                    // libvirt's fake reboot: the guest powered off after a soft reboot's power
+                    // button; reset the machine and let it run (its RESUME makes it Running).
+                    let c = client.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = crate::qmp::lifecycle::reset(&c).await {
+                            warn!(error = %e, "soft reboot: system_reset failed");
+                        } else if let Err(e) = crate::qmp::lifecycle::resume(&c).await {
+                            warn!(error = %e, "soft reboot: cont failed");
+                        } else {
+                            info!("soft reboot: the guest powered off, the machine was reset");
+                        }
+                    });
+                    continue;
+                }
                 if is_shutdown {
                     // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
                     let c = client.clone();
@@ -358,6 +381,7 @@ mod tests {
             pid: watch::channel(None).0,
             client: StdMutex::new(None),
             job,
+            fake_reboot: AtomicBool::new(false),
         };
         shared.begin(Job::Dumping);
         assert_eq!(shared.job(), Job::Dumping);

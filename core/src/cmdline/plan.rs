@@ -98,10 +98,19 @@ pub enum CpuProp {
 }
 
 /// `-smp`.
+///
+/// With CPU hotplug (`maxSockets` above `sockets`) QEMU starts, as libvirt starts KubeVirt's
+/// domain, with the vCPUs of the first socket only (`-smp <stable>`, libvirt's
+/// `hotpluggable='no'` vCPUs); the launcher `device_add`s the other enabled vCPUs (`vcpu<index>`)
+/// before the guest runs, so that each of them can be unplugged later, down to the first socket
+/// (KubeVirt's `domainVCPUTopologyForHotplug`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct SmpPlan {
-    /// vCPUs at boot.
+    /// vCPUs enabled when the guest starts (`sockets * cores * threads`).
     pub cpus: u32,
+    /// vCPUs QEMU creates itself (`-smp <stable>`): `cores * threads` (the first socket) with CPU
+    /// hotplug, else `cpus`. The vCPUs from `stable` to `cpus` are plugged before the guest runs.
+    pub stable: u32,
     /// vCPUs including hot-pluggable ones (`maxSockets * cores * threads`).
     pub maxcpus: u32,
     /// Sockets (maxSockets with CPU hotplug).

@@ -54,6 +54,21 @@ pub struct VmiStatus {
     /// Machine type actually used.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub machine: Option<Machine>,
+    /// Conditions virt-handler and virt-controller set (`AgentConnected`, `Paused`, ...).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<Vec<VmiCondition>>,
+}
+
+/// One `status.conditions[]` entry (KubeVirt `VirtualMachineInstanceCondition`, the fields the
+/// launcher reads).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VmiCondition {
+    /// Condition type (JSON `type`), e.g. `AgentConnected`.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
 }
 
 /// One `status.interfaces[]` entry (KubeVirt `VirtualMachineInstanceNetworkInterface`).

@@ -275,18 +275,43 @@ pub(crate) async fn sev_platform_info(d: &DomainCtx) -> Result<Vec<u8>, SyncErro
     })
 }
 
-/// `GetLaunchMeasurement`.
-pub(crate) async fn sev_launch_measurement(d: &DomainCtx) -> Result<Vec<u8>, SyncError> {
-    sev::check_device(&sev_device(d))?;
+/// `GetLaunchMeasurement` of `vmi`'s domain: QEMU's measurement when the VMI asks for SEV
+/// (`spec.domain.launchSecurity.sev`), only the loader's hash otherwise, as libvirt reports no
+/// launch-security parameters for a domain without SEV ([`sev::launch_measurement`]).
+pub(crate) async fn sev_launch_measurement(
+    d: &DomainCtx,
+    vmi: &crate::vmi::Vmi,
+) -> Result<Vec<u8>, SyncError> {
     let client = d.client()?;
-    let loader = d.config.ovmf_dir.join(sev::SEV_OVMF_CODE);
-    Ok(sev::launch_measurement(&client, &loader).await?)
+    // KubeVirt's EFI environment keeps the path only when the file exists
+    // (`efi.DetectEFIEnvironment`); else it opens "" (`open : no such file or directory`).
+    let loader = Some(d.config.ovmf_dir.join(sev::SEV_OVMF_CODE))
+        .filter(|p| p.exists())
+        .unwrap_or_default();
+    Ok(sev::launch_measurement(&client, is_sev(vmi), &loader).await?)
 }
 
-/// `InjectLaunchSecret` with the request's options JSON.
-pub(crate) async fn sev_inject_secret(d: &DomainCtx, options: &[u8]) -> Result<(), SyncError> {
+/// `InjectLaunchSecret` with the request's options JSON: KubeVirt's option checks first, then
+/// libvirt's refusal on a domain without SEV ([`sev::SECRET_NEEDS_SEV`]), then QEMU.
+pub(crate) async fn sev_inject_secret(
+    d: &DomainCtx,
+    vmi: &crate::vmi::Vmi,
+    options: &[u8],
+) -> Result<(), SyncError> {
     let options = sev::secret_options(options)?;
-    sev::check_device(&sev_device(d))?;
     let client = d.client()?;
+    if !is_sev(vmi) {
+        return Err(CmdApiError::Refused(sev::SECRET_NEEDS_SEV.into()).into());
+    }
     Ok(sev::inject_secret(&client, &options).await?)
+}
+
+/// Whether `vmi` runs as an AMD SEV guest (`spec.domain.launchSecurity.sev`; SEV-SNP and TDX
+/// are other launch-security types to libvirt).
+fn is_sev(vmi: &crate::vmi::Vmi) -> bool {
+    vmi.spec
+        .domain
+        .launch_security
+        .as_ref()
+        .is_some_and(|l| l.sev.is_some())
 }

@@ -188,32 +188,68 @@ pub async fn probe_platform_info(qemu: &Path, socket: &Path) -> Result<Vec<u8>, 
     answer
 }
 
-/// `GetLaunchMeasurement`'s JSON; `loader` is the SEV OVMF code file (its SHA-256 is left out
-/// when it cannot be read, as KubeVirt does).
+/// `InjectLaunchSecret`'s answer on a domain without SEV: libvirt's `VIR_ERR_OPERATION_UNSUPPORTED`
+/// (84) from the QEMU driver (10) in `qemuDomainSetLaunchSecurityState` (a domain whose
+/// `<launchSecurity>` is not `sev`, SEV-SNP and TDX included), as KubeVirt's `getErrorMessage`
+/// formats a libvirt error (`cmd-server/server.go`, `virtwrap/errors/errors.go`).
+pub const SECRET_NEEDS_SEV: &str = "LibvirtError(Code=84, Domain=10, Message='Operation not supported: setting a launch secret is only supported in SEV-enabled domains')";
+
+/// The SHA-256 (hex) of the SEV OVMF code file `loader`, read whole, as KubeVirt's
+/// `GetLaunchMeasurement` hashes `EFICode(false, SEV)` (`manager.go`).
 ///
 /// # Errors
-/// [`CmdApiError::Qmp`] when QEMU refuses (not an SEV guest, not paused at launch).
-pub async fn launch_measurement(client: &QmpClient, loader: &Path) -> Result<Vec<u8>, CmdApiError> {
-    let measure = client
-        .run_timeout(&QuerySevLaunchMeasure, QMP_TIMEOUT)
-        .await?;
-    let sev = client.run_timeout(&QuerySev, QMP_TIMEOUT).await?;
-    let loader_sha = std::fs::read(loader)
-        .map(|b| {
-            sha2::Sha256::digest(&b)
-                .iter()
-                .map(|x| format!("{x:02x}"))
-                .collect::<String>()
-        })
-        .unwrap_or_default();
-    let info = SevMeasurementInfo {
-        measurement: measure.data,
-        api_major: sev.api_major,
-        api_minor: sev.api_minor,
-        build_id: sev.build_id,
-        policy: sev.policy,
-        loader_sha,
-    };
+/// [`CmdApiError::Refused`] with Go's `os.Open` text (`open <path>: no such file or
+/// directory`), which KubeVirt answers when the file cannot be read.
+pub fn loader_sha(loader: &Path) -> Result<String, CmdApiError> {
+    let bytes = std::fs::read(loader).map_err(|e| {
+        let errno = e
+            .raw_os_error()
+            .map(|n| nix::errno::Errno::from_raw(n).desc().to_string())
+            .unwrap_or_else(|| e.to_string());
+        // Go's syscall.Errno texts are strerror's, lower-cased at the start.
+        let mut chars = errno.chars();
+        let errno = chars
+            .next()
+            .map(|c| c.to_lowercase().chain(chars).collect::<String>())
+            .unwrap_or_default();
+        CmdApiError::Refused(format!("open {}: {errno}", loader.display()))
+    })?;
+    Ok(sha2::Sha256::digest(&bytes)
+        .iter()
+        .map(|x| format!("{x:02x}"))
+        .collect())
+}
+
+/// `GetLaunchMeasurement`'s JSON. On an SEV domain (`sev: true`) QEMU's launch measurement
+/// and SEV state (`query-sev-launch-measure`, `query-sev`) as libvirt's
+/// `virDomainGetLaunchSecurityInfo` reports them; on any other domain libvirt reports no
+/// parameters, and the answer has only the loader's hash. Either way the loader's SHA-256
+/// ([`loader_sha`] of `loader`, the SEV OVMF code file), as KubeVirt's `GetLaunchMeasurement`.
+///
+/// # Errors
+/// [`CmdApiError::Qmp`] when QEMU refuses (not paused at launch), [`CmdApiError::Refused`]
+/// when the loader cannot be read (as KubeVirt fails then).
+pub async fn launch_measurement(
+    client: &QmpClient,
+    sev: bool,
+    loader: &Path,
+) -> Result<Vec<u8>, CmdApiError> {
+    let mut info = SevMeasurementInfo::default();
+    if sev {
+        let measure = client
+            .run_timeout(&QuerySevLaunchMeasure, QMP_TIMEOUT)
+            .await?;
+        let state = client.run_timeout(&QuerySev, QMP_TIMEOUT).await?;
+        info = SevMeasurementInfo {
+            measurement: measure.data,
+            api_major: state.api_major,
+            api_minor: state.api_minor,
+            build_id: state.build_id,
+            policy: state.policy,
+            loader_sha: String::new(),
+        };
+    }
+    info.loader_sha = loader_sha(loader)?;
     Ok(serde_json::to_vec(&info).unwrap_or_default())
 }
 
@@ -278,6 +314,21 @@ mod tests {
                 header: "h".into(),
                 secret: "s".into()
             }
+        );
+    }
+
+    #[test]
+    fn loader_hash_or_kubevirt_open_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let loader = dir.path().join(SEV_OVMF_CODE);
+        assert_eq!(
+            loader_sha(&loader).unwrap_err().to_string(),
+            format!("open {}: no such file or directory", loader.display())
+        );
+        std::fs::write(&loader, b"abc").unwrap();
+        assert_eq!(
+            loader_sha(&loader).unwrap(),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
         );
     }
 

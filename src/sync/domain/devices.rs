@@ -26,6 +26,18 @@ pub struct Devices {
     pub rest: Map<String, Value>,
 }
 
+impl Devices {
+    /// Sets the domain's memory device (`Memory`, an `api.MemoryDevice`: KubeVirt's domain has at
+    /// most one, the virtio-mem device). True when it changed.
+    pub fn set_memory_device(&mut self, device: Value) -> bool {
+        if self.rest.get("Memory") == Some(&device) {
+            return false;
+        }
+        self.rest.insert("Memory".into(), device);
+        true
+    }
+}
+
 /// `api.HostDevice`: a GPU (`gpu-<name>`), host device (`hostdevice-<name>`) or SR-IOV VF
 /// (`sriov-<interface>`, which virt-handler reads for the interface's status and SR-IOV hotplug)
 /// passed through with VFIO.

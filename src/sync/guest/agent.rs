@@ -224,6 +224,25 @@ impl GuestAgent {
         timeout: Duration,
         answer_wait: Duration,
     ) -> Result<(), AgentError> {
+        self.shutdown_mode("powerdown", timeout, answer_wait).await
+    }
+
+    /// `guest-shutdown` with `mode: reboot`, libvirt's agent reboot (`virDomainReboot` with
+    /// `VIR_DOMAIN_REBOOT_GUEST_AGENT`, KubeVirt's `SoftRebootVMI` while the agent is
+    /// connected); answers as [`GuestAgent::shutdown`].
+    ///
+    /// # Errors
+    /// As [`GuestAgent::shutdown`].
+    pub async fn reboot(&self, timeout: Duration, answer_wait: Duration) -> Result<(), AgentError> {
+        self.shutdown_mode("reboot", timeout, answer_wait).await
+    }
+
+    async fn shutdown_mode(
+        &self,
+        mode: &'static str,
+        timeout: Duration,
+        answer_wait: Duration,
+    ) -> Result<(), AgentError> {
         const SHUTDOWN: &str = "guest-shutdown";
         let socket = self.socket_path()?;
         let mut conn = self.conn.lock().await;
@@ -232,7 +251,7 @@ impl GuestAgent {
             send(
                 stream,
                 SHUTDOWN,
-                &json!({"execute": SHUTDOWN, "arguments": {"mode": "powerdown"}}),
+                &json!({"execute": SHUTDOWN, "arguments": {"mode": mode}}),
             )
             .await
         })

@@ -20,8 +20,8 @@ use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
 use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
-    annotation, decode, migration_proxy_sockets, normalized, refused, require_unix_transport,
-    PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    annotation, boot_memory_view, decode, migration_proxy_sockets, normalized, refused,
+    require_unix_transport, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
@@ -147,6 +147,8 @@ impl SyncVmi {
         // The spec key is what later syncs of this VMI compare with; the domain itself runs with
         // the source's guest MACs.
         keep_guest_macs(&mut vmi);
+        // A source whose memory grew runs its boot memory plus virtio-mem: boot the same.
+        let memory_total = boot_memory_view(&mut vmi);
         let prepared = start::prepare(&self.ctx, &vmi, key).await?;
         let view = prepared.view.clone();
 
@@ -181,6 +183,7 @@ impl SyncVmi {
             vmi_uid: vmi_uid.clone(),
             proxy_key,
             view,
+            memory_total,
         });
         *self
             .migration
@@ -266,6 +269,7 @@ impl SyncVmi {
         let PreparedTarget {
             mut prepared,
             proxy_key,
+            memory_total,
             ..
         } = target;
         if let Some(cpu) = adopted_cpu {
@@ -302,6 +306,14 @@ impl SyncVmi {
                 return Err((None, MigrationError::Peer(reason)));
             }
         };
+        // The vCPUs beyond the first socket (plugged at the source's start or since), as
+        // `vcpu<index>` like the source's.
+        if let Err(e) = crate::sync::start::plug_boot_vcpus(&client, prepared.plan.smp).await {
+            let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+            session.fail(&e.failure_reason()).await;
+            let _ = client.run(&Quit).await;
+            return Err((None, e));
+        }
         // The source's hot-plugged disks, before the device state arrives.
         for d in &placed {
             let attach = DiskAttach {
@@ -323,6 +335,35 @@ impl SyncVmi {
                 session.fail(&e.failure_reason()).await;
                 let _ = client.run(&Quit).await;
                 return Err((None, e));
+            }
+        }
+        // The source's virtio-mem device (its memory grew since boot), sized as the VMI asks.
+        if let Some(total) = memory_total {
+            match crate::sync::reconcile::resources::set_memory(
+                &client,
+                &prepared.running.memory,
+                &prepared.plan,
+                total,
+            )
+            .await
+            {
+                Ok(memory) => {
+                    prepared.running.memory = memory;
+                    info!(total, "virtio-mem device of the source plugged");
+                }
+                Err(e) => {
+                    let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+                    session.fail(&e.failure_reason()).await;
+                    let _ = client.run(&Quit).await;
+                    return Err((None, e));
+                }
+            }
+            if let Some(device) =
+                crate::sync::domain_spec::virtio_mem_device(&client, &prepared.running.memory).await
+            {
+                self.ctx
+                    .shared
+                    .update_domain(|d| d.spec.devices.set_memory_device(device));
             }
         }
         // What a later migration away from here sends: this QEMU's argv without `-incoming`.

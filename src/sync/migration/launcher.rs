@@ -67,6 +67,37 @@ pub(super) struct PreparedTarget {
     pub(super) proxy_key: String,
     /// The VMI as the converter saw it (hot-plugged disks are converted again without it).
     pub(super) view: Vmi,
+    /// The guest memory in bytes when it grew since boot (virtio-mem on the source): the target
+    /// boots with the memory at boot and plugs the rest before `migrate-incoming`
+    /// ([`boot_memory_view`]).
+    pub(super) memory_total: Option<u64>,
+}
+
+/// Turns `vmi` into the VMI its source booted with as far as memory goes: with memory hotplug
+/// (`maxGuest`) and `status.memory.guestAtBoot` below `spec.domain.memory.guest`, the source
+/// runs its boot memory plus a virtio-mem device of the difference (KubeVirt's
+/// `BuildMemoryDevice`, `pkg/liveupdate/memory`; libvirt migrates that device in the domain
+/// XML), so the target's QEMU must start with the boot memory (`-m guestAtBoot`) and plug the
+/// same virtio-mem device, not boot with the new total. Sets `memory.guest` to `guestAtBoot`
+/// and returns the total guest memory in bytes (KiB-rounded as the converter does); `None`
+/// (and `vmi` unchanged) when memory did not grow.
+pub(super) fn boot_memory_view(vmi: &mut Vmi) -> Option<u64> {
+    let memory = vmi.spec.domain.memory.as_ref()?;
+    memory.max_guest.as_ref()?;
+    let guest = memory.guest.as_ref()?.to_bytes().ok()?.div_ceil(1024) * 1024;
+    let at_boot = vmi
+        .status
+        .as_ref()?
+        .memory
+        .as_ref()?
+        .guest_at_boot
+        .clone()?;
+    let boot = at_boot.to_bytes().ok()?.div_ceil(1024) * 1024;
+    if boot >= guest {
+        return None;
+    }
+    vmi.spec.domain.memory.as_mut()?.guest = Some(at_boot);
+    Some(guest)
 }
 
 impl MigrationCtl {
@@ -298,6 +329,26 @@ pub(super) fn migration_proxy_sockets(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn target_boots_with_the_memory_at_boot_after_a_memory_plug() {
+        let vmi = |guest: &str, at_boot: &str| {
+            Vmi::from_json_or_yaml(&format!(
+                r#"{{"apiVersion":"kubevirt.io/v1","kind":"VirtualMachineInstance",
+                "metadata":{{"name":"m","namespace":"ns"}},
+                "spec":{{"domain":{{"memory":{{"guest":"{guest}","maxGuest":"4Gi"}},"devices":{{}}}}}},
+                "status":{{"memory":{{"guestAtBoot":"{at_boot}"}}}}}}"#
+            ))
+            .unwrap()
+        };
+        let mut grown = vmi("2Gi", "1Gi");
+        assert_eq!(boot_memory_view(&mut grown), Some(2 << 30));
+        let m = grown.spec.domain.memory.as_ref().unwrap();
+        assert_eq!(m.guest.as_ref().map(|q| q.as_str()), Some("1Gi"));
+        let mut same = vmi("1Gi", "1Gi");
+        assert_eq!(boot_memory_view(&mut same), None);
+        assert_eq!(same, vmi("1Gi", "1Gi"));
+    }
     use std::path::Path;
 
     #[test]

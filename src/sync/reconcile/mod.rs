@@ -97,10 +97,31 @@ pub(crate) async fn hotplug(
 }
 
 /// SyncVirtualMachineCPUs: plugs or unplugs vCPUs of the running domain `r` until it has as
-/// many as `vmi` asks.
+/// many as `vmi` asks (down to the first socket), then shows them enabled in the domain
+/// (`VCPUs`), as libvirt's live XML does. An unplug on a QEMU that would crash after it
+/// ([`resources::tcg_unplug_crashes`]) is refused, naming the QEMU version.
 pub(crate) async fn apply_vcpus(d: &DomainCtx, r: &Running, vmi: Vmi) -> Result<(), SyncError> {
     let plan = resource_plan(d, r, vmi).await?;
-    resources::set_vcpus(&d.client()?, plan.smp.cpus, HOTPLUG_TIMEOUT).await?;
+    let client = d.client()?;
+    let version = client
+        .run(&crate::qmp::commands::QueryVersion)
+        .await
+        .map_err(SyncError::Qmp)?
+        .qemu;
+    let v = (version.major, version.minor, version.micro);
+    let hazard = resources::tcg_unplug_crashes(r.ctx.kvm, v);
+    let refused = (hazard && !d.config.allow_unsafe_tcg_vcpu_unplug).then(|| {
+        format!(
+            "unplugging vCPUs is refused under TCG (no KVM) on QEMU {}.{}.{}: before QEMU 10.2 \
+             (10.0.5 in the 10.0 series) an unplugged vCPU stays registered for memory updates \
+             and QEMU aborts at the next device hotplug (QEMU issue 2517)",
+            v.0, v.1, v.2
+        )
+    });
+    resources::set_vcpus(&client, plan.smp.cpus, refused, HOTPLUG_TIMEOUT).await?;
+    let enabled = plan.smp.cpus;
+    d.shared
+        .update_domain(|dom| dom.spec.set_vcpus_enabled(enabled));
     Ok(())
 }
 
@@ -112,7 +133,14 @@ pub(crate) async fn apply_memory(
     vmi: Vmi,
 ) -> Result<(), SyncError> {
     let plan = resource_plan(d, r, vmi).await?;
-    r.memory = resources::set_memory(&d.client()?, &r.memory, &plan, plan.memory.size).await?;
+    let client = d.client()?;
+    r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
+    // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
+    // model='virtio-mem'>`).
+    if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
+        d.shared
+            .update_domain(|dom| dom.spec.devices.set_memory_device(device));
+    }
     Ok(())
 }
 

@@ -69,14 +69,18 @@ pub enum ResourceStep {
 }
 
 /// The vCPU diff: from the slots' state (`running`, in vCPU index order) to `wanted` vCPUs,
-/// the empty slots to plug from the lowest index, or the hot-plugged vCPUs to unplug from the
-/// highest. Pure. Errors: more than the slots, or fewer than the vCPUs that were not
-/// hot-plugged (they cannot be removed).
+/// the empty slots to plug from the lowest index, or the plugged vCPUs (`vcpu<index>`, the ones
+/// of every socket but the first, plugged at start or later) to unplug from the highest. Pure.
+///
+/// # Errors
+/// [`SyncError::InvalidField`] at `spec.domain.cpu.sockets`: more vCPUs than the slots, or
+/// fewer than the first socket's (QEMU's own vCPUs, libvirt's `hotpluggable='no'`, which
+/// cannot be unplugged).
 pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>, SyncError> {
     let wanted = wanted as usize;
     if wanted == 0 || wanted > running.len() {
         return Err(SyncError::invalid_field(
-            FieldPath::new("spec.domain.cpu"),
+            FieldPath::new("spec.domain.cpu.sockets"),
             format!(
                 "{wanted} vCPUs, the domain has room for 1 to {}",
                 running.len()
@@ -99,28 +103,55 @@ pub fn diff_vcpus(running: &[CpuSlot], wanted: u32) -> Result<Vec<ResourceStep>,
             })
             .collect());
     }
-    let removable: Vec<ResourceStep> = running
+    let pluggable: Vec<&str> = running
         .iter()
         .rev()
         .filter_map(|s| s.qom_path.as_deref())
         .filter_map(|p| p.strip_prefix("/machine/peripheral/"))
-        .take(present - wanted)
-        .map(|id| ResourceStep::UnplugVcpu { id: id.to_string() })
         .collect();
-    if removable.len() < present - wanted {
+    let fixed = present - pluggable.len();
+    if wanted < fixed {
         return Err(SyncError::invalid_field(
-            FieldPath::new("spec.domain.cpu"),
-            format!("{wanted} vCPUs is below the vCPUs the domain booted with"),
+            FieldPath::new("spec.domain.cpu.sockets"),
+            format!(
+                "{wanted} vCPUs is below the {fixed} vCPUs of the first socket, which cannot be \
+                 unplugged"
+            ),
         ));
     }
-    Ok(removable)
+    Ok(pluggable
+        .into_iter()
+        .take(present - wanted)
+        .map(|id| ResourceStep::UnplugVcpu { id: id.to_string() })
+        .collect())
+}
+
+/// Whether unplugging a vCPU would leave QEMU `version` (major, minor, micro) to corrupt its
+/// heap: under TCG (`kvm` false), QEMU before the fix of QEMU issue 2517 ("physmem: Destroy all
+/// CPU AddressSpaces on unrealize", commit 300a87c502c4, in 10.2.0 and the 10.0.5 stable
+/// release) leaves the unplugged vCPU's `tcg_commit` memory listener registered, so the next
+/// memory-topology change (any PCI `device_add`, a virtio-mem device, a guest remapping a BAR)
+/// calls it on the freed vCPU: QEMU aborts (`corrupted double-linked list`, reproduced with QEMU
+/// 7.2 alone on the first `device_add` after a `device_del` of a vCPU). No order of commands
+/// avoids it, so such an unplug is refused. The 10.1 series is counted as affected (no stable
+/// release of it is known here to carry the fix). Under KVM QEMU registers no such listener.
+pub fn tcg_unplug_crashes(kvm: bool, version: (u64, u64, u64)) -> bool {
+    let (major, minor, micro) = version;
+    !kvm && (major, minor) < (10, 2) && !(major == 10 && minor == 0 && micro >= 5)
 }
 
 /// Sets the domain's vCPU count to `wanted` (boot vCPUs of the new VMI's topology); returns the
-/// steps run.
+/// steps run. `unplug_refused`: the reason an unplug must not run on this QEMU
+/// ([`tcg_unplug_crashes`]), when it must not.
+///
+/// # Errors
+/// As [`diff_vcpus`]; [`SyncError::InvalidField`] at `spec.domain.cpu.sockets` with
+/// `unplug_refused` when the diff unplugs;
+/// [`SyncError::Qmp`] from QEMU.
 pub async fn set_vcpus(
     client: &QmpClient,
     wanted: u32,
+    unplug_refused: Option<String>,
     unplug_timeout: Duration,
 ) -> Result<Vec<ResourceStep>, SyncError> {
     let reply = client
@@ -128,6 +159,17 @@ pub async fn set_vcpus(
         .await
         .map_err(SyncError::Qmp)?;
     let steps = diff_vcpus(&cpu_slots(reply), wanted)?;
+    if let Some(reason) = unplug_refused {
+        if steps
+            .iter()
+            .any(|s| matches!(s, ResourceStep::UnplugVcpu { .. }))
+        {
+            return Err(SyncError::invalid_field(
+                FieldPath::new("spec.domain.cpu.sockets"),
+                reason,
+            ));
+        }
+    }
     run(client, &steps, unplug_timeout).await?;
     Ok(steps)
 }
@@ -405,6 +447,18 @@ mod tests {
             slot(0, Some("/machine/unattached/device[0]")),
             slot(1, Some("/machine/unattached/device[1]")),
         ];
+        // 2 sockets of 2 cores booted with maxSockets 4: QEMU's own first socket (0, 1), the
+        // second socket plugged at start (vcpu2, vcpu3).
+        let two_sockets = vec![
+            slot(0, Some("/machine/unattached/device[0]")),
+            slot(0, Some("/machine/unattached/device[1]")),
+            slot(1, Some("/machine/peripheral/vcpu2")),
+            slot(1, Some("/machine/peripheral/vcpu3")),
+            slot(2, None),
+            slot(2, None),
+            slot(3, None),
+            slot(3, None),
+        ];
         let unplug = |id: &str| ResourceStep::UnplugVcpu { id: id.into() };
         let ok_cases = [
             (&two_of_four, 2, vec![]),
@@ -412,13 +466,40 @@ mod tests {
             (&two_of_four, 4, vec![plug(2, 2), plug(3, 3)]),
             (&two_of_four, 1, vec![unplug("vcpu1")]),
             (&boot_only, 2, vec![]),
+            // Down to the first socket, from the highest index.
+            (&two_sockets, 2, vec![unplug("vcpu3"), unplug("vcpu2")]),
+            (&two_sockets, 4, vec![]),
         ];
         for (running, wanted, steps) in ok_cases {
             assert_eq!(diff_vcpus(running, wanted).unwrap(), steps, "{wanted}");
         }
-        // Beyond the slots, zero, or below the boot vCPUs.
+        // Beyond the slots, zero, or below the first socket.
         for (running, wanted) in [(&two_of_four, 5), (&two_of_four, 0), (&boot_only, 1)] {
             assert!(diff_vcpus(running, wanted).is_err(), "{wanted}");
+        }
+        assert_eq!(
+            diff_vcpus(&two_sockets, 1).unwrap_err().to_string(),
+            "invalid VMI: spec.domain.cpu.sockets: 1 vCPUs is below the 2 vCPUs of the first \
+             socket, which cannot be unplugged"
+        );
+    }
+
+    #[test]
+    fn vcpu_unplug_under_tcg_is_refused_on_qemu_without_the_fix() {
+        for (kvm, version, crashes) in [
+            (false, (7, 2, 22), true),
+            (false, (10, 0, 4), true),
+            (false, (10, 0, 5), false),
+            (false, (10, 1, 2), true),
+            (false, (10, 2, 0), false),
+            (false, (11, 0, 0), false),
+            (true, (7, 2, 22), false),
+        ] {
+            assert_eq!(
+                tcg_unplug_crashes(kvm, version),
+                crashes,
+                "{kvm} {version:?}"
+            );
         }
     }
 

@@ -12,11 +12,16 @@
 //!
 //! Every RPC is dispatched to a [`DomainManager`]. Failures are carried in-band (`Response{success:
 //! false, message}`, gRPC status OK), except `Exec` and `GuestPing`, whose failures KubeVirt returns as
-//! a gRPC error (status `Unknown`), which is what virt-handler's probes check. A manager whose
-//! optional method returns `None` has that RPC answered at once with `success=false` and
-//! `<Rpc> is not supported by qlauncher`; the launcher's manager
-//! ([`crate::sync::SyncVmi`]) serves every RPC of `cmd.proto` but `BackupVirtualMachine` and
-//! `RedefineCheckpoint` (KubeVirt's changed-block-tracking backups), which answer so always.
+//! a gRPC error (status `Unknown`), which is what virt-handler's probes check, and `GetVMStats` with
+//! its collector off (a gRPC error too, as KubeVirt's).
+//!
+//! qlauncher's manager ([`crate::sync::SyncVmi`]) serves all of KubeVirt v1.9.0's `cmd.v1` RPCs
+//! except two: life cycle, CPU and memory hotplug, migration (source and target), freeze and thaw,
+//! guest-agent queries (`GetGuestInfo`, `GetUsers`, `GetFilesystems`), `Exec` and `GuestPing`,
+//! screenshots, memory dumps, dirty rate, VM stats, SR-IOV host-device hotplug and SEV attestation.
+//! `BackupVirtualMachine` and `RedefineCheckpoint` answer at once with `success=false` and
+//! `<Rpc> is not supported by qlauncher`, as does any RPC a [`DomainManager`] leaves at its default
+//! (`None`).
 
 use crate::sync::error::SyncError;
 use crate::sync::rpc::authority::AuthorityFilteredStream;

@@ -201,24 +201,25 @@ impl super::super::convert::Configurator for CpuConfigurator {
         let (sockets, cores, threads) = topology(vmi)?;
         let cpus = sockets * cores * threads;
         let max_sockets = cpu.max_sockets.unwrap_or(0);
-        let (smp_sockets, maxcpus) = if max_sockets > sockets {
+        let (smp_sockets, maxcpus, stable) = if max_sockets > sockets {
             let max = max_sockets
                 .checked_mul(cores * threads)
                 .filter(|m| *m <= 1024)
                 .ok_or_else(|| {
                     ConvertError::invalid(base.key("maxSockets"), "more than 1024 vCPUs")
                 })?;
-            (max_sockets, max)
+            (max_sockets, max, cores * threads)
         } else if max_sockets != 0 && max_sockets < sockets {
             return Err(ConvertError::invalid(
                 base.key("maxSockets"),
                 "maxSockets is smaller than sockets",
             ));
         } else {
-            (sockets, cpus)
+            (sockets, cpus, cpus)
         };
         plan.smp = SmpPlan {
             cpus,
+            stable,
             maxcpus,
             sockets: smp_sockets,
             cores,
@@ -416,6 +417,7 @@ mod tests {
             plan.smp,
             SmpPlan {
                 cpus: 4,
+                stable: 2,
                 maxcpus: 12,
                 sockets: 6,
                 cores: 2,

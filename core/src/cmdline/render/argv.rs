@@ -106,8 +106,9 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
     }
     push("-overcommit", "mem-lock=off".into());
     let s = &plan.smp;
-    let mut kv = KeyVal::with_head(&s.cpus.to_string());
-    if s.maxcpus != s.cpus {
+    // The first socket only with CPU hotplug; the other boot vCPUs are plugged before `cont`.
+    let mut kv = KeyVal::with_head(&s.stable.to_string());
+    if s.maxcpus != s.stable {
         kv = kv.kv("maxcpus", s.maxcpus.to_string());
     }
     push(

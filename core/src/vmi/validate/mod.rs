@@ -19,7 +19,8 @@ use std::fmt;
 use super::*;
 
 pub use syntax::{
-    check_disk_serial, is_dns_label, is_dns_subdomain, is_mac_address, is_pci_address,
+    check_disk_serial, disk_serial_limit, is_dns_label, is_dns_subdomain, is_mac_address,
+    is_pci_address,
 };
 
 /// One validation failure: the JSON path of the field (`spec.domain.devices.disks[1].disk.bus`)

@@ -107,7 +107,13 @@ pub(super) fn validate_disks(spec: &VmiSpec, e: &mut Errors, boot: &mut BTreeMap
         }
         check_boot_order(e, boot, disk.boot_order, &p);
         if let Some(serial) = &disk.serial {
-            if let Err(reason) = check_disk_serial(serial) {
+            // A lun without a bus is on scsi (the converter's default, as KubeVirt's).
+            let serial_bus = if bus.is_empty() && kind == "lun" {
+                "scsi"
+            } else {
+                bus
+            };
+            if let Err(reason) = check_disk_serial(serial, serial_bus) {
                 e.add(format!("{p}.serial"), reason);
             }
         }

@@ -29,24 +29,58 @@ pub(super) const DNS_SUBDOMAIN_REASON: &str = "must be a DNS-1123 subdomain (low
 
 /// The disk serial rule of KubeVirt's admitter (`pkg/storage/admitters/disks.go`
 /// `validateSerialNumValue`, `validateSerialNumLength`): `[A-Za-z0-9_.+-]`, at most 256
-/// characters (`maxStrLen`). It is one rule for every bus (`virtio`, `sata`, `scsi`, `usb`):
-/// QEMU 7.2 to 10.1 accept such a serial on `virtio-blk`, `ide-hd`/`ide-cd`, `scsi-hd`/`scsi-cd`
-/// and `usb-storage` alike (checked with the real QEMU), and the device itself cuts what the guest
-/// reads (virtio-blk's ID and ATA's IDENTIFY carry 20 bytes). Validation, the converter and
-/// `run` all apply this function, so a serial `validate` accepts is never refused later.
+/// characters (`maxStrLen`), and at most what the bus's QEMU device takes
+/// ([`disk_serial_limit`]): KubeVirt passes the serial through libvirt unchanged, so a longer one
+/// stops the VM at start on QEMU 9.1 and later. Validation, the converter and `run` all apply this
+/// function, so a serial `validate` accepts is never refused later.
+///
+/// `bus` is the disk's bus as the VMI names it (`virtio`, `sata`, `scsi`, `usb`; empty when
+/// unknown, which sets no bus limit).
 ///
 /// Errors: the reason, for the field `...disks[i].serial`.
-pub fn check_disk_serial(serial: &str) -> Result<(), &'static str> {
+pub fn check_disk_serial(serial: &str, bus: &str) -> Result<(), String> {
     if !serial
         .bytes()
         .all(|c| c.is_ascii_alphanumeric() || b"_.+-".contains(&c))
     {
-        return Err("must be made up of the characters [A-Za-z0-9_.+-]");
+        return Err("must be made up of the characters [A-Za-z0-9_.+-]".into());
     }
-    if serial.chars().count() > super::MAX_SERIAL_LEN {
-        return Err("must be at most 256 characters long");
+    let len = serial.chars().count();
+    if len > super::MAX_SERIAL_LEN {
+        return Err(format!(
+            "must be at most {} characters long",
+            super::MAX_SERIAL_LEN
+        ));
+    }
+    if let Some((limit, device)) = disk_serial_limit(bus) {
+        if len > limit {
+            return Err(format!(
+                "is {len} characters long; a disk on bus {bus} takes at most {limit} ({device})"
+            ));
+        }
     }
     Ok(())
+}
+
+/// The longest serial the QEMU device of a disk on `bus` accepts, with that device's name, or
+/// `None` when the device takes any serial KubeVirt's admitter lets through.
+///
+/// * `scsi`: 36 characters. `scsi-hd` and `scsi-cd` refuse a longer serial at realize since
+///   QEMU 9.1 ("The serial number can't be longer than 36 characters", `hw/scsi/scsi-disk.c`
+///   `MAX_SERIAL_LEN`); QEMU 7.2 to 9.0 cut it to 36 silently in the guest's VPD page 0x80.
+///   libvirt (so KubeVirt) and qlauncher set `device_id` to the serial, so scsi-disk's second
+///   limit (20 characters for a serial that is also the default `device_id`) does not apply.
+/// * `usb`: 20 characters. `usb-storage` hands its serial to the `scsi-hd` it creates inside
+///   (`hw/usb/dev-storage-classic.c`, `scsi_bus_legacy_add_drive`), without a `device_id`, so
+///   that device's `MAX_SERIAL_LEN_FOR_DEVID` (20) applies since QEMU 9.1.
+/// * `virtio` and `sata`: none. virtio-blk keeps the whole value (the guest reads its first
+///   20 bytes), as libvirt passes it; `ide-hd`/`ide-cd` cut it to the 20 bytes of ATA IDENTIFY.
+pub fn disk_serial_limit(bus: &str) -> Option<(usize, &'static str)> {
+    match bus {
+        "scsi" => Some((36, "QEMU's scsi-hd and scsi-cd")),
+        "usb" => Some((20, "QEMU's usb-storage")),
+        _ => None,
+    }
 }
 
 pub(super) const DNS_LABEL_REASON: &str = "must be a DNS-1123 label (lowercase alphanumerics and '-', starting and ending alphanumeric, at most 63 characters)";

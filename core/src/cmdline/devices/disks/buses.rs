@@ -32,6 +32,16 @@ pub(super) enum Bus {
 }
 
 impl Bus {
+    /// The bus as the VMI names it (`spec.domain.devices.disks[i].*.bus`).
+    pub(super) fn name(self) -> &'static str {
+        match self {
+            Bus::Virtio => "virtio",
+            Bus::Sata => "sata",
+            Bus::Scsi => "scsi",
+            Bus::Usb => "usb",
+        }
+    }
+
     fn prefix(self) -> &'static str {
         if self == Bus::Virtio {
             "vd"

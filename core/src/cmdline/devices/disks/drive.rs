@@ -4,7 +4,7 @@
 //! protocol node and a format node per layer, `libvirt-N-storage`/`libvirt-N-format`, the
 //! backing layer read-only below its overlay).
 
-use super::buses::Kind;
+use super::buses::{Bus, Kind};
 use super::sources::Layer;
 use crate::cmdline::context::{StorageKind, VolumeFacts};
 use crate::cmdline::error::{ConvertError, FieldPath};
@@ -120,10 +120,11 @@ pub(super) struct DriveOptions {
 }
 
 /// The drive options of disk `d` (at `p`), whose volume has `facts`; `has_image` is false for
-/// an empty cdrom; `discard` comes from [`discard`].
+/// an empty cdrom; `discard` comes from [`discard`]; `bus` is the disk's bus.
 pub(super) fn options(
     d: &Disk,
     p: &FieldPath,
+    bus: Bus,
     has_image: bool,
     facts: &VolumeFacts,
     discard: Option<&'static str>,
@@ -193,8 +194,8 @@ pub(super) fn options(
         // KubeVirt leaves an empty serial out of the domain.
         Some("") => None,
         Some(s) => {
-            // The one serial rule validation applies (the same on every bus).
-            crate::vmi::validate::check_disk_serial(s)
+            // The one serial rule validation applies.
+            crate::vmi::validate::check_disk_serial(s, bus.name())
                 .map_err(|reason| ConvertError::invalid(p.key("serial"), reason))?;
             Some(s.to_string())
         }

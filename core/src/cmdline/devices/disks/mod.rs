@@ -226,7 +226,14 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
             } else {
                 d
             };
-            let opts = drive::options(spec, &p, !it.chain.is_empty(), &it.facts, it.discard)?;
+            let opts = drive::options(
+                spec,
+                &p,
+                it.bus,
+                !it.chain.is_empty(),
+                &it.facts,
+                it.discard,
+            )?;
             if d.disk
                 .as_ref()
                 .and_then(|t| t.pci_address.as_ref())
