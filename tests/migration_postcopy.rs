@@ -292,18 +292,9 @@ async fn wait_running(c: &mut Client) {
     }
 }
 
-/// The guest's RAM counter (`/w/counter`) through the agent, read again while it is empty (the
-/// shell loop truncates the file before it writes the next number).
+/// The guest's RAM counter (`/w/counter`) through the agent.
 async fn ram_counter(c: &mut Client) -> u64 {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let out = exec_until_ok(c, "cat /w/counter", Duration::from_secs(60)).await;
-        if let Ok(n) = out.trim().parse() {
-            return n;
-        }
-        assert!(std::time::Instant::now() < deadline, "counter {out:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    testkit::migration::read_number(c, "/w/counter", Duration::from_secs(60)).await
 }
 
 const LAUNCHER_BOOT: Duration = Duration::from_secs(240);

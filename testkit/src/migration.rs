@@ -460,19 +460,25 @@ pub async fn exec_until_ok(c: &mut Client, script: &str, timeout: Duration) -> S
 }
 
 /// The guest workload's counter (`/tmp/counter`, rewritten every 50 ms by a shell loop that
-/// truncates the file before it writes the next number): read through the agent until it holds a
-/// number, so a read between the truncation and the write is retried. Panics after `timeout`.
+/// truncates the file before it writes the next number): [`read_number`] of it.
 pub async fn read_counter(c: &mut Client, timeout: Duration) -> u64 {
+    read_number(c, "/tmp/counter", timeout).await
+}
+
+/// The number in the guest's file `path`, read through the agent until it holds one, so a read
+/// between a writer's truncation and its write is retried. Panics after `timeout`.
+pub async fn read_number(c: &mut Client, path: &str, timeout: Duration) -> u64 {
     let deadline = Instant::now() + timeout;
+    let script = format!("cat {path}");
     loop {
-        if let Some((0, out)) = exec(c, "cat /tmp/counter").await {
+        if let Some((0, out)) = exec(c, &script).await {
             if let Ok(n) = out.trim().parse() {
                 return n;
             }
         }
         assert!(
             Instant::now() < deadline,
-            "the guest's counter was never readable"
+            "the guest's {path} never held a number"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
