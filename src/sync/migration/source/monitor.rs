@@ -72,7 +72,7 @@ pub(super) async fn migrate(
     let mut continued = false;
     let mut abort_alive = true;
     let mut events = qmp.events();
-    let mut watermark = 0u64;
+    let mut watermark: Option<u64> = None;
     let mut last_progress = Instant::now();
     let mut started = mirrors.is_empty();
     if started {
@@ -113,13 +113,10 @@ pub(super) async fn migrate(
             Default::default()
         };
         let remaining = info.ram.as_ref().map_or(0, |r| r.remaining) + mirror_left;
-        // KubeVirt's watermark is the previous sample, not the lowest: the remaining data jumps
-        // up when the RAM copy starts after the mirrors (and at each dirty-bitmap sync), and a
-        // migration is progressing while it shrinks from one poll to the next.
-        if watermark == 0 || remaining < watermark {
+        if progressed(watermark, remaining) {
             last_progress = Instant::now();
         }
-        watermark = remaining;
+        watermark = Some(remaining);
         if info
             .status
             .as_deref()
@@ -244,6 +241,17 @@ fn check_deadlines(
     Ok(())
 }
 
+/// Whether a poll shows progress (KubeVirt's `live-migration-source.go` progress watermark): the
+/// watermark is the previous sample, not the lowest, because the remaining data jumps up when the
+/// RAM copy starts after the mirrors (and at each dirty-bitmap sync), and a migration progresses
+/// while it shrinks from one poll to the next. Only the first sample counts without shrinking:
+/// KubeVirt's "watermark 0" also reads a stuck 0 as progress, and a disk mirror whose target
+/// stopped reading shows 0 remaining forever without becoming ready, which then never hit the
+/// progress timeout.
+fn progressed(watermark: Option<u64>, remaining: u64) -> bool {
+    watermark.is_none_or(|w| remaining < w)
+}
+
 /// Whether QEMU's outgoing migration has entered post-copy (`postcopy-active` and after): the
 /// target may run the guest. Assumed when QEMU does not answer.
 pub(super) async fn entered_post_copy(qmp: &QmpClient) -> bool {
@@ -336,4 +344,21 @@ async fn start_stream(qmp: &QmpClient, plan: &SourcePlan) -> Result<(), Migratio
     })
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stuck_zero_remaining_is_no_progress_after_the_first_sample() {
+        assert!(progressed(None, 0));
+        assert!(progressed(None, 500));
+        assert!(progressed(Some(500), 400));
+        // The remaining data jumps up when the RAM copy starts: no progress, no failure yet.
+        assert!(!progressed(Some(400), 9_000));
+        assert!(progressed(Some(9_000), 0));
+        // A mirror whose target froze: 0 remaining, never ready.
+        assert!(!progressed(Some(0), 0));
+    }
 }
