@@ -20,6 +20,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub mod caps;
 pub mod flags;
 pub mod istio;
 pub mod log;

@@ -27,6 +27,7 @@ use nix::sys::signal::{kill, SigSet, Signal};
 use nix::sys::wait::WaitStatus;
 use nix::unistd::Pid;
 
+use crate::caps::{raise_ambient, CapSets, CAP_NET_BIND_SERVICE};
 use crate::istio::{quit_istio_proxy, IstioProxy};
 use crate::procfs;
 use crate::reaper::{exit_code, Reaper};
@@ -98,55 +99,20 @@ fn monitored_signals() -> SigSet {
     set
 }
 
-/// `CAP_NET_BIND_SERVICE` (linux/capability.h).
-const CAP_NET_BIND_SERVICE: u32 = 10;
-
 /// Gives the launcher `CAP_NET_BIND_SERVICE` as an ambient capability, as KubeVirt's monitor does
 /// (so that the DHCP server can bind port 67 as uid 107): when the capability is in our permitted
 /// set, add it to the inheritable set and raise it as ambient. Best effort, no error: without the
 /// capability there is nothing to pass on. Runs between fork and exec: raw syscalls only.
 fn raise_ambient_net_bind_service() {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: i32,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
+    let Some(mut sets) = CapSets::get() else {
+        return;
     };
-    let mut data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    let bit = 1u32 << CAP_NET_BIND_SERVICE;
-    // SAFETY: capget/capset/prctl with valid pointers to the kernel's v3 structures.
-    unsafe {
-        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0
-            || data[0].permitted & bit == 0
-        {
-            return;
-        }
-        data[0].inheritable |= bit;
-        if libc::syscall(libc::SYS_capset, &mut header, data.as_ptr()) != 0 {
-            return;
-        }
-        libc::prctl(
-            libc::PR_CAP_AMBIENT,
-            libc::PR_CAP_AMBIENT_RAISE as libc::c_ulong,
-            CAP_NET_BIND_SERVICE as libc::c_ulong,
-            0 as libc::c_ulong,
-            0 as libc::c_ulong,
-        );
+    if !sets.permitted(CAP_NET_BIND_SERVICE) {
+        return;
+    }
+    sets.add_inheritable(CAP_NET_BIND_SERVICE);
+    if sets.set() {
+        raise_ambient(CAP_NET_BIND_SERVICE);
     }
 }
 

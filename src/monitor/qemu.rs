@@ -15,6 +15,7 @@ use std::os::unix::process::CommandExt;
 use std::process::{ChildStderr, ChildStdout, Command};
 
 use nix::sys::signal::Signal;
+use qlauncher_monitor::caps::CapSets;
 use tokio::io::unix::AsyncFd;
 
 use super::MonitorError;
@@ -111,45 +112,15 @@ pub fn spawn_detached(mut command: Command) -> Result<Detached, MonitorError> {
     })
 }
 
-/// Empties the calling thread's inheritable capability set (`capget`, then `capset` with the
-/// effective and permitted sets unchanged; version 3 headers, `capget(2)`). Async-signal-safe
+/// Empties the calling thread's inheritable capability set, the effective and permitted sets
+/// unchanged (so QEMU does not inherit the launcher's `CAP_NET_BIND_SERVICE`). Async-signal-safe
 /// (two raw syscalls); a failure leaves the set as it was.
 fn clear_inheritable_caps() {
-    #[repr(C)]
-    struct Header {
-        version: u32,
-        pid: libc::c_int,
-    }
-    #[repr(C)]
-    #[derive(Clone, Copy)]
-    struct Data {
-        effective: u32,
-        permitted: u32,
-        inheritable: u32,
-    }
-    const LINUX_CAPABILITY_VERSION_3: u32 = 0x2008_0522;
-    let mut header = Header {
-        version: LINUX_CAPABILITY_VERSION_3,
-        pid: 0,
-    };
-    let mut data = [Data {
-        effective: 0,
-        permitted: 0,
-        inheritable: 0,
-    }; 2];
-    // SAFETY: capget and capset with a valid version 3 header and two data structs, as the
-    // kernel's ABI for 64 capability bits takes them.
-    unsafe {
-        if libc::syscall(libc::SYS_capget, &mut header, data.as_mut_ptr()) != 0 {
-            return;
+    if let Some(mut sets) = CapSets::get() {
+        if !sets.inheritable_empty() {
+            sets.clear_inheritable();
+            sets.set();
         }
-        if data.iter().all(|d| d.inheritable == 0) {
-            return;
-        }
-        for d in &mut data {
-            d.inheritable = 0;
-        }
-        libc::syscall(libc::SYS_capset, &mut header, data.as_ptr());
     }
 }
 

@@ -1,0 +1,253 @@
+//! The disk mirrors of a block migration: one NBD client node and one `blockdev-mirror` per
+//! copied disk, each writing through an NBD connection the launcher carries ([`NbdLink`]), their
+//! graceful completion at `pre-switchover`, and the roll-back of a failed migration (libvirt's
+//! `qemuMigrationSrcNBDStorageCopy` and `qemuMigrationSrcNBDCopyCancel`).
+
+use std::os::fd::AsFd;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use tokio::net::UnixStream;
+
+use super::POLL_INTERVAL;
+use crate::qmp::migration::{
+    BlockJobCancel, BlockJobInfo, BlockdevAddNbd, BlockdevDel, BlockdevMirror, MigrateCancel,
+    QueryBlockJobs, QueryMigrate, SocketAddress,
+};
+use crate::qmp::{QmpClient, QmpError};
+use crate::sync::migration::protocol::RunningDomain;
+use crate::sync::migration::MigrationError;
+
+/// One mirror: the NBD client node, the job, and the connection it writes through.
+pub(super) struct Mirror {
+    node: String,
+    pub(super) job: String,
+    link: Option<NbdLink>,
+}
+
+/// The NBD connection of one disk mirror, carried by the launcher: QEMU's NBD client gets one
+/// end of a socket pair (`getfd`, server `{"type":"fd"}`), and the launcher copies between the
+/// other end and the migration proxy's NBD socket.
+///
+/// Why not let QEMU dial the proxy socket itself: when the target stops reading (a frozen
+/// target QEMU or node), the mirror's in-flight NBD writes never complete, and QEMU 7.2 has no
+/// request timeout. Any drain then blocks QEMU's main loop under the big lock — the vCPU stop
+/// at the switchover, `stop`, `blockdev-del`, `quit` — and neither `block-job-cancel force` nor
+/// `yank` of the NBD node helps: the NBD coroutine waits for POLLOUT, which a unix socket
+/// whose peer holds the unread data never reports, shut down or not (measured: `stop` blocked
+/// until the target was resumed, 20 s later, with and without a yank). Closing the launcher's
+/// end frees that data: the writes fail at once, the drain ends, and the source runs on.
+struct NbdLink {
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl NbdLink {
+    /// Connects to the proxy's NBD socket `proxy` and hands QEMU its end as `fdname`.
+    async fn open(qmp: &QmpClient, proxy: &Path, fdname: &str) -> Result<NbdLink, MigrationError> {
+        let upstream = UnixStream::connect(proxy).await.map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot reach the target's NBD server at {}: {e}",
+                proxy.display()
+            ))
+        })?;
+        let (ours, qemus) = std::os::unix::net::UnixStream::pair()
+            .and_then(|(a, b)| a.set_nonblocking(true).map(|()| (a, b)))
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        let ours = UnixStream::from_std(ours)
+            .map_err(|e| MigrationError::Qemu(format!("socketpair for the NBD client: {e}")))?;
+        qmp.getfd(fdname, qemus.as_fd()).await?;
+        drop(qemus);
+        let task = tokio::spawn(async move {
+            let (mut a, mut b) = (ours, upstream);
+            let _ = tokio::io::copy_bidirectional(&mut a, &mut b).await;
+        });
+        Ok(NbdLink { task })
+    }
+}
+
+impl Drop for NbdLink {
+    /// Cuts the connection: both sockets close with the task.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Cuts every mirror's NBD connection (see [`NbdLink`]): QEMU's pending writes to the target fail
+/// and the jobs end, whatever the target does.
+pub(super) fn cut_links(mirrors: &mut [Mirror]) {
+    for m in mirrors {
+        m.link = None;
+    }
+}
+
+/// Block migration: one NBD client node (through an [`NbdLink`] to the proxy's socket `nbd`) and
+/// one `top` mirror at `speed` per copied disk of `domain`, each pushed to `mirrors` once its node
+/// exists (the roll-back removes what is there). Every copied disk must be among the target's
+/// `exports`.
+pub(super) async fn start_mirrors(
+    qmp: &QmpClient,
+    domain: &RunningDomain,
+    exports: &[String],
+    nbd: &Path,
+    speed: Option<u64>,
+    mirrors: &mut Vec<Mirror>,
+) -> Result<(), MigrationError> {
+    for (i, disk) in domain.copied_disks.iter().enumerate() {
+        if !exports.contains(&disk.export) {
+            return Err(MigrationError::Peer(format!(
+                "the target does not export {}",
+                disk.export
+            )));
+        }
+        let node = format!("migration-{i}");
+        let link = NbdLink::open(qmp, nbd, &node).await?;
+        qmp.run(&BlockdevAddNbd {
+            driver: "nbd",
+            node_name: node.clone(),
+            server: SocketAddress::Fd { name: node.clone() },
+            export: disk.export.clone(),
+        })
+        .await?;
+        mirrors.push(Mirror {
+            node: node.clone(),
+            job: disk.export.clone(),
+            link: Some(link),
+        });
+        qmp.run(&BlockdevMirror {
+            job_id: disk.export.clone(),
+            device: disk.node.clone(),
+            target: node,
+            sync: "top",
+            speed,
+            auto_finalize: true,
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// Whether every mirror is in sync (READY) in `jobs` (`query-block-jobs`).
+///
+/// # Errors
+/// [`MigrationError::Qemu`] when a mirror's job is gone before the switchover.
+pub(super) fn mirrors_ready(
+    mirrors: &[Mirror],
+    jobs: &[BlockJobInfo],
+) -> Result<bool, MigrationError> {
+    let ready = mirrors
+        .iter()
+        .all(|m| jobs.iter().any(|j| j.device == m.job && j.ready));
+    let gone = mirrors
+        .iter()
+        .find(|m| !jobs.iter().any(|j| j.device == m.job));
+    if let Some(m) = gone {
+        return Err(MigrationError::Qemu(format!(
+            "the mirror of {} ended early",
+            m.job
+        )));
+    }
+    Ok(ready)
+}
+
+/// At `pre-switchover` (vCPUs stopped): completes every READY mirror gracefully
+/// (`block-job-cancel` without force), waits (up to `limit`, the progress timeout) until the
+/// jobs are gone and removes the NBD nodes. A mirror's completion drains its last writes: with
+/// a target that stopped reading it holds QEMU's main loop, so the queries are bounded too.
+pub(super) async fn complete_mirrors(
+    qmp: &QmpClient,
+    mirrors: &mut Vec<Mirror>,
+    limit: Duration,
+) -> Result<(), MigrationError> {
+    let t0 = Instant::now();
+    let late = || {
+        MigrationError::Timeout(format!(
+            "the disk mirrors did not complete within {} seconds",
+            limit.as_secs()
+        ))
+    };
+    let left = || limit.saturating_sub(t0.elapsed()).max(POLL_INTERVAL);
+    fn bounded<T>(
+        r: Result<T, QmpError>,
+        late: impl Fn() -> MigrationError,
+    ) -> Result<T, MigrationError> {
+        match r {
+            Err(QmpError::Timeout { .. }) => Err(late()),
+            r => r.map_err(MigrationError::from),
+        }
+    }
+    for m in mirrors.iter() {
+        let cancel = BlockJobCancel {
+            device: m.job.clone(),
+            force: false,
+        };
+        bounded(qmp.run_timeout(&cancel, left()).await, late)?;
+    }
+    loop {
+        let jobs = bounded(qmp.run_timeout(&QueryBlockJobs, left()).await, late)?;
+        if !jobs
+            .iter()
+            .any(|j| mirrors.iter().any(|m| m.job == j.device))
+        {
+            break;
+        }
+        if t0.elapsed() > limit {
+            return Err(late());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for m in mirrors.drain(..) {
+        qmp.run(&BlockdevDel { node_name: m.node }).await?;
+    }
+    Ok(())
+}
+
+/// Undoes a failed migration: force-cancels the mirrors, cancels QEMU's migration, removes the
+/// NBD nodes and resumes the source if it ran before. Best effort: each step is tried.
+pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
+    for m in mirrors {
+        let _ = qmp
+            .run(&BlockJobCancel {
+                device: m.job.clone(),
+                force: true,
+            })
+            .await;
+    }
+    let _ = qmp.run(&MigrateCancel).await;
+    let t0 = Instant::now();
+    while t0.elapsed() < Duration::from_secs(30) {
+        let settled = match qmp.run(&QueryMigrate).await {
+            Ok(info) => !matches!(
+                info.status.as_deref(),
+                Some("cancelling")
+                    | Some("active")
+                    | Some("setup")
+                    | Some("pre-switchover")
+                    | Some("device")
+            ),
+            Err(_) => true,
+        };
+        let jobs_left = qmp
+            .run(&QueryBlockJobs)
+            .await
+            .map(|j| j.iter().any(|j| mirrors.iter().any(|m| m.job == j.device)))
+            .unwrap_or(false);
+        if settled && !jobs_left {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for m in mirrors {
+        let _ = qmp
+            .run(&BlockdevDel {
+                node_name: m.node.clone(),
+            })
+            .await;
+    }
+    if was_running {
+        if let Ok((status, _)) = crate::qmp::lifecycle::query_status(qmp).await {
+            if status != "running" {
+                let _ = crate::qmp::lifecycle::resume(qmp).await;
+            }
+        }
+    }
+}
