@@ -18,7 +18,10 @@ impl MigrationTarget for Refuse {
             println!("  param {} = {:?}", p.field, p.value);
         }
         println!("  cookie {}", String::from_utf8_lossy(&a.cookie));
-        Err(RemoteError::qemu(ErrorCode::ConfigUnsupported, "probe refuses"))
+        Err(RemoteError::qemu(
+            ErrorCode::ConfigUnsupported,
+            "probe refuses",
+        ))
     }
 
     async fn finish(&mut self, a: Finish3ParamsArgs) -> Result<Finish3ParamsRet, RemoteError> {
