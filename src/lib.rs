@@ -21,6 +21,7 @@ pub use qlauncher_core::cmdline;
 pub use qlauncher_core::vmi;
 
 pub mod labeller;
+pub mod libvirt_rpc;
 pub mod log;
 pub mod monitor;
 pub mod net;
