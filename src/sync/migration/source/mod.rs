@@ -210,9 +210,11 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
         Err(e) => {
             // After post-copy started nothing can be rolled back (the guest's RAM is partly on
             // the target, a cancel would only break the target too): the source stays paused.
-            if !post_copy {
-                mirrors::roll_back(qmp, &mirrors, was_running).await;
-            }
+            let e = if post_copy {
+                e
+            } else {
+                rolled_back(e, mirrors::roll_back(qmp, &mirrors, was_running).await)
+            };
             let _ = write_message(
                 &mut control,
                 &Message::Outcome(Outcome {
@@ -223,6 +225,20 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
             .await;
             Err(e)
         }
+    }
+}
+
+/// The error of a migration that failed with `failed` and was rolled back with the mirrors'
+/// jobs `left` still running: `failed` itself when every job ended, else
+/// [`MigrationError::RollBack`].
+fn rolled_back(failed: MigrationError, left: mirrors::JobsLeft) -> MigrationError {
+    if left.is_empty() {
+        return failed;
+    }
+    MigrationError::RollBack {
+        failed: Box::new(failed),
+        jobs: left.jobs().to_vec(),
+        after: mirrors::ROLL_BACK_TIMEOUT,
     }
 }
 
@@ -250,4 +266,36 @@ pub async fn resolved_machine(qmp: &QmpClient) -> Result<String, MigrationError>
         .filter(|m| !m.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| MigrationError::Qemu(format!("unexpected machine type {t:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roll_back_that_leaves_mirrors_running_is_in_the_failure_reason() {
+        let stuck = || MigrationError::Timeout("stuck for 5 seconds".into());
+        let none = rolled_back(stuck(), mirrors::JobsLeft(Vec::new()));
+        assert_eq!(
+            none.failure_reason(),
+            "migration aborted: stuck for 5 seconds"
+        );
+        let left = mirrors::JobsLeft(vec!["drive-ua-rootdisk".into(), "drive-ua-data".into()]);
+        let e = rolled_back(stuck(), left.clone());
+        assert_eq!(
+            e.failure_reason(),
+            "migration aborted: stuck for 5 seconds; the roll-back left the disk mirrors \
+             drive-ua-rootdisk, drive-ua-data running 30 seconds after their cancel"
+        );
+        assert!(!e.is_abort());
+        // A cancel stays a cancel (AbortStatus Succeeded), its reason KubeVirt's.
+        let e = rolled_back(MigrationError::Aborted, left);
+        assert!(e.is_abort());
+        assert!(
+            e.failure_reason()
+                .starts_with(crate::sync::migration::metadata::ABORTED_REASON),
+            "{}",
+            e.failure_reason()
+        );
+    }
 }
