@@ -320,9 +320,12 @@ pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: 
     }
     for m in mirrors {
         let _ = qmp
-            .run(&BlockdevDel {
-                node_name: m.node.clone(),
-            })
+            .run_timeout(
+                &BlockdevDel {
+                    node_name: m.node.clone(),
+                },
+                left_time(),
+            )
             .await;
     }
     if was_running {

@@ -47,8 +47,14 @@ pub use capabilities::{capabilities, set_capabilities};
 pub const POLL_INTERVAL: Duration = Duration::from_millis(400);
 
 /// How long the source waits for the target's answer to Prepare (QEMU start included) and to
-/// the outcome.
+/// the outcome, and for the target to take each message it sends (the Hello, the Prepare, the
+/// outcome of a completed migration): the launcher's runtime has one thread, and nothing on the
+/// control channel may wait on the peer without a bound.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long the source tries to tell the target that the migration failed before it records
+/// the failure itself.
+pub const FAILED_OUTCOME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the source needs besides the definition.
 #[derive(Debug, Clone)]
@@ -134,8 +140,12 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     capabilities::negotiate(qmp, &plan.options, &mut domain).await?;
     let was_running = !domain.paused;
 
-    hello_as_source(&mut control).await?;
-    write_message(&mut control, &Message::Prepare(Box::new(domain.clone()))).await?;
+    timeout(hello_as_source(&mut control), "the target's Hello").await??;
+    timeout(
+        write_message(&mut control, &Message::Prepare(Box::new(domain.clone()))),
+        "the target reading the Prepare",
+    )
+    .await??;
     let ready = match timeout(read_message(&mut control), "the target's Ready").await?? {
         Message::Ready(r) => r,
         Message::Failed { reason } => return Err(MigrationError::Peer(reason)),
@@ -177,14 +187,17 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     let was_running = was_running && !post_copy;
     match result {
         Ok(end) => {
-            write_message(
-                &mut control,
-                &Message::Outcome(Outcome {
-                    completed: true,
-                    reason: None,
-                }),
+            timeout(
+                write_message(
+                    &mut control,
+                    &Message::Outcome(Outcome {
+                        completed: true,
+                        reason: None,
+                    }),
+                ),
+                "the target reading the outcome",
             )
-            .await?;
+            .await??;
             match timeout(read_message(&mut control), "the target's Done").await? {
                 Ok(Message::Done) => Ok(end),
                 Ok(Message::Failed { reason }) => {
@@ -215,12 +228,17 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
             } else {
                 rolled_back(e, mirrors::roll_back(qmp, &mirrors, was_running).await)
             };
-            let _ = write_message(
-                &mut control,
-                &Message::Outcome(Outcome {
-                    completed: false,
-                    reason: Some(e.failure_reason()),
-                }),
+            // Best effort, and briefly: the failure is recorded once this returns, and a target
+            // that stopped reading learns it from the closed channel.
+            let _ = tokio::time::timeout(
+                FAILED_OUTCOME_TIMEOUT,
+                write_message(
+                    &mut control,
+                    &Message::Outcome(Outcome {
+                        completed: false,
+                        reason: Some(e.failure_reason()),
+                    }),
+                ),
             )
             .await;
             Err(e)
