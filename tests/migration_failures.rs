@@ -10,8 +10,7 @@
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
 //! - the migration stream stalled mid-copy: no progress, the progress timeout aborts;
 //! - the target's QEMU frozen (SIGSTOP) mid-copy: the progress timeout fails the migration and
-//!   the source QEMU is not wedged on the disk mirror's pending NBD writes (only with
-//!   `QLAUNCHER_TEST_FROZEN_TARGET` set: an open defect, see the case);
+//!   the source QEMU is not wedged on the disk mirror's pending NBD writes;
 //! - last, a user-paused VMI migrates and stays paused on the target until unpaused.
 //!
 //! The pods are non-root ones (QEMU runs as 107): the proxy sockets are QEMU's to use.
@@ -245,11 +244,7 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
     // the progress timeout (3 s) fails the migration while the target is still frozen, and the
     // source QEMU is not wedged on the mirror's pending writes — it pauses and resumes at once
     // (`stop` drains every disk), and migrates again below.
-    //
-    // Run only with QLAUNCHER_TEST_FROZEN_TARGET set: in clean-clone runs of the suite the source
-    // launcher sometimes never ends this migration (nothing logged after it was accepted, 120 s),
-    // an open defect (issue 27's notes) that this case reproduces about one run in three.
-    if std::env::var_os("QLAUNCHER_TEST_FROZEN_TARGET").is_some() {
+    {
         let (target, t, _tc, vmi, _relay) =
             prepared_target(&images, &source, &uid, "mig-frozen").await;
         assert_eq!(

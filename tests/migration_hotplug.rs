@@ -12,15 +12,18 @@
 //!
 //! The same boot carries a hot-plugged NIC: each pod has the Multus link of the secondary
 //! network `blue` (a veth whose far end, on the pod's node, is 192.168.77.1), the same sync
-//! plugs a bridge interface on it into the running source (the launcher makes the bridge
-//! binding in the pod, tap passed by fd), and the guest gives it 192.168.77.10. The target
-//! pod's link has another MAC, and its bridge binding was made by "virt-handler" (the test,
-//! with KubeVirt's names) before `SyncMigrationTarget`, which adopts it; the target boots
-//! without the NIC and plugs it on its own pod's tap at the source's PCI address with the
-//! source's guest MAC before the device state arrives. The third pod's launcher makes the
-//! binding itself. On the target (and the
-//! third pod) the guest has the NIC with the same MAC and PCI path, it pings the far end over
-//! the target pod's secondary network, `GetDomain` lists it, and it unplugs with the disk. Needs root
+//! plugs a bridge interface on it into the running source (the launcher adopts the bridge
+//! binding virt-handler made in the pod, tap passed by fd), and the guest gives it
+//! 192.168.77.10. The target pod's link has another MAC, and its bridge binding was made by
+//! "virt-handler" (the test, with KubeVirt's names) before `SyncMigrationTarget`, which adopts
+//! it; the target boots without the NIC and plugs it on its own pod's tap at the source's PCI
+//! address with the source's guest MAC before the device state arrives. The third pod is set up
+//! the same way. On the target (and the third pod) the guest has the NIC with the same MAC and
+//! PCI path, it pings the far end over the target pod's secondary network, `GetDomain` lists
+//! it, and it unplugs with the disk.
+//!
+//! The pods are KubeVirt's default non-root ones (launcher and QEMU as 107 over kubelet-made
+//! emptyDirs, without `NET_ADMIN`: virt-handler makes every pod binding). Needs root
 //! and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
@@ -28,13 +31,13 @@ use std::time::Duration;
 use testkit::guest::GuestImages;
 use testkit::hotplug::{
     attach_blue, blue_mac, blue_pods, configure_blue, guest_device, hp1, hp1_image,
-    mount_and_write_hp1, nic_find, ping_blue, share_hp1, wait_blue_unplugged, wait_hp1_unplugged,
-    with_blue, with_hotplug, FIND,
+    mount_and_write_hp1, nic_find, ping_blue, share_hp1, virt_handler_blue, wait_blue_unplugged,
+    wait_hp1_unplugged, with_blue, with_hotplug, FIND,
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     boot, exec_until_ok, migrate_and_finalize, migrate_on, migrating_vmi, options, plain_vmi,
-    pod_pair_as, Rpc,
+    pod_pair, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -43,9 +46,7 @@ const MIGRATION: Duration = Duration::from_secs(240);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffic() {
     let images = GuestImages::locate();
-    // Root pods: with non-root ones the guest's traffic over the hot-plugged bridge NIC does not
-    // pass yet (to be fixed; see the mig27 report of issue 27).
-    let (mut source, mut target) = pod_pair_as(&images.disk_qcow2, false);
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     // The target's virt-handler sets up the pod network of every interface, `blue` included.
     blue_pods(&source, &target);
     let uid = source.uid.clone();
@@ -158,9 +159,10 @@ async fn a_hot_plugged_disk_and_nic_migrate_with_their_addresses_data_and_traffi
 
     // On to a third pod: the former target knows the disk was hot-plugged (its own QEMU started
     // without it) and sends it on.
-    let mut third = Pod::new(&images.disk_qcow2, false);
+    let mut third = Pod::new(&images.disk_qcow2, true);
     third.uid = uid.clone();
     attach_blue(&third, "0a:58:0a:f4:03:07");
+    virt_handler_blue(&third, "0a:58:0a:f4:03:07");
     share_hp1(&third, &image);
     let vmi2 = with_blue(
         with_hotplug(

@@ -10,8 +10,9 @@
 //! launcher is killed and a new one adopts the QEMU; then `MigrateVirtualMachine` moves the
 //! domain to the target pod, where the guest has the NIC and the disk at the same PCI paths,
 //! pings over the target pod's secondary network and reads the file; the target's launcher is
-//! killed and restarted, and a sync without `blue` and `hp1` unplugs both. Needs root and the
-//! test guest (`scripts/build-guest`).
+//! killed and restarted, and a sync without `blue` and `hp1` unplugs both. The pods are KubeVirt's
+//! default non-root ones (launcher and QEMU as 107 over kubelet-made emptyDirs; virt-handler makes
+//! the bridge binding). Needs root and the test guest (`scripts/build-guest`).
 
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use testkit::hotplug::{
 };
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
-    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair_as, Rpc,
+    boot, exec_until_ok, migrate_and_finalize, migrating_vmi, options, plain_vmi, pod_pair, Rpc,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
@@ -62,9 +63,7 @@ async fn restart(pod: &mut Pod, n: usize, vmi: &serde_json::Value) -> (usize, Cl
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_nic_and_disk_hot_plugged_before_a_launcher_restart_still_migrate_and_unplug() {
     let images = GuestImages::locate();
-    // Root pods: with non-root ones the guest's traffic over the hot-plugged bridge NIC does not
-    // pass yet (to be fixed; see the mig27 report of issue 27).
-    let (mut source, mut target) = pod_pair_as(&images.disk_qcow2, false);
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     blue_pods(&source, &target);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);

@@ -13,7 +13,10 @@
 //! `vm.unprivileged_userfaultfd` says. A QEMU 7.2 running as another user (KubeVirt's non-root
 //! VMIs run QEMU as 107) answers "Postcopy is not supported" to the target's
 //! `migrate-set-capabilities postcopy-ram` while `vm.unprivileged_userfaultfd` is 0 (it opens no
-//! `/dev/userfaultfd`; QEMU 8.1 and later can).
+//! `/dev/userfaultfd`; QEMU 8.1 and later can). KubeVirt's non-root post-copy therefore needs a
+//! node with `vm.unprivileged_userfaultfd = 1` on such a QEMU (KubeVirt itself only lets
+//! `userfaultfd` through its seccomp profile, `pkg/virt-handler/seccomp`): the launcher test, on
+//! non-root pods, runs on such a node ([`UnprivilegedUserfaultfd`]).
 
 use std::time::Duration;
 
@@ -30,7 +33,7 @@ use testkit::handler::Client;
 use testkit::launcher::{get_domain, Pod};
 use testkit::migration::{
     boot, exec_until_ok, job_data, metadata, migrate_on, migrating_vmi, options, plain_vmi,
-    pod_pair_as, running_domain, target_sockets, wait_notified, Relay, Rpc,
+    pod_pair, running_domain, target_sockets, wait_notified, Relay, Rpc,
 };
 use testkit::netns::POD_MAC;
 use tokio::net::{UnixListener, UnixStream};
@@ -297,10 +300,39 @@ async fn ram_counter(c: &mut Client) -> u64 {
     testkit::migration::read_number(c, "/w/counter", Duration::from_secs(60)).await
 }
 
+/// `vm.unprivileged_userfaultfd` set to 1 while it lives, the earlier value restored on drop: a
+/// node prepared for KubeVirt's non-root post-copy on QEMU before 8.1 (see the module doc).
+struct UnprivilegedUserfaultfd(Option<String>);
+
+const UFFD_SYSCTL: &str = "/proc/sys/vm/unprivileged_userfaultfd";
+
+impl UnprivilegedUserfaultfd {
+    fn allow() -> UnprivilegedUserfaultfd {
+        let before = std::fs::read_to_string(UFFD_SYSCTL)
+            .unwrap_or_else(|e| panic!("{UFFD_SYSCTL}: {e}"))
+            .trim()
+            .to_owned();
+        if before == "1" {
+            return UnprivilegedUserfaultfd(None);
+        }
+        std::fs::write(UFFD_SYSCTL, "1").unwrap_or_else(|e| panic!("{UFFD_SYSCTL}: {e}"));
+        UnprivilegedUserfaultfd(Some(before))
+    }
+}
+
+impl Drop for UnprivilegedUserfaultfd {
+    fn drop(&mut self) {
+        if let Some(before) = &self.0 {
+            let _ = std::fs::write(UFFD_SYSCTL, before);
+        }
+    }
+}
+
 const LAUNCHER_BOOT: Duration = Duration::from_secs(240);
 const LAUNCHER_MIGRATION: Duration = Duration::from_secs(300);
 
-/// Between real launchers (root pods: post-copy needs userfaultfd, see the module doc), one
+/// Between real launchers on KubeVirt's default non-root pods (QEMU as 107, on a node that lets
+/// it use userfaultfd: see the module doc), one
 /// boot of the disk guest with a workload that never converges at the bandwidth given (8 MiB
 /// rewritten in a loop in a tmpfs) and its containerDisk overlay mirrored over NBD:
 ///
@@ -317,9 +349,8 @@ const LAUNCHER_MIGRATION: Duration = Duration::from_secs(300);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_pause_converges() {
     let images = GuestImages::locate();
-    // Root pods, as before: with non-root ones the disk-mirror case did not start its RAM copy in
-    // one run here (not investigated yet; see the mig27 report of issue 27).
-    let (mut source, mut target) = pod_pair_as(&images.disk_qcow2, false);
+    let _uffd = UnprivilegedUserfaultfd::allow();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
     let plain = plain_vmi(&uid);
     let (_, mut sc) = boot(&mut source, &plain, LAUNCHER_BOOT).await;
@@ -346,7 +377,7 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     // the launcher cuts the mirror's connection, and since QEMU never entered post-copy the
     // source rolls back and runs on.
     {
-        let mut stalled = Pod::new(&images.disk_qcow2, false);
+        let mut stalled = Pod::new(&images.disk_qcow2, true);
         stalled.uid = uid.clone();
         let vmi0 = migrating_vmi(&uid, "mig-pc-stall", &stalled.pod_name(), POD_MAC);
         let n = stalled.start_launcher();
@@ -492,7 +523,7 @@ async fn between_launchers_post_copy_with_a_disk_mirror_refuses_a_cancel_then_a_
     assert!(moved.contains(&sum), "{moved} vs {sum}");
 
     // 3: on to a third pod, pausing the guest to converge.
-    let mut third = Pod::new(&images.disk_qcow2, false);
+    let mut third = Pod::new(&images.disk_qcow2, true);
     third.uid = uid.clone();
     let vmi2 = migrating_vmi(&uid, "mig-pause", &third.pod_name(), POD_MAC);
     // At 8 MiB/s the loop never lets pre-copy converge; paused after 10 s, the rest (about

@@ -381,10 +381,12 @@ pub trait SupervisedDomain: DomainControl {
     fn started(&self) -> impl Future<Output = Result<i32, MonitorError>> + Send;
 
     /// Called once QEMU is gone; returns an error when the exit was abnormal (crash), which makes
-    /// the launcher exit non-zero. The default accepts every ending.
-    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
+    /// the launcher exit non-zero. The default accepts every ending. Async: the launcher's
+    /// runtime is current-thread, so whatever the check waits for (the event task recording the
+    /// exit) only runs while the check awaits, never while it blocks the thread.
+    fn check_exit(&self, ending: Ending) -> impl Future<Output = Result<(), MonitorError>> + Send {
         let _ = ending;
-        Ok(())
+        async { Ok(()) }
     }
 }
 
@@ -415,7 +417,7 @@ pub async fn run<D: SupervisedDomain>(
             if source.raw_os_error() == Some(libc::ESRCH) =>
         {
             info!(pid, "QEMU exited before it could be watched");
-            domain.check_exit(Ending::ExitedOnItsOwn)?;
+            domain.check_exit(Ending::ExitedOnItsOwn).await?;
             return Ok(Some(Ending::ExitedOnItsOwn));
         }
         Err(e) => return Err(e),
@@ -428,7 +430,7 @@ pub async fn run<D: SupervisedDomain>(
         () = super::trim::periodic() => unreachable!("the periodic trim never ends"),
     };
     debug!(?ending, "QEMU is gone");
-    domain.check_exit(ending)?;
+    domain.check_exit(ending).await?;
     Ok(Some(ending))
 }
 

@@ -314,57 +314,84 @@ pub(crate) async fn follow_events(
     client: QmpClient,
     qemu: crate::monitor::qemu::Qemu,
 ) {
+    let mut exited = false;
     loop {
-        tokio::select! {
-            ev = events.recv() => {
-                let Some(ev) = ev else { break };
-                if ev.name == "VSERPORT_CHANGE" {
-                    // The guest opened or closed a virtio-serial port (`channelN`): libvirt's
-                    // channel state, which virt-handler's AgentConnected condition follows.
-                    let index = ev.data["id"]
-                        .as_str()
-                        .and_then(|id| id.strip_prefix("channel"))
-                        .and_then(|n| n.parse::<usize>().ok());
-                    if let (Some(index), Some(open)) = (index, ev.data["open"].as_bool()) {
-                        info!(channel = index, open, "guest channel state changed");
-                        shared.update_domain(|d| d.spec.set_channel_open(index, open));
-                    }
+        let ev = if exited {
+            // QEMU is gone, but what it sent just before (its SHUTDOWN) may still be buffered
+            // when its exit is seen first: read on until the connection's end.
+            match tokio::time::timeout(EXIT_DRAIN, events.recv()).await {
+                Ok(Some(ev)) => ev,
+                _ => break,
+            }
+        } else {
+            tokio::select! {
+                // Events first: an exit seen together with the events before it comes after them.
+                biased;
+                ev = events.recv() => match ev {
+                    Some(ev) => ev,
+                    None => break,
+                },
+                _ = qemu.exited() => {
+                    exited = true;
                     continue;
-                }
-                let is_shutdown = ev.name == "SHUTDOWN";
-                let guest = ev.data["guest"].as_bool() == Some(true);
-                shared.apply(&LifecycleInput::Event(ev));
-                if is_shutdown
-                    && guest
-                    && shared.fake_reboot.swap(false, std::sync::atomic::Ordering::SeqCst)
-                {
-                    // libvirt's fake reboot: the guest powered off after a soft reboot's power
-                    // button; reset the machine and let it run (its RESUME makes it Running).
-                    let c = client.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = crate::qmp::lifecycle::reset(&c).await {
-                            warn!(error = %e, "soft reboot: system_reset failed");
-                        } else if let Err(e) = crate::qmp::lifecycle::resume(&c).await {
-                            warn!(error = %e, "soft reboot: cont failed");
-                        } else {
-                            info!("soft reboot: the guest powered off, the machine was reset");
-                        }
-                    });
-                    continue;
-                }
-                if is_shutdown {
-                    // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
-                    let c = client.clone();
-                    tokio::spawn(async move { let _ = c.run(&Quit).await; });
                 }
             }
-            _ = qemu.exited() => break,
+        };
+        if ev.name == "VSERPORT_CHANGE" {
+            // The guest opened or closed a virtio-serial port (`channelN`): libvirt's
+            // channel state, which virt-handler's AgentConnected condition follows.
+            let index = ev.data["id"]
+                .as_str()
+                .and_then(|id| id.strip_prefix("channel"))
+                .and_then(|n| n.parse::<usize>().ok());
+            if let (Some(index), Some(open)) = (index, ev.data["open"].as_bool()) {
+                info!(channel = index, open, "guest channel state changed");
+                shared.update_domain(|d| d.spec.set_channel_open(index, open));
+            }
+            continue;
+        }
+        let is_shutdown = ev.name == "SHUTDOWN";
+        let guest = ev.data["guest"].as_bool() == Some(true);
+        shared.apply(&LifecycleInput::Event(ev));
+        if exited {
+            continue;
+        }
+        if is_shutdown
+            && guest
+            && shared
+                .fake_reboot
+                .swap(false, std::sync::atomic::Ordering::SeqCst)
+        {
+            // libvirt's fake reboot: the guest powered off after a soft reboot's power
+            // button; reset the machine and let it run (its RESUME makes it Running).
+            let c = client.clone();
+            tokio::spawn(async move {
+                if let Err(e) = crate::qmp::lifecycle::reset(&c).await {
+                    warn!(error = %e, "soft reboot: system_reset failed");
+                } else if let Err(e) = crate::qmp::lifecycle::resume(&c).await {
+                    warn!(error = %e, "soft reboot: cont failed");
+                } else {
+                    info!("soft reboot: the guest powered off, the machine was reset");
+                }
+            });
+            continue;
+        }
+        if is_shutdown {
+            // libvirt ends a QEMU whose guest shut down (qemuProcessShutdownOrReboot).
+            let c = client.clone();
+            tokio::spawn(async move {
+                let _ = c.run(&Quit).await;
+            });
         }
     }
     qemu.exited().await;
     info!(pid = qemu.pid(), "QEMU exited");
     shared.apply(&LifecycleInput::QemuExited);
 }
+
+/// How long the event task reads on after QEMU's exit for the events it sent before (the QMP
+/// connection normally ends at once with the process).
+const EXIT_DRAIN: std::time::Duration = std::time::Duration::from_millis(500);
 
 #[cfg(test)]
 mod tests {
@@ -395,6 +422,78 @@ mod tests {
         shared.begin(Job::MigratedAway);
         shared.end(Job::MigratingOut);
         assert_eq!(shared.job(), Job::MigratedAway);
+    }
+
+    fn shared() -> Shared {
+        Shared {
+            domain: StdMutex::new(None),
+            status: StdMutex::new(DomainStatus::default()),
+            notifier: None,
+            graceful: AtomicBool::new(false),
+            pid: watch::channel(None).0,
+            client: StdMutex::new(None),
+            job: StdMutex::new(Job::Idle),
+            fake_reboot: AtomicBool::new(false),
+        }
+    }
+
+    /// A QMP peer on `stream` that greets, accepts `qmp_capabilities` and returns its writer.
+    async fn peer(stream: tokio::net::UnixStream) -> tokio::net::unix::OwnedWriteHalf {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let (r, mut w) = stream.into_split();
+        w.write_all(b"{\"QMP\": {\"version\": {\"qemu\": {\"micro\": 0, \"minor\": 2, \"major\": 7}, \"package\": \"\"}, \"capabilities\": []}}\n")
+            .await
+            .unwrap();
+        let mut lines = tokio::io::BufReader::new(r).lines();
+        let caps: serde_json::Value =
+            serde_json::from_str(&lines.next_line().await.unwrap().unwrap()).unwrap();
+        let ok = serde_json::json!({"return": {}, "id": caps["id"]}).to_string() + "\n";
+        w.write_all(ok.as_bytes()).await.unwrap();
+        w
+    }
+
+    /// QEMU sends SHUTDOWN and exits; the launcher may see the exit (pidfd) before it read the
+    /// event. The event still counts: the domain ends Shutoff/Shutdown, not Crashed (a lost
+    /// SHUTDOWN also made the launcher exit 1, "QEMU exited without a shutdown request").
+    #[tokio::test]
+    async fn a_shutdown_sent_just_before_the_exit_counts_when_the_exit_is_seen_first() {
+        use tokio::io::AsyncWriteExt;
+        for _ in 0..20 {
+            let (ours, theirs) = tokio::net::UnixStream::pair().unwrap();
+            let greeted = tokio::spawn(peer(theirs));
+            let client = QmpClient::from_stream(ours, std::time::Duration::from_secs(5))
+                .await
+                .unwrap();
+            let mut w = greeted.await.unwrap();
+            let events = client.events();
+            // QEMU's stand-in, gone (and reaped) before the event task runs.
+            let mut child = std::process::Command::new("sleep")
+                .arg("30")
+                .spawn()
+                .unwrap();
+            let qemu = crate::monitor::qemu::Qemu::from_pid(child.id() as i32).unwrap();
+            w.write_all(
+                b"{\"event\": \"SHUTDOWN\", \"data\": {\"guest\": true, \"reason\": \"guest-shutdown\"}, \"timestamp\": {\"seconds\": 1, \"microseconds\": 0}}\n",
+            )
+            .await
+            .unwrap();
+            child.kill().unwrap();
+            child.wait().unwrap();
+            // The client's reader takes the event in; the connection ends after it.
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            drop(w);
+            let shared = Arc::new(shared());
+            follow_events(shared.clone(), events, client, qemu).await;
+            let status = shared.status();
+            assert_eq!(
+                (status.state, status.reason),
+                (
+                    lifecycle::DomainState::Shutoff,
+                    lifecycle::StateReason::Shutdown
+                ),
+                "{status:?}"
+            );
+        }
     }
 
     #[test]

@@ -14,6 +14,9 @@ use crate::sync::error::SyncError;
 use crate::sync::start::log_tail;
 use crate::sync::vmi_sync::SyncVmi;
 
+/// How long [`SupervisedDomain::check_exit`] waits for the event task to record QEMU's exit.
+const EXIT_SEEN: Duration = Duration::from_secs(2);
+
 impl DomainControl for SyncVmi {
     fn mark_graceful_shutdown(&self) {
         self.ctx.shared.graceful.store(true, Ordering::SeqCst);
@@ -59,7 +62,7 @@ impl SupervisedDomain for SyncVmi {
         }
     }
 
-    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
+    async fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
         if ending != Ending::ExitedOnItsOwn || self.ctx.shared.graceful.load(Ordering::SeqCst) {
             return Ok(());
         }
@@ -70,8 +73,14 @@ impl SupervisedDomain for SyncVmi {
         if self.ctx.shared.job() == crate::sync::state::Job::MigratedAway {
             return Ok(());
         }
-        // Let the event task see the exit.
-        std::thread::sleep(Duration::from_millis(200));
+        // Let the event task see the exit (Shutoff) and the SHUTDOWN QEMU sent before it: it runs
+        // on this same current-thread runtime, so only while this waits asynchronously.
+        let deadline = tokio::time::Instant::now() + EXIT_SEEN;
+        while self.ctx.shared.status().state != lifecycle::DomainState::Shutoff
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         let status = self.ctx.shared.status();
         match status.shutdown {
             Some(lifecycle::ShutdownOrigin::Guest) | Some(lifecycle::ShutdownOrigin::Host) => {

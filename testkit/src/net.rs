@@ -359,10 +359,13 @@ pub fn kubevirt_masquerade_links_mtu(owner: u32, ipv6: bool, mtu: u32) -> Vec<Ve
 /// The `ip` commands of virt-handler's bridge binding of a secondary (Multus) pod link
 /// `pod_iface` = `pod<hash>` without addresses (`pkg/network/setup/netpod`, KubeVirt v1.9.0,
 /// which sets up every interface of the VMI in the pod, a migration target's hot-plugged ones
-/// included): the pod link taken down and renamed `<hash>-nic`, bridge `k6t-<hash>` (MTU `mtu`)
-/// with it as a port, a stand-in named `pod_iface` with the pod link's MAC `pod_mac` (KubeVirt's
-/// is a dummy link; this machine's kernel has none, so an ifb one, as qlauncher's), and tap
-/// `tap<hash>` owned by `owner` as a port of the bridge. Arguments of `ip`, in order.
+/// included): the pod link taken down and renamed `<hash>-nic` with a MAC of its own (KubeVirt's
+/// `CopyMacFrom` the new bridge: the pod link's MAC moves to the guest, and a port holding the
+/// guest's MAC would take the guest's frames for the bridge itself) and MAC learning off, bridge
+/// `k6t-<hash>` (MTU `mtu`) with it as a port, a stand-in named `pod_iface` with the pod link's
+/// MAC `pod_mac` (KubeVirt's is a dummy link; this machine's kernel has none, so an ifb one, as
+/// qlauncher's), and tap `tap<hash>` owned by `owner` as a port of the bridge. Arguments of `ip`,
+/// in order.
 pub fn kubevirt_bridge_links(
     pod_iface: &str,
     pod_mac: &str,
@@ -376,12 +379,22 @@ pub fn kubevirt_bridge_links(
         format!("tap{hash}"),
     );
     let (mtu, owner) = (mtu.to_string(), owner.to_string());
+    let nic_mac = other_mac(pod_mac);
     let cmds: Vec<Vec<&str>> = vec![
         vec!["link", "set", pod_iface, "down"],
-        vec!["link", "set", pod_iface, "name", &nic],
+        vec!["link", "set", pod_iface, "name", &nic, "address", &nic_mac],
         vec!["link", "add", &bridge, "type", "bridge"],
         vec!["link", "set", &bridge, "mtu", &mtu, "up"],
         vec!["link", "set", &nic, "master", &bridge, "up"],
+        vec![
+            "link",
+            "set",
+            &nic,
+            "type",
+            "bridge_slave",
+            "learning",
+            "off",
+        ],
         // An ifb link takes its MAC only when it is made.
         vec![
             "link", "add", pod_iface, "address", pod_mac, "mtu", &mtu, "type", "ifb",
@@ -395,6 +408,26 @@ pub fn kubevirt_bridge_links(
     cmds.into_iter()
         .map(|c| c.into_iter().map(String::from).collect())
         .collect()
+}
+
+/// A locally administered unicast MAC other than `mac` (`aa:bb:...` form), the same for the same
+/// `mac`: the renamed pod link's in [`kubevirt_bridge_links`] (KubeVirt's is the new bridge's
+/// random one; a fixed one keeps the test's links predictable). Panics on a malformed `mac`.
+pub fn other_mac(mac: &str) -> String {
+    let mut m: Vec<u8> = mac
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).unwrap_or_else(|e| panic!("MAC {mac:?}: {e}")))
+        .collect();
+    assert_eq!(m.len(), 6, "MAC {mac:?}");
+    let first = m[0];
+    m[0] = (first | 0x02) & 0xfe;
+    if m[0] == first {
+        m[0] ^= 0x04;
+    }
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// The pod IPv4 address of [`crate::netns::PodNet`]'s `eth0`, Istio's extra DNAT destination.

@@ -114,12 +114,12 @@ impl SupervisedDomain for StaticQemu {
         Ok(qemu.pid)
     }
 
-    fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
+    async fn check_exit(&self, ending: Ending) -> Result<(), MonitorError> {
         if ending != Ending::ExitedOnItsOwn || self.powerdown_sent.load(Ordering::SeqCst) {
             return Ok(());
         }
         // Let the stderr reader catch the last line.
-        std::thread::sleep(Duration::from_millis(100));
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let last = self
             .last_stderr
             .lock()

@@ -59,6 +59,23 @@ pub enum MigrationError {
     /// reason reads as KubeVirt's (`migrateHelper`).
     #[error("{}", sriov::PREPARE_FAILED)]
     Prepare(#[source] sriov::SriovDetachError),
+    /// The migration failed (`failed`) and its roll-back did not end every disk mirror: the
+    /// jobs `jobs` still ran `after` their forced cancel (libvirt fails the same way when
+    /// `qemuMigrationSrcNBDCopyCancel` does not see them end). The source runs on (or stays
+    /// paused) with them.
+    #[error(
+        "{failed}; the roll-back left the disk mirrors {} running {} seconds after their cancel",
+        .jobs.join(", "),
+        .after.as_secs()
+    )]
+    RollBack {
+        /// Why the migration failed.
+        failed: Box<MigrationError>,
+        /// The mirrors' job ids still running.
+        jobs: Vec<String>,
+        /// How long the roll-back waited for them.
+        after: Duration,
+    },
 }
 
 impl MigrationError {
@@ -68,6 +85,19 @@ impl MigrationError {
         if matches!(self, MigrationError::Aborted) {
             return metadata::ABORTED_REASON.to_owned();
         }
+        if let MigrationError::RollBack {
+            failed,
+            jobs,
+            after,
+        } = self
+        {
+            return format!(
+                "{}; the roll-back left the disk mirrors {} running {} seconds after their cancel",
+                failed.failure_reason(),
+                jobs.join(", "),
+                after.as_secs()
+            );
+        }
         let mut message = self.to_string();
         let mut source = std::error::Error::source(self);
         while let Some(cause) = source {
@@ -76,6 +106,16 @@ impl MigrationError {
             source = cause.source();
         }
         message
+    }
+
+    /// Whether the migration ended because it was cancelled ([`MigrationError::Aborted`], also
+    /// behind a [`MigrationError::RollBack`]): the abort succeeded.
+    pub fn is_abort(&self) -> bool {
+        match self {
+            MigrationError::Aborted => true,
+            MigrationError::RollBack { failed, .. } => failed.is_abort(),
+            _ => false,
+        }
     }
 }
 

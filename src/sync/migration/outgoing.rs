@@ -278,7 +278,7 @@ impl SyncVmi {
             Err(e) => {
                 let reason = e.failure_reason();
                 warn!(reason = %reason, "migration failed");
-                let aborted = matches!(e, MigrationError::Aborted);
+                let aborted = e.is_abort();
                 self.migration.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         if m.abort_status == abort::ABORTING {

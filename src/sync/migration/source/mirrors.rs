@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use tokio::net::UnixStream;
 
 use super::POLL_INTERVAL;
+use crate::qmp::client::Event;
 use crate::qmp::migration::{
     BlockJobCancel, BlockJobInfo, BlockdevAddNbd, BlockdevDel, BlockdevMirror, MigrateCancel,
     QueryBlockJobs, QueryMigrate, SocketAddress,
@@ -201,21 +202,107 @@ pub(super) async fn complete_mirrors(
     Ok(())
 }
 
-/// Undoes a failed migration: force-cancels the mirrors, cancels QEMU's migration, removes the
-/// NBD nodes and resumes the source if it ran before. Best effort: each step is tried.
-pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) {
+/// How long a roll-back waits for the force-cancelled mirrors' jobs to end (and for QEMU's
+/// migration to leave `cancelling`): KubeVirt's abort timeout (`live-migration-source.go`), also
+/// the bound libvirt's callers put on a cancel.
+pub(super) const ROLL_BACK_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How often a roll-back asks `query-block-jobs` while it waits for the jobs' events (an event
+/// lost to a lagging subscriber must not make a job look alive).
+const ROLL_BACK_POLL: Duration = Duration::from_millis(500);
+
+/// The mirrors' jobs a roll-back still waits for, by job id: each ends with its
+/// `BLOCK_JOB_CANCELLED` (a forced cancel) or `BLOCK_JOB_COMPLETED` (it completed or failed first)
+/// event, or when `query-block-jobs` no longer lists it (it ended before the roll-back listened,
+/// e.g. on the cut NBD connection). libvirt's `qemuMigrationSrcNBDCopyCancel` waits for the same
+/// events.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct JobsLeft(pub(super) Vec<String>);
+
+impl JobsLeft {
+    /// Every job of `mirrors`.
+    pub(super) fn of(mirrors: &[Mirror]) -> JobsLeft {
+        JobsLeft(mirrors.iter().map(|m| m.job.clone()).collect())
+    }
+
+    /// Takes the job an end event names off the list (any other event is ignored).
+    pub(super) fn event(&mut self, e: &Event) {
+        if matches!(
+            e.name.as_str(),
+            "BLOCK_JOB_CANCELLED" | "BLOCK_JOB_COMPLETED"
+        ) {
+            if let Some(device) = e.data["device"].as_str() {
+                self.0.retain(|j| j != device);
+            }
+        }
+    }
+
+    /// Keeps only the jobs `jobs` (`query-block-jobs`) still lists.
+    pub(super) fn listed(&mut self, jobs: &[BlockJobInfo]) {
+        self.0.retain(|j| jobs.iter().any(|b| &b.device == j));
+    }
+
+    /// Whether every job ended.
+    pub(super) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The job ids still waited for.
+    pub(super) fn jobs(&self) -> &[String] {
+        &self.0
+    }
+}
+
+/// Undoes a failed migration: force-cancels the mirrors and waits (up to [`ROLL_BACK_TIMEOUT`])
+/// for their jobs to end ([`JobsLeft`]), cancels QEMU's migration and waits for it to settle,
+/// removes the NBD nodes and resumes the source if it ran before. Each step is tried whatever
+/// the one before did; the mirrors' jobs still running at the deadline are returned (empty when
+/// every one ended), for the migration's failure reason.
+pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: bool) -> JobsLeft {
+    let deadline = tokio::time::Instant::now() + ROLL_BACK_TIMEOUT;
+    let left_time = || {
+        deadline
+            .saturating_duration_since(tokio::time::Instant::now())
+            .max(Duration::from_millis(100))
+    };
+    // Listening before the cancels: their events come after.
+    let mut events = qmp.events();
+    let mut left = JobsLeft::of(mirrors);
     for m in mirrors {
         let _ = qmp
-            .run(&BlockJobCancel {
-                device: m.job.clone(),
-                force: true,
-            })
+            .run_timeout(
+                &BlockJobCancel {
+                    device: m.job.clone(),
+                    force: true,
+                },
+                left_time(),
+            )
             .await;
     }
-    let _ = qmp.run(&MigrateCancel).await;
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(30) {
-        let settled = match qmp.run(&QueryMigrate).await {
+    let _ = qmp.run_timeout(&MigrateCancel, left_time()).await;
+    while !left.is_empty() {
+        match qmp.run_timeout(&QueryBlockJobs, left_time()).await {
+            Ok(jobs) => left.listed(&jobs),
+            // QEMU is gone: so are its jobs.
+            Err(QmpError::Disconnected { .. }) => left = JobsLeft(Vec::new()),
+            Err(_) => {}
+        }
+        if left.is_empty() || tokio::time::Instant::now() >= deadline {
+            break;
+        }
+        let poll = tokio::time::Instant::now() + ROLL_BACK_POLL;
+        while !left.is_empty() {
+            match tokio::time::timeout_at(poll.min(deadline), events.recv()).await {
+                Ok(Some(e)) => left.event(&e),
+                Ok(None) => {
+                    left = JobsLeft(Vec::new());
+                }
+                Err(_) => break,
+            }
+        }
+    }
+    while tokio::time::Instant::now() < deadline {
+        let settled = match qmp.run_timeout(&QueryMigrate, left_time()).await {
             Ok(info) => !matches!(
                 info.status.as_deref(),
                 Some("cancelling")
@@ -226,21 +313,19 @@ pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: 
             ),
             Err(_) => true,
         };
-        let jobs_left = qmp
-            .run(&QueryBlockJobs)
-            .await
-            .map(|j| j.iter().any(|j| mirrors.iter().any(|m| m.job == j.device)))
-            .unwrap_or(false);
-        if settled && !jobs_left {
+        if settled {
             break;
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     for m in mirrors {
         let _ = qmp
-            .run(&BlockdevDel {
-                node_name: m.node.clone(),
-            })
+            .run_timeout(
+                &BlockdevDel {
+                    node_name: m.node.clone(),
+                },
+                left_time(),
+            )
             .await;
     }
     if was_running {
@@ -249,5 +334,62 @@ pub(super) async fn roll_back(qmp: &QmpClient, mirrors: &[Mirror], was_running: 
                 let _ = crate::qmp::lifecycle::resume(qmp).await;
             }
         }
+    }
+    left
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mirror(job: &str) -> Mirror {
+        Mirror {
+            node: format!("node-{job}"),
+            job: job.into(),
+            link: None,
+        }
+    }
+
+    fn event(name: &str, device: &str) -> Event {
+        Event {
+            name: name.into(),
+            data: serde_json::json!({"device": device, "type": "mirror"}),
+            timestamp_us: 0,
+        }
+    }
+
+    fn job(device: &str) -> BlockJobInfo {
+        BlockJobInfo {
+            device: device.into(),
+            len: 0,
+            offset: 0,
+            ready: false,
+            status: "running".into(),
+        }
+    }
+
+    #[test]
+    fn a_mirror_job_ends_with_its_cancelled_or_completed_event_or_when_it_is_no_longer_listed() {
+        let mut left = JobsLeft::of(&[mirror("drive-a"), mirror("drive-b"), mirror("drive-c")]);
+        // Not an end, or another job's.
+        left.event(&event("BLOCK_JOB_READY", "drive-a"));
+        left.event(&event("BLOCK_JOB_ERROR", "drive-a"));
+        left.event(&event("BLOCK_JOB_CANCELLED", "drive-x"));
+        left.event(&Event {
+            name: "BLOCK_JOB_CANCELLED".into(),
+            data: serde_json::Value::Null,
+            timestamp_us: 0,
+        });
+        assert_eq!(left.jobs(), ["drive-a", "drive-b", "drive-c"]);
+        left.event(&event("BLOCK_JOB_CANCELLED", "drive-a"));
+        left.event(&event("BLOCK_JOB_COMPLETED", "drive-b"));
+        assert_eq!(left.jobs(), ["drive-c"]);
+        // Still listed: still running.
+        left.listed(&[job("drive-c"), job("drive-x")]);
+        assert_eq!(left.jobs(), ["drive-c"]);
+        assert!(!left.is_empty());
+        // Gone from the list (it ended before the roll-back listened).
+        left.listed(&[job("drive-x")]);
+        assert!(left.is_empty());
     }
 }

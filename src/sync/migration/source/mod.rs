@@ -47,8 +47,14 @@ pub use capabilities::{capabilities, set_capabilities};
 pub const POLL_INTERVAL: Duration = Duration::from_millis(400);
 
 /// How long the source waits for the target's answer to Prepare (QEMU start included) and to
-/// the outcome.
+/// the outcome, and for the target to take each message it sends (the Hello, the Prepare, the
+/// outcome of a completed migration): the launcher's runtime has one thread, and nothing on the
+/// control channel may wait on the peer without a bound.
 pub const PEER_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long the source tries to tell the target that the migration failed before it records
+/// the failure itself.
+pub const FAILED_OUTCOME_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What the source needs besides the definition.
 #[derive(Debug, Clone)]
@@ -134,8 +140,12 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     capabilities::negotiate(qmp, &plan.options, &mut domain).await?;
     let was_running = !domain.paused;
 
-    hello_as_source(&mut control).await?;
-    write_message(&mut control, &Message::Prepare(Box::new(domain.clone()))).await?;
+    timeout(hello_as_source(&mut control), "the target's Hello").await??;
+    timeout(
+        write_message(&mut control, &Message::Prepare(Box::new(domain.clone()))),
+        "the target reading the Prepare",
+    )
+    .await??;
     let ready = match timeout(read_message(&mut control), "the target's Ready").await?? {
         Message::Ready(r) => r,
         Message::Failed { reason } => return Err(MigrationError::Peer(reason)),
@@ -177,14 +187,17 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     let was_running = was_running && !post_copy;
     match result {
         Ok(end) => {
-            write_message(
-                &mut control,
-                &Message::Outcome(Outcome {
-                    completed: true,
-                    reason: None,
-                }),
+            timeout(
+                write_message(
+                    &mut control,
+                    &Message::Outcome(Outcome {
+                        completed: true,
+                        reason: None,
+                    }),
+                ),
+                "the target reading the outcome",
             )
-            .await?;
+            .await??;
             match timeout(read_message(&mut control), "the target's Done").await? {
                 Ok(Message::Done) => Ok(end),
                 Ok(Message::Failed { reason }) => {
@@ -210,19 +223,40 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
         Err(e) => {
             // After post-copy started nothing can be rolled back (the guest's RAM is partly on
             // the target, a cancel would only break the target too): the source stays paused.
-            if !post_copy {
-                mirrors::roll_back(qmp, &mirrors, was_running).await;
-            }
-            let _ = write_message(
-                &mut control,
-                &Message::Outcome(Outcome {
-                    completed: false,
-                    reason: Some(e.failure_reason()),
-                }),
+            let e = if post_copy {
+                e
+            } else {
+                rolled_back(e, mirrors::roll_back(qmp, &mirrors, was_running).await)
+            };
+            // Best effort, and briefly: the failure is recorded once this returns, and a target
+            // that stopped reading learns it from the closed channel.
+            let _ = tokio::time::timeout(
+                FAILED_OUTCOME_TIMEOUT,
+                write_message(
+                    &mut control,
+                    &Message::Outcome(Outcome {
+                        completed: false,
+                        reason: Some(e.failure_reason()),
+                    }),
+                ),
             )
             .await;
             Err(e)
         }
+    }
+}
+
+/// The error of a migration that failed with `failed` and was rolled back with the mirrors'
+/// jobs `left` still running: `failed` itself when every job ended, else
+/// [`MigrationError::RollBack`].
+fn rolled_back(failed: MigrationError, left: mirrors::JobsLeft) -> MigrationError {
+    if left.is_empty() {
+        return failed;
+    }
+    MigrationError::RollBack {
+        failed: Box::new(failed),
+        jobs: left.jobs().to_vec(),
+        after: mirrors::ROLL_BACK_TIMEOUT,
     }
 }
 
@@ -250,4 +284,36 @@ pub async fn resolved_machine(qmp: &QmpClient) -> Result<String, MigrationError>
         .filter(|m| !m.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| MigrationError::Qemu(format!("unexpected machine type {t:?}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_roll_back_that_leaves_mirrors_running_is_in_the_failure_reason() {
+        let stuck = || MigrationError::Timeout("stuck for 5 seconds".into());
+        let none = rolled_back(stuck(), mirrors::JobsLeft(Vec::new()));
+        assert_eq!(
+            none.failure_reason(),
+            "migration aborted: stuck for 5 seconds"
+        );
+        let left = mirrors::JobsLeft(vec!["drive-ua-rootdisk".into(), "drive-ua-data".into()]);
+        let e = rolled_back(stuck(), left.clone());
+        assert_eq!(
+            e.failure_reason(),
+            "migration aborted: stuck for 5 seconds; the roll-back left the disk mirrors \
+             drive-ua-rootdisk, drive-ua-data running 30 seconds after their cancel"
+        );
+        assert!(!e.is_abort());
+        // A cancel stays a cancel (AbortStatus Succeeded), its reason KubeVirt's.
+        let e = rolled_back(MigrationError::Aborted, left);
+        assert!(e.is_abort());
+        assert!(
+            e.failure_reason()
+                .starts_with(crate::sync::migration::metadata::ABORTED_REASON),
+            "{}",
+            e.failure_reason()
+        );
+    }
 }
