@@ -415,9 +415,11 @@ fn a_container_disk_with_a_hostile_backing_file_is_refused_before_qemu_starts() 
     assert!(pod.pids().is_empty(), "processes left in the pod");
 }
 
-/// A guest with ACPI off (`features.acpi.enabled: false`, so the power button does nothing) but
-/// a guest agent: SIGTERM to the launcher powers it off through the agent's `guest-shutdown`
-/// well within its grace period, instead of the kill when the period runs out.
+/// A guest with ACPI off (`features.acpi.enabled: false`) and a guest agent: once the agent's
+/// channel is connected, SIGTERM to the launcher powers it off through the agent's
+/// `guest-shutdown` (libvirt's default shutdown mode prefers a connected agent), well within its
+/// grace period. (The test guest prints "agent ready" before `qemu-ga` opens its port, so the test
+/// waits for the launcher to see the channel open.)
 #[test]
 fn acpi_off_guest_with_an_agent_powers_off_through_the_agent() {
     let _serial = one_at_a_time();
@@ -433,6 +435,19 @@ fn acpi_off_guest_with_an_agent_powers_off_through_the_agent() {
     let mut run = Run::start(&pod, &vmi, &root, &["--container-disk", &disk]);
     let mut console = run.console();
     console.wait_for_marker("agent ready", STEP).unwrap();
+    let deadline = Instant::now() + STEP;
+    while !run
+        .output()
+        .lines()
+        .any(|l| l.contains("guest channel state changed") && l.contains("\"open\":true"))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the agent channel never opened:\n{}",
+            run.diagnostics()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     let t0 = Instant::now();
     testkit::process::run(&["kill", "-TERM", &run.pid().to_string()]);
     let status = run

@@ -47,6 +47,7 @@ impl Qmp {
 struct PowerButton {
     qmp: Qmp,
     marked: std::sync::atomic::AtomicBool,
+    presses: std::sync::atomic::AtomicU32,
 }
 
 impl DomainControl for PowerButton {
@@ -54,6 +55,8 @@ impl DomainControl for PowerButton {
         self.marked.store(true, std::sync::atomic::Ordering::SeqCst);
     }
     async fn power_button(&self) -> Result<(), MonitorError> {
+        self.presses
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let reply = self
             .qmp
             .execute("system_powerdown")
@@ -79,10 +82,13 @@ async fn start_idle_qemu(dir: &std::path::Path) -> (KillOnDrop, PowerButton) {
     let control = PowerButton {
         qmp: Qmp(qmp),
         marked: false.into(),
+        presses: 0.into(),
     };
     (qemu, control)
 }
 
+/// The button is pressed again every 5 s of the grace period (virt-handler's re-send), then QEMU
+/// is killed: 7 s of grace give the presses at 0 s and 5 s.
 #[tokio::test]
 async fn qemu_ignoring_the_power_button_is_killed_when_the_grace_period_ends() {
     let tmp = tempfile::tempdir().unwrap();
@@ -91,11 +97,12 @@ async fn qemu_ignoring_the_power_button_is_killed_when_the_grace_period_ends() {
     let (tx, rx) = watch::channel(false);
     tx.send(true).unwrap();
     let started = Instant::now();
-    let ending = supervise(qemu, &control, rx, Duration::from_secs(2))
+    let ending = supervise(qemu, &control, rx, Duration::from_secs(7))
         .await
         .unwrap();
     assert_eq!(ending, Ending::KilledAfterGracePeriod);
-    assert!(started.elapsed() >= Duration::from_secs(2));
+    assert!(started.elapsed() >= Duration::from_secs(7));
+    assert_eq!(control.presses.load(std::sync::atomic::Ordering::SeqCst), 2);
     assert!(control.marked.load(std::sync::atomic::Ordering::SeqCst));
     assert!(qemu.has_exited());
 }
@@ -113,4 +120,5 @@ async fn qemu_quitting_by_itself_ends_supervision() {
     let (ending, ()) = tokio::join!(supervised, quit);
     assert_eq!(ending.unwrap(), Ending::ExitedOnItsOwn);
     assert!(!control.marked.load(std::sync::atomic::Ordering::SeqCst));
+    assert_eq!(control.presses.load(std::sync::atomic::Ordering::SeqCst), 0);
 }

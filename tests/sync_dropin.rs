@@ -471,13 +471,14 @@ async fn virt_handler_order_with_its_pod_network_and_compute_capabilities() {
         ]
     );
 
-    // QEMU runs as 107.
-    let qemu_pid = run(&[
-        "pgrep",
-        "-f",
-        "-n",
-        "qemu-system-x86_64.*guest=default_demo",
-    ]);
+    // QEMU runs as 107: this pod's QEMU, the one whose command line names this test's root
+    // (other QEMU of the machine can be named default_demo too).
+    let pattern = [
+        "qemu-system-x86_64.*",
+        &r.display().to_string().replace('.', "\\."),
+    ]
+    .concat();
+    let qemu_pid = run(&["pgrep", "-f", "-n", &pattern]);
     let status = std::fs::read_to_string(format!("/proc/{}/status", qemu_pid.trim())).unwrap();
     let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
     assert!(

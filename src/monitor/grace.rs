@@ -2,7 +2,8 @@
 //! (`pkg/virt-launcher/monitor.go` of v1.9.0) over a QEMU pid.
 //!
 //! On the first stop request (SIGTERM to the launcher) the domain is marked as shutting down
-//! gracefully, the ACPI power button is pressed, and a timer of `--grace-period-seconds` starts.
+//! gracefully, the graceful shutdown is sent (the guest agent or the ACPI power button) and sent
+//! again every [`SHUTDOWN_RESEND`], and a timer of `--grace-period-seconds` starts.
 //! When QEMU is still there when it runs out, QEMU is killed the way libvirt destroys a domain
 //! (`virProcessKillPainfully`): SIGTERM, then SIGKILL after [`KILL_ESCALATION`].
 use std::future::Future;
@@ -18,6 +19,11 @@ use super::MonitorError;
 /// Time between the SIGTERM and the SIGKILL of a kill (libvirt waits 10 s).
 pub const KILL_ESCALATION: Duration = Duration::from_secs(10);
 
+/// Time between two graceful shutdown requests during the grace period: virt-handler sends
+/// `SignalShutdownVMI` again every 5 s, since a booting guest can miss an ACPI event and its
+/// agent may connect later (`pkg/virt-handler/vm.go`, v1.9.0).
+pub const SHUTDOWN_RESEND: Duration = Duration::from_secs(5);
+
 /// The domain operations the grace logic needs. The sync module implements it over its QMP
 /// connection; tests implement it with a bare QMP socket.
 pub trait DomainControl: Send + Sync {
@@ -25,7 +31,8 @@ pub trait DomainControl: Send + Sync {
     /// virt-handler in the domain metadata). The default does nothing.
     fn mark_graceful_shutdown(&self) {}
 
-    /// Presses the ACPI power button (QMP `system_powerdown`).
+    /// Sends the graceful shutdown: the guest agent's `guest-shutdown` when it is connected, or
+    /// the ACPI power button (QMP `system_powerdown`). Called again every [`SHUTDOWN_RESEND`].
     fn power_button(&self) -> impl Future<Output = Result<(), MonitorError>> + Send;
 }
 
@@ -63,8 +70,8 @@ pub async fn kill(qemu: &Qemu, escalation: Duration) -> Result<(), MonitorError>
 }
 
 /// Watches `qemu` until it exits. When `stop` turns `true` first: marks the graceful shutdown,
-/// presses the power button, and kills QEMU after `grace` ([`kill`]). A failing power button is
-/// logged; the grace timer still runs.
+/// sends it ([`DomainControl::power_button`]) and again every [`SHUTDOWN_RESEND`], and kills
+/// QEMU after `grace` ([`kill`]). A failing request is logged; the grace timer still runs.
 pub async fn supervise<D: DomainControl>(
     qemu: &Qemu,
     domain: &D,
@@ -81,18 +88,23 @@ pub async fn supervise<D: DomainControl>(
         "graceful shutdown requested"
     );
     domain.mark_graceful_shutdown();
-    if let Err(e) = domain.power_button().await {
-        warn!(
-            error = &e as &dyn std::error::Error,
-            "ACPI power button failed"
-        );
-    }
-    tokio::select! {
-        _ = qemu.exited() => Ok(Ending::ShutDownGracefully),
-        _ = tokio::time::sleep(grace) => {
+    let deadline = tokio::time::Instant::now() + grace;
+    loop {
+        if let Err(e) = domain.power_button().await {
+            warn!(
+                error = &e as &dyn std::error::Error,
+                "graceful shutdown request failed"
+            );
+        }
+        let resend = (tokio::time::Instant::now() + SHUTDOWN_RESEND).min(deadline);
+        tokio::select! {
+            _ = qemu.exited() => return Ok(Ending::ShutDownGracefully),
+            _ = tokio::time::sleep_until(resend) => {}
+        }
+        if tokio::time::Instant::now() >= deadline {
             info!(pid = qemu.pid(), "grace period expired, killing QEMU");
             kill(qemu, KILL_ESCALATION).await?;
-            Ok(Ending::KilledAfterGracePeriod)
+            return Ok(Ending::KilledAfterGracePeriod);
         }
     }
 }

@@ -176,7 +176,11 @@ fn guest_dns(cfg: &NetConfig, facts: &PodFacts) -> (GuestDns, Vec<String>) {
             _ => Some(d),
         })
         .map(str::to_string);
-    let dns = if facts.resolv.nameservers_v4.is_empty() {
+    // KubeVirt `dns.ParseNameservers` (pkg/network/dns/resolveconf.go) falls back to 8.8.8.8
+    // only when the pod has no nameserver of either family: a pod with only IPv6 nameservers
+    // offers no IPv4 one (KubeVirt then sends option 6 empty; it is left out here, as RFC 2132
+    // gives it a minimum length of 4).
+    let dns = if facts.resolv.nameservers_v4.is_empty() && facts.resolv.nameservers_v6.is_empty() {
         vec![Ipv4Addr::new(8, 8, 8, 8)]
     } else {
         facts.resolv.nameservers_v4.clone()
@@ -576,6 +580,27 @@ mod tests {
             "fd10:0:2::2".parse::<std::net::Ipv6Addr>().unwrap()
         );
         assert_eq!(p.router_advertisement, None);
+    }
+
+    #[test]
+    fn public_dns_only_when_the_pod_has_no_nameserver_of_either_family() {
+        let cfg = NetConfig::default();
+        let with = |v4: &[&str], v6: &[&str]| {
+            let mut f = facts();
+            f.resolv.nameservers_v4 = v4.iter().map(|a| a.parse().unwrap()).collect();
+            f.resolv.nameservers_v6 = v6.iter().map(|a| a.parse().unwrap()).collect();
+            let p = plan(&cfg, &f).unwrap();
+            (p.dhcp_v4.unwrap().dns, p.dhcp_v6.unwrap().dns)
+        };
+        assert_eq!(with(&[], &[]), (vec![Ipv4Addr::new(8, 8, 8, 8)], vec![]));
+        assert_eq!(
+            with(&[], &["fd00:10:96::a"]),
+            (vec![], vec!["fd00:10:96::a".parse().unwrap()])
+        );
+        assert_eq!(
+            with(&["10.96.0.10"], &[]),
+            (vec![Ipv4Addr::new(10, 96, 0, 10)], vec![])
+        );
     }
 
     #[test]

@@ -77,8 +77,9 @@ pub const HOTPLUG_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long QEMU may take to answer on QMP after it was started.
 pub const QMP_CONNECT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How long the graceful shutdown waits for the agent to connect and sync before it presses the
-/// ACPI button instead (a guest without an agent costs this much of its grace period).
+/// How long the graceful shutdown waits for a connected agent to sync and take `guest-shutdown`
+/// before it presses the ACPI button instead (a guest whose agent channel is not connected is
+/// not waited for).
 pub const AGENT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long it listens for the agent refusing `guest-shutdown` (it says nothing when it obeys).
 pub const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);

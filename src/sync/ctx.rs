@@ -86,22 +86,20 @@ impl DomainCtx {
     }
 
     /// The graceful shutdown (what KubeVirt's `SignalShutdownVMI` and its grace-period logic
-    /// call, libvirt's `virDomainShutdown` without flags): `guest-shutdown` through the guest agent
-    /// when its socket is there (waiting at most [`AGENT_SHUTDOWN_TIMEOUT`] for the agent), else,
-    /// or when the agent does not take the command, the ACPI power button (QMP
-    /// `system_powerdown`). A guest without ACPI handling but with an agent still powers off
-    /// within its grace period. libvirt skips the agent at once when its channel is not connected
-    /// (`VSERPORT_CHANGE`); qlauncher does not yet, because the channel's state in the domain was
-    /// seen `disconnected` for a guest whose agent answered.
+    /// call, libvirt's `virDomainShutdown` without flags): `guest-shutdown` through the guest
+    /// agent when its channel is connected (waiting at most [`AGENT_SHUTDOWN_TIMEOUT`] for the
+    /// agent), else, or when the agent does not take the command, the ACPI power button (QMP
+    /// `system_powerdown`). As libvirt's `qemuDomainShutdownFlags`, whose agent handle exists
+    /// only while the channel is connected, a guest whose agent has not opened its port yet is
+    /// not waited for: the button is pressed at once. Callers repeat the request (virt-handler
+    /// every 5 s, [`crate::monitor::grace::supervise`] likewise), so a guest without ACPI
+    /// handling powers off through its agent once the agent is up.
     ///
     /// # Errors
     /// [`SyncError::Qmp`] when the power button cannot be pressed (no QMP connection).
     pub(crate) async fn graceful_shutdown(&self) -> Result<(), SyncError> {
-        // The channel's state alone is not trusted yet: a guest whose agent answers was seen
-        // with its channel still `disconnected` in the domain (e2e_realworld's ACPI-off guest),
-        // so the agent is tried whenever its socket is there, within AGENT_SHUTDOWN_TIMEOUT.
-        if !self.info.agent.has_socket() {
-            info!("graceful shutdown: no guest agent socket, pressing the ACPI power button");
+        if !self.agent_channel_connected() {
+            info!("graceful shutdown: the guest agent's channel is not connected, pressing the ACPI power button");
         } else {
             match self
                 .info
@@ -121,6 +119,22 @@ impl DomainCtx {
         lifecycle::powerdown(&self.client()?)
             .await
             .map_err(SyncError::Qmp)
+    }
+
+    /// Whether the domain has a guest agent socket and its channel is connected (the domain's
+    /// `org.qemu.guest_agent.0` channel state, kept by QEMU's `VSERPORT_CHANGE` events).
+    pub(crate) fn agent_channel_connected(&self) -> bool {
+        self.info.agent.has_socket()
+            && self
+                .shared
+                .domain
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .as_ref()
+                .is_some_and(|d| {
+                    d.spec
+                        .channel_connected(crate::sync::guest::info::AGENT_CHANNEL)
+                })
     }
 
     /// Starts the guest agent's polls of the domain just started or adopted: interfaces

@@ -254,6 +254,15 @@ impl ApiDomainSpec {
         changed
     }
 
+    /// Whether the channel named `name` (the guest agent's is `org.qemu.guest_agent.0`) is
+    /// `connected`: the guest opened its end, as QEMU's last `VSERPORT_CHANGE` (or
+    /// `query-chardev`'s `frontend-open`) said. False when there is no such channel.
+    pub fn channel_connected(&self, name: &str) -> bool {
+        self.devices.channels.iter().any(|c| {
+            c.target.name == name && c.target.state.as_deref() == Some(channel_state(true))
+        })
+    }
+
     /// Sets the `state` (`connected` / `disconnected`) of the channel named `name` (the guest
     /// agent's is `org.qemu.guest_agent.0`), as libvirt reports it. True when it changed.
     pub fn set_channel_state(&mut self, name: &str, state: &str) -> bool {

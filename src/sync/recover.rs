@@ -358,6 +358,14 @@ pub(crate) async fn adopt(
             missing = true;
         }
     }
+    // The guest opened its channels before this launcher listened: read their state (and the
+    // resolved machine type) from QEMU, as a start does, so that the agent channel reads
+    // `connected` for the graceful shutdown and virt-handler's AgentConnected.
+    let mut domain = domain;
+    crate::sync::domain_spec::apply_live_facts(
+        &mut domain,
+        &crate::sync::domain_spec::live_facts(&client).await,
+    );
     d.shared.take_over(status, domain, client.clone());
     tokio::spawn(follow_events(d.shared.clone(), events, client, watcher));
     info!(pid, state = %status.state.as_str(), "adopted the running QEMU of an earlier launcher");
