@@ -153,7 +153,8 @@ struct GuestDns {
     search: Vec<String>,
     /// Option 15: the longest search domain.
     domain_name: Option<String>,
-    /// Option 6: the pod's IPv4 nameservers, else Google's `8.8.8.8` as KubeVirt sends.
+    /// Option 6: the pod's IPv4 nameservers, or Google's `8.8.8.8` when the pod has no
+    /// nameserver of either family.
     dns: Vec<Ipv4Addr>,
 }
 
