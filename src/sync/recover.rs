@@ -14,7 +14,7 @@
 //!
 //! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::time::Duration;
 
@@ -319,7 +319,7 @@ pub(crate) async fn adopt(
     // now has the interfaces attached since as boot NICs): a later migration sends it, and
     // the NICs QEMU runs without them on it were hot-plugged.
     if let Some(argv) = started_argv(pid) {
-        let boot_ids = crate::sync::migration::hotplug::argv_device_ids(&argv);
+        let boot_ids = argv_device_ids(&argv);
         let mut placements = BTreeMap::new();
         for id in running.nics.unplaced() {
             if boot_ids.contains(&id) || !present.contains(&id) {
@@ -376,6 +376,24 @@ pub(crate) async fn adopt(
     Ok((running, own_argv))
 }
 
+/// The `id` of a `-device` word (the rest of its properties are not read).
+#[derive(serde::Deserialize)]
+struct DeviceWord {
+    id: Option<String>,
+}
+
+/// The qdev ids of the `-device` words of `argv` (each a JSON object, as the argv renderer
+/// writes them): the devices QEMU started with, as opposed to those hot-plugged since (an
+/// adopted QEMU's own command line here, the boot argv a migration sends in
+/// [`crate::sync::migration::hotplug`]).
+pub(crate) fn argv_device_ids(argv: &[String]) -> BTreeSet<String> {
+    argv.windows(2)
+        .filter(|w| w[0] == "-device")
+        .filter_map(|w| serde_json::from_str::<DeviceWord>(&w[1]).ok())
+        .filter_map(|w| w.id)
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::names_path;
@@ -397,10 +415,9 @@ mod tests {
             d,
             hotplug_disk("hp1", 7, "/d/hp1.img".into(), Some("S".into()), "pci.9")
         );
-        // The serial (the user's) is not a node name.
-        let sent = crate::sync::migration::hotplug::describe_disk(&d);
-        assert_eq!(sent.node_names, ["libvirt-7-storage", "libvirt-7-format"]);
-        assert_eq!(sent.serial.as_deref(), Some("S"));
+        // The node names are QEMU's (the serial, the user's, is no node name).
+        let nodes: Vec<&str> = d.blockdevs.iter().map(|b| b.node_name()).collect();
+        assert_eq!(nodes, ["libvirt-7-storage", "libvirt-7-format"]);
         // Nothing known: as planned; a top node without an index: names as planned.
         assert_eq!(super::disk_as_running(&planned, None, None), planned);
         assert_eq!(

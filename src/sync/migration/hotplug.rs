@@ -32,23 +32,8 @@ use crate::cmdline::qemu::{node_index, Blockdev, Device};
 use crate::cmdline::render::{DiskHotplug, NicHotplug};
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice};
 use crate::sync::migration::MigrationError;
+use crate::sync::recover::argv_device_ids;
 use crate::vmi::Vmi;
-
-/// The `id` of a `-device` word (the rest of its properties are not read).
-#[derive(serde::Deserialize)]
-struct DeviceWord {
-    id: Option<String>,
-}
-
-/// The qdev ids of the `-device` words of `argv` (each a JSON object, as the argv renderer
-/// writes them).
-pub fn argv_device_ids(argv: &[String]) -> BTreeSet<String> {
-    argv.windows(2)
-        .filter(|w| w[0] == "-device")
-        .filter_map(|w| serde_json::from_str::<DeviceWord>(&w[1]).ok())
-        .filter_map(|w| w.id)
-        .collect()
-}
 
 /// The hot-pluggable disks of the running domain (`running`, by device id) that are not in the
 /// argv QEMU started with (`boot_argv`): the disks hot-plugged since, with their placement as
