@@ -300,14 +300,7 @@ pub(super) fn serial_console(d: &PlannedDevice) -> Option<(Serial, Console)> {
 
 /// The `<watchdog>` with the plan's action (libvirt's default `reset`).
 pub(super) fn watchdog(plan: &DomainPlan, d: &PlannedDevice) -> Watchdog {
-    let action = match plan.watchdog_action.unwrap_or(WatchdogAction::Reset) {
-        WatchdogAction::Reset => "reset",
-        WatchdogAction::Poweroff => "poweroff",
-        WatchdogAction::Pause => "pause",
-        WatchdogAction::None => "none",
-        WatchdogAction::InjectNmi => "inject-nmi",
-        WatchdogAction::Shutdown => "shutdown",
-    };
+    let action = plan.watchdog_action.unwrap_or(WatchdogAction::Reset).name();
     Watchdog {
         model: d.device.driver().into(),
         action: action.into(),

@@ -5,7 +5,6 @@
 use super::device_arg;
 use crate::cmdline::plan::{
     Accel, Backend, DeviceClass, DomainPlan, FirmwarePlan, MachinePlan, PlannedDevice,
-    WatchdogAction,
 };
 use crate::cmdline::qemu::KeyVal;
 
@@ -283,7 +282,7 @@ fn devices(a: &mut Argv, plan: &DomainPlan) {
         a.switch("-device", device_arg(d));
         if d.class == DeviceClass::Watchdog {
             if let Some(act) = plan.watchdog_action {
-                a.switch("-watchdog-action", watchdog_action(act).into());
+                a.switch("-watchdog-action", act.name().into());
             }
         }
     }
@@ -333,17 +332,6 @@ fn audio_and_vnc(a: &mut Argv, plan: &DomainPlan) {
                 .kv("audiodev", "audio1")
                 .finish(),
         );
-    }
-}
-
-fn watchdog_action(act: WatchdogAction) -> &'static str {
-    match act {
-        WatchdogAction::Reset => "reset",
-        WatchdogAction::Poweroff => "poweroff",
-        WatchdogAction::Pause => "pause",
-        WatchdogAction::None => "none",
-        WatchdogAction::InjectNmi => "inject-nmi",
-        WatchdogAction::Shutdown => "shutdown",
     }
 }
 
