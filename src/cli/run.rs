@@ -57,6 +57,38 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     let text = std::fs::read_to_string(&args.file)
         .with_context(|| format!("cannot read {}", args.file.display()))?;
     let mut vmi = Vmi::from_json_or_yaml(&text).context("cannot read the VMI")?;
+    let id = stable_identity(&mut vmi)?;
+    let root = checked_root(&args.root, &id.uid)?;
+    let container_disks = root.join("var/run/kubevirt/container-disks");
+    std::fs::create_dir_all(&container_disks)?;
+    link_images(&args, &vmi, &container_disks)?;
+    let grace = vmi
+        .spec
+        .termination_grace_period_seconds
+        .map(|s| s.max(0))
+        .unwrap_or(30);
+    let mut flags = monitor_flags(id, &root, grace);
+    if args.emulation != Emulation::Off {
+        flags.push("--allow-emulation".into());
+    }
+    let json = serde_json::to_string(&vmi)?;
+    exec_monitor(flags, json, &root, args.emulation)
+}
+
+/// The VMI's name, namespace and UID, as the launcher's flags carry them.
+struct Identity {
+    name: String,
+    namespace: String,
+    uid: String,
+}
+
+/// Fills in what a VMI outside Kubernetes lacks, stable from run to run: the namespace
+/// (`default`), the UID (v5 of namespace/name, so a second run finds its files again) and the
+/// firmware UUID (v5 of the name in KubeVirt's firmware namespace, as KubeVirt gives a VM's
+/// VMIs: the guest sees the same machine on every run, and cloud-init the same NoCloud
+/// instance-id, so it does not redo its first boot over the reused overlay). The name is
+/// required.
+fn stable_identity(vmi: &mut Vmi) -> anyhow::Result<Identity> {
     let name = vmi
         .metadata
         .name
@@ -68,7 +100,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
         .namespace
         .get_or_insert_with(|| "default".into())
         .clone();
-    // A stable UID per namespace/name, so a second run finds its files again.
     let uid = vmi
         .metadata
         .uid
@@ -80,9 +111,6 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .to_string()
         })
         .clone();
-    // A stable firmware UUID too, as KubeVirt gives a VM's VMIs (v5 of the name in KubeVirt's
-    // firmware namespace): the guest sees the same machine on every run, and cloud-init the same
-    // NoCloud instance-id, so it does not redo its first boot over the reused overlay.
     let firmware = vmi
         .spec
         .domain
@@ -97,14 +125,22 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .to_string(),
         );
     }
-    std::fs::create_dir_all(&args.root)
-        .with_context(|| format!("cannot create {}", args.root.display()))?;
-    let root = std::fs::canonicalize(&args.root)?;
-    let under = |p: &str| root.join(p);
-    // QEMU's unix sockets live under the root, the longest being the guest agent channel's; a
-    // socket path must fit in sun_path (108 bytes with its NUL), or QEMU fails at start.
-    let agent_socket = under("var/run/kubevirt-private")
-        .join(&uid)
+    Ok(Identity {
+        name,
+        namespace,
+        uid,
+    })
+}
+
+/// `--root`, created and made absolute, refused when it is too long for QEMU's unix sockets
+/// under it: the longest is the guest agent channel's, and a socket path must fit in
+/// `sun_path` (108 bytes with its NUL), or QEMU fails at start.
+fn checked_root(root: &Path, uid: &str) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(root).with_context(|| format!("cannot create {}", root.display()))?;
+    let root = std::fs::canonicalize(root)?;
+    let agent_socket = root
+        .join("var/run/kubevirt-private")
+        .join(uid)
         .join("org.qemu.guest_agent.0");
     let len = agent_socket.as_os_str().len();
     if len > MAX_SOCKET_PATH {
@@ -115,10 +151,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             agent_socket.display()
         );
     }
-    let share = under("var/run/kubevirt");
-    let container_disks = under("var/run/kubevirt/container-disks");
-    std::fs::create_dir_all(&container_disks)?;
+    Ok(root)
+}
 
+/// Links the local images where KubeVirt's disk sidecars would put them in
+/// `container_disks`: each containerDisk volume's `--container-disk` image as
+/// `disk_<volume index>.img`, and `--kernel-boot-dir` as `kernel-boot`. Every containerDisk
+/// volume needs an image, and every image a containerDisk volume.
+fn link_images(args: &RunArgs, vmi: &Vmi, container_disks: &Path) -> anyhow::Result<()> {
     let mut mapped: Vec<(String, PathBuf)> = Vec::new();
     for spec in &args.container_disks {
         let (volume, path) = spec
@@ -157,43 +197,49 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
             .with_context(|| format!("--kernel-boot-dir: cannot find {}", dir.display()))?;
         relink(&dir, &container_disks.join("kernel-boot"))?;
     }
+    Ok(())
+}
 
-    let grace = vmi
-        .spec
-        .termination_grace_period_seconds
-        .map(|s| s.max(0))
-        .unwrap_or(30);
-    let json = serde_json::to_string(&vmi)?;
-    let p = |p: PathBuf| p.display().to_string();
-    let mut flags: Vec<String> = vec![
+/// `qlauncher monitor`'s argv with virt-launcher's flags: the VMI's identity, every KubeVirt
+/// directory under `root`, the grace period in seconds and QEMU's start timeout.
+fn monitor_flags(id: Identity, root: &Path, grace: i64) -> Vec<String> {
+    let p = |p: &str| root.join(p).display().to_string();
+    vec![
         "monitor".into(),
         "--name".into(),
-        name,
+        id.name,
         "--namespace".into(),
-        namespace,
+        id.namespace,
         "--uid".into(),
-        uid,
+        id.uid,
         "--kubevirt-share-dir".into(),
-        p(share),
+        p("var/run/kubevirt"),
         "--ephemeral-disk-dir".into(),
-        p(under("var/run/kubevirt-ephemeral-disks")),
+        p("var/run/kubevirt-ephemeral-disks"),
         "--container-disk-dir".into(),
-        p(container_disks),
+        p("var/run/kubevirt/container-disks"),
         "--hotplug-disk-dir".into(),
-        p(under("var/run/kubevirt/hotplug-disks")),
+        p("var/run/kubevirt/hotplug-disks"),
         "--private-dir".into(),
-        p(under("var/run/kubevirt-private")),
+        p("var/run/kubevirt-private"),
         "--grace-period-seconds".into(),
         grace.to_string(),
         "--qemu-timeout".into(),
         "120s".into(),
-    ];
-    if args.emulation != Emulation::Off {
-        flags.push("--allow-emulation".into());
-    }
+    ]
+}
+
+/// Becomes the monitor with `flags`, the VMI's `json` in `STANDALONE_VMI`, the root, the
+/// operator's QMP socket and the emulation mode in the launcher's environment. As in the pod's
+/// image: the dedicated PID 1 and launcher binaries when both sit next to this one (the monitor
+/// then starts `virt-launcher`), else this binary's `monitor` subcommand. Returns only on error.
+fn exec_monitor(
+    mut flags: Vec<String>,
+    json: String,
+    root: &Path,
+    emulation: Emulation,
+) -> anyhow::Result<std::process::ExitCode> {
     let exe = std::env::current_exe().context("cannot find the qlauncher binary")?;
-    // As in the pod's image: the dedicated PID 1 and launcher binaries when both sit next to this
-    // one (the monitor then starts `virt-launcher`), else this binary's `monitor` subcommand.
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
     let (monitor, launcher) = (dir.join("virt-launcher-monitor"), dir.join("virt-launcher"));
     let exe = if monitor.is_file() && launcher.is_file() {
@@ -206,14 +252,14 @@ pub fn run(args: RunArgs) -> anyhow::Result<std::process::ExitCode> {
     command
         .args(flags)
         .env("STANDALONE_VMI", json)
-        .env(qlauncher::sync::launcher::ROOT_ENV, &root)
+        .env(qlauncher::sync::launcher::ROOT_ENV, root)
         .env(
             qlauncher::sync::launcher::OPERATOR_QMP_ENV,
-            under("var/run/kubevirt-private/qlauncher/operator.sock"),
+            root.join("var/run/kubevirt-private/qlauncher/operator.sock"),
         )
         .env(
             qlauncher::sync::launcher::EMULATION_ENV,
-            match args.emulation {
+            match emulation {
                 Emulation::On => "on",
                 Emulation::Off => "off",
                 Emulation::Auto => "auto",

@@ -27,110 +27,97 @@ pub const MIGRATE_PARAM_LIST_MAX: usize = 64;
 /// `VIR_UUID_BUFLEN`.
 pub const UUID_LEN: usize = 16;
 
-/// Procedures of the remote program this crate knows by name (`remote_procedure`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Procedure {
-    /// `REMOTE_PROC_CONNECT_OPEN`.
-    ConnectOpen = 1,
-    /// `REMOTE_PROC_CONNECT_CLOSE`.
-    ConnectClose = 2,
-    /// `REMOTE_PROC_CONNECT_GET_TYPE`.
-    ConnectGetType = 3,
-    /// `REMOTE_PROC_CONNECT_GET_VERSION`.
-    ConnectGetVersion = 4,
-    /// `REMOTE_PROC_CONNECT_GET_HOSTNAME`.
-    ConnectGetHostname = 59,
-    /// `REMOTE_PROC_CONNECT_SUPPORTS_FEATURE`.
-    ConnectSupportsFeature = 60,
-    /// `REMOTE_PROC_AUTH_LIST`.
-    AuthList = 66,
-    /// `REMOTE_PROC_CONNECT_GET_LIB_VERSION`.
-    ConnectGetLibVersion = 157,
-    /// `REMOTE_PROC_DOMAIN_MIGRATE_PREPARE3_PARAMS`.
-    DomainMigratePrepare3Params = 345,
-    /// `REMOTE_PROC_DOMAIN_MIGRATE_FINISH3_PARAMS`.
-    DomainMigrateFinish3Params = 347,
+/// Declares a fieldless enum whose discriminants are protocol numbers, with `from_number` made
+/// from the same list, so each number is written once.
+macro_rules! numbered {
+    (
+        $(#[$meta:meta])*
+        $vis:vis enum $name:ident {
+            $($(#[$vmeta:meta])* $variant:ident = $n:literal,)*
+        }
+        from_number: $from_doc:literal
+    ) => {
+        $(#[$meta])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+        $vis enum $name {
+            $($(#[$vmeta])* $variant = $n,)*
+        }
+
+        impl $name {
+            #[doc = $from_doc]
+            pub fn from_number(n: i32) -> Option<$name> {
+                match n {
+                    $($n => Some($name::$variant),)*
+                    _ => None,
+                }
+            }
+        }
+    };
 }
 
-impl Procedure {
-    /// The procedure for a number, when it is one of ours.
-    pub fn from_number(n: i32) -> Option<Procedure> {
-        use Procedure::*;
-        Some(match n {
-            1 => ConnectOpen,
-            2 => ConnectClose,
-            3 => ConnectGetType,
-            4 => ConnectGetVersion,
-            59 => ConnectGetHostname,
-            60 => ConnectSupportsFeature,
-            66 => AuthList,
-            157 => ConnectGetLibVersion,
-            345 => DomainMigratePrepare3Params,
-            347 => DomainMigrateFinish3Params,
-            _ => return None,
-        })
+numbered! {
+    /// Procedures of the remote program this crate knows by name (`remote_procedure`).
+    pub enum Procedure {
+        /// `REMOTE_PROC_CONNECT_OPEN`.
+        ConnectOpen = 1,
+        /// `REMOTE_PROC_CONNECT_CLOSE`.
+        ConnectClose = 2,
+        /// `REMOTE_PROC_CONNECT_GET_TYPE`.
+        ConnectGetType = 3,
+        /// `REMOTE_PROC_CONNECT_GET_VERSION`.
+        ConnectGetVersion = 4,
+        /// `REMOTE_PROC_CONNECT_GET_HOSTNAME`.
+        ConnectGetHostname = 59,
+        /// `REMOTE_PROC_CONNECT_SUPPORTS_FEATURE`.
+        ConnectSupportsFeature = 60,
+        /// `REMOTE_PROC_AUTH_LIST`.
+        AuthList = 66,
+        /// `REMOTE_PROC_CONNECT_GET_LIB_VERSION`.
+        ConnectGetLibVersion = 157,
+        /// `REMOTE_PROC_DOMAIN_MIGRATE_PREPARE3_PARAMS`.
+        DomainMigratePrepare3Params = 345,
+        /// `REMOTE_PROC_DOMAIN_MIGRATE_FINISH3_PARAMS`.
+        DomainMigrateFinish3Params = 347,
     }
+    from_number: "The procedure for a number, when it is one of ours."
 }
 
-/// Driver features a client asks about with `CONNECT_SUPPORTS_FEATURE` (libvirt's
-/// `src/driver-features.h`, `VIR_DRV_FEATURE_*`; the numbers are part of the protocol).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Feature {
-    /// `VIR_DRV_FEATURE_MIGRATION_V1`.
-    MigrationV1 = 1,
-    /// `VIR_DRV_FEATURE_REMOTE`.
-    Remote = 2,
-    /// `VIR_DRV_FEATURE_MIGRATION_V2`.
-    MigrationV2 = 3,
-    /// `VIR_DRV_FEATURE_MIGRATION_P2P`.
-    MigrationP2p = 4,
-    /// `VIR_DRV_FEATURE_MIGRATION_DIRECT`.
-    MigrationDirect = 5,
-    /// `VIR_DRV_FEATURE_MIGRATION_V3`.
-    MigrationV3 = 6,
-    /// `VIR_DRV_FEATURE_FD_PASSING`.
-    FdPassing = 7,
-    /// `VIR_DRV_FEATURE_TYPED_PARAM_STRING`.
-    TypedParamString = 8,
-    /// `VIR_DRV_FEATURE_XML_MIGRATABLE`.
-    XmlMigratable = 9,
-    /// `VIR_DRV_FEATURE_MIGRATION_OFFLINE`.
-    MigrationOffline = 10,
-    /// `VIR_DRV_FEATURE_MIGRATION_PARAMS`.
-    MigrationParams = 11,
-    /// `VIR_DRV_FEATURE_MIGRATE_CHANGE_PROTECTION`.
-    MigrateChangeProtection = 12,
-    /// `VIR_DRV_FEATURE_REMOTE_CLOSE_CALLBACK`.
-    RemoteCloseCallback = 13,
-    /// `VIR_DRV_FEATURE_REMOTE_EVENT_CALLBACK`.
-    RemoteEventCallback = 14,
-    /// `VIR_DRV_FEATURE_NETWORK_UPDATE_HAS_CORRECT_ORDER`.
-    NetworkUpdateHasCorrectOrder = 15,
-}
-
-impl Feature {
-    /// The feature for a number, when libvirt defines it.
-    pub fn from_number(n: i32) -> Option<Feature> {
-        use Feature::*;
-        Some(match n {
-            1 => MigrationV1,
-            2 => Remote,
-            3 => MigrationV2,
-            4 => MigrationP2p,
-            5 => MigrationDirect,
-            6 => MigrationV3,
-            7 => FdPassing,
-            8 => TypedParamString,
-            9 => XmlMigratable,
-            10 => MigrationOffline,
-            11 => MigrationParams,
-            12 => MigrateChangeProtection,
-            13 => RemoteCloseCallback,
-            14 => RemoteEventCallback,
-            15 => NetworkUpdateHasCorrectOrder,
-            _ => return None,
-        })
+numbered! {
+    /// Driver features a client asks about with `CONNECT_SUPPORTS_FEATURE` (libvirt's
+    /// `src/driver-features.h`, `VIR_DRV_FEATURE_*`; the numbers are part of the protocol).
+    pub enum Feature {
+        /// `VIR_DRV_FEATURE_MIGRATION_V1`.
+        MigrationV1 = 1,
+        /// `VIR_DRV_FEATURE_REMOTE`.
+        Remote = 2,
+        /// `VIR_DRV_FEATURE_MIGRATION_V2`.
+        MigrationV2 = 3,
+        /// `VIR_DRV_FEATURE_MIGRATION_P2P`.
+        MigrationP2p = 4,
+        /// `VIR_DRV_FEATURE_MIGRATION_DIRECT`.
+        MigrationDirect = 5,
+        /// `VIR_DRV_FEATURE_MIGRATION_V3`.
+        MigrationV3 = 6,
+        /// `VIR_DRV_FEATURE_FD_PASSING`.
+        FdPassing = 7,
+        /// `VIR_DRV_FEATURE_TYPED_PARAM_STRING`.
+        TypedParamString = 8,
+        /// `VIR_DRV_FEATURE_XML_MIGRATABLE`.
+        XmlMigratable = 9,
+        /// `VIR_DRV_FEATURE_MIGRATION_OFFLINE`.
+        MigrationOffline = 10,
+        /// `VIR_DRV_FEATURE_MIGRATION_PARAMS`.
+        MigrationParams = 11,
+        /// `VIR_DRV_FEATURE_MIGRATE_CHANGE_PROTECTION`.
+        MigrateChangeProtection = 12,
+        /// `VIR_DRV_FEATURE_REMOTE_CLOSE_CALLBACK`.
+        RemoteCloseCallback = 13,
+        /// `VIR_DRV_FEATURE_REMOTE_EVENT_CALLBACK`.
+        RemoteEventCallback = 14,
+        /// `VIR_DRV_FEATURE_NETWORK_UPDATE_HAS_CORRECT_ORDER`.
+        NetworkUpdateHasCorrectOrder = 15,
     }
+    from_number: "The feature for a number, when libvirt defines it."
 }
 
 /// A typed parameter's value (`remote_typed_param_value`, discriminants `VIR_TYPED_PARAM_*`).

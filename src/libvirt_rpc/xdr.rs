@@ -149,16 +149,23 @@ impl<'a> Decoder<'a> {
         Ok(())
     }
 
-    /// `opaque name<max>`: the length is checked against `max` and the buffer before any copy.
-    pub fn opaque(&mut self, what: &'static str, max: usize) -> Result<Vec<u8>, XdrError> {
-        let len = self.u32()? as usize;
-        if len > max {
+    /// The length word of a variable-length item, refused when it exceeds the item's bound
+    /// `max` ([`XdrError::TooLong`] naming `what`).
+    fn length(&mut self, what: &'static str, max: usize) -> Result<usize, XdrError> {
+        let len = self.u32()?;
+        if len as usize > max {
             return Err(XdrError::TooLong {
                 what,
-                len: len as u64,
+                len: u64::from(len),
                 max: max as u64,
             });
         }
+        Ok(len as usize)
+    }
+
+    /// `opaque name<max>`: the length is checked against `max` and the buffer before any copy.
+    pub fn opaque(&mut self, what: &'static str, max: usize) -> Result<Vec<u8>, XdrError> {
+        let len = self.length(what, max)?;
         Ok(self.fixed_opaque(len)?.to_vec())
     }
 
@@ -187,14 +194,7 @@ impl<'a> Decoder<'a> {
         max: usize,
         mut f: impl FnMut(&mut Decoder<'a>) -> Result<T, XdrError>,
     ) -> Result<Vec<T>, XdrError> {
-        let n = self.u32()? as usize;
-        if n > max {
-            return Err(XdrError::TooLong {
-                what,
-                len: n as u64,
-                max: max as u64,
-            });
-        }
+        let n = self.length(what, max)?;
         if n > self.remaining() / 4 {
             return Err(XdrError::Truncated);
         }

@@ -146,25 +146,25 @@ fn nth_host_v6(net: Ipv6Net, n: u128) -> std::net::Ipv6Addr {
     std::net::Ipv6Addr::from(u128::from(net.network()).wrapping_add(n))
 }
 
-/// Builds the plan. Errors: [`NetError::InvalidConfig`] naming the field, or
-/// [`NetError::PodInterfaceUnusable`] when the pod lacks what the binding needs.
-pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
-    validate(cfg)?;
-    let pod = &facts.iface;
-    if pod.mtu == 0 {
-        return Err(NetError::PodInterfaceUnusable {
-            iface: pod.name.clone(),
-            reason: "MTU is 0".into(),
-        });
-    }
-    let bridge = bridge_name(&cfg.pod_iface);
-    let tap = tap_name(&cfg.pod_iface);
-    let guest_mac = cfg.mac.unwrap_or(pod.mac);
+/// What the DHCP servers tell the guest about names, from the pod's `resolv.conf` (KubeVirt
+/// `pkg/network/dns`).
+struct GuestDns {
+    /// Option 119 (and DHCPv6's domain list): the search domains that are DNS names and fit.
+    search: Vec<String>,
+    /// Option 15: the longest search domain.
+    domain_name: Option<String>,
+    /// Option 6: the pod's IPv4 nameservers, or Google's `8.8.8.8` when the pod has no
+    /// nameserver of either family.
+    dns: Vec<Ipv4Addr>,
+}
+
+/// The guest's [`GuestDns`], and one note per kind of search domain left out.
+fn guest_dns(cfg: &NetConfig, facts: &PodFacts) -> (GuestDns, Vec<String>) {
     let search_list = crate::net::dhcp::search_list(&search_domains(
         &facts.resolv.search,
         cfg.subdomain.as_deref(),
     ));
-    let mut notes = search_list.notes();
+    let notes = search_list.notes();
     let search = search_list.names.clone();
     // Option 15: the longest search domain (KubeVirt `dns.GetDomainName`), of those that are
     // DNS names (the first of the longest; the cut for length does not apply to it).
@@ -186,7 +186,28 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
     } else {
         facts.resolv.nameservers_v4.clone()
     };
-    let mtu16 = u16::try_from(pod.mtu).unwrap_or(u16::MAX);
+    let names = GuestDns {
+        search,
+        domain_name,
+        dns,
+    };
+    (names, notes)
+}
+
+/// Builds the plan. Errors: [`NetError::InvalidConfig`] naming the field, or
+/// [`NetError::PodInterfaceUnusable`] when the pod lacks what the binding needs.
+pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
+    validate(cfg)?;
+    let pod = &facts.iface;
+    if pod.mtu == 0 {
+        return Err(NetError::PodInterfaceUnusable {
+            iface: pod.name.clone(),
+            reason: "MTU is 0".into(),
+        });
+    }
+    let bridge = bridge_name(&cfg.pod_iface);
+    let tap = tap_name(&cfg.pod_iface);
+    let (names, mut notes) = guest_dns(cfg, facts);
     let tap_step = LinkStep::Tap {
         name: tap.clone(),
         owner: cfg.runtime_uid,
@@ -198,9 +219,9 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
     let mut plan = NetPlan {
         binding: cfg.binding,
         pod_iface: cfg.pod_iface.clone(),
-        bridge: bridge.clone(),
-        tap: tap.clone(),
-        guest_mac,
+        bridge,
+        tap,
+        guest_mac: cfg.mac.unwrap_or(pod.mac),
         mtu: pod.mtu,
         links: Vec::new(),
         sysctls: Vec::new(),
@@ -211,191 +232,255 @@ pub fn plan(cfg: &NetConfig, facts: &PodFacts) -> Result<NetPlan, NetError> {
         facts: facts.clone(),
     };
     match cfg.binding {
-        Binding::Masquerade => {
-            let has_v4 = !pod.ipv4.is_empty();
-            let has_v6 = !pod.ipv6.is_empty();
-            if !has_v4 && !has_v6 {
-                return Err(NetError::PodInterfaceUnusable {
-                    iface: pod.name.clone(),
-                    reason: "no global IPv4 or IPv6 address for masquerade".into(),
-                });
-            }
-            let gw4 = nth_host_v4(cfg.vm_cidr_v4, 1);
-            let guest4 = nth_host_v4(cfg.vm_cidr_v4, 2);
-            let gw6 = nth_host_v6(cfg.vm_cidr_v6, 1);
-            let guest6 = nth_host_v6(cfg.vm_cidr_v6, 2);
-            let mut addresses = Vec::new();
-            if has_v4 {
-                addresses.push(IpNet::V4(
-                    Ipv4Net::new(gw4, cfg.vm_cidr_v4.prefix_len())
-                        .map_err(|e| NetError::invalid("vm_cidr_v4", e.to_string()))?,
-                ));
-            }
-            if has_v6 {
-                addresses.push(IpNet::V6(
-                    Ipv6Net::new(gw6, cfg.vm_cidr_v6.prefix_len())
-                        .map_err(|e| NetError::invalid("vm_cidr_v6", e.to_string()))?,
-                ));
-            }
-            plan.links.push(LinkStep::Bridge {
-                name: bridge.clone(),
-                mac: Some(MASQUERADE_BRIDGE_MAC),
-                mtu: pod.mtu,
-                addresses,
-            });
-            plan.links.push(tap_step);
-            if has_v4 {
-                plan.sysctls.push(Sysctl {
-                    key: "net.ipv4.ip_forward".into(),
-                    value: "1".into(),
-                });
-            }
-            if has_v6 {
-                plan.sysctls.push(Sysctl {
-                    key: "net.ipv6.conf.all.forwarding".into(),
-                    value: "1".into(),
-                });
-            }
-            plan.sysctls.push(Sysctl {
-                key: format!("net.ipv4.conf.{bridge}.route_localnet"),
-                value: "1".into(),
-            });
-            let pod_ipv4 = pod.ipv4.first().map(|n| IpAddr::V4(n.addr()));
-            let mut fams = Vec::new();
-            if has_v4 {
-                fams.push((Family::Ip, IpAddr::V4(guest4), IpAddr::V4(gw4)));
-            }
-            if has_v6 {
-                fams.push((Family::Ip6, IpAddr::V6(guest6), IpAddr::V6(gw6)));
-            }
-            for (family, guest, gateway) in fams {
-                plan.nat_tables.push(masquerade_table(&MasqueradeInput {
-                    family,
-                    pod_iface: &cfg.pod_iface,
-                    bridge: &bridge,
-                    guest,
-                    gateway,
-                    pod_ipv4,
-                    ports: &cfg.ports,
-                    istio: cfg.istio,
-                    legacy_migration_ports: cfg.legacy_migration_ports,
-                }));
-            }
-            if has_v4 {
-                plan.dhcp_v4 = Some(DhcpV4Config {
-                    iface: bridge.clone(),
-                    server_ip: gw4,
-                    client_ip: guest4,
-                    prefix_len: cfg.vm_cidr_v4.prefix_len(),
-                    router: Some(gw4),
-                    dns: dns.clone(),
-                    search: search.clone(),
-                    domain_name,
-                    hostname: cfg.hostname.clone(),
-                    mtu: mtu16,
-                    routes: Vec::new(),
-                    lease_seconds: LEASE_SECONDS,
-                    client_mac: None,
-                    extra: cfg.dhcp_options.clone(),
-                });
-            }
-            if has_v6 {
-                plan.dhcp_v6 = Some(DhcpV6Config {
-                    iface: bridge.clone(),
-                    server_mac: MASQUERADE_BRIDGE_MAC,
-                    address: guest6,
-                    dns: facts.resolv.nameservers_v6.clone(),
-                    search: search.clone(),
-                });
-                if cfg.ipv6_router_advertisement {
-                    plan.router_advertisement = Some(RaConfig {
-                        iface: bridge.clone(),
-                        source_mac: MASQUERADE_BRIDGE_MAC,
-                        mtu: pod.mtu,
-                        router_lifetime_secs: 1800,
-                        interval_secs: 200,
-                    });
-                }
-            }
-        }
-        Binding::Bridge => {
-            let pod_addrs: Vec<IpNet> = pod
-                .ipv4
-                .iter()
-                .map(|n| IpNet::V4(*n))
-                .chain(pod.ipv6.iter().map(|n| IpNet::V6(*n)))
-                .collect();
-            let renamed = renamed_pod_link(&cfg.pod_iface);
-            let fake = Ipv4Addr::new(169, 254, 75, 10 + cfg.iface_index);
-            let bridge_addrs = if pod.ipv4.is_empty() {
-                Vec::new()
-            } else {
-                vec![IpNet::V4(Ipv4Net::new(fake, 32).map_err(|e| {
-                    NetError::invalid("iface_index", e.to_string())
-                })?)]
-            };
-            plan.links.push(LinkStep::Bridge {
-                name: bridge.clone(),
-                mac: None,
-                mtu: pod.mtu,
-                addresses: Vec::new(),
-            });
-            plan.links.push(LinkStep::MovePodLink {
-                from: cfg.pod_iface.clone(),
-                to: renamed,
-                mac: derived_mac(pod.mac),
-                addresses: pod_addrs.clone(),
-                master: bridge.clone(),
-            });
-            plan.links.push(LinkStep::StandIn {
-                name: cfg.pod_iface.clone(),
-                mac: pod.mac,
-                mtu: pod.mtu,
-                addresses: pod_addrs,
-            });
-            plan.links.push(LinkStep::Bridge {
-                name: bridge.clone(),
-                mac: None,
-                mtu: pod.mtu,
-                addresses: bridge_addrs,
-            });
-            plan.links.push(tap_step);
-            plan.sysctls.push(Sysctl {
-                key: "net.ipv4.conf.all.arp_ignore".into(),
-                value: "1".into(),
-            });
-            if let Some(addr) = pod.ipv4.first() {
-                let (routes, cut) = classless_routes(&pod.routes_v4, Some(*addr));
-                if !cut.is_empty() {
-                    let cut: Vec<String> = cut.iter().map(|d| d.to_string()).collect();
-                    notes.push(format!(
-                        "classless static routes cut at {ROUTES_MAX_BYTES} bytes (DHCP option 121), dropped: {}",
-                        cut.join(", ")
-                    ));
-                }
-                plan.dhcp_v4 = Some(DhcpV4Config {
-                    iface: bridge.clone(),
-                    server_ip: fake,
-                    client_ip: addr.addr(),
-                    prefix_len: addr.prefix_len(),
-                    router: pod.gateway_v4,
-                    dns,
-                    search,
-                    domain_name,
-                    hostname: cfg.hostname.clone(),
-                    mtu: mtu16,
-                    routes,
-                    lease_seconds: LEASE_SECONDS,
-                    client_mac: Some(guest_mac),
-                    extra: cfg.dhcp_options.clone(),
-                });
-            }
-        }
+        Binding::Masquerade => masquerade_binding(cfg, facts, names, tap_step, &mut plan)?,
+        Binding::Bridge => bridge_binding(cfg, facts, names, tap_step, &mut plan, &mut notes)?,
     }
     for note in &notes {
         tracing::warn!(iface = %cfg.pod_iface, "pod network input: {note}");
     }
     Ok(plan)
+}
+
+/// The masquerade binding's addresses in the VM CIDRs (KubeVirt's `vmNetworkCIDR` and
+/// `vmIPv6NetworkCIDR`): the gateway is the first host (the bridge), the guest the second, for
+/// each family the pod has an address of.
+struct MasqueradeAddrs {
+    /// The pod has a global IPv4 address.
+    has_v4: bool,
+    /// The pod has a global IPv6 address.
+    has_v6: bool,
+    gw4: Ipv4Addr,
+    guest4: Ipv4Addr,
+    gw6: std::net::Ipv6Addr,
+    guest6: std::net::Ipv6Addr,
+}
+
+/// The masquerade binding (KubeVirt `netpod` masquerade phase): the bridge with the gateway
+/// addresses and the tap, forwarding sysctls, one NAT table per family, and the DHCP servers.
+fn masquerade_binding(
+    cfg: &NetConfig,
+    facts: &PodFacts,
+    names: GuestDns,
+    tap_step: LinkStep,
+    plan: &mut NetPlan,
+) -> Result<(), NetError> {
+    let pod = &facts.iface;
+    let has_v4 = !pod.ipv4.is_empty();
+    let has_v6 = !pod.ipv6.is_empty();
+    if !has_v4 && !has_v6 {
+        return Err(NetError::PodInterfaceUnusable {
+            iface: pod.name.clone(),
+            reason: "no global IPv4 or IPv6 address for masquerade".into(),
+        });
+    }
+    let at = MasqueradeAddrs {
+        has_v4,
+        has_v6,
+        gw4: nth_host_v4(cfg.vm_cidr_v4, 1),
+        guest4: nth_host_v4(cfg.vm_cidr_v4, 2),
+        gw6: nth_host_v6(cfg.vm_cidr_v6, 1),
+        guest6: nth_host_v6(cfg.vm_cidr_v6, 2),
+    };
+    let mut addresses = Vec::new();
+    if has_v4 {
+        addresses.push(IpNet::V4(
+            Ipv4Net::new(at.gw4, cfg.vm_cidr_v4.prefix_len())
+                .map_err(|e| NetError::invalid("vm_cidr_v4", e.to_string()))?,
+        ));
+    }
+    if has_v6 {
+        addresses.push(IpNet::V6(
+            Ipv6Net::new(at.gw6, cfg.vm_cidr_v6.prefix_len())
+                .map_err(|e| NetError::invalid("vm_cidr_v6", e.to_string()))?,
+        ));
+    }
+    plan.links.push(LinkStep::Bridge {
+        name: plan.bridge.clone(),
+        mac: Some(MASQUERADE_BRIDGE_MAC),
+        mtu: pod.mtu,
+        addresses,
+    });
+    plan.links.push(tap_step);
+    if has_v4 {
+        plan.sysctls.push(Sysctl {
+            key: "net.ipv4.ip_forward".into(),
+            value: "1".into(),
+        });
+    }
+    if has_v6 {
+        plan.sysctls.push(Sysctl {
+            key: "net.ipv6.conf.all.forwarding".into(),
+            value: "1".into(),
+        });
+    }
+    plan.sysctls.push(Sysctl {
+        key: format!("net.ipv4.conf.{}.route_localnet", plan.bridge),
+        value: "1".into(),
+    });
+    masquerade_nat(cfg, facts, &at, plan);
+    masquerade_dhcp(cfg, facts, &at, names, plan);
+    Ok(())
+}
+
+/// The masquerade NAT tables, one per family the pod has (KubeVirt's nftables rules, see
+/// [`masquerade_table`]).
+fn masquerade_nat(cfg: &NetConfig, facts: &PodFacts, at: &MasqueradeAddrs, plan: &mut NetPlan) {
+    let pod_ipv4 = facts.iface.ipv4.first().map(|n| IpAddr::V4(n.addr()));
+    let mut fams = Vec::new();
+    if at.has_v4 {
+        fams.push((Family::Ip, IpAddr::V4(at.guest4), IpAddr::V4(at.gw4)));
+    }
+    if at.has_v6 {
+        fams.push((Family::Ip6, IpAddr::V6(at.guest6), IpAddr::V6(at.gw6)));
+    }
+    for (family, guest, gateway) in fams {
+        plan.nat_tables.push(masquerade_table(&MasqueradeInput {
+            family,
+            pod_iface: &cfg.pod_iface,
+            bridge: &plan.bridge,
+            guest,
+            gateway,
+            pod_ipv4,
+            ports: &cfg.ports,
+            istio: cfg.istio,
+            legacy_migration_ports: cfg.legacy_migration_ports,
+        }));
+    }
+}
+
+/// The masquerade binding's DHCP servers on the bridge: DHCPv4 hands out the guest's VM-CIDR
+/// address with the gateway as router; DHCPv6 (and router advertisements, when asked for)
+/// when the pod has IPv6.
+fn masquerade_dhcp(
+    cfg: &NetConfig,
+    facts: &PodFacts,
+    at: &MasqueradeAddrs,
+    names: GuestDns,
+    plan: &mut NetPlan,
+) {
+    let pod = &facts.iface;
+    if at.has_v4 {
+        plan.dhcp_v4 = Some(DhcpV4Config {
+            iface: plan.bridge.clone(),
+            server_ip: at.gw4,
+            client_ip: at.guest4,
+            prefix_len: cfg.vm_cidr_v4.prefix_len(),
+            router: Some(at.gw4),
+            dns: names.dns,
+            search: names.search.clone(),
+            domain_name: names.domain_name,
+            hostname: cfg.hostname.clone(),
+            mtu: u16::try_from(pod.mtu).unwrap_or(u16::MAX),
+            routes: Vec::new(),
+            lease_seconds: LEASE_SECONDS,
+            client_mac: None,
+            extra: cfg.dhcp_options.clone(),
+        });
+    }
+    if at.has_v6 {
+        plan.dhcp_v6 = Some(DhcpV6Config {
+            iface: plan.bridge.clone(),
+            server_mac: MASQUERADE_BRIDGE_MAC,
+            address: at.guest6,
+            dns: facts.resolv.nameservers_v6.clone(),
+            search: names.search,
+        });
+        if cfg.ipv6_router_advertisement {
+            plan.router_advertisement = Some(RaConfig {
+                iface: plan.bridge.clone(),
+                source_mac: MASQUERADE_BRIDGE_MAC,
+                mtu: pod.mtu,
+                router_lifetime_secs: 1800,
+                interval_secs: 200,
+            });
+        }
+    }
+}
+
+/// The bridge binding (KubeVirt `netpod` bridge phase): the pod link moves onto the bridge
+/// under a derived MAC, a stand-in keeps the pod's identity, the bridge gets a link-local
+/// address when the pod has IPv4, then the tap; DHCPv4 hands the guest the pod's own address.
+fn bridge_binding(
+    cfg: &NetConfig,
+    facts: &PodFacts,
+    names: GuestDns,
+    tap_step: LinkStep,
+    plan: &mut NetPlan,
+    notes: &mut Vec<String>,
+) -> Result<(), NetError> {
+    let pod = &facts.iface;
+    let pod_addrs: Vec<IpNet> = pod
+        .ipv4
+        .iter()
+        .map(|n| IpNet::V4(*n))
+        .chain(pod.ipv6.iter().map(|n| IpNet::V6(*n)))
+        .collect();
+    let renamed = renamed_pod_link(&cfg.pod_iface);
+    let fake = Ipv4Addr::new(169, 254, 75, 10 + cfg.iface_index);
+    let bridge_addrs = if pod.ipv4.is_empty() {
+        Vec::new()
+    } else {
+        vec![IpNet::V4(Ipv4Net::new(fake, 32).map_err(|e| {
+            NetError::invalid("iface_index", e.to_string())
+        })?)]
+    };
+    plan.links.push(LinkStep::Bridge {
+        name: plan.bridge.clone(),
+        mac: None,
+        mtu: pod.mtu,
+        addresses: Vec::new(),
+    });
+    plan.links.push(LinkStep::MovePodLink {
+        from: cfg.pod_iface.clone(),
+        to: renamed,
+        mac: derived_mac(pod.mac),
+        addresses: pod_addrs.clone(),
+        master: plan.bridge.clone(),
+    });
+    plan.links.push(LinkStep::StandIn {
+        name: cfg.pod_iface.clone(),
+        mac: pod.mac,
+        mtu: pod.mtu,
+        addresses: pod_addrs,
+    });
+    plan.links.push(LinkStep::Bridge {
+        name: plan.bridge.clone(),
+        mac: None,
+        mtu: pod.mtu,
+        addresses: bridge_addrs,
+    });
+    plan.links.push(tap_step);
+    plan.sysctls.push(Sysctl {
+        key: "net.ipv4.conf.all.arp_ignore".into(),
+        value: "1".into(),
+    });
+    if let Some(addr) = pod.ipv4.first() {
+        let (routes, cut) = classless_routes(&pod.routes_v4, Some(*addr));
+        if !cut.is_empty() {
+            let cut: Vec<String> = cut.iter().map(|d| d.to_string()).collect();
+            notes.push(format!(
+                "classless static routes cut at {ROUTES_MAX_BYTES} bytes (DHCP option 121), dropped: {}",
+                cut.join(", ")
+            ));
+        }
+        plan.dhcp_v4 = Some(DhcpV4Config {
+            iface: plan.bridge.clone(),
+            server_ip: fake,
+            client_ip: addr.addr(),
+            prefix_len: addr.prefix_len(),
+            router: pod.gateway_v4,
+            dns: names.dns,
+            search: names.search,
+            domain_name: names.domain_name,
+            hostname: cfg.hostname.clone(),
+            mtu: u16::try_from(pod.mtu).unwrap_or(u16::MAX),
+            routes,
+            lease_seconds: LEASE_SECONDS,
+            client_mac: Some(plan.guest_mac),
+            extra: cfg.dhcp_options.clone(),
+        });
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -120,12 +120,44 @@ fn memory_bytes(props: &BTreeMap<String, String>) -> Option<u64> {
     num.parse::<u64>().ok().map(|n| n * mult)
 }
 
+/// One option's properties (JSON flattened, or key=value), by name.
+type Props = BTreeMap<String, String>;
+
 /// Parses an argv (without the binary and environment) into normalised records.
 /// `embed_root` is libvirt's embed root directory, replaced by `<root>` in values.
 ///
 /// Errors: an option without its value, or a JSON value that does not parse.
 pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>, CompatError> {
-    let mut raw: Vec<(String, BTreeMap<String, String>)> = Vec::new();
+    let raw = options(argv, embed_root)?;
+    let node_files = node_files(&raw);
+    let netdev_nic = nic_numbers(&raw);
+    let mut out: Vec<Record> = Vec::new();
+    for (opt, mut p) in raw {
+        for k in ["drive", "file", "backing", "pflash0", "pflash1"] {
+            if let Some(v) = p.get(k).and_then(|v| node_files.get(v)) {
+                p.insert(k.into(), v.clone());
+            }
+        }
+        for k in ["fd", "fds", "vhostfd", "vhostfds"] {
+            if let Some(v) = p.get_mut(k) {
+                *v = "<fd>".into();
+            }
+        }
+        let mut key = record_key(&opt, &mut p, &node_files, &netdev_nic);
+        let mut n = 2;
+        while out.iter().any(|r| r.key == key) {
+            key = format!("{} #{n}", key.split(" #").next().unwrap_or_default());
+            n += 1;
+        }
+        out.push(Record { key, props: p });
+    }
+    Ok(out)
+}
+
+/// The argv as options with their properties, in order: a flag or a bare word has none; a
+/// JSON value is flattened, any other parsed as key=value; `embed_root` becomes `<root>`.
+fn options(argv: &[String], embed_root: Option<&str>) -> Result<Vec<(String, Props)>, CompatError> {
+    let mut raw: Vec<(String, Props)> = Vec::new();
     let mut it = argv.iter();
     while let Some(opt) = it.next() {
         if FLAGS.contains(&opt.as_str()) || !opt.starts_with('-') {
@@ -156,18 +188,22 @@ pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>,
         }
         raw.push((opt.clone(), props));
     }
+    Ok(raw)
+}
 
-    // Blockdev node names -> file-based names, qualified by the device whose drive they back
-    // (one image may back two devices, e.g. a cloud-init ISO as a disk and as a cdrom).
+/// Blockdev node names -> file-based names (`storage:<file>` for a protocol node,
+/// `format:<file>` for the format node over it), qualified by the device whose drive they back
+/// (one image may back two devices, e.g. a cloud-init ISO as a disk and as a cdrom).
+fn node_files(raw: &[(String, Props)]) -> BTreeMap<String, String> {
     let mut owner: BTreeMap<String, String> = BTreeMap::new();
-    for (opt, p) in &raw {
+    for (opt, p) in raw {
         if opt == "-device" {
             if let (Some(drive), Some(id)) = (p.get("drive"), p.get("id")) {
                 owner.insert(drive.clone(), id.clone());
             }
         }
     }
-    for (opt, p) in &raw {
+    for (opt, p) in raw {
         if opt == "-blockdev" && !p.contains_key("filename") {
             if let (Some(n), Some(f)) = (p.get("node-name"), p.get("file")) {
                 if let Some(o) = owner.get(n).cloned() {
@@ -181,14 +217,14 @@ pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>,
         None => name,
     };
     let mut node_files: BTreeMap<String, String> = BTreeMap::new();
-    for (opt, p) in &raw {
+    for (opt, p) in raw {
         if opt == "-blockdev" {
             if let (Some(n), Some(f)) = (p.get("node-name"), p.get("filename")) {
                 node_files.insert(n.clone(), qualify(n, format!("storage:{f}")));
             }
         }
     }
-    for (opt, p) in &raw {
+    for (opt, p) in raw {
         if opt == "-blockdev" && !p.contains_key("filename") {
             if let (Some(n), Some(f)) = (p.get("node-name"), p.get("file")) {
                 let file = raw
@@ -200,9 +236,13 @@ pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>,
             }
         }
     }
-    // NIC numbering by netdev id.
+    node_files
+}
+
+/// NIC numbering by netdev id, in the order the NIC devices come.
+fn nic_numbers(raw: &[(String, Props)]) -> BTreeMap<String, usize> {
     let mut netdev_nic: BTreeMap<String, usize> = BTreeMap::new();
-    for (opt, p) in &raw {
+    for (opt, p) in raw {
         if opt == "-device" {
             if let Some(n) = p.get("netdev") {
                 let i = netdev_nic.len();
@@ -210,81 +250,72 @@ pub fn records(argv: &[String], embed_root: Option<&str>) -> Result<Vec<Record>,
             }
         }
     }
+    netdev_nic
+}
 
-    let mut out: Vec<Record> = Vec::new();
-    for (opt, mut p) in raw {
-        for k in ["drive", "file", "backing", "pflash0", "pflash1"] {
-            if let Some(v) = p.get(k).and_then(|v| node_files.get(v)) {
-                p.insert(k.into(), v.clone());
+/// The record's key for option `opt` (before any ` #n` for repeats), rewriting `p` where the
+/// key takes a property's place: a blockdev by its file-based name, a NIC and its netdev by
+/// their number, other objects by id, `-global` as `driver.property` with only the value,
+/// `-smbios` by type, `-numa` by node, and `-m`'s size in bytes.
+fn record_key(
+    opt: &str,
+    p: &mut Props,
+    node_files: &BTreeMap<String, String>,
+    netdev_nic: &BTreeMap<String, usize>,
+) -> String {
+    let name = opt.trim_start_matches('-').to_string();
+    let id = p.get("id").cloned();
+    match opt {
+        "-blockdev" => {
+            let node = p.remove("node-name").unwrap_or_default();
+            format!(
+                "blockdev {}",
+                node_files.get(&node).cloned().unwrap_or(node)
+            )
+        }
+        "-device" => match p.get("netdev").and_then(|n| netdev_nic.get(n)).copied() {
+            Some(i) => {
+                p.insert("netdev".into(), format!("netdev{i}"));
+                format!("device nic{i}")
+            }
+            None => format!(
+                "device {}",
+                id.or_else(|| p.get("driver").cloned()).unwrap_or_default()
+            ),
+        },
+        "-netdev" => {
+            p.remove("id");
+            match id.as_ref().and_then(|i| netdev_nic.get(i)) {
+                Some(i) => format!("netdev nic{i}"),
+                None => format!("netdev {}", id.unwrap_or_default()),
             }
         }
-        for k in ["fd", "fds", "vhostfd", "vhostfds"] {
-            if let Some(v) = p.get_mut(k) {
-                *v = "<fd>".into();
-            }
+        "-chardev" | "-object" | "-audiodev" | "-tpmdev" => {
+            format!("{name} {}", id.unwrap_or_default())
         }
-        let name = opt.trim_start_matches('-').to_string();
-        let id = p.get("id").cloned();
-        let key = match opt.as_str() {
-            "-blockdev" => {
-                let node = p.remove("node-name").unwrap_or_default();
-                format!(
-                    "blockdev {}",
-                    node_files.get(&node).cloned().unwrap_or(node)
-                )
-            }
-            "-device" => match p.get("netdev").and_then(|n| netdev_nic.get(n)).copied() {
-                Some(i) => {
-                    p.insert("netdev".into(), format!("netdev{i}"));
-                    format!("device nic{i}")
-                }
-                None => format!(
-                    "device {}",
-                    id.or_else(|| p.get("driver").cloned()).unwrap_or_default()
-                ),
-            },
-            "-netdev" => {
-                p.remove("id");
-                match id.as_ref().and_then(|i| netdev_nic.get(i)) {
-                    Some(i) => format!("netdev nic{i}"),
-                    None => format!("netdev {}", id.unwrap_or_default()),
-                }
-            }
-            "-chardev" | "-object" | "-audiodev" | "-tpmdev" => {
-                format!("{name} {}", id.unwrap_or_default())
-            }
-            "-global" => {
-                let (k, v) = match (p.get("driver"), p.get("property"), p.get("value")) {
-                    (Some(d), Some(pr), Some(v)) => (format!("{d}.{pr}"), v.clone()),
-                    _ => p
-                        .iter()
-                        .find(|(k, _)| !k.is_empty())
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .unwrap_or_default(),
-                };
-                p = BTreeMap::from([("value".to_string(), v)]);
-                format!("global {k}")
-            }
-            "-smbios" => format!("smbios type={}", p.get("type").cloned().unwrap_or_default()),
-            "-numa" => format!("numa {}", p.get("nodeid").cloned().unwrap_or_default()),
-            "-m" => {
-                if let Some(b) = memory_bytes(&p) {
-                    p.remove("");
-                    p.insert("size".into(), b.to_string());
-                }
-                name
-            }
-            _ => name,
-        };
-        let mut key = key;
-        let mut n = 2;
-        while out.iter().any(|r| r.key == key) {
-            key = format!("{} #{n}", key.split(" #").next().unwrap_or_default());
-            n += 1;
+        "-global" => {
+            let (k, v) = match (p.get("driver"), p.get("property"), p.get("value")) {
+                (Some(d), Some(pr), Some(v)) => (format!("{d}.{pr}"), v.clone()),
+                _ => p
+                    .iter()
+                    .find(|(k, _)| !k.is_empty())
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .unwrap_or_default(),
+            };
+            *p = BTreeMap::from([("value".to_string(), v)]);
+            format!("global {k}")
         }
-        out.push(Record { key, props: p });
+        "-smbios" => format!("smbios type={}", p.get("type").cloned().unwrap_or_default()),
+        "-numa" => format!("numa {}", p.get("nodeid").cloned().unwrap_or_default()),
+        "-m" => {
+            if let Some(b) = memory_bytes(p) {
+                p.remove("");
+                p.insert("size".into(), b.to_string());
+            }
+            name
+        }
+        _ => name,
     }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -339,6 +339,21 @@ pub enum WatchdogAction {
     Shutdown,
 }
 
+impl WatchdogAction {
+    /// The action's name: QEMU's `-watchdog-action` value, which is also libvirt's `<watchdog
+    /// action=...>` word.
+    pub fn name(self) -> &'static str {
+        match self {
+            WatchdogAction::Reset => "reset",
+            WatchdogAction::Poweroff => "poweroff",
+            WatchdogAction::Pause => "pause",
+            WatchdogAction::None => "none",
+            WatchdogAction::InjectNmi => "inject-nmi",
+            WatchdogAction::Shutdown => "shutdown",
+        }
+    }
+}
+
 /// Something on the host the plan needs that only exists on some nodes (a VFIO device, SEV or
 /// TDX, a virtiofsd socket), as the context reported it. The converter plans the device either
 /// way; [`DomainPlan::missing_hardware`] lists the ones that are not there, so the launcher can

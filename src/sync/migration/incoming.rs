@@ -13,6 +13,7 @@ use tracing::{info, warn};
 use crate::cmdline::context::TapSource;
 use crate::cmdline::plan::{CpuPlan, DomainPlan};
 use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
+use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
 use crate::qmp::lifecycle::{DomainState, StateReason};
@@ -29,6 +30,8 @@ use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, Ta
 use crate::sync::migration::MigrationError;
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
+use crate::sync::start::Prepared;
+use crate::sync::state::Running;
 use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::{privileges, start};
 use crate::vmi::Vmi;
@@ -106,6 +109,37 @@ fn keep_guest_macs(vmi: &mut Vmi) {
             iface.mac_address = Some(mac.clone());
         }
     }
+}
+
+/// The source's hello and definition on `conn`, within [`ACCEPT_TIMEOUT`].
+async fn accept(
+    conn: UnixStream,
+    vmi_uid: &str,
+) -> Result<TargetSession<UnixStream>, MigrationError> {
+    match tokio::time::timeout(ACCEPT_TIMEOUT, TargetSession::accept(conn, vmi_uid)).await {
+        Ok(session) => session,
+        Err(_) => Err(MigrationError::Timeout(
+            "no definition from the source".into(),
+        )),
+    }
+}
+
+/// What runs once the target boots a plan of its own (the source had hot-plugged devices):
+/// the boot plan's disks and media, then the source's hot-plugged disks (`placed`), and the
+/// next free node index after them all.
+fn run_boot_plan(running: &mut Running, plan: &DomainPlan, placed: &[DiskHotplug]) {
+    let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
+        .disks
+        .into_iter()
+        .map(|d| (d.id.clone(), d))
+        .collect();
+    for d in placed {
+        disks.insert(d.id.clone(), d.clone());
+    }
+    running.next_node =
+        hotplug::next_node_after(&disks, crate::sync::reconcile::disks::next_node_index(plan));
+    running.disks = disks;
+    running.cdroms = crate::sync::reconcile::media::cdroms(plan);
 }
 
 impl SyncVmi {
@@ -231,36 +265,12 @@ impl SyncVmi {
         conn: UnixStream,
         target: PreparedTarget,
     ) -> Result<(), (Option<PreparedTarget>, MigrationError)> {
-        let session =
-            tokio::time::timeout(ACCEPT_TIMEOUT, TargetSession::accept(conn, &target.vmi_uid))
-                .await;
-        let mut session = match session {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return Err((Some(target), e)),
-            Err(_) => {
-                return Err((
-                    Some(target),
-                    MigrationError::Timeout("no definition from the source".into()),
-                ))
-            }
+        let mut session = match accept(conn, &target.vmi_uid).await {
+            Ok(s) => s,
+            Err(e) => return Err((Some(target), e)),
         };
-        // KubeVirt's target creates no SR-IOV devices: the source unplugged its VFs and sends
-        // none; virt-handler plugs the target pod's VFs after the migration.
-        let boot = self
-            .boot_conversion(&target, &session.domain)
-            .and_then(|b| self.adopt_source_cpu(&target, b, &session.domain))
-            .map(|mut b| {
-                b.argv = sriov::without_sriov_devices(&b.argv);
-                b
-            });
-        let argv = boot.and_then(|b| {
-            matches_source(&normalized(&b.argv, &self.ctx.config), &session.domain)?;
-            let mut d = session.domain.clone();
-            d.argv.clear();
-            Ok((incoming_argv(&b.argv, &d)?, b.placed, b.plan, b.cpu, b.nics))
-        });
-        let (argv, placed, boot_plan, adopted_cpu, nics) = match argv {
-            Ok(a) => a,
+        let boot = match self.incoming_definition(&target, &session.domain) {
+            Ok(b) => b,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
                 return Err((Some(target), e));
@@ -272,32 +282,19 @@ impl SyncVmi {
             memory_total,
             ..
         } = target;
-        if let Some(cpu) = adopted_cpu {
+        if let Some(cpu) = boot.cpu {
             prepared.running.cpu = cpu;
         }
-        if let Some(plan) = &boot_plan {
-            // What runs: the boot plan's disks and media, then the source's hot-plugged disks.
-            let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
-                .disks
-                .into_iter()
-                .map(|d| (d.id.clone(), d))
-                .collect();
-            for d in &placed {
-                disks.insert(d.id.clone(), d.clone());
-            }
-            prepared.running.next_node = hotplug::next_node_after(
-                &disks,
-                crate::sync::reconcile::disks::next_node_index(plan),
-            );
-            prepared.running.disks = disks;
-            prepared.running.cdroms = crate::sync::reconcile::media::cdroms(plan);
+        if let Some(plan) = &boot.plan {
+            run_boot_plan(&mut prepared.running, plan, &boot.placed);
         }
         let mut domain = prepared.domain.clone();
-        // No SR-IOV VFs here (see above): the domain lists none until `HotplugHostDevices`.
+        // No SR-IOV VFs here (see `incoming_definition`): the domain lists none until
+        // `HotplugHostDevices`.
         domain.spec.devices.drop_sriov_host_devices();
         domain.spec.metadata.kubevirt.migration = self.migration.metadata();
-        let vsock = prepared.vsock;
-        let launched = start::launch_incoming(&self.ctx, domain, &prepared.plan, &argv, vsock);
+        let vsock = prepared.vsock.take();
+        let launched = start::launch_incoming(&self.ctx, domain, &prepared.plan, &boot.argv, vsock);
         let client = match launched.await {
             Ok(c) => c,
             Err(e) => {
@@ -306,112 +303,35 @@ impl SyncVmi {
                 return Err((None, MigrationError::Peer(reason)));
             }
         };
-        // The vCPUs beyond the first socket (plugged at the source's start or since), as
-        // `vcpu<index>` like the source's.
-        if let Err(e) = crate::sync::start::plug_boot_vcpus(&client, prepared.plan.smp).await {
-            let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
+        let plugged = self.plug_source_devices(
+            &client,
+            &mut prepared,
+            &boot.placed,
+            &boot.nics,
+            memory_total,
+        );
+        if let Err(e) = plugged.await {
             session.fail(&e.failure_reason()).await;
             let _ = client.run(&Quit).await;
             return Err((None, e));
         }
-        // The source's hot-plugged disks, before the device state arrives.
-        for d in &placed {
-            let attach = DiskAttach {
-                blockdevs: d.blockdevs.clone(),
-                device: d.device.clone(),
-            };
-            if let Err(e) = attach_disk(&client, &attach).await {
-                let e = MigrationError::Qmp(e);
-                session.fail(&e.failure_reason()).await;
-                let _ = client.run(&Quit).await;
-                return Err((None, e));
-            }
-            info!(device = %d.id, "hot-plugged disk of the source attached");
-        }
-        // The source's hot-plugged NICs, on this pod's taps.
-        for n in &nics {
-            if let Err(e) = prepared.running.nics.attach_placed(&client, n).await {
-                let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
-                session.fail(&e.failure_reason()).await;
-                let _ = client.run(&Quit).await;
-                return Err((None, e));
-            }
-        }
-        // The source's virtio-mem device (its memory grew since boot), sized as the VMI asks.
-        if let Some(total) = memory_total {
-            match crate::sync::reconcile::resources::set_memory(
-                &client,
-                &prepared.running.memory,
-                &prepared.plan,
-                total,
-            )
-            .await
-            {
-                Ok(memory) => {
-                    prepared.running.memory = memory;
-                    info!(total, "virtio-mem device of the source plugged");
-                }
-                Err(e) => {
-                    let e = MigrationError::Peer(crate::sys::error::error_chain(&e));
-                    session.fail(&e.failure_reason()).await;
-                    let _ = client.run(&Quit).await;
-                    return Err((None, e));
-                }
-            }
-            if let Some(device) =
-                crate::sync::domain_spec::virtio_mem_device(&client, &prepared.running.memory).await
-            {
-                self.ctx
-                    .shared
-                    .update_domain(|d| d.spec.devices.set_memory_device(device));
-            }
-        }
         // What a later migration away from here sends: this QEMU's argv without `-incoming`.
-        let boot: Vec<String> = argv
+        let argv = &boot.argv;
+        let boot_argv: Vec<String> = argv
             .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
-            .unwrap_or(&argv)
+            .unwrap_or(argv)
             .to_vec();
-        self.migration.set_boot_argv(boot);
-        // Named after the source VMI's UID (virt-handler's migrationProxyKey).
-        let (_, stream, nbd) = migration_proxy_sockets(&self.ctx.config, &proxy_key);
-        // QEMU's own stream socket when the launcher orders the multifd channels: beside its
-        // QMP socket, in the directory made for QEMU's user.
-        let ordered_stream = self
-            .ctx
-            .config
-            .qmp_socket
-            .with_file_name("migration-stream.sock");
-        let sockets = TargetSockets {
-            stream,
-            nbd,
-            ordered_stream,
-        };
-        if let Err(e) = session.incoming(&client, &sockets).await {
+        self.migration.set_boot_argv(boot_argv);
+        if let Err(e) = session
+            .incoming(&client, &self.target_sockets(&proxy_key))
+            .await
+        {
             let _ = client.run(&Quit).await;
             return Err((None, e));
         }
         match session.finish(&client).await {
             Ok(TargetEnd::Completed { paused }) => {
-                info!(paused, "incoming migration completed");
-                if paused {
-                    // A user-paused VMI stays paused: Paused/User (libvirt's SUSPENDED/PAUSED
-                    // after a paused migration), which virt-handler counts as active.
-                    let status = crate::qmp::lifecycle::DomainStatus::new(
-                        DomainState::Paused,
-                        StateReason::User,
-                    );
-                    self.ctx.shared.set_status(status);
-                    self.ctx
-                        .shared
-                        .publish(status, crate::sync::domain::DomainEventType::Modified);
-                }
-                *self.running.lock().await = Some(prepared.running);
-                // KubeVirt's TargetMigrationMonitor: the end once no incoming job is left.
-                self.migration.set_metadata(&self.ctx.shared, |m| {
-                    if let Some(m) = m {
-                        metadata::finish(m, None, SystemTime::now());
-                    }
-                });
+                self.incoming_completed(paused, prepared.running).await;
                 Ok(())
             }
             Ok(TargetEnd::Failed { reason }) => {
@@ -423,6 +343,123 @@ impl SyncVmi {
                 Err((None, e))
             }
         }
+    }
+
+    /// The argv the target's QEMU starts with for the source's `domain` (with `-incoming
+    /// defer`), and what it plugs before the device state arrives ([`BootConversion`]): the
+    /// boot conversion with the source's CPU adopted, without SR-IOV devices, refused unless it
+    /// matches the source's argv.
+    ///
+    /// KubeVirt's target creates no SR-IOV devices: the source unplugged its VFs and sends
+    /// none; virt-handler plugs the target pod's VFs after the migration.
+    fn incoming_definition(
+        &self,
+        target: &PreparedTarget,
+        domain: &RunningDomain,
+    ) -> Result<BootConversion, MigrationError> {
+        let mut b = self
+            .boot_conversion(target, domain)
+            .and_then(|b| self.adopt_source_cpu(target, b, domain))?;
+        b.argv = sriov::without_sriov_devices(&b.argv);
+        matches_source(&normalized(&b.argv, &self.ctx.config), domain)?;
+        let mut d = domain.clone();
+        d.argv.clear();
+        b.argv = incoming_argv(&b.argv, &d)?;
+        Ok(b)
+    }
+
+    /// What the source runs beyond its boot definition, plugged into the target's QEMU before
+    /// `migrate-incoming`: the vCPUs beyond the first socket (as `vcpu<index>` like the
+    /// source's), the source's hot-plugged disks (`placed`) and NICs (on this pod's taps), and
+    /// the virtio-mem device of a memory that grew since boot, sized as the VMI asks
+    /// (`memory_total`).
+    async fn plug_source_devices(
+        &self,
+        client: &QmpClient,
+        prepared: &mut Prepared,
+        placed: &[DiskHotplug],
+        nics: &[NicHotplug],
+        memory_total: Option<u64>,
+    ) -> Result<(), MigrationError> {
+        let peer =
+            |e: &dyn std::error::Error| MigrationError::Peer(crate::sys::error::error_chain(e));
+        if let Err(e) = crate::sync::start::plug_boot_vcpus(client, prepared.plan.smp).await {
+            return Err(peer(&e));
+        }
+        for d in placed {
+            let attach = DiskAttach {
+                blockdevs: d.blockdevs.clone(),
+                device: d.device.clone(),
+            };
+            attach_disk(client, &attach)
+                .await
+                .map_err(MigrationError::Qmp)?;
+            info!(device = %d.id, "hot-plugged disk of the source attached");
+        }
+        for n in nics {
+            if let Err(e) = prepared.running.nics.attach_placed(client, n).await {
+                return Err(peer(&e));
+            }
+        }
+        let Some(total) = memory_total else {
+            return Ok(());
+        };
+        let memory = crate::sync::reconcile::resources::set_memory(
+            client,
+            &prepared.running.memory,
+            &prepared.plan,
+            total,
+        );
+        prepared.running.memory = memory.await.map_err(|e| peer(&e))?;
+        info!(total, "virtio-mem device of the source plugged");
+        if let Some(device) =
+            crate::sync::domain_spec::virtio_mem_device(client, &prepared.running.memory).await
+        {
+            self.ctx
+                .shared
+                .update_domain(|d| d.spec.devices.set_memory_device(device));
+        }
+        Ok(())
+    }
+
+    /// The sockets the migration streams arrive on: the proxy's stream and NBD sockets, named
+    /// after the source VMI's UID (`proxy_key`, virt-handler's migrationProxyKey), and QEMU's
+    /// own stream socket when the launcher orders the multifd channels (beside its QMP socket,
+    /// in the directory made for QEMU's user).
+    fn target_sockets(&self, proxy_key: &str) -> TargetSockets {
+        let (_, stream, nbd) = migration_proxy_sockets(&self.ctx.config, proxy_key);
+        let ordered_stream = self
+            .ctx
+            .config
+            .qmp_socket
+            .with_file_name("migration-stream.sock");
+        TargetSockets {
+            stream,
+            nbd,
+            ordered_stream,
+        }
+    }
+
+    /// A completed incoming migration: a user-paused VMI stays paused (Paused/User, libvirt's
+    /// SUSPENDED/PAUSED after a paused migration, which virt-handler counts as active), the
+    /// domain runs, and the migration metadata ends (KubeVirt's TargetMigrationMonitor: the end
+    /// once no incoming job is left).
+    async fn incoming_completed(&self, paused: bool, running: Running) {
+        info!(paused, "incoming migration completed");
+        if paused {
+            let status =
+                crate::qmp::lifecycle::DomainStatus::new(DomainState::Paused, StateReason::User);
+            self.ctx.shared.set_status(status);
+            self.ctx
+                .shared
+                .publish(status, crate::sync::domain::DomainEventType::Modified);
+        }
+        *self.running.lock().await = Some(running);
+        self.migration.set_metadata(&self.ctx.shared, |m| {
+            if let Some(m) = m {
+                metadata::finish(m, None, SystemTime::now());
+            }
+        });
     }
 
     /// The target's QEMU definition for the source's `domain` ([`BootConversion`]): without

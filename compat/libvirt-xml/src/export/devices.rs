@@ -1,4 +1,6 @@
-//! Controllers (pcie-root and its root ports, virtio-scsi, SATA, virtio-serial, USB) and `<interface>`.
+//! Controllers (pcie-root and its root ports, virtio-scsi, SATA, virtio-serial, USB),
+//! `<interface>`, and one function per other device element of `<devices>` (disks and host
+//! devices have their own files), each from one planned device.
 
 use super::*;
 
@@ -159,6 +161,213 @@ pub(super) fn interface(
             state: "down".into(),
         }),
         acpi: n.acpi_index.map(|index| AcpiIndex { index }),
+        address: address(d),
+    })
+}
+
+/// A `<channel>` for a virtio serial port: a unix socket the launcher binds, except the guest
+/// agent's, whose socket path KubeVirt leaves to libvirt.
+pub(super) fn channel(d: &PlannedDevice) -> Option<Channel> {
+    let qemu::Device::Virtserialport(p) = &d.device else {
+        return None;
+    };
+    let source = match (&d.backend, p.name.as_str()) {
+        // KubeVirt leaves the guest agent's socket path to libvirt.
+        (_, "org.qemu.guest_agent.0") => None,
+        (Backend::Chardev(c), _) => match &c.addr {
+            qemu::SocketAddr::Path(path) => Some(SourceModePath {
+                mode: "bind".into(),
+                path: path.clone(),
+            }),
+            qemu::SocketAddr::Fd(_) => None,
+        },
+        _ => None,
+    };
+    Some(Channel {
+        type_: "unix".into(),
+        source,
+        target: ChannelTarget {
+            name: p.name.clone(),
+            type_: "virtio".into(),
+        },
+    })
+}
+
+/// A `<video>`: `vga` (with libvirt's 16 MiB of VRAM), `bochs` or `virtio`, one head.
+pub(super) fn video(d: &PlannedDevice) -> Option<Video> {
+    let qemu::Device::Video(v) = &d.device else {
+        return None;
+    };
+    let (type_, vram) = match v.driver {
+        "VGA" => ("vga", Some(16384)),
+        "bochs-display" => ("bochs", None),
+        _ => ("virtio", None),
+    };
+    Some(Video {
+        model: VideoModel {
+            type_: type_.into(),
+            heads: Some(1),
+            vram,
+        },
+        address: address(d),
+    })
+}
+
+/// The VNC `<graphics>` on its unix socket, when the plan has one.
+pub(super) fn graphics(plan: &DomainPlan) -> Option<Graphics> {
+    plan.vnc.as_ref().map(|socket| Graphics {
+        type_: "vnc".into(),
+        listen: GraphicsListen {
+            type_: "socket".into(),
+            socket: socket.clone(),
+        },
+    })
+}
+
+/// The `<memballoon>` (the plan's last balloon device, with its free page reporting and stats
+/// period), or model `none` when there is none: libvirt adds a balloon unless told not to.
+pub(super) fn memballoon(plan: &DomainPlan) -> Memballoon {
+    let balloon = plan
+        .devices_of(DeviceClass::Balloon)
+        .filter_map(|d| match &d.device {
+            qemu::Device::VirtioBalloon(b) => Some(Memballoon {
+                model: virtio_model(b.driver),
+                free_page_reporting: b.free_page_reporting.map(on_off),
+                stats: plan.balloon_stats_period.map(|period| Stats { period }),
+                address: address(d),
+            }),
+            _ => None,
+        })
+        .last();
+    balloon.unwrap_or(Memballoon {
+        model: "none".into(),
+        free_page_reporting: None,
+        stats: None,
+        address: None,
+    })
+}
+
+/// The tablet `<input>`, on the virtio or the USB bus.
+pub(super) fn input(d: &PlannedDevice) -> Input {
+    let (bus, model) = if d.device.driver().starts_with("virtio") {
+        ("virtio", Some("virtio".to_string()))
+    } else {
+        ("usb", None)
+    };
+    Input {
+        type_: "tablet".into(),
+        bus: bus.into(),
+        model,
+        alias: alias(d.device.id()),
+        address: address(d),
+    }
+}
+
+/// An ISA serial port as `<serial>` (a unix socket the launcher binds, with its log file) and
+/// the `<console>` on it.
+pub(super) fn serial_console(d: &PlannedDevice) -> Option<(Serial, Console)> {
+    let (qemu::Device::IsaSerial(s), Backend::Chardev(c)) = (&d.device, &d.backend) else {
+        return None;
+    };
+    let path = match &c.addr {
+        qemu::SocketAddr::Path(p) => p.clone(),
+        qemu::SocketAddr::Fd(fd) => format!("/dev/fd/{fd}"),
+    };
+    let serial = Serial {
+        type_: "unix".into(),
+        target: PortTarget {
+            type_: None,
+            port: s.index,
+        },
+        source: SourceModePath {
+            mode: "bind".into(),
+            path,
+        },
+        log: c.logfile.as_ref().map(|f| Log {
+            file: f.clone(),
+            append: "on".into(),
+        }),
+    };
+    let console = Console {
+        type_: "pty".into(),
+        target: PortTarget {
+            type_: Some("serial".into()),
+            port: s.index,
+        },
+    };
+    Some((serial, console))
+}
+
+/// The `<watchdog>` with the plan's action (libvirt's default `reset`).
+pub(super) fn watchdog(plan: &DomainPlan, d: &PlannedDevice) -> Watchdog {
+    let action = plan.watchdog_action.unwrap_or(WatchdogAction::Reset).name();
+    Watchdog {
+        model: d.device.driver().into(),
+        action: action.into(),
+        alias: alias(d.device.id()),
+        address: address(d),
+    }
+}
+
+/// The `<rng>` with its random backend (the plan's file, else `/dev/urandom`).
+pub(super) fn rng(d: &PlannedDevice) -> Rng {
+    let source = match &d.backend {
+        Backend::Object(Object::RngRandom(o)) => o.filename.clone(),
+        _ => "/dev/urandom".into(),
+    };
+    Rng {
+        model: virtio_model(d.device.driver()),
+        backend: RngBackend {
+            model: "random".into(),
+            source,
+        },
+        address: address(d),
+    }
+}
+
+/// The `<sound>` card, `ich9` or `ac97` (its hda codec is implied by the model); another
+/// card has no element.
+pub(super) fn sound(d: &PlannedDevice) -> Option<Sound> {
+    let qemu::Device::Sound(s) = &d.device else {
+        return None;
+    };
+    let model = match s.driver {
+        "ich9-intel-hda" => "ich9",
+        "AC97" => "ac97",
+        _ => return None,
+    };
+    Some(Sound {
+        model: model.into(),
+        alias: alias(&s.id),
+        address: address(d),
+    })
+}
+
+/// The `<tpm>` on libvirt's 2.0 emulator, with persistent state when the VMI's TPM asks for it.
+pub(super) fn tpm(vmi: &Vmi, d: &PlannedDevice) -> Tpm {
+    let tpm = vmi.spec.domain.devices.tpm.as_ref();
+    let persistent = tpm.and_then(|t| t.persistent) == Some(true);
+    Tpm {
+        model: d.device.driver().into(),
+        backend: TpmBackend {
+            type_: "emulator".into(),
+            version: "2.0".into(),
+            persistent_state: persistent.then(|| "yes".into()),
+        },
+    }
+}
+
+/// The `<vsock>` with the plan's guest CID (not `auto`).
+pub(super) fn vsock(d: &PlannedDevice) -> Option<Vsock> {
+    let qemu::Device::VhostVsock(v) = &d.device else {
+        return None;
+    };
+    Some(Vsock {
+        model: "virtio-non-transitional".into(),
+        cid: Cid {
+            auto: "no".into(),
+            address: v.guest_cid,
+        },
         address: address(d),
     })
 }

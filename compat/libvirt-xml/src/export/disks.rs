@@ -19,6 +19,13 @@ pub(super) fn cache_mode(p: &BlockdevProtocol, write_cache: Option<&str>) -> Opt
     )
 }
 
+/// A disk of the VMI (`spec.domain.devices.disks`), as opposed to the libvirt `<disk>`.
+type VmiDisk = qlauncher_core::vmi::devices::Disk;
+
+/// One `<disk>` from the planned disk `d`: its kind (disk, cdrom with its tray, lun), the
+/// source and driver of the top of its blockdev chain with the backing store below, the
+/// frontend's bus, serial, error policy, queues, block sizes and address, and what only the
+/// VMI's disk says (read-only cdrom, shareable, boot order).
 pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
     let name = d
         .name
@@ -35,39 +42,142 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         .unwrap_or_default()
         .iter()
         .find(|x| x.name == name);
-    let nodes: &[Blockdev] = match &d.backend {
-        Backend::Blockdevs(b) => b,
-        _ => &[],
+    let nodes = Nodes {
+        disk: &name,
+        nodes: match &d.backend {
+            Backend::Blockdevs(b) => b,
+            _ => &[],
+        },
     };
-    let format = |node: &str| {
-        nodes.iter().find_map(|b| match b {
-            Blockdev::Format(f) if f.node_name == node => Some(f),
-            _ => None,
-        })
+    let front = front(d)?;
+    let (device, tray) = kind(spec, d);
+    let top: Option<&BlockdevFormat> = match front.drive {
+        Some(node) => Some(nodes.format(node)?),
+        None => None,
     };
-    let storage = |node: &str| {
-        nodes.iter().find_map(|b| match b {
-            Blockdev::Protocol(p) if p.node_name == node => Some(p),
-            _ => None,
-        })
+    let top_storage = match top {
+        Some(f) => Some(nodes.storage(&f.file)?),
+        None => None,
     };
-    let chain_err = |node: &str| CompatError::ExportBlockdevChain {
-        disk: name.clone(),
-        node: node.into(),
+    let (type_, source) = match top_storage {
+        Some(p) => {
+            let (t, s) = source_of(p);
+            (t, Some(s))
+        }
+        None => ("block", None),
     };
-    struct Front<'a> {
-        drive: Option<&'a str>,
-        bus: &'static str,
-        write_cache: Option<&'static str>,
-        werror: Option<OnError>,
-        serial: Option<String>,
-        iothread: Option<u32>,
-        queues: Option<u32>,
-        sizes: (Option<u32>, Option<u32>, Option<u32>),
-        lun: Option<u32>,
-        model: Option<String>,
+    let backing_store = backing_store(&nodes, top)?;
+    let driver = driver(&front, top, top_storage);
+    let address = match (front.bus, front.lun) {
+        ("scsi", Some(unit)) => Some(Address {
+            type_: "drive".into(),
+            domain: None,
+            bus: Some("0".into()),
+            slot: None,
+            function: None,
+            multifunction: None,
+            controller: Some(0),
+            unit: Some(unit),
+        }),
+        _ => address(d),
+    };
+    let (lbs, pbs, dg) = front.sizes;
+    Ok(Disk {
+        device: device.into(),
+        type_: type_.into(),
+        model: if device == "cdrom" { None } else { front.model },
+        source,
+        target: DiskTarget {
+            bus: front.bus.into(),
+            dev: d.target.clone().unwrap_or_default(),
+            tray,
+        },
+        serial: front.serial,
+        driver,
+        readonly: read_only(spec, device, top).then(Empty::default),
+        shareable: spec
+            .and_then(|s| s.shareable)
+            .filter(|s| *s)
+            .map(|_| Empty::default()),
+        alias: alias(d.device.id()),
+        // The VMI's own `bootOrder` only: the plan's `bootindex=1` on the first disk when no
+        // device has one is what libvirt derives from its default `<boot dev='hd'/>`, which
+        // KubeVirt's domain leaves implicit.
+        boot: spec
+            .and_then(|s| s.boot_order)
+            .map(|order| BootOrder { order }),
+        address,
+        backing_store,
+        blockio: (lbs.is_some() || pbs.is_some() || dg.is_some()).then_some(BlockIo {
+            logical_block_size: lbs,
+            physical_block_size: pbs,
+            discard_granularity: dg,
+        }),
+    })
+}
+
+/// A disk's blockdev nodes, found by node name; a node the chain names but the disk lacks is
+/// [`CompatError::ExportBlockdevChain`].
+struct Nodes<'a> {
+    /// The disk's name, for the error.
+    disk: &'a str,
+    nodes: &'a [Blockdev],
+}
+
+impl Nodes<'_> {
+    /// The format node `node`.
+    fn format(&self, node: &str) -> Result<&BlockdevFormat, CompatError> {
+        self.nodes
+            .iter()
+            .find_map(|b| match b {
+                Blockdev::Format(f) if f.node_name == node => Some(f),
+                _ => None,
+            })
+            .ok_or_else(|| self.missing(node))
     }
-    let front = match &d.device {
+
+    /// The protocol (storage) node `node`.
+    fn storage(&self, node: &str) -> Result<&BlockdevProtocol, CompatError> {
+        self.nodes
+            .iter()
+            .find_map(|b| match b {
+                Blockdev::Protocol(p) if p.node_name == node => Some(p),
+                _ => None,
+            })
+            .ok_or_else(|| self.missing(node))
+    }
+
+    fn missing(&self, node: &str) -> CompatError {
+        CompatError::ExportBlockdevChain {
+            disk: self.disk.to_string(),
+            node: node.into(),
+        }
+    }
+}
+
+/// What the `<disk>` takes from the QEMU frontend, whichever device it is.
+struct Front<'a> {
+    /// The top node of the chain (none: an empty cdrom).
+    drive: Option<&'a str>,
+    /// libvirt's bus: `virtio`, `scsi`, `usb` or `sata`.
+    bus: &'static str,
+    write_cache: Option<&'static str>,
+    werror: Option<OnError>,
+    serial: Option<String>,
+    /// The IOThread's number (`iothread<N>`).
+    iothread: Option<u32>,
+    queues: Option<u32>,
+    /// Logical and physical block size, discard granularity.
+    sizes: (Option<u32>, Option<u32>, Option<u32>),
+    /// The SCSI LUN.
+    lun: Option<u32>,
+    /// The virtio model (virtio-blk only).
+    model: Option<String>,
+}
+
+/// The frontend of `d`: a virtio-blk device, or an IDE/SATA, SCSI or USB storage device.
+fn front(d: &PlannedDevice) -> Result<Front<'_>, CompatError> {
+    Ok(match &d.device {
         qemu::Device::VirtioBlk(v) => Front {
             drive: Some(&v.drive),
             bus: "virtio",
@@ -114,8 +224,12 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
                 id: other.id().into(),
             })
         }
-    };
-    let (device, tray) = match spec {
+    })
+}
+
+/// The `<disk device=...>` and a cdrom's tray (`closed` unless the VMI says otherwise).
+fn kind(spec: Option<&VmiDisk>, d: &PlannedDevice) -> (&'static str, Option<String>) {
+    match spec {
         Some(s) if s.cdrom.is_some() => (
             "cdrom",
             Some(
@@ -129,16 +243,13 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         // SCSI disk (scsi-hd), and so does the export.
         Some(s) if s.lun.is_some() && !matches!(d.device.driver(), "scsi-hd") => ("lun", None),
         _ => ("disk", None),
-    };
-    let top: Option<&BlockdevFormat> = match front.drive {
-        Some(node) => Some(format(node).ok_or_else(|| chain_err(node))?),
-        None => None,
-    };
-    let top_storage = match top {
-        Some(f) => Some(storage(&f.file).ok_or_else(|| chain_err(&f.file))?),
-        None => None,
-    };
-    let source_of = |p: &BlockdevProtocol| match p.driver {
+    }
+}
+
+/// A storage node as `<source>` with the disk's `type`: `file` for a file, `block` for a host
+/// device.
+fn source_of(p: &BlockdevProtocol) -> (&'static str, DiskSource) {
+    match p.driver {
         ProtocolDriver::File => (
             "file",
             DiskSource {
@@ -157,29 +268,37 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
                 name: None,
             },
         ),
+    }
+}
+
+/// The `<backingStore>` under the top format node (`top`): the format and source of the node
+/// it is backed by, when it has one.
+fn backing_store(
+    nodes: &Nodes<'_>,
+    top: Option<&BlockdevFormat>,
+) -> Result<Option<BackingStore>, CompatError> {
+    let Some(qemu::BackingNode::Node(node)) = top.map(|f| &f.backing) else {
+        return Ok(None);
     };
-    let (type_, source) = match top_storage {
-        Some(p) => {
-            let (t, s) = source_of(p);
-            (t, Some(s))
-        }
-        None => ("block", None),
-    };
-    let backing_store = match top.map(|f| &f.backing) {
-        Some(qlauncher_core::cmdline::qemu::BackingNode::Node(node)) => {
-            let bf = format(node).ok_or_else(|| chain_err(node))?;
-            let bs = storage(&bf.file).ok_or_else(|| chain_err(&bf.file))?;
-            let (t, s) = source_of(bs);
-            Some(BackingStore {
-                type_: t.into(),
-                format: TypeAttr {
-                    type_: fmt_name(bf.driver).into(),
-                },
-                source: s,
-            })
-        }
-        _ => None,
-    };
+    let bf = nodes.format(node)?;
+    let bs = nodes.storage(&bf.file)?;
+    let (t, s) = source_of(bs);
+    Ok(Some(BackingStore {
+        type_: t.into(),
+        format: TypeAttr {
+            type_: fmt_name(bf.driver).into(),
+        },
+        source: s,
+    }))
+}
+
+/// The `<driver>`: cache mode and `io` from the top storage node, format and discard from the
+/// top format node, error policy, IOThread and queues from the frontend.
+fn driver(
+    front: &Front<'_>,
+    top: Option<&BlockdevFormat>,
+    top_storage: Option<&BlockdevProtocol>,
+) -> DiskDriver {
     let error_policy = front.werror.map(|e| {
         match e {
             OnError::Stop => "stop",
@@ -189,76 +308,35 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
         }
         .to_string()
     });
-    let address = match (front.bus, front.lun) {
-        ("scsi", Some(unit)) => Some(Address {
-            type_: "drive".into(),
-            domain: None,
-            bus: Some("0".into()),
-            slot: None,
-            function: None,
-            multifunction: None,
-            controller: Some(0),
-            unit: Some(unit),
+    DiskDriver {
+        cache: top_storage.and_then(|p| cache_mode(p, front.write_cache)),
+        error_policy,
+        name: "qemu".into(),
+        type_: top.map(|f| fmt_name(f.driver)).unwrap_or("raw").into(),
+        io: top_storage.and_then(|p| p.aio).map(|a| {
+            match a {
+                Aio::Native => "native",
+                Aio::Threads => "threads",
+            }
+            .into()
         }),
-        _ => address(d),
-    };
-    let (lbs, pbs, dg) = front.sizes;
-    Ok(Disk {
-        device: device.into(),
-        type_: type_.into(),
-        model: if device == "cdrom" { None } else { front.model },
-        source,
-        target: DiskTarget {
-            bus: front.bus.into(),
-            dev: d.target.clone().unwrap_or_default(),
-            tray,
-        },
-        serial: front.serial,
-        driver: DiskDriver {
-            cache: top_storage.and_then(|p| cache_mode(p, front.write_cache)),
-            error_policy,
-            name: "qemu".into(),
-            type_: top.map(|f| fmt_name(f.driver)).unwrap_or("raw").into(),
-            io: top_storage.and_then(|p| p.aio).map(|a| {
-                match a {
-                    Aio::Native => "native",
-                    Aio::Threads => "threads",
-                }
-                .into()
-            }),
-            iothread: front.iothread,
-            discard: top.and_then(|f| f.discard).map(str::to_string),
-            queues: front.queues,
-        },
-        // KubeVirt writes `<readonly/>` on a cdrom unless `readonly: false` (libvirt then opens
-        // it read-only anyway, as the plan does).
-        readonly: if device == "cdrom" {
-            spec.and_then(|s| s.cdrom.as_ref())
-                .and_then(|c| c.read_only)
-                .unwrap_or(true)
-        } else {
-            top.is_some_and(|f| f.read_only)
-        }
-        .then(Empty::default),
-        shareable: spec
-            .and_then(|s| s.shareable)
-            .filter(|s| *s)
-            .map(|_| Empty::default()),
-        alias: alias(d.device.id()),
-        // The VMI's own `bootOrder` only: the plan's `bootindex=1` on the first disk when no
-        // device has one is what libvirt derives from its default `<boot dev='hd'/>`, which
-        // KubeVirt's domain leaves implicit.
-        boot: spec
-            .and_then(|s| s.boot_order)
-            .map(|order| BootOrder { order }),
-        address,
-        backing_store,
-        blockio: (lbs.is_some() || pbs.is_some() || dg.is_some()).then_some(BlockIo {
-            logical_block_size: lbs,
-            physical_block_size: pbs,
-            discard_granularity: dg,
-        }),
-    })
+        iothread: front.iothread,
+        discard: top.and_then(|f| f.discard).map(str::to_string),
+        queues: front.queues,
+    }
+}
+
+/// Whether the `<disk>` gets `<readonly/>`: KubeVirt writes it on a cdrom unless `readonly:
+/// false` (libvirt then opens it read-only anyway, as the plan does); another disk when its
+/// top node is read-only.
+fn read_only(spec: Option<&VmiDisk>, device: &str, top: Option<&BlockdevFormat>) -> bool {
+    if device == "cdrom" {
+        spec.and_then(|s| s.cdrom.as_ref())
+            .and_then(|c| c.read_only)
+            .unwrap_or(true)
+    } else {
+        top.is_some_and(|f| f.read_only)
+    }
 }
 
 pub(super) fn fmt_name(f: FormatDriver) -> &'static str {

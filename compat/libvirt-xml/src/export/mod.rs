@@ -9,9 +9,11 @@
 //! the plan assigned them, which is what KubeVirt's domain looks like after its placeholder pass
 //! (`allocateHotplugPorts`: libvirt's addresses are read back and kept).
 //!
-//! Layout: this file holds [`export`] (the element order of `<domain>` and `<devices>`) and the
-//! address helpers; `domain.rs` exports memory backing, `<os>`, `<sysinfo>` and `<clock>`,
-//! `cpu.rs` `<features>`, `<cpu>` and `<vcpus>`, `devices.rs` controllers and interfaces,
+//! Layout: this file holds [`export`] (the element order of `<domain>`), the walk of
+//! `<devices>` class by class (`devices`) and the address helpers; `domain.rs` exports memory
+//! backing, `<os>`, `<sysinfo>` and `<clock>`, `cpu.rs` `<features>`, `<cpu>` and `<vcpus>`,
+//! `devices.rs` controllers, interfaces and the other single-element devices (channels, video,
+//! graphics, memballoon, input, serial and console, watchdog, rng, sound, TPM, vsock),
 //! `disks.rs` disks with their blockdev chains, `hostdevs.rs` GPUs, host devices and SR-IOV VFs.
 
 mod cpu;
@@ -100,230 +102,9 @@ fn alias(id: &str) -> NameAttr {
 /// did not report (a GPU, host device or SR-IOV VF without its host address:
 /// [`CompatError::ExportHardware`]).
 pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Domain, CompatError> {
-    if let Some(h) = plan
-        .hardware
-        .iter()
-        .find(|h| h.missing.is_some() || !is_host_device_id(&h.id))
-    {
-        return Err(CompatError::ExportHardware {
-            path: h.path.to_string(),
-            what: match &h.missing {
-                Some(why) => format!("{} ({why})", h.what),
-                None => h.what.clone(),
-            },
-        });
-    }
-    let spec = &vmi.spec.domain;
-    let features = spec.features.clone().unwrap_or_default();
-    let mut devices = Vec::new();
-
-    // interface
-    let ifaces = vmi
-        .spec
-        .domain
-        .devices
-        .interfaces
-        .as_deref()
-        .unwrap_or_default();
-    for d in plan.devices_of(DeviceClass::Nic) {
-        devices.push(Device::Interface(interface(ctx, plan, d, ifaces)?));
-    }
-    // channel
-    for d in plan.devices_of(DeviceClass::Channel) {
-        if let qemu::Device::Virtserialport(p) = &d.device {
-            let source = match (&d.backend, p.name.as_str()) {
-                // KubeVirt leaves the guest agent's socket path to libvirt.
-                (_, "org.qemu.guest_agent.0") => None,
-                (Backend::Chardev(c), _) => match &c.addr {
-                    qlauncher_core::cmdline::qemu::SocketAddr::Path(path) => Some(SourceModePath {
-                        mode: "bind".into(),
-                        path: path.clone(),
-                    }),
-                    qlauncher_core::cmdline::qemu::SocketAddr::Fd(_) => None,
-                },
-                _ => None,
-            };
-            devices.push(Device::Channel(Channel {
-                type_: "unix".into(),
-                source,
-                target: ChannelTarget {
-                    name: p.name.clone(),
-                    type_: "virtio".into(),
-                },
-            }));
-        }
-    }
-    // hostdev
-    devices.extend(hostdevs(plan).into_iter().map(Device::HostDev));
-    // controller
-    controllers(plan, &mut devices);
-    // video, graphics
-    for d in plan.devices_of(DeviceClass::Video) {
-        if let qemu::Device::Video(v) = &d.device {
-            let (type_, vram) = match v.driver {
-                "VGA" => ("vga", Some(16384)),
-                "bochs-display" => ("bochs", None),
-                _ => ("virtio", None),
-            };
-            devices.push(Device::Video(Video {
-                model: VideoModel {
-                    type_: type_.into(),
-                    heads: Some(1),
-                    vram,
-                },
-                address: address(d),
-            }));
-        }
-    }
-    if let Some(socket) = &plan.vnc {
-        devices.push(Device::Graphics(Graphics {
-            type_: "vnc".into(),
-            listen: GraphicsListen {
-                type_: "socket".into(),
-                socket: socket.clone(),
-            },
-        }));
-    }
-    // memballoon
-    let mut balloon = None;
-    for d in plan.devices_of(DeviceClass::Balloon) {
-        if let qemu::Device::VirtioBalloon(b) = &d.device {
-            balloon = Some(Memballoon {
-                model: virtio_model(b.driver),
-                free_page_reporting: b.free_page_reporting.map(on_off),
-                stats: plan.balloon_stats_period.map(|period| Stats { period }),
-                address: address(d),
-            });
-        }
-    }
-    devices.push(Device::Memballoon(balloon.unwrap_or(Memballoon {
-        model: "none".into(),
-        free_page_reporting: None,
-        stats: None,
-        address: None,
-    })));
-    // disk
-    for d in plan.devices_of(DeviceClass::Disk) {
-        devices.push(Device::Disk(Box::new(disk(vmi, d)?)));
-    }
-    // input
-    for d in plan.devices_of(DeviceClass::Input) {
-        let (bus, model) = if d.device.driver().starts_with("virtio") {
-            ("virtio", Some("virtio".to_string()))
-        } else {
-            ("usb", None)
-        };
-        devices.push(Device::Input(Input {
-            type_: "tablet".into(),
-            bus: bus.into(),
-            model,
-            alias: alias(d.device.id()),
-            address: address(d),
-        }));
-    }
-    // serial, console
-    for d in plan.devices_of(DeviceClass::Serial) {
-        if let (qemu::Device::IsaSerial(s), Backend::Chardev(c)) = (&d.device, &d.backend) {
-            let path = match &c.addr {
-                qlauncher_core::cmdline::qemu::SocketAddr::Path(p) => p.clone(),
-                qlauncher_core::cmdline::qemu::SocketAddr::Fd(fd) => format!("/dev/fd/{fd}"),
-            };
-            devices.push(Device::Serial(Serial {
-                type_: "unix".into(),
-                target: PortTarget {
-                    type_: None,
-                    port: s.index,
-                },
-                source: SourceModePath {
-                    mode: "bind".into(),
-                    path,
-                },
-                log: c.logfile.as_ref().map(|f| Log {
-                    file: f.clone(),
-                    append: "on".into(),
-                }),
-            }));
-            devices.push(Device::Console(Console {
-                type_: "pty".into(),
-                target: PortTarget {
-                    type_: Some("serial".into()),
-                    port: s.index,
-                },
-            }));
-        }
-    }
-    // watchdog
-    for d in plan.devices_of(DeviceClass::Watchdog) {
-        let action = match plan.watchdog_action.unwrap_or(WatchdogAction::Reset) {
-            WatchdogAction::Reset => "reset",
-            WatchdogAction::Poweroff => "poweroff",
-            WatchdogAction::Pause => "pause",
-            WatchdogAction::None => "none",
-            WatchdogAction::InjectNmi => "inject-nmi",
-            WatchdogAction::Shutdown => "shutdown",
-        };
-        devices.push(Device::Watchdog(Watchdog {
-            model: d.device.driver().into(),
-            action: action.into(),
-            alias: alias(d.device.id()),
-            address: address(d),
-        }));
-    }
-    // rng
-    for d in plan.devices_of(DeviceClass::Rng) {
-        let source = match &d.backend {
-            Backend::Object(Object::RngRandom(o)) => o.filename.clone(),
-            _ => "/dev/urandom".into(),
-        };
-        devices.push(Device::Rng(Rng {
-            model: virtio_model(d.device.driver()),
-            backend: RngBackend {
-                model: "random".into(),
-                source,
-            },
-            address: address(d),
-        }));
-    }
-    // sound (the card; its hda codec is implied by the model)
-    for d in plan.devices_of(DeviceClass::Sound) {
-        if let qemu::Device::Sound(s) = &d.device {
-            let model = match s.driver {
-                "ich9-intel-hda" => "ich9",
-                "AC97" => "ac97",
-                _ => continue,
-            };
-            devices.push(Device::Sound(Sound {
-                model: model.into(),
-                alias: alias(&s.id),
-                address: address(d),
-            }));
-        }
-    }
-    // tpm
-    for d in plan.devices_of(DeviceClass::Tpm) {
-        let persistent = spec.devices.tpm.as_ref().and_then(|t| t.persistent) == Some(true);
-        devices.push(Device::Tpm(Tpm {
-            model: d.device.driver().into(),
-            backend: TpmBackend {
-                type_: "emulator".into(),
-                version: "2.0".into(),
-                persistent_state: persistent.then(|| "yes".into()),
-            },
-        }));
-    }
-    // vsock
-    for d in plan.devices_of(DeviceClass::Vsock) {
-        if let qemu::Device::VhostVsock(v) = &d.device {
-            devices.push(Device::Vsock(Vsock {
-                model: "virtio-non-transitional".into(),
-                cid: Cid {
-                    auto: "no".into(),
-                    address: v.guest_cid,
-                },
-                address: address(d),
-            }));
-        }
-    }
+    check_hardware(plan)?;
+    let features = vmi.spec.domain.features.clone().unwrap_or_default();
+    let devices = devices(vmi, ctx, plan)?;
 
     Ok(Domain {
         type_: match plan.accel {
@@ -370,6 +151,84 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
         },
         on_reboot: plan.no_reboot.then(|| "destroy".into()),
     })
+}
+
+/// Refuses a plan that needs host hardware the exporter does not write, or that the context did
+/// not report ([`CompatError::ExportHardware`], naming the field).
+fn check_hardware(plan: &DomainPlan) -> Result<(), CompatError> {
+    if let Some(h) = plan
+        .hardware
+        .iter()
+        .find(|h| h.missing.is_some() || !is_host_device_id(&h.id))
+    {
+        return Err(CompatError::ExportHardware {
+            path: h.path.to_string(),
+            what: match &h.missing {
+                Some(why) => format!("{} ({why})", h.what),
+                None => h.what.clone(),
+            },
+        });
+    }
+    Ok(())
+}
+
+/// The `<devices>` children in KubeVirt's order, class by class: interfaces, channels, host
+/// devices, controllers, video and graphics, the memballoon, disks, inputs, serial ports with
+/// their consoles, watchdog, rng, sound, TPM, vsock. A device class that is not walked here is
+/// missing from the export (and from GetDomain).
+fn devices(
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    plan: &DomainPlan,
+) -> Result<Vec<Device>, CompatError> {
+    let mut devices = Vec::new();
+    let ifaces = vmi
+        .spec
+        .domain
+        .devices
+        .interfaces
+        .as_deref()
+        .unwrap_or_default();
+    for d in plan.devices_of(DeviceClass::Nic) {
+        devices.push(Device::Interface(interface(ctx, plan, d, ifaces)?));
+    }
+    let channels = plan.devices_of(DeviceClass::Channel).filter_map(channel);
+    devices.extend(channels.map(Device::Channel));
+    devices.extend(hostdevs(plan).into_iter().map(Device::HostDev));
+    controllers(plan, &mut devices);
+    let videos = plan.devices_of(DeviceClass::Video).filter_map(video);
+    devices.extend(videos.map(Device::Video));
+    devices.extend(graphics(plan).map(Device::Graphics));
+    devices.push(Device::Memballoon(memballoon(plan)));
+    for d in plan.devices_of(DeviceClass::Disk) {
+        devices.push(Device::Disk(Box::new(disk(vmi, d)?)));
+    }
+    devices.extend(
+        plan.devices_of(DeviceClass::Input)
+            .map(|d| Device::Input(input(d))),
+    );
+    for (serial, console) in plan
+        .devices_of(DeviceClass::Serial)
+        .filter_map(serial_console)
+    {
+        devices.push(Device::Serial(serial));
+        devices.push(Device::Console(console));
+    }
+    let watchdogs = plan.devices_of(DeviceClass::Watchdog);
+    devices.extend(watchdogs.map(|d| Device::Watchdog(watchdog(plan, d))));
+    devices.extend(
+        plan.devices_of(DeviceClass::Rng)
+            .map(|d| Device::Rng(rng(d))),
+    );
+    let sounds = plan.devices_of(DeviceClass::Sound).filter_map(sound);
+    devices.extend(sounds.map(Device::Sound));
+    devices.extend(
+        plan.devices_of(DeviceClass::Tpm)
+            .map(|d| Device::Tpm(tpm(vmi, d))),
+    );
+    let vsocks = plan.devices_of(DeviceClass::Vsock).filter_map(vsock);
+    devices.extend(vsocks.map(Device::Vsock));
+    Ok(devices)
 }
 
 /// Serialises a domain as indented XML (two spaces, like `xml.MarshalIndent` in KubeVirt).

@@ -22,7 +22,7 @@ use super::super::error::{ConvertError, FieldPath};
 use super::super::names::check_token;
 use super::super::plan::{Accel, CpuFlag, CpuModel, CpuPlan, CpuProp, DomainPlan, SmpPlan};
 use super::{accel, topology};
-use crate::vmi::{FeatureState, Vmi};
+use crate::vmi::{Cpu, CpuFeature, FeatureHyperv, FeatureState, Features, Vmi};
 
 /// Sets `cpu` and `smp`.
 pub struct CpuConfigurator;
@@ -48,185 +48,233 @@ impl super::super::convert::Configurator for CpuConfigurator {
         let base = FieldPath::new("spec.domain.cpu");
         let cpu = vmi.spec.domain.cpu.clone().unwrap_or_default();
         let acc = accel(ctx)?;
-        let model = cpu.model.as_deref().unwrap_or("host-model");
-        let host_model = model == "host-model";
+        let host_model = cpu.model.as_deref().unwrap_or("host-model") == "host-model";
         let mut flags = Vec::new();
-        let model = match (model, acc) {
-            ("host-model" | "host-passthrough", Accel::Kvm) => {
-                flags.push(flag("migratable", true));
-                "host".to_string()
-            }
-            ("host-model" | "host-passthrough", Accel::Tcg) => "max".to_string(),
-            (named, _) => {
-                check_token(&base.key("model"), named)?;
-                named.to_string()
-            }
-        };
+        let model = model(&cpu, acc, &base, &mut flags)?;
         let named = model != "host" && model != "max";
-        let features: &[crate::vmi::CpuFeature] = cpu.features.as_deref().unwrap_or_default();
-        for (i, f) in features.iter().enumerate() {
-            let p = base.key("features").index(i);
-            check_token(&p.key("name"), &f.name)?;
-            let on = match f.policy.as_deref().unwrap_or("require") {
-                "require" | "force" | "optional" => true,
-                "disable" | "forbid" => false,
-                other => {
-                    return Err(ConvertError::unsupported(
-                        p.key("policy"),
-                        format!("policy {other:?}"),
-                    ))
-                }
-            };
-            flags.push(flag(&f.name, on));
-        }
-        if named && !features.iter().any(|f| f.name == "mpx") {
-            flags.push(flag("mpx", false));
-        }
-
-        // Hyper-V and KVM features.
-        let fpath = FieldPath::new("spec.domain.features");
+        features(&cpu, named, &base, &mut flags)?;
         if let Some(feat) = vmi.spec.domain.features.as_ref() {
-            if enabled(&feat.hyperv_passthrough) == Some(true) {
-                flags.push(flag("hv-passthrough", true));
-            }
-            if let Some(h) = feat.hyperv.as_ref() {
-                let hp = fpath.key("hyperv");
-                if acc == Accel::Tcg {
-                    return Err(ConvertError::unsupported(
-                        hp,
-                        "Hyper-V enlightenments without KVM",
-                    ));
-                }
-                let simple: [(&Option<FeatureState>, &str); 9] = [
-                    (&h.relaxed, "hv-relaxed"),
-                    (&h.vapic, "hv-vapic"),
-                    (&h.vpindex, "hv-vpindex"),
-                    (&h.runtime, "hv-runtime"),
-                    (&h.synic, "hv-synic"),
-                    (&h.reset, "hv-reset"),
-                    (&h.frequencies, "hv-frequencies"),
-                    (&h.reenlightenment, "hv-reenlightenment"),
-                    (&h.ipi, "hv-ipi"),
-                ];
-                for (s, name) in simple {
-                    if enabled(s) == Some(true) {
-                        flags.push(flag(name, true));
-                    }
-                }
-                if let Some(s) = &h.spinlocks {
-                    if s.enabled.unwrap_or(true) {
-                        let retries = s.retries.unwrap_or(4096);
-                        if retries < 4095 {
-                            return Err(ConvertError::invalid(
-                                hp.key("spinlocks").key("spinlocks"),
-                                "retries must be at least 4095",
-                            ));
-                        }
-                        flags.push(CpuFlag {
-                            name: "hv-spinlocks".into(),
-                            value: format!("0x{retries:x}"),
-                        });
-                    }
-                }
-                if let Some(t) = &h.synictimer {
-                    if t.enabled.unwrap_or(true) {
-                        flags.push(flag("hv-stimer", true));
-                        if enabled(&t.direct) == Some(true) {
-                            flags.push(flag("hv-stimer-direct", true));
-                        }
-                    }
-                }
-                if let Some(v) = &h.vendorid {
-                    if v.enabled.unwrap_or(true) {
-                        let vp = hp.key("vendorid").key("vendorid");
-                        let id = v.vendorid.as_deref().unwrap_or_default();
-                        if id.is_empty()
-                            || id.len() > 12
-                            || !id.bytes().all(|b| b.is_ascii_alphanumeric())
-                        {
-                            return Err(ConvertError::invalid(
-                                vp,
-                                "vendor id must be 1 to 12 letters or digits",
-                            ));
-                        }
-                        flags.push(CpuFlag {
-                            name: "hv-vendor-id".into(),
-                            value: id.into(),
-                        });
-                    }
-                }
-                if let Some(t) = &h.tlbflush {
-                    if t.enabled.unwrap_or(true) {
-                        flags.push(flag("hv-tlbflush", true));
-                        if enabled(&t.direct) == Some(true) {
-                            flags.push(flag("hv-tlbflush-direct", true));
-                        }
-                        if enabled(&t.extended) == Some(true) {
-                            flags.push(flag("hv-tlbflush-ext", true));
-                        }
-                    }
-                }
-                if enabled(&h.evmcs) == Some(true) {
-                    flags.push(flag("hv-evmcs", true));
-                }
-            }
-            if feat.kvm.as_ref().and_then(|k| k.hidden) == Some(true) {
-                flags.push(flag("kvm", false));
-            }
-            if let Some(on) = enabled(&feat.pvspinlock) {
-                flags.push(flag("kvm-pv-unhalt", on));
-            }
+            hypervisor_features(feat, acc, &mut flags)?;
         }
-        if let Some(t) = vmi
-            .spec
-            .domain
-            .clock
-            .as_ref()
-            .and_then(|c| c.timer.as_ref())
-        {
-            if let Some(k) = &t.kvm {
-                flags.push(flag("kvmclock", k.enabled.unwrap_or(true)));
-            }
-            if let Some(h) = &t.hyperv {
-                flags.push(flag("hv-time", h.enabled.unwrap_or(true)));
-            }
-        }
+        timers(vmi, &mut flags);
         plan.cpu = CpuPlan {
             model,
             flags,
             host_model,
             adopted: None,
         };
-
-        let (sockets, cores, threads) = topology(vmi)?;
-        let cpus = sockets * cores * threads;
-        let max_sockets = cpu.max_sockets.unwrap_or(0);
-        let (smp_sockets, maxcpus, stable) = if max_sockets > sockets {
-            let max = max_sockets
-                .checked_mul(cores * threads)
-                .filter(|m| *m <= 1024)
-                .ok_or_else(|| {
-                    ConvertError::invalid(base.key("maxSockets"), "more than 1024 vCPUs")
-                })?;
-            (max_sockets, max, cores * threads)
-        } else if max_sockets != 0 && max_sockets < sockets {
-            return Err(ConvertError::invalid(
-                base.key("maxSockets"),
-                "maxSockets is smaller than sockets",
-            ));
-        } else {
-            (sockets, cpus, cpus)
-        };
-        plan.smp = SmpPlan {
-            cpus,
-            stable,
-            maxcpus,
-            sockets: smp_sockets,
-            cores,
-            threads,
-        };
+        plan.smp = smp(vmi, &cpu, &base)?;
         Ok(())
     }
+}
+
+/// The `-cpu` model: `host-model` (the default) and `host-passthrough` become `host` with
+/// `migratable=on` under KVM and `max` under TCG; a named model is passed through once it is
+/// a plain token.
+fn model(
+    cpu: &Cpu,
+    acc: Accel,
+    base: &FieldPath,
+    flags: &mut Vec<CpuFlag>,
+) -> Result<String, ConvertError> {
+    Ok(match (cpu.model.as_deref().unwrap_or("host-model"), acc) {
+        ("host-model" | "host-passthrough", Accel::Kvm) => {
+            flags.push(flag("migratable", true));
+            "host".to_string()
+        }
+        ("host-model" | "host-passthrough", Accel::Tcg) => "max".to_string(),
+        (named, _) => {
+            check_token(&base.key("model"), named)?;
+            named.to_string()
+        }
+    })
+}
+
+/// `spec.domain.cpu.features`: `require`/`force`/`optional` (the default `require`) turn a
+/// feature on, `disable`/`forbid` off; a `named` model also gets `mpx=off` unless `mpx` is
+/// listed.
+fn features(
+    cpu: &Cpu,
+    named: bool,
+    base: &FieldPath,
+    flags: &mut Vec<CpuFlag>,
+) -> Result<(), ConvertError> {
+    let features: &[CpuFeature] = cpu.features.as_deref().unwrap_or_default();
+    for (i, f) in features.iter().enumerate() {
+        let p = base.key("features").index(i);
+        check_token(&p.key("name"), &f.name)?;
+        let on = match f.policy.as_deref().unwrap_or("require") {
+            "require" | "force" | "optional" => true,
+            "disable" | "forbid" => false,
+            other => {
+                return Err(ConvertError::unsupported(
+                    p.key("policy"),
+                    format!("policy {other:?}"),
+                ))
+            }
+        };
+        flags.push(flag(&f.name, on));
+    }
+    if named && !features.iter().any(|f| f.name == "mpx") {
+        flags.push(flag("mpx", false));
+    }
+    Ok(())
+}
+
+/// `spec.domain.features` as CPU flags (KubeVirt's `hypervisor_features.go`):
+/// `hv-passthrough`, the Hyper-V enlightenments ([`hyperv`]), `kvm=off` for a hidden KVM and
+/// `kvm-pv-unhalt` for `pvspinlock`.
+fn hypervisor_features(
+    feat: &Features,
+    acc: Accel,
+    flags: &mut Vec<CpuFlag>,
+) -> Result<(), ConvertError> {
+    if enabled(&feat.hyperv_passthrough) == Some(true) {
+        flags.push(flag("hv-passthrough", true));
+    }
+    if let Some(h) = feat.hyperv.as_ref() {
+        hyperv(h, acc, flags)?;
+    }
+    if feat.kvm.as_ref().and_then(|k| k.hidden) == Some(true) {
+        flags.push(flag("kvm", false));
+    }
+    if let Some(on) = enabled(&feat.pvspinlock) {
+        flags.push(flag("kvm-pv-unhalt", on));
+    }
+    Ok(())
+}
+
+/// The Hyper-V enlightenments (`spec.domain.features.hyperv`), KVM only: each enabled one
+/// becomes its `hv-*` flag; spinlocks carry their retries (at least 4095, 4096 by default),
+/// the vendor id 1 to 12 letters or digits, and synic timers and TLB flush their sub-flags.
+fn hyperv(h: &FeatureHyperv, acc: Accel, flags: &mut Vec<CpuFlag>) -> Result<(), ConvertError> {
+    let hp = FieldPath::new("spec.domain.features").key("hyperv");
+    if acc == Accel::Tcg {
+        return Err(ConvertError::unsupported(
+            hp,
+            "Hyper-V enlightenments without KVM",
+        ));
+    }
+    let simple: [(&Option<FeatureState>, &str); 9] = [
+        (&h.relaxed, "hv-relaxed"),
+        (&h.vapic, "hv-vapic"),
+        (&h.vpindex, "hv-vpindex"),
+        (&h.runtime, "hv-runtime"),
+        (&h.synic, "hv-synic"),
+        (&h.reset, "hv-reset"),
+        (&h.frequencies, "hv-frequencies"),
+        (&h.reenlightenment, "hv-reenlightenment"),
+        (&h.ipi, "hv-ipi"),
+    ];
+    for (s, name) in simple {
+        if enabled(s) == Some(true) {
+            flags.push(flag(name, true));
+        }
+    }
+    if let Some(s) = &h.spinlocks {
+        if s.enabled.unwrap_or(true) {
+            let retries = s.retries.unwrap_or(4096);
+            if retries < 4095 {
+                return Err(ConvertError::invalid(
+                    hp.key("spinlocks").key("spinlocks"),
+                    "retries must be at least 4095",
+                ));
+            }
+            flags.push(CpuFlag {
+                name: "hv-spinlocks".into(),
+                value: format!("0x{retries:x}"),
+            });
+        }
+    }
+    if let Some(t) = &h.synictimer {
+        if t.enabled.unwrap_or(true) {
+            flags.push(flag("hv-stimer", true));
+            if enabled(&t.direct) == Some(true) {
+                flags.push(flag("hv-stimer-direct", true));
+            }
+        }
+    }
+    if let Some(v) = &h.vendorid {
+        if v.enabled.unwrap_or(true) {
+            let vp = hp.key("vendorid").key("vendorid");
+            let id = v.vendorid.as_deref().unwrap_or_default();
+            if id.is_empty() || id.len() > 12 || !id.bytes().all(|b| b.is_ascii_alphanumeric()) {
+                return Err(ConvertError::invalid(
+                    vp,
+                    "vendor id must be 1 to 12 letters or digits",
+                ));
+            }
+            flags.push(CpuFlag {
+                name: "hv-vendor-id".into(),
+                value: id.into(),
+            });
+        }
+    }
+    if let Some(t) = &h.tlbflush {
+        if t.enabled.unwrap_or(true) {
+            flags.push(flag("hv-tlbflush", true));
+            if enabled(&t.direct) == Some(true) {
+                flags.push(flag("hv-tlbflush-direct", true));
+            }
+            if enabled(&t.extended) == Some(true) {
+                flags.push(flag("hv-tlbflush-ext", true));
+            }
+        }
+    }
+    if enabled(&h.evmcs) == Some(true) {
+        flags.push(flag("hv-evmcs", true));
+    }
+    Ok(())
+}
+
+/// The clock's timers that are CPU flags: `kvmclock` for the KVM timer, `hv-time` for the
+/// Hyper-V one (`spec.domain.clock.timer`).
+fn timers(vmi: &Vmi, flags: &mut Vec<CpuFlag>) {
+    if let Some(t) = vmi
+        .spec
+        .domain
+        .clock
+        .as_ref()
+        .and_then(|c| c.timer.as_ref())
+    {
+        if let Some(k) = &t.kvm {
+            flags.push(flag("kvmclock", k.enabled.unwrap_or(true)));
+        }
+        if let Some(h) = &t.hyperv {
+            flags.push(flag("hv-time", h.enabled.unwrap_or(true)));
+        }
+    }
+}
+
+/// `-smp` (KubeVirt's `vcpu.GetCPUTopology`): the topology's vCPUs; with CPU hotplug
+/// (`maxSockets` above `sockets`) QEMU starts with one socket's vCPUs and may grow to
+/// `maxSockets` sockets, at most 1024 vCPUs.
+fn smp(vmi: &Vmi, cpu: &Cpu, base: &FieldPath) -> Result<SmpPlan, ConvertError> {
+    let (sockets, cores, threads) = topology(vmi)?;
+    let cpus = sockets * cores * threads;
+    let max_sockets = cpu.max_sockets.unwrap_or(0);
+    let (smp_sockets, maxcpus, stable) = if max_sockets > sockets {
+        let max = max_sockets
+            .checked_mul(cores * threads)
+            .filter(|m| *m <= 1024)
+            .ok_or_else(|| ConvertError::invalid(base.key("maxSockets"), "more than 1024 vCPUs"))?;
+        (max_sockets, max, cores * threads)
+    } else if max_sockets != 0 && max_sockets < sockets {
+        return Err(ConvertError::invalid(
+            base.key("maxSockets"),
+            "maxSockets is smaller than sockets",
+        ));
+    } else {
+        (sockets, cpus, cpus)
+    };
+    Ok(SmpPlan {
+        cpus,
+        stable,
+        maxcpus,
+        sockets: smp_sockets,
+        cores,
+        threads,
+    })
 }
 
 /// `-cpu` properties a migration source's definition may not carry: the target sets `enforce`

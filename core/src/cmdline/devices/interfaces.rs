@@ -77,20 +77,7 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
             .unwrap_or_default();
         let on_root_complex =
             annotation(vmi, "kubevirt.io/placePCIDevicesOnRootComplex") == Some("true");
-        plan.nic_placeholders = match annotation(vmi, "kubevirt.io/pci-interface-slot-count") {
-            _ if ifaces.is_empty() || on_root_complex => 0,
-            Some(n) => n
-                .parse::<u32>()
-                .map_err(|_| {
-                    ConvertError::invalid(
-                        FieldPath::new("metadata.annotations"),
-                        "kubevirt.io/pci-interface-slot-count is not a number",
-                    )
-                })?
-                .saturating_sub(ifaces.len() as u32)
-                .min(31),
-            None => 4u32.saturating_sub(ifaces.len() as u32),
-        };
+        plan.nic_placeholders = nic_placeholders(vmi, ifaces.len(), on_root_complex)?;
         let mut seen = BTreeSet::new();
         let mut acpi_seen = BTreeSet::new();
         for (i, iface) in ifaces.iter().enumerate() {
@@ -102,195 +89,272 @@ impl super::super::convert::Configurator for InterfacesConfigurator {
                     "duplicate interface name",
                 ));
             }
-            match iface.state.as_deref() {
-                Some("absent") => continue,
-                None | Some("") | Some("up") | Some("down") => {}
-                Some(o) => {
-                    return Err(ConvertError::unsupported(
-                        p.key("state"),
-                        format!("state {o:?}"),
-                    ))
-                }
-            }
-            if iface.sriov.is_some() {
-                // A VF passed through with VFIO: `hostdevs.rs`.
+            if !is_tap_nic(iface, &p)? {
                 continue;
             }
-            binding(iface, &p)?;
-            if iface.pci_address.is_some() {
-                return Err(ConvertError::unsupported(
-                    p.key("pciAddress"),
-                    "a fixed PCI address",
-                ));
-            }
-            let facts = ctx.interfaces.get(&iface.name).ok_or_else(|| {
-                ConvertError::missing(
-                    p.clone(),
-                    "the pod's tap for this interface (network facts)",
-                )
-            })?;
-            let virtio = matches!(iface.model.as_deref(), None | Some("") | Some("virtio"));
-            let driver = match iface.model.as_deref() {
-                None | Some("") | Some("virtio") => virtio_driver(
-                    vmi,
-                    "virtio-net-pci-non-transitional",
-                    "virtio-net-pci-transitional",
-                ),
-                Some("e1000") => "e1000",
-                Some("e1000e") => "e1000e",
-                Some("igb") => "igb",
-                Some("ne2k_pci") => "ne2k_pci",
-                Some("pcnet") => "pcnet",
-                Some("rtl8139") => "rtl8139",
-                Some(o) => {
-                    return Err(ConvertError::unsupported(
-                        p.key("model"),
-                        format!("model {o:?}"),
-                    ))
-                }
-            };
-            let mac = match (iface.mac_address.as_deref(), facts.mac.as_deref()) {
-                (Some(m), _) if !m.is_empty() => Some(check_mac(&p.key("macAddress"), m)?),
-                (_, Some(m)) => Some(check_mac(&p.key("macAddress"), m)?),
-                _ => None,
-            };
-            let queues =
-                if virtio && vmi.spec.domain.devices.network_interface_multi_queue == Some(true) {
-                    vcpus(vmi)?.min(256)
-                } else {
-                    1
-                };
-            let id = alias(&iface.name);
-            let netdev_id = format!("host{id}");
-            let join = |v: &[i32]| {
-                v.iter()
-                    .map(|f| f.to_string())
-                    .collect::<Vec<_>>()
-                    .join(":")
-            };
-            let mut fd_names = Vec::new();
-            let (argv, hotplug) = match &facts.tap {
-                TapSource::Fds { fds, vhostfds } => {
-                    if fds.is_empty() || (fds.len() as u32 != queues) {
-                        return Err(ConvertError::invalid(
-                            p.clone(),
-                            format!("{} tap fds given for {queues} queues", fds.len()),
-                        ));
-                    }
-                    if !vhostfds.is_empty() && vhostfds.len() != fds.len() {
-                        return Err(ConvertError::invalid(
-                            p.clone(),
-                            "vhost fds do not match the tap fds",
-                        ));
-                    }
-                    let tap_names: Vec<String> =
-                        (0..fds.len()).map(|q| format!("tapfd-{id}-{q}")).collect();
-                    let vhost_names: Vec<String> = (0..vhostfds.len())
-                        .map(|q| format!("vhostfd-{id}-{q}"))
-                        .collect();
-                    fd_names.extend(tap_names.iter().cloned());
-                    fd_names.extend(vhost_names.iter().cloned());
-                    let multi = fds.len() > 1;
-                    let vhost = !vhostfds.is_empty();
-                    let mk = |tap: String, vh: String| NetdevTap {
-                        type_: "tap",
-                        id: netdev_id.clone(),
-                        fd: (!multi).then(|| tap.clone()),
-                        fds: multi.then_some(tap),
-                        ifname: None,
-                        script: None,
-                        downscript: None,
-                        vhost: vhost.then_some(true),
-                        vhostfd: (vhost && !multi).then(|| vh.clone()),
-                        vhostfds: (vhost && multi).then_some(vh),
-                        queues: None,
-                    };
-                    (
-                        mk(join(fds), join(vhostfds)),
-                        mk(tap_names.join(":"), vhost_names.join(":")),
-                    )
-                }
-                TapSource::Ifname(name) => {
-                    if name.is_empty() || name.len() > 15 || name.contains(['/', ',', ' ']) {
-                        return Err(ConvertError::invalid(p.clone(), "bad tap name in facts"));
-                    }
-                    let t = NetdevTap {
-                        type_: "tap",
-                        id: netdev_id.clone(),
-                        fd: None,
-                        fds: None,
-                        ifname: Some(name.clone()),
-                        script: Some("no"),
-                        downscript: Some("no"),
-                        vhost: None,
-                        vhostfd: None,
-                        vhostfds: None,
-                        queues: (queues > 1).then_some(queues),
-                    };
-                    (t.clone(), t)
-                }
-            };
-            let acpi_index = match iface.acpi_index {
-                None => None,
-                Some(n) if (1..=16383).contains(&n) => {
-                    if !acpi_seen.insert(n) {
-                        return Err(ConvertError::invalid(
-                            p.key("acpiIndex"),
-                            "duplicate acpi index",
-                        ));
-                    }
-                    Some(n as u32)
-                }
-                Some(_) => {
-                    return Err(ConvertError::invalid(
-                        p.key("acpiIndex"),
-                        "acpi index must be between 1 and 16383",
-                    ))
-                }
-            };
-            if iface.boot_order == Some(0) {
-                return Err(ConvertError::invalid(
-                    p.key("bootOrder"),
-                    "boot order starts at 1",
-                ));
-            }
-            let device = Device::Nic(DeviceNic {
-                driver,
-                netdev: netdev_id,
-                id: id.clone(),
-                mac,
-                host_mtu: if virtio { facts.mtu } else { None },
-                romfile: iface.boot_order.is_none().then(String::new),
-                bootindex: iface.boot_order,
-                mq: (queues > 1).then_some(true),
-                vectors: (queues > 1).then_some(2 * queues + 2),
-                acpi_index,
-            });
+            let device = nic(vmi, ctx, iface, &p, on_root_complex, &mut acpi_seen)?;
             if iface.state.as_deref() == Some("down") {
-                plan.links_down.push(id.clone());
+                plan.links_down.push(alias(&iface.name));
             }
-            plan.devices.push(PlannedDevice {
-                class: DeviceClass::Nic,
-                name: Some(iface.name.clone()),
-                backend: Backend::Netdev {
-                    argv: Box::new(argv),
-                    hotplug: Box::new(hotplug),
-                    fd_names,
-                },
-                device,
-                placement: if on_root_complex {
-                    Placement::RootComplexAny
-                } else {
-                    Placement::RootPort
-                },
-                address: None,
-                // KubeVirt hot-plugs virtio NICs only, and only on root ports.
-                hotpluggable: virtio && !on_root_complex,
-                target: None,
-                iommu_platform: false,
-            });
+            plan.devices.push(device);
         }
         Ok(())
+    }
+}
+
+/// The empty root ports kept for NIC hotplug (KubeVirt's placeholders): none without
+/// interfaces or on the root complex; else `kubevirt.io/pci-interface-slot-count` less the
+/// interfaces (at most 31), or by default 4 less the interfaces.
+fn nic_placeholders(vmi: &Vmi, ifaces: usize, on_root_complex: bool) -> Result<u32, ConvertError> {
+    Ok(
+        match annotation(vmi, "kubevirt.io/pci-interface-slot-count") {
+            _ if ifaces == 0 || on_root_complex => 0,
+            Some(n) => n
+                .parse::<u32>()
+                .map_err(|_| {
+                    ConvertError::invalid(
+                        FieldPath::new("metadata.annotations"),
+                        "kubevirt.io/pci-interface-slot-count is not a number",
+                    )
+                })?
+                .saturating_sub(ifaces as u32)
+                .min(31),
+            None => 4u32.saturating_sub(ifaces as u32),
+        },
+    )
+}
+
+/// Whether the interface becomes a tap NIC here: not when its `state` is `absent`, nor for an
+/// SR-IOV interface (a VF passed through with VFIO: `hostdevs.rs`). Any other state than
+/// up, down or unset is refused.
+fn is_tap_nic(iface: &Interface, p: &FieldPath) -> Result<bool, ConvertError> {
+    match iface.state.as_deref() {
+        Some("absent") => return Ok(false),
+        None | Some("") | Some("up") | Some("down") => {}
+        Some(o) => {
+            return Err(ConvertError::unsupported(
+                p.key("state"),
+                format!("state {o:?}"),
+            ))
+        }
+    }
+    Ok(iface.sriov.is_none())
+}
+
+/// One tap-attached interface's NIC `ua-<name>` and its `hostua-<name>` tap netdev (at
+/// `p`), checked in KubeVirt's order: binding, PCI address, the pod's facts, model, MAC,
+/// queues, tap, ACPI index, boot order.
+fn nic(
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    iface: &Interface,
+    p: &FieldPath,
+    on_root_complex: bool,
+    acpi_seen: &mut BTreeSet<i64>,
+) -> Result<PlannedDevice, ConvertError> {
+    binding(iface, p)?;
+    if iface.pci_address.is_some() {
+        return Err(ConvertError::unsupported(
+            p.key("pciAddress"),
+            "a fixed PCI address",
+        ));
+    }
+    let facts = ctx.interfaces.get(&iface.name).ok_or_else(|| {
+        ConvertError::missing(
+            p.clone(),
+            "the pod's tap for this interface (network facts)",
+        )
+    })?;
+    let (driver, virtio) = model(vmi, iface, p)?;
+    let mac = match (iface.mac_address.as_deref(), facts.mac.as_deref()) {
+        (Some(m), _) if !m.is_empty() => Some(check_mac(&p.key("macAddress"), m)?),
+        (_, Some(m)) => Some(check_mac(&p.key("macAddress"), m)?),
+        _ => None,
+    };
+    let queues = if virtio && vmi.spec.domain.devices.network_interface_multi_queue == Some(true) {
+        vcpus(vmi)?.min(256)
+    } else {
+        1
+    };
+    let id = alias(&iface.name);
+    let netdev_id = format!("host{id}");
+    let (argv, hotplug, fd_names) = tap_netdev(&facts.tap, &id, &netdev_id, queues, p)?;
+    let acpi_index = acpi_index(iface, p, acpi_seen)?;
+    if iface.boot_order == Some(0) {
+        return Err(ConvertError::invalid(
+            p.key("bootOrder"),
+            "boot order starts at 1",
+        ));
+    }
+    let device = Device::Nic(DeviceNic {
+        driver,
+        netdev: netdev_id,
+        id,
+        mac,
+        host_mtu: if virtio { facts.mtu } else { None },
+        romfile: iface.boot_order.is_none().then(String::new),
+        bootindex: iface.boot_order,
+        mq: (queues > 1).then_some(true),
+        vectors: (queues > 1).then_some(2 * queues + 2),
+        acpi_index,
+    });
+    Ok(PlannedDevice {
+        class: DeviceClass::Nic,
+        name: Some(iface.name.clone()),
+        backend: Backend::Netdev {
+            argv: Box::new(argv),
+            hotplug: Box::new(hotplug),
+            fd_names,
+        },
+        device,
+        placement: if on_root_complex {
+            Placement::RootComplexAny
+        } else {
+            Placement::RootPort
+        },
+        address: None,
+        // KubeVirt hot-plugs virtio NICs only, and only on root ports.
+        hotpluggable: virtio && !on_root_complex,
+        target: None,
+        iommu_platform: false,
+    })
+}
+
+/// The NIC's QEMU driver for the interface's `model`, and whether it is virtio (virtio is
+/// the default: non-transitional, or transitional when the VMI asks for it).
+fn model(
+    vmi: &Vmi,
+    iface: &Interface,
+    p: &FieldPath,
+) -> Result<(&'static str, bool), ConvertError> {
+    let virtio = matches!(iface.model.as_deref(), None | Some("") | Some("virtio"));
+    let driver = match iface.model.as_deref() {
+        None | Some("") | Some("virtio") => virtio_driver(
+            vmi,
+            "virtio-net-pci-non-transitional",
+            "virtio-net-pci-transitional",
+        ),
+        Some("e1000") => "e1000",
+        Some("e1000e") => "e1000e",
+        Some("igb") => "igb",
+        Some("ne2k_pci") => "ne2k_pci",
+        Some("pcnet") => "pcnet",
+        Some("rtl8139") => "rtl8139",
+        Some(o) => {
+            return Err(ConvertError::unsupported(
+                p.key("model"),
+                format!("model {o:?}"),
+            ))
+        }
+    };
+    Ok((driver, virtio))
+}
+
+/// The `tap` netdev `netdev_id` for argv and for hotplug, and the `getfd` names the hotplug
+/// one uses. Inherited fds: one tap fd per queue (`fd`, or `fds` joined by `:` when more than
+/// one) and as many vhost fds or none; hotplug names them `tapfd-<id>-<q>` and
+/// `vhostfd-<id>-<q>`. A tap by name: QEMU opens it (`ifname=`, no scripts), `queues` when
+/// more than one.
+fn tap_netdev(
+    tap: &TapSource,
+    id: &str,
+    netdev_id: &str,
+    queues: u32,
+    p: &FieldPath,
+) -> Result<(NetdevTap, NetdevTap, Vec<String>), ConvertError> {
+    let join = |v: &[i32]| {
+        v.iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join(":")
+    };
+    let mut fd_names = Vec::new();
+    let (argv, hotplug) = match tap {
+        TapSource::Fds { fds, vhostfds } => {
+            if fds.is_empty() || (fds.len() as u32 != queues) {
+                return Err(ConvertError::invalid(
+                    p.clone(),
+                    format!("{} tap fds given for {queues} queues", fds.len()),
+                ));
+            }
+            if !vhostfds.is_empty() && vhostfds.len() != fds.len() {
+                return Err(ConvertError::invalid(
+                    p.clone(),
+                    "vhost fds do not match the tap fds",
+                ));
+            }
+            let tap_names: Vec<String> =
+                (0..fds.len()).map(|q| format!("tapfd-{id}-{q}")).collect();
+            let vhost_names: Vec<String> = (0..vhostfds.len())
+                .map(|q| format!("vhostfd-{id}-{q}"))
+                .collect();
+            fd_names.extend(tap_names.iter().cloned());
+            fd_names.extend(vhost_names.iter().cloned());
+            let multi = fds.len() > 1;
+            let vhost = !vhostfds.is_empty();
+            let mk = |tap: String, vh: String| NetdevTap {
+                type_: "tap",
+                id: netdev_id.to_string(),
+                fd: (!multi).then(|| tap.clone()),
+                fds: multi.then_some(tap),
+                ifname: None,
+                script: None,
+                downscript: None,
+                vhost: vhost.then_some(true),
+                vhostfd: (vhost && !multi).then(|| vh.clone()),
+                vhostfds: (vhost && multi).then_some(vh),
+                queues: None,
+            };
+            (
+                mk(join(fds), join(vhostfds)),
+                mk(tap_names.join(":"), vhost_names.join(":")),
+            )
+        }
+        TapSource::Ifname(name) => {
+            if name.is_empty() || name.len() > 15 || name.contains(['/', ',', ' ']) {
+                return Err(ConvertError::invalid(p.clone(), "bad tap name in facts"));
+            }
+            let t = NetdevTap {
+                type_: "tap",
+                id: netdev_id.to_string(),
+                fd: None,
+                fds: None,
+                ifname: Some(name.clone()),
+                script: Some("no"),
+                downscript: Some("no"),
+                vhost: None,
+                vhostfd: None,
+                vhostfds: None,
+                queues: (queues > 1).then_some(queues),
+            };
+            (t.clone(), t)
+        }
+    };
+    Ok((argv, hotplug, fd_names))
+}
+
+/// The interface's `acpiIndex`: 1 to 16383 and unique among the VMI's interfaces
+/// (`acpi_seen` holds those taken).
+fn acpi_index(
+    iface: &Interface,
+    p: &FieldPath,
+    acpi_seen: &mut BTreeSet<i64>,
+) -> Result<Option<u32>, ConvertError> {
+    match iface.acpi_index {
+        None => Ok(None),
+        Some(n) if (1..=16383).contains(&n) => {
+            if !acpi_seen.insert(n) {
+                return Err(ConvertError::invalid(
+                    p.key("acpiIndex"),
+                    "duplicate acpi index",
+                ));
+            }
+            Ok(Some(n as u32))
+        }
+        Some(_) => Err(ConvertError::invalid(
+            p.key("acpiIndex"),
+            "acpi index must be between 1 and 16383",
+        )),
     }
 }
 

@@ -178,20 +178,7 @@ pub(super) fn validate_volumes(spec: &VmiSpec, e: &mut Errors) {
         .collect();
     for (i, v) in volumes.iter().enumerate() {
         let p = format!("spec.volumes[{i}]");
-        if let Some(j) = volumes[..i].iter().position(|o| o.name == v.name) {
-            e.add(
-                format!("{p}.name"),
-                format!("duplicates the name of spec.volumes[{j}]"),
-            );
-        }
-        if !is_dns_label(&v.name) {
-            e.add(format!("{p}.name"), DNS_LABEL_REASON);
-        } else if v.memory_dump.is_none() && !users.contains(&v.name.as_str()) {
-            e.add(
-                format!("{p}.name"),
-                "no disk or filesystem uses this volume",
-            );
-        }
+        validate_volume_name(volumes, i, &users, &p, e);
         let kinds = v.source_kinds();
         if kinds.len() != 1 {
             e.add(
@@ -207,23 +194,7 @@ pub(super) fn validate_volumes(spec: &VmiSpec, e: &mut Errors) {
             );
         }
         if let Some(cd) = &v.container_disk {
-            if cd.image.is_empty() {
-                e.add(format!("{p}.containerDisk.image"), "is required");
-            }
-            if let Some(path) = &cd.path {
-                if !is_safe_abs_path(path) {
-                    e.add(
-                        format!("{p}.containerDisk.path"),
-                        "must be an absolute path without '..'",
-                    );
-                }
-            }
-            if !one_of(&cd.image_pull_policy, &["Always", "Never", "IfNotPresent"]) {
-                e.add(
-                    format!("{p}.containerDisk.imagePullPolicy"),
-                    "must be one of Always, Never, IfNotPresent",
-                );
-            }
+            validate_container_disk(cd, &p, e);
         }
         if let Some(ed) = &v.empty_disk {
             let cp = format!("{p}.emptyDisk.capacity");
@@ -237,110 +208,171 @@ pub(super) fn validate_volumes(spec: &VmiSpec, e: &mut Errors) {
             }
         }
         if let Some(hd) = &v.host_disk {
-            if !is_safe_abs_path(&hd.path) {
-                e.add(
-                    format!("{p}.hostDisk.path"),
-                    "must be an absolute path without '..'",
-                );
-            }
-            match hd.r#type.as_str() {
-                "Disk" => {}
-                "DiskOrCreate" => match hd.capacity.as_ref().map(|q| q.to_bytes()) {
-                    None => e.add(
-                        format!("{p}.hostDisk.capacity"),
-                        "is required for type DiskOrCreate",
-                    ),
-                    Some(Err(err)) => e.add(format!("{p}.hostDisk.capacity"), err.to_string()),
-                    Some(Ok(_)) => {}
-                },
-                _ => e.add(
-                    format!("{p}.hostDisk.type"),
-                    "must be one of Disk, DiskOrCreate",
-                ),
-            }
+            validate_host_disk(hd, &p, e);
         }
         for (name, ci) in [
             ("cloudInitNoCloud", &v.cloud_init_no_cloud),
             ("cloudInitConfigDrive", &v.cloud_init_config_drive),
         ] {
-            let Some(ci) = ci else { continue };
-            let cp = format!("{p}.{name}");
-            let user = [
-                ci.user_data_secret_ref.is_some(),
-                ci.user_data_base64.is_some(),
-                ci.user_data.is_some(),
-            ]
-            .iter()
-            .filter(|b| **b)
-            .count();
-            let network = [
-                ci.network_data_secret_ref.is_some(),
-                ci.network_data_base64.is_some(),
-                ci.network_data.is_some(),
-            ]
-            .iter()
-            .filter(|b| **b)
-            .count();
-            if user > 1 {
-                e.add(cp.clone(), "must have only one userdata source set");
-            }
-            if user == 0 && network == 0 {
-                e.add(cp.clone(), "must have a userdata or networkdata source");
-            }
-            if network > 1 {
-                e.add(cp.clone(), "must have only one networkdata source set");
-            }
-            if ci
-                .user_data_base64
-                .as_deref()
-                .is_some_and(|s| !is_base64(s))
-            {
-                e.add(format!("{cp}.userDataBase64"), "is not valid base64");
-            }
-            if ci
-                .network_data_base64
-                .as_deref()
-                .is_some_and(|s| !is_base64(s))
-            {
-                e.add(format!("{cp}.networkDataBase64"), "is not valid base64");
+            if let Some(ci) = ci {
+                validate_cloud_init(ci, &format!("{p}.{name}"), e);
             }
         }
-        for (name, pvc) in [
-            ("persistentVolumeClaim", &v.persistent_volume_claim),
-            ("memoryDump", &v.memory_dump),
-        ] {
-            if pvc.as_ref().is_some_and(|c| c.claim_name.is_empty()) {
-                e.add(format!("{p}.{name}.claimName"), "is required");
-            }
+        validate_references(v, &p, e);
+    }
+}
+
+/// A volume's name (`spec.volumes[i]` at `p`): unique, a DNS label, and used by a disk or a
+/// filesystem (`users`), unless the volume is a memory dump's.
+fn validate_volume_name(volumes: &[Volume], i: usize, users: &[&str], p: &str, e: &mut Errors) {
+    let v = &volumes[i];
+    if let Some(j) = volumes[..i].iter().position(|o| o.name == v.name) {
+        e.add(
+            format!("{p}.name"),
+            format!("duplicates the name of spec.volumes[{j}]"),
+        );
+    }
+    if !is_dns_label(&v.name) {
+        e.add(format!("{p}.name"), DNS_LABEL_REASON);
+    } else if v.memory_dump.is_none() && !users.contains(&v.name.as_str()) {
+        e.add(
+            format!("{p}.name"),
+            "no disk or filesystem uses this volume",
+        );
+    }
+}
+
+/// A containerDisk: an image, a safe absolute path inside it when given, and a known pull
+/// policy.
+fn validate_container_disk(cd: &ContainerDiskSource, p: &str, e: &mut Errors) {
+    if cd.image.is_empty() {
+        e.add(format!("{p}.containerDisk.image"), "is required");
+    }
+    if let Some(path) = &cd.path {
+        if !is_safe_abs_path(path) {
+            e.add(
+                format!("{p}.containerDisk.path"),
+                "must be an absolute path without '..'",
+            );
         }
-        if let Some(eph) = &v.ephemeral {
-            if eph
-                .persistent_volume_claim
-                .as_ref()
-                .is_none_or(|c| c.claim_name.is_empty())
-            {
-                e.add(
-                    format!("{p}.ephemeral.persistentVolumeClaim.claimName"),
-                    "is required",
-                );
-            }
+    }
+    if !one_of(&cd.image_pull_policy, &["Always", "Never", "IfNotPresent"]) {
+        e.add(
+            format!("{p}.containerDisk.imagePullPolicy"),
+            "must be one of Always, Never, IfNotPresent",
+        );
+    }
+}
+
+/// A hostDisk: a safe absolute path, and type `Disk` or `DiskOrCreate` (which needs a
+/// capacity).
+fn validate_host_disk(hd: &HostDisk, p: &str, e: &mut Errors) {
+    if !is_safe_abs_path(&hd.path) {
+        e.add(
+            format!("{p}.hostDisk.path"),
+            "must be an absolute path without '..'",
+        );
+    }
+    match hd.r#type.as_str() {
+        "Disk" => {}
+        "DiskOrCreate" => match hd.capacity.as_ref().map(|q| q.to_bytes()) {
+            None => e.add(
+                format!("{p}.hostDisk.capacity"),
+                "is required for type DiskOrCreate",
+            ),
+            Some(Err(err)) => e.add(format!("{p}.hostDisk.capacity"), err.to_string()),
+            Some(Ok(_)) => {}
+        },
+        _ => e.add(
+            format!("{p}.hostDisk.type"),
+            "must be one of Disk, DiskOrCreate",
+        ),
+    }
+}
+
+/// A cloud-init source (NoCloud or ConfigDrive, at `cp`): at most one userdata and one
+/// networkdata source, at least one of the two, and valid base64 where it is base64.
+fn validate_cloud_init(ci: &CloudInitSource, cp: &str, e: &mut Errors) {
+    let user = [
+        ci.user_data_secret_ref.is_some(),
+        ci.user_data_base64.is_some(),
+        ci.user_data.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    let network = [
+        ci.network_data_secret_ref.is_some(),
+        ci.network_data_base64.is_some(),
+        ci.network_data.is_some(),
+    ]
+    .iter()
+    .filter(|b| **b)
+    .count();
+    if user > 1 {
+        e.add(cp.to_string(), "must have only one userdata source set");
+    }
+    if user == 0 && network == 0 {
+        e.add(cp.to_string(), "must have a userdata or networkdata source");
+    }
+    if network > 1 {
+        e.add(cp.to_string(), "must have only one networkdata source set");
+    }
+    if ci
+        .user_data_base64
+        .as_deref()
+        .is_some_and(|s| !is_base64(s))
+    {
+        e.add(format!("{cp}.userDataBase64"), "is not valid base64");
+    }
+    if ci
+        .network_data_base64
+        .as_deref()
+        .is_some_and(|s| !is_base64(s))
+    {
+        e.add(format!("{cp}.networkDataBase64"), "is not valid base64");
+    }
+}
+
+/// The sources that name another object: the claim of a PVC, memory dump or ephemeral
+/// volume, a DataVolume, ConfigMap or Secret name, each required; a containerPath's safe
+/// absolute path.
+fn validate_references(v: &Volume, p: &str, e: &mut Errors) {
+    for (name, pvc) in [
+        ("persistentVolumeClaim", &v.persistent_volume_claim),
+        ("memoryDump", &v.memory_dump),
+    ] {
+        if pvc.as_ref().is_some_and(|c| c.claim_name.is_empty()) {
+            e.add(format!("{p}.{name}.claimName"), "is required");
         }
-        if v.data_volume.as_ref().is_some_and(|d| d.name.is_empty()) {
-            e.add(format!("{p}.dataVolume.name"), "is required");
+    }
+    if let Some(eph) = &v.ephemeral {
+        if eph
+            .persistent_volume_claim
+            .as_ref()
+            .is_none_or(|c| c.claim_name.is_empty())
+        {
+            e.add(
+                format!("{p}.ephemeral.persistentVolumeClaim.claimName"),
+                "is required",
+            );
         }
-        if v.config_map.as_ref().is_some_and(|c| c.name.is_empty()) {
-            e.add(format!("{p}.configMap.name"), "is required");
-        }
-        if v.secret.as_ref().is_some_and(|s| s.secret_name.is_empty()) {
-            e.add(format!("{p}.secret.secretName"), "is required");
-        }
-        if let Some(cp) = &v.container_path {
-            if !is_safe_abs_path(&cp.path) {
-                e.add(
-                    format!("{p}.containerPath.path"),
-                    "must be an absolute path without '..'",
-                );
-            }
+    }
+    if v.data_volume.as_ref().is_some_and(|d| d.name.is_empty()) {
+        e.add(format!("{p}.dataVolume.name"), "is required");
+    }
+    if v.config_map.as_ref().is_some_and(|c| c.name.is_empty()) {
+        e.add(format!("{p}.configMap.name"), "is required");
+    }
+    if v.secret.as_ref().is_some_and(|s| s.secret_name.is_empty()) {
+        e.add(format!("{p}.secret.secretName"), "is required");
+    }
+    if let Some(cp) = &v.container_path {
+        if !is_safe_abs_path(&cp.path) {
+            e.add(
+                format!("{p}.containerPath.path"),
+                "must be an absolute path without '..'",
+            );
         }
     }
 }

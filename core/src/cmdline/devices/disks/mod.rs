@@ -52,7 +52,7 @@ use crate::cmdline::context::{ConverterContext, VolumeFacts};
 use crate::cmdline::error::{ConvertError, FieldPath};
 use crate::cmdline::names::{alias, check_name};
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan, PlannedDevice};
-use crate::vmi::{Vmi, Volume};
+use crate::vmi::{Disk, Vmi, Volume};
 
 /// Adds one planned device per disk.
 pub struct DisksConfigurator;
@@ -114,65 +114,19 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
         ctx: &ConverterContext,
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
-        let disks: &[crate::vmi::Disk] =
-            vmi.spec.domain.devices.disks.as_deref().unwrap_or_default();
+        let disks: &[Disk] = vmi.spec.domain.devices.disks.as_deref().unwrap_or_default();
         let volumes: &[Volume] = vmi.spec.volumes.as_deref().unwrap_or_default();
         let vpath = FieldPath::new("spec.volumes");
         for (i, v) in volumes.iter().enumerate() {
             check_name(&vpath.index(i).key("name"), &v.name)?;
         }
         let (_, threads) = iothreads::assignment(vmi)?;
-        let multiqueue = vmi.spec.domain.devices.block_multi_queue == Some(true);
-        let queues = vcpus(vmi)?;
-
-        let mut items = Vec::new();
-        let mut seen = BTreeSet::new();
-        for (i, d) in disks.iter().enumerate() {
-            let p = devices_path().key("disks").index(i);
-            check_name(&p.key("name"), &d.name)?;
-            if !seen.insert(d.name.clone()) {
-                return Err(ConvertError::invalid(p.key("name"), "duplicate disk name"));
-            }
-            let (kind, bus, ro) = kind_and_bus(d, &p)?;
-            let vol = volumes.iter().enumerate().find(|(_, v)| v.name == d.name);
-            let ignored = drive::discard_ignored(vmi, &d.name);
-            let (chain, hotplug, facts) = match vol {
-                Some((vi, v)) => {
-                    let (is_hotplug, ready) = hotplug_state(vmi, v);
-                    if !ready {
-                        continue;
-                    }
-                    let chain = layers(vmi, ctx, v, vi, &vpath.index(vi), is_hotplug)?;
-                    (
-                        chain,
-                        is_hotplug,
-                        ctx.volumes.get(&v.name).cloned().unwrap_or_default(),
-                    )
-                }
-                None if kind == Kind::Cdrom => (vec![], false, VolumeFacts::default()),
-                None => {
-                    return Err(ConvertError::missing(
-                        p.key("name"),
-                        format!("no volume named {:?}", d.name),
-                    ))
-                }
-            };
-            let vd = drive::VolumeDiscard::of(vol.map(|(_, v)| v), hotplug);
-            let bare_driver = vol.is_some_and(|(_, v)| v.downward_metrics.is_some());
-            items.push(Item {
-                i,
-                kind,
-                bus,
-                // KubeVirt's downwardMetrics disk is read-only whatever the disk says.
-                ro: ro || bare_driver,
-                chain,
-                hotplug,
-                facts,
-                discard: drive::discard(kind, vd, ignored),
-                bare_driver,
-            });
-        }
-
+        let queues = Queues {
+            threads,
+            multiqueue: vmi.spec.domain.devices.block_multi_queue == Some(true),
+            queues: vcpus(vmi)?,
+        };
+        let items = ready_disks(vmi, ctx, disks, volumes)?;
         let targets = buses::targets(
             vmi,
             disks,
@@ -185,113 +139,206 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
             .map(|(it, (_, index))| (it.i, *index))
             .collect();
         buses::sata_controllers(&sata, plan)?;
-        // Only the devices in the domain count: disks planned here and every interface
-        // (KubeVirt copies `bootOrder` onto NICs and SR-IOV host devices alike).
-        let explicit_boot = items.iter().any(|it| disks[it.i].boot_order.is_some())
-            || vmi
-                .spec
-                .domain
-                .devices
-                .interfaces
-                .as_deref()
-                .unwrap_or_default()
-                .iter()
-                .any(|n| n.boot_order.is_some());
-        let default_boot = if explicit_boot {
-            None
-        } else {
-            default_boot_disk(
-                &items
-                    .iter()
-                    .zip(&targets)
-                    .map(|(it, (_, index))| {
-                        (matches!(it.kind, Kind::Disk | Kind::Lun), it.bus, *index)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-        };
-
+        let default_boot = default_boot(vmi, disks, &items, &targets);
         let mut node = items.iter().map(|it| it.chain.len()).sum::<usize>();
-        for (k, (it, (target, index))) in items.into_iter().zip(targets).enumerate() {
-            let d = &disks[it.i];
-            let p = devices_path().key("disks").index(it.i);
-            let bare;
-            let spec = if it.bare_driver {
-                bare = crate::vmi::Disk {
-                    cache: None,
-                    io: None,
-                    ..d.clone()
-                };
-                &bare
-            } else {
-                d
-            };
-            let opts = drive::options(
-                spec,
-                &p,
-                it.bus,
-                !it.chain.is_empty(),
-                &it.facts,
-                it.discard,
-            )?;
-            if d.disk
-                .as_ref()
-                .and_then(|t| t.pci_address.as_ref())
-                .is_some()
-            {
-                return Err(ConvertError::unsupported(
-                    p.key("disk").key("pciAddress"),
-                    "a fixed PCI address",
-                ));
+        for (k, (it, target)) in items.into_iter().zip(targets).enumerate() {
+            let boots = default_boot == Some(k);
+            let device = planned_disk(vmi, &disks[it.i], it, target, &mut node, boots, &queues)?;
+            if boots {
+                plan.default_boot_disk = Some(device.device.id().to_string());
             }
-            let (blockdevs, drive) = drive::chain(&it.chain, &mut node, it.ro, &opts);
-            if d.boot_order == Some(0) {
-                return Err(ConvertError::invalid(
-                    p.key("bootOrder"),
-                    "boot order starts at 1",
-                ));
-            }
-            let (device, placement, hotpluggable) = frontend::device(frontend::Frontend {
-                vmi,
-                path: p,
-                kind: it.kind,
-                bus: it.bus,
-                read_only: it.ro,
-                index,
-                id: alias(&d.name),
-                bootindex: d.boot_order.or((default_boot == Some(k)).then_some(1)),
-                drive,
-                opts,
-                iothread: threads
-                    .get(it.i)
-                    .copied()
-                    .flatten()
-                    .map(|t| format!("iothread{t}")),
-                num_queues: (multiqueue && !it.bare_driver).then_some(queues),
-                hotplug: it.hotplug,
-                storage: it.facts.kind,
-            })?;
-            if default_boot == Some(k) {
-                plan.default_boot_disk = Some(device.id().to_string());
-            }
-            plan.devices.push(PlannedDevice {
-                class: DeviceClass::Disk,
-                name: Some(d.name.clone()),
-                backend: if blockdevs.is_empty() {
-                    Backend::None
-                } else {
-                    Backend::Blockdevs(blockdevs)
-                },
-                device,
-                placement,
-                address: None,
-                hotpluggable,
-                target: Some(target),
-                iommu_platform: false,
-            });
+            plan.devices.push(device);
         }
         Ok(())
     }
+}
+
+/// The VMI's disks whose volume is ready, in disk order: each disk's kind and bus, its image
+/// layers at KubeVirt's paths, whether it is a hotplug volume, its facts and discard rule. A
+/// hotplug volume not yet mounted is left out; a disk without a volume is refused, unless it
+/// is an empty CD-ROM.
+fn ready_disks(
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    disks: &[Disk],
+    volumes: &[Volume],
+) -> Result<Vec<Item>, ConvertError> {
+    let vpath = FieldPath::new("spec.volumes");
+    let mut items = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, d) in disks.iter().enumerate() {
+        let p = devices_path().key("disks").index(i);
+        check_name(&p.key("name"), &d.name)?;
+        if !seen.insert(d.name.clone()) {
+            return Err(ConvertError::invalid(p.key("name"), "duplicate disk name"));
+        }
+        let (kind, bus, ro) = kind_and_bus(d, &p)?;
+        let vol = volumes.iter().enumerate().find(|(_, v)| v.name == d.name);
+        let ignored = drive::discard_ignored(vmi, &d.name);
+        let (chain, hotplug, facts) = match vol {
+            Some((vi, v)) => {
+                let (is_hotplug, ready) = hotplug_state(vmi, v);
+                if !ready {
+                    continue;
+                }
+                let chain = layers(vmi, ctx, v, vi, &vpath.index(vi), is_hotplug)?;
+                (
+                    chain,
+                    is_hotplug,
+                    ctx.volumes.get(&v.name).cloned().unwrap_or_default(),
+                )
+            }
+            None if kind == Kind::Cdrom => (vec![], false, VolumeFacts::default()),
+            None => {
+                return Err(ConvertError::missing(
+                    p.key("name"),
+                    format!("no volume named {:?}", d.name),
+                ))
+            }
+        };
+        let vd = drive::VolumeDiscard::of(vol.map(|(_, v)| v), hotplug);
+        let bare_driver = vol.is_some_and(|(_, v)| v.downward_metrics.is_some());
+        items.push(Item {
+            i,
+            kind,
+            bus,
+            // KubeVirt's downwardMetrics disk is read-only whatever the disk says.
+            ro: ro || bare_driver,
+            chain,
+            hotplug,
+            facts,
+            discard: drive::discard(kind, vd, ignored),
+            bare_driver,
+        });
+    }
+    Ok(items)
+}
+
+/// The position in `items` of the disk that gets `bootindex=1` ([`default_boot_disk`]), or
+/// none when any device has a boot order. Only the devices in the domain count: disks planned
+/// here and every interface (KubeVirt copies `bootOrder` onto NICs and SR-IOV host devices
+/// alike).
+fn default_boot(
+    vmi: &Vmi,
+    disks: &[Disk],
+    items: &[Item],
+    targets: &[(String, usize)],
+) -> Option<usize> {
+    let explicit_boot = items.iter().any(|it| disks[it.i].boot_order.is_some())
+        || vmi
+            .spec
+            .domain
+            .devices
+            .interfaces
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|n| n.boot_order.is_some());
+    if explicit_boot {
+        return None;
+    }
+    default_boot_disk(
+        &items
+            .iter()
+            .zip(targets)
+            .map(|(it, (_, index))| (matches!(it.kind, Kind::Disk | Kind::Lun), it.bus, *index))
+            .collect::<Vec<_>>(),
+    )
+}
+
+/// What every disk's frontend takes from the whole VMI: the IOThread of each disk (by disk
+/// position) and, with `blockMultiQueue`, one queue per vCPU.
+struct Queues {
+    threads: Vec<Option<u32>>,
+    multiqueue: bool,
+    queues: u32,
+}
+
+/// One ready disk's planned device: its drive options, the blockdev chain (node names
+/// counting down from `node`), and its frontend at `target` (name and index on the bus);
+/// `boots` gives it `bootindex=1` when it has no boot order.
+fn planned_disk(
+    vmi: &Vmi,
+    d: &Disk,
+    it: Item,
+    (target, index): (String, usize),
+    node: &mut usize,
+    boots: bool,
+    q: &Queues,
+) -> Result<PlannedDevice, ConvertError> {
+    let p = devices_path().key("disks").index(it.i);
+    let bare;
+    let spec = if it.bare_driver {
+        bare = Disk {
+            cache: None,
+            io: None,
+            ..d.clone()
+        };
+        &bare
+    } else {
+        d
+    };
+    let opts = drive::options(
+        spec,
+        &p,
+        it.bus,
+        !it.chain.is_empty(),
+        &it.facts,
+        it.discard,
+    )?;
+    if d.disk
+        .as_ref()
+        .and_then(|t| t.pci_address.as_ref())
+        .is_some()
+    {
+        return Err(ConvertError::unsupported(
+            p.key("disk").key("pciAddress"),
+            "a fixed PCI address",
+        ));
+    }
+    let (blockdevs, drive) = drive::chain(&it.chain, node, it.ro, &opts);
+    if d.boot_order == Some(0) {
+        return Err(ConvertError::invalid(
+            p.key("bootOrder"),
+            "boot order starts at 1",
+        ));
+    }
+    let (device, placement, hotpluggable) = frontend::device(frontend::Frontend {
+        vmi,
+        path: p,
+        kind: it.kind,
+        bus: it.bus,
+        read_only: it.ro,
+        index,
+        id: alias(&d.name),
+        bootindex: d.boot_order.or(boots.then_some(1)),
+        drive,
+        opts,
+        iothread: q
+            .threads
+            .get(it.i)
+            .copied()
+            .flatten()
+            .map(|t| format!("iothread{t}")),
+        num_queues: (q.multiqueue && !it.bare_driver).then_some(q.queues),
+        hotplug: it.hotplug,
+        storage: it.facts.kind,
+    })?;
+    Ok(PlannedDevice {
+        class: DeviceClass::Disk,
+        name: Some(d.name.clone()),
+        backend: if blockdevs.is_empty() {
+            Backend::None
+        } else {
+            Backend::Blockdevs(blockdevs)
+        },
+        device,
+        placement,
+        address: None,
+        hotpluggable,
+        target: Some(target),
+        iommu_platform: false,
+    })
 }
 
 #[cfg(test)]
