@@ -9,6 +9,8 @@
 //!   reason, the source runs on, the target's QEMU is gone;
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
 //! - the migration stream stalled mid-copy: no progress, the progress timeout aborts;
+//! - the disk mirror's NBD leg mute before the mirror connects: the progress timeout fails it
+//!   while QEMU waits in `blockdev-add`, and the source runs on;
 //! - the target's QEMU frozen (SIGSTOP) mid-copy: the progress timeout fails the migration and
 //!   the source QEMU is not wedged on the disk mirror's pending NBD writes;
 //! - last, a user-paused VMI migrates and stays paused on the target until unpaused.
@@ -238,6 +240,23 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
                 .contains(&tq)),
             "the target's QEMU is still there"
         );
+    }
+
+    // The NBD leg stops before the mirrors connect (the target's NBD server never gets the
+    // negotiation's answers, as with a target frozen just then): the source QEMU waits in the
+    // mirror's `blockdev-add` with its main loop held. The progress timeout (3 s) fails the
+    // migration, cutting the mirror's connection frees QEMU, and the source runs on.
+    {
+        let (_target, _t, _tc, vmi, relay) =
+            prepared_target(&images, &source, &uid, "mig-nbd-mute").await;
+        relay.freeze_nbd(true);
+        assert_eq!(
+            Rpc::migrate(&mut sc, &vmi, &options("1Mi", 3)).await,
+            (true, String::new())
+        );
+        let m = ended(&mut sc, "mig-nbd-mute").await;
+        assert!(m.failed && m.failure_reason.contains("stuck for"), "{m:?}");
+        source_runs(&source, &mut sc).await;
     }
 
     // The target's QEMU frozen (SIGSTOP) mid-copy, its NBD server and stream no longer read:

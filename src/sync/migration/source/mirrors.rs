@@ -85,6 +85,11 @@ pub(super) fn cut_links(mirrors: &mut [Mirror]) {
 /// one `top` mirror at `speed` per copied disk of `domain`, each pushed to `mirrors` once its node
 /// exists (the roll-back removes what is there). Every copied disk must be among the target's
 /// `exports`.
+///
+/// `blockdev-add` of an NBD client negotiates with the target's server while QEMU's main loop
+/// waits: a target that stopped answering (frozen) holds it there, so each `blockdev-add` and
+/// `blockdev-mirror` gets no more than `limit` (the progress timeout; the caller reads a
+/// [`QmpError::Timeout`] as no progress), and the roll-back's cut of the links frees QEMU.
 pub(super) async fn start_mirrors(
     qmp: &QmpClient,
     domain: &RunningDomain,
@@ -92,6 +97,7 @@ pub(super) async fn start_mirrors(
     nbd: &Path,
     speed: Option<u64>,
     mirrors: &mut Vec<Mirror>,
+    limit: Duration,
 ) -> Result<(), MigrationError> {
     for (i, disk) in domain.copied_disks.iter().enumerate() {
         if !exports.contains(&disk.export) {
@@ -102,26 +108,32 @@ pub(super) async fn start_mirrors(
         }
         let node = format!("migration-{i}");
         let link = NbdLink::open(qmp, nbd, &node).await?;
-        qmp.run(&BlockdevAddNbd {
-            driver: "nbd",
-            node_name: node.clone(),
-            server: SocketAddress::Fd { name: node.clone() },
-            export: disk.export.clone(),
-        })
+        qmp.run_timeout(
+            &BlockdevAddNbd {
+                driver: "nbd",
+                node_name: node.clone(),
+                server: SocketAddress::Fd { name: node.clone() },
+                export: disk.export.clone(),
+            },
+            limit,
+        )
         .await?;
         mirrors.push(Mirror {
             node: node.clone(),
             job: disk.export.clone(),
             link: Some(link),
         });
-        qmp.run(&BlockdevMirror {
-            job_id: disk.export.clone(),
-            device: disk.node.clone(),
-            target: node,
-            sync: "top",
-            speed,
-            auto_finalize: true,
-        })
+        qmp.run_timeout(
+            &BlockdevMirror {
+                job_id: disk.export.clone(),
+                device: disk.node.clone(),
+                target: node,
+                sync: "top",
+                speed,
+                auto_finalize: true,
+            },
+            limit,
+        )
         .await?;
     }
     Ok(())

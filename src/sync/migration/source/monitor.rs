@@ -55,19 +55,29 @@ pub(super) async fn migrate(
     })
     .await?;
 
-    start_mirrors(
+    // The mirrors' start is no progress yet: a target that stops answering their NBD
+    // negotiation is the progress timeout, as a stuck copy is.
+    let progress = plan.options.progress_deadline();
+    let started_mirrors = Instant::now();
+    match start_mirrors(
         qmp,
         domain,
         exports,
         &plan.nbd,
         plan.options.mirror_speed(),
         mirrors,
+        progress.unwrap_or(PEER_TIMEOUT),
     )
-    .await?;
+    .await
+    {
+        Err(MigrationError::Qmp(QmpError::Timeout { .. })) if progress.is_some() => {
+            return Err(stuck(started_mirrors));
+        }
+        r => r?,
+    }
 
     let t0 = Instant::now();
     let mut completion = plan.options.completion_deadline(plan.data_bytes);
-    let progress = plan.options.progress_deadline();
     let mut paused = false;
     let mut continued = false;
     let mut abort_alive = true;
