@@ -6,7 +6,8 @@
 //! - a target pod prepared but never reached exits on `SignalTargetPodCleanup`;
 //! - cancel mid-copy (the RAM stream limited to 1 MiB/s, so the copy of 128 MiB is still running
 //!   when the cancel comes): `AbortStatus` Aborting then Succeeded, `Failed` with KubeVirt's
-//!   reason, the source runs on, the target's QEMU is gone;
+//!   reason, the source runs on, the target's QEMU is gone, its final notification comes at once
+//!   and `SignalTargetPodCleanup` ends its launcher;
 //! - the target's QEMU killed mid-copy: `Failed` with a reason, the source runs on;
 //! - the migration stream stalled mid-copy: no progress, the progress timeout aborts;
 //! - the disk mirror's NBD leg mute before the mirror connects: the progress timeout fails it
@@ -147,7 +148,7 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
 
     // Cancel mid-copy.
     {
-        let (target, t, _tc, vmi, _relay) =
+        let (mut target, t, mut tc, vmi, _relay) =
             prepared_target(&images, &source, &uid, "mig-cancel").await;
         assert_eq!(
             Rpc::migrate(&mut sc, &vmi, &options("1Mi", 150)).await,
@@ -187,6 +188,25 @@ async fn failed_migrations_leave_the_source_running_then_a_paused_vmi_stays_paus
                 .contains(&tq)),
             "the target's QEMU is still there"
         );
+        // libvirt removes a failed incoming migration's transient domain at once: the target's
+        // final notification (its domain with a deletion timestamp) comes now, not after the
+        // 15 s wait for DeleteVirtualMachine, and the target launcher serves until
+        // virt-handler's SignalTargetPodCleanup, then exits cleanly.
+        assert!(
+            testkit::process::wait_until(Duration::from_secs(10), || target
+                .received
+                .lock()
+                .unwrap()
+                .iter()
+                .any(|(_, d)| d.object_meta.deletion_timestamp.is_some())),
+            "no final notification from the target within 10 s"
+        );
+        assert_eq!(
+            Rpc::signal_cleanup(&mut tc, &vmi).await,
+            (true, String::new())
+        );
+        let status = target.wait_launcher(t, Duration::from_secs(10)).await;
+        assert!(status.success(), "{status:?}");
         let aborting = source
             .received
             .lock()

@@ -99,15 +99,27 @@ async fn run_sync(
     // KubeVirt's order: Shutoff is notified (the event task), the command server keeps serving
     // until virt-handler's DeleteVirtualMachine or 15 s, then the final delete notification.
     // Without virt-handler's pipe (`qlauncher run`) nobody calls or awaits either.
-    let final_wait = if notifier.socket_present() {
+    // A migration target whose incoming migration failed: libvirt removes the transient domain
+    // at once, so the final notification goes out now, and the command server serves on until
+    // virt-handler's SignalTargetPodCleanup or DeleteVirtualMachine (15 s at most), which its
+    // migration-target controller sends once it sees the domain gone.
+    if !notifier.socket_present() {
+        manager.final_notify(Duration::ZERO).await;
+    } else if manager
+        .migration
+        .incoming_failed(Duration::from_secs(5))
+        .await
+    {
+        manager.final_notify(Duration::from_secs(10)).await;
+        if !manager.wait_deleted(Duration::from_secs(15)).await {
+            info!("no SignalTargetPodCleanup or DeleteVirtualMachine within 15 s after the failed incoming migration");
+        }
+    } else {
         if !manager.wait_deleted(Duration::from_secs(15)).await {
             info!("no DeleteVirtualMachine within 15 s, sending the final notification");
         }
-        Duration::from_secs(10)
-    } else {
-        Duration::ZERO
-    };
-    manager.final_notify(final_wait).await;
+        manager.final_notify(Duration::from_secs(10)).await;
+    }
     let _ = server_stop_tx.send(());
     let _ = server.wait().await;
     result

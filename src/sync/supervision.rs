@@ -73,6 +73,16 @@ impl SupervisedDomain for SyncVmi {
         if self.ctx.shared.job() == crate::sync::state::Job::MigratedAway {
             return Ok(());
         }
+        // A migration target whose QEMU ended before its incoming migration completed: that
+        // migration failed (the source reports it and runs on); the domain never was this pod's,
+        // and KubeVirt's target launcher exits 0 after its final notification.
+        if matches!(
+            self.migration.incoming(),
+            crate::sync::migration::launcher::Incoming::Pending
+                | crate::sync::migration::launcher::Incoming::Failed
+        ) {
+            return Ok(());
+        }
         // Let the event task see the exit (Shutoff) and the SHUTDOWN QEMU sent before it: it runs
         // on this same current-thread runtime, so only while this waits asynchronously.
         let deadline = tokio::time::Instant::now() + EXIT_SEEN;

@@ -22,7 +22,7 @@ use crate::sync::error::SyncError;
 use crate::sync::guest::agent::AgentError;
 use crate::sync::migration::launcher::{
     annotation, boot_memory_view, decode, migration_proxy_sockets, normalized, refused,
-    require_unix_transport, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    require_unix_transport, Incoming, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
@@ -224,6 +224,7 @@ impl SyncVmi {
             .target_for
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(vmi_uid.clone());
+        self.migration.set_incoming(Incoming::Pending);
         drop(running);
         info!(control = %control.display(), "migration target prepared, waiting for the source");
         let me = self.clone();
@@ -245,13 +246,17 @@ impl SyncVmi {
                 return;
             };
             match self.incoming(conn, target).await {
-                Ok(()) => return,
+                Ok(()) => {
+                    self.migration.set_incoming(Incoming::Completed);
+                    return;
+                }
                 Err((Some(target), e)) => {
                     warn!(reason = %e.failure_reason(), "migration source refused before QEMU started");
                     *self.migration.target.lock().await = Some(target);
                 }
                 Err((None, e)) => {
                     warn!(reason = %e.failure_reason(), "incoming migration failed");
+                    self.migration.set_incoming(Incoming::Failed);
                     return;
                 }
             }
@@ -609,6 +614,14 @@ impl SyncVmi {
         let target_pod = state.and_then(|s| s.target_pod).unwrap_or_default();
         let pod = std::env::var("POD_NAME").unwrap_or_default();
         if pod.is_empty() || pod != target_pod {
+            return Ok(());
+        }
+        if self.migration.incoming() == Incoming::Failed {
+            // Past its failed incoming migration the launcher has sent its final notification
+            // and serves until this (or DeleteVirtualMachine): it may exit now
+            // ([`crate::sync::launcher`]).
+            info!(pod = %pod, "target pod cleanup signalled after the failed incoming migration");
+            self.deleted.send_replace(true);
             return Ok(());
         }
         if self.ctx.qemu_pid().is_some() {

@@ -23,7 +23,7 @@
 //! and the migration record.
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Mutex as StdMutex;
 
 use serde::Deserialize;
@@ -57,6 +57,51 @@ pub(crate) struct MigrationCtl {
     pub(super) target_for: StdMutex<Option<String>>,
     /// The guest-time sync ran.
     pub(super) time_synced: AtomicBool,
+    /// Where this launcher's incoming migration stands ([`Incoming`] as a number).
+    pub(super) incoming: AtomicU8,
+}
+
+/// The incoming migration of a target launcher.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Incoming {
+    /// Not a migration target (or not prepared yet).
+    None = 0,
+    /// Prepared, the incoming migration not ended yet.
+    Pending = 1,
+    /// It completed: the domain is this pod's.
+    Completed = 2,
+    /// It failed once QEMU ran (an abort, a failed stream): the domain never became this pod's.
+    Failed = 3,
+}
+
+impl MigrationCtl {
+    /// Where this launcher's incoming migration stands.
+    pub(crate) fn incoming(&self) -> Incoming {
+        match self.incoming.load(Ordering::SeqCst) {
+            1 => Incoming::Pending,
+            2 => Incoming::Completed,
+            3 => Incoming::Failed,
+            _ => Incoming::None,
+        }
+    }
+
+    pub(super) fn set_incoming(&self, state: Incoming) {
+        self.incoming.store(state as u8, Ordering::SeqCst);
+    }
+
+    /// True when this launcher was a migration target and its incoming migration failed after
+    /// QEMU started. libvirt removes such a transient domain at once (`qemuMigrationDstFinish`),
+    /// so the launcher's final notification need not wait for DeleteVirtualMachine
+    /// ([`crate::sync::launcher`]). Waits up to `settle` while the outcome is still pending
+    /// (QEMU's exit can be seen before the incoming migration's task records its failure).
+    pub(crate) async fn incoming_failed(&self, settle: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + settle;
+        while self.incoming() == Incoming::Pending && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        self.incoming() == Incoming::Failed
+    }
 }
 
 pub(super) struct PreparedTarget {
