@@ -9,21 +9,19 @@
 //! domain information ([`DomainInfo`]: guest agent, stats names, start timings) and the cmd API
 //! state ([`CmdApiState`]: agent poller store, freeze, memory dump, caches).
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex as StdMutex};
+use std::sync::Arc;
 
-use tokio::sync::watch;
 use tracing::info;
 
 use crate::qmp::client::QmpClient;
-use crate::qmp::lifecycle::{self, DomainStatus};
+use crate::qmp::lifecycle;
 use crate::sync::cmdapi::CmdApiState;
 use crate::sync::config::{SyncConfig, AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
 use crate::sync::guest::info::DomainInfo;
 use crate::sync::rpc::notify::Notifier;
-use crate::sync::state::{Job, Shared};
+use crate::sync::state::Shared;
 
 /// The domain's context (see the module doc).
 pub(crate) struct DomainCtx {
@@ -40,19 +38,9 @@ pub(crate) struct DomainCtx {
 impl DomainCtx {
     /// The context of a launcher with no domain yet; `notifier` receives the domain events.
     pub(crate) fn new(config: SyncConfig, notifier: Option<Notifier>) -> DomainCtx {
-        let (pid, _) = watch::channel(None);
         DomainCtx {
             config,
-            shared: Arc::new(Shared {
-                domain: StdMutex::new(None),
-                status: StdMutex::new(DomainStatus::default()),
-                notifier,
-                graceful: AtomicBool::new(false),
-                pid,
-                client: StdMutex::new(None),
-                job: StdMutex::new(Job::Idle),
-                fake_reboot: AtomicBool::new(false),
-            }),
+            shared: Arc::new(Shared::new(notifier)),
             info: DomainInfo::default(),
             cmdapi: CmdApiState::default(),
         }

@@ -89,6 +89,21 @@ pub(crate) enum Job {
 }
 
 impl Shared {
+    /// The state of a launcher with no domain yet: no status, no QMP client, no job;
+    /// `notifier` receives the domain events.
+    pub(crate) fn new(notifier: Option<Notifier>) -> Shared {
+        Shared {
+            domain: StdMutex::new(None),
+            status: StdMutex::new(DomainStatus::default()),
+            notifier,
+            graceful: AtomicBool::new(false),
+            pid: watch::channel(None).0,
+            client: StdMutex::new(None),
+            job: StdMutex::new(Job::Idle),
+            fake_reboot: AtomicBool::new(false),
+        }
+    }
+
     /// The domain's lifecycle status now.
     pub(crate) fn status(&self) -> DomainStatus {
         *self.status.lock().unwrap_or_else(|e| e.into_inner())
@@ -399,17 +414,7 @@ mod tests {
 
     #[test]
     fn a_higher_job_outranks_and_only_the_running_job_ends() {
-        let job = StdMutex::new(Job::Idle);
-        let shared = Shared {
-            domain: StdMutex::new(None),
-            status: StdMutex::new(DomainStatus::default()),
-            notifier: None,
-            graceful: AtomicBool::new(false),
-            pid: watch::channel(None).0,
-            client: StdMutex::new(None),
-            job,
-            fake_reboot: AtomicBool::new(false),
-        };
+        let shared = Shared::new(None);
         shared.begin(Job::Dumping);
         assert_eq!(shared.job(), Job::Dumping);
         shared.begin(Job::MigratingOut);
@@ -422,19 +427,6 @@ mod tests {
         shared.begin(Job::MigratedAway);
         shared.end(Job::MigratingOut);
         assert_eq!(shared.job(), Job::MigratedAway);
-    }
-
-    fn shared() -> Shared {
-        Shared {
-            domain: StdMutex::new(None),
-            status: StdMutex::new(DomainStatus::default()),
-            notifier: None,
-            graceful: AtomicBool::new(false),
-            pid: watch::channel(None).0,
-            client: StdMutex::new(None),
-            job: StdMutex::new(Job::Idle),
-            fake_reboot: AtomicBool::new(false),
-        }
     }
 
     /// A QMP peer on `stream` that greets, accepts `qmp_capabilities` and returns its writer.
@@ -482,7 +474,7 @@ mod tests {
             // The client's reader takes the event in; the connection ends after it.
             tokio::time::sleep(std::time::Duration::from_millis(20)).await;
             drop(w);
-            let shared = Arc::new(shared());
+            let shared = Arc::new(Shared::new(None));
             follow_events(shared.clone(), events, client, qemu).await;
             let status = shared.status();
             assert_eq!(
