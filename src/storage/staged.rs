@@ -308,4 +308,36 @@ mod tests {
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
         std::fs::remove_dir_all(&dir).unwrap();
     }
+
+    #[test]
+    fn unnamed_file_has_no_name_until_linked_with_its_mode() {
+        let dir = scratch("unnamed");
+        let target = dir.join("disk.qcow2");
+        let staged = Staged::create_unnamed(&target, 0o600).unwrap();
+        staged.file().write_all_at(b"image", 0).unwrap();
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0);
+        assert!(staged.commit(None, 0o640, Replace::No).unwrap());
+        assert_eq!(std::fs::read(&target).unwrap(), b"image");
+        let meta = std::fs::metadata(&target).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o640);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+
+        // Dropped before the commit: nothing ever had a name.
+        drop(Staged::create_unnamed(&dir.join("other.qcow2"), 0o600).unwrap());
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn unnamed_file_never_replaces_one_created_meanwhile() {
+        let dir = scratch("unnamed-race");
+        let target = dir.join("disk.qcow2");
+        let staged = Staged::create_unnamed(&target, 0o640).unwrap();
+        staged.file().write_all_at(b"new", 0).unwrap();
+        std::fs::write(&target, b"guest writes").unwrap();
+        assert!(!staged.commit(None, 0o640, Replace::No).unwrap());
+        assert_eq!(std::fs::read(&target).unwrap(), b"guest writes");
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
