@@ -4,10 +4,11 @@
 //! -F <fmt> <overlay>` at `<ephemeral-disk-dir>/disk-data/<volume>/disk.qcow2`, skips the step when
 //! the overlay exists, then sets mode 0640 and the qemu owner. Here the qcow2 (v3, 64 KiB
 //! clusters, 16-bit refcounts, the bytes qemu-img writes) with the backing file name and format
-//! recorded and the base's virtual size is one vector write ([`super::qcow2_create`]); the base
-//! is only ever opened read-only (to read its header or length), and the overlay is staged as an
-//! unnamed file (`O_TMPFILE`, or a temporary name where that is unsupported) and linked into
-//! place without replacing an existing file. It is not fsynced: it lives in the pod's emptyDir, which a virt-launcher pod
+//! recorded and the base's virtual size is three small writes and a length, sparse
+//! ([`super::qcow2_create`]); the base is only ever opened read-only (to read its header or
+//! length), and the overlay is staged as an unnamed file (`O_TMPFILE`, or a temporary name where
+//! that is unsupported) and linked into place without replacing an existing file. It is not
+//! fsynced: it lives in the pod's emptyDir, which a virt-launcher pod
 //! (`restartPolicy: Never`) never reuses after a crash ([`Durability::PodLifetime`]).
 
 use std::path::{Path, PathBuf};

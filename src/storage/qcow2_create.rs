@@ -1,4 +1,4 @@
-//! Creating a qcow2 v3 image (optionally over a backing file) in one positioned vector write.
+//! Creating a qcow2 v3 image (optionally over a backing file) with a few positioned writes, sparse.
 //!
 //! The layout is the one `qemu-img create -f qcow2 [-b <base> -F <fmt>]` writes (QEMU's
 //! `block/qcow2.c` `qcow2_co_create`, then `qcow2_co_truncate` for the L1 table; the format is
@@ -6,13 +6,14 @@
 //! the backing format extension, the feature name table and the backing file name), the
 //! refcount table in cluster 1, its one refcount block in cluster 2 and the (all-zero) L1 table
 //! from cluster 3, the file ending where the L1 table ends. The bytes equal qemu-img's (the
-//! storage tests compare them). Nothing is read back: the whole file is one `pwritev` of the
-//! few non-zero bytes, with every gap pointing at one shared zero buffer.
+//! storage tests compare them). Nothing is read back: three small positioned writes of the
+//! non-zero bytes and an `ftruncate` to the length, so the zero clusters stay holes (qemu-img
+//! writes them out; writing 192 KiB of zeros cost about 50 us more per image in a C
+//! microbenchmark of both on ext4, 78 us against 33 us with the staging and link).
 
 use std::fs::File;
 use std::io;
-use std::io::IoSlice;
-use std::os::fd::AsFd;
+use std::os::unix::fs::FileExt;
 
 use super::qcow2::MAGIC;
 
@@ -44,8 +45,6 @@ const FEATURES: [(u8, u8, &str); 8] = [
 ];
 /// One feature name table entry: type, bit, 46 bytes of name.
 const FEATURE_ENTRY: usize = 48;
-
-static ZEROS: [u8; CLUSTER] = [0; CLUSTER];
 
 /// The non-zero parts of a new image and its length.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -141,67 +140,20 @@ fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
     })
 }
 
-/// The image as slices of one vector write from offset 0: the non-zero parts and the gaps
-/// between them, each gap as slices of [`ZEROS`].
-fn slices(image: &Image) -> Vec<&[u8]> {
-    fn gap_to(out: &mut Vec<&[u8]>, at: &mut usize, to: usize) {
-        while *at < to {
-            let n = (to - *at).min(CLUSTER);
-            out.push(&ZEROS[..n]);
-            *at += n;
-        }
-    }
-    let mut out: Vec<&[u8]> = Vec::new();
-    let mut at = 0usize;
-    out.push(&image.header);
-    at += image.header.len();
-    gap_to(&mut out, &mut at, CLUSTER);
-    out.push(&image.refcount_table);
-    at += image.refcount_table.len();
-    gap_to(&mut out, &mut at, 2 * CLUSTER);
-    out.push(&image.refcount_block);
-    at += image.refcount_block.len();
-    gap_to(&mut out, &mut at, image.len as usize);
-    out
-}
-
 /// Writes a new qcow2 v3 image of `size` bytes (a multiple of 512) into the empty `file`,
-/// optionally over `backing` (file name as QEMU will open it, format), with one `pwritev`
-/// (more only when the kernel writes short).
+/// optionally over `backing` (file name as QEMU will open it, format): the three non-zero parts
+/// at their offsets, then the file's length, the rest left as holes that read as zeros (what
+/// QEMU reads is qemu-img's bytes; only the allocation is smaller).
 ///
 /// # Errors
 /// `InvalidInput` for a size that is not a multiple of 512 or beyond QEMU's L1 limit, or a
 /// backing name over 1023 bytes; the write's error otherwise.
 pub(crate) fn write_image(file: &File, size: u64, backing: Option<(&str, &str)>) -> io::Result<()> {
     let image = layout(size, backing)?;
-    let parts = slices(&image);
-    let (mut part, mut skip, mut offset) = (0usize, 0usize, 0i64);
-    while part < parts.len() {
-        // At most IOV_MAX (1024) slices per call; the L1 table of the largest image needs 512.
-        let first = parts[part].get(skip..).unwrap_or_default();
-        let iov: Vec<IoSlice<'_>> = std::iter::once(IoSlice::new(first))
-            .chain(parts[part + 1..].iter().take(1023).map(|p| IoSlice::new(p)))
-            .collect();
-        let mut written = match nix::sys::uio::pwritev(file.as_fd(), &iov, offset) {
-            Ok(0) => return Err(io::Error::from(io::ErrorKind::WriteZero)),
-            Ok(n) => n,
-            Err(nix::errno::Errno::EINTR) => continue,
-            Err(e) => return Err(io::Error::from(e)),
-        };
-        offset += written as i64;
-        while written > 0 {
-            let left = parts[part].len() - skip;
-            if written < left {
-                skip += written;
-                written = 0;
-            } else {
-                written -= left;
-                part += 1;
-                skip = 0;
-            }
-        }
-    }
-    Ok(())
+    file.write_all_at(&image.header, 0)?;
+    file.write_all_at(&image.refcount_table, CLUSTER as u64)?;
+    file.write_all_at(&image.refcount_block, 2 * CLUSTER as u64)?;
+    file.set_len(image.len)
 }
 
 #[cfg(test)]
@@ -226,8 +178,6 @@ mod tests {
                 "{size}"
             );
             assert_eq!(image.refcount_block.len(), clusters * 2, "{size}");
-            let total: usize = slices(&image).iter().map(|s| s.len()).sum();
-            assert_eq!(total as u64, len);
         }
     }
 
