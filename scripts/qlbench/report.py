@@ -9,6 +9,7 @@ import statistics
 from .common import STARTED, stats
 from .host import pod_binaries
 from .ops import qmp_hotplug_ms
+from .size import not_ahead_size, render_size
 
 
 def fmt(s, unit, scale=1.0, digits=2):
@@ -27,7 +28,7 @@ def render(r):
     """BENCHMARKS.md from the results `r`, section by section."""
     lines = []
     w = lines.append
-    for section in (header, start_latency, memory, per_operation, soak, scaling, domain_xml):
+    for section in (header, start_latency, memory, per_operation, size, soak, scaling, domain_xml):
         section(r, w)
     return "\n".join(lines) + "\n"
 
@@ -189,6 +190,12 @@ def per_operation(r, w):
         w(f"== {k}")
         w("\n".join(l for l in v.splitlines() if l.strip() and not l.startswith("Benchmarking"))[:6000])
     w("```\n</details>\n")
+
+
+def size(r, w):
+    """The image size section, when the phase ran."""
+    if r.get("size"):
+        render_size(r["size"], w)
 
 
 def soak(r, w):
@@ -362,6 +369,9 @@ def not_ahead(r):
                 "without the read-back, and stage with `O_TMPFILE` + `linkat` (one directory "
                 "operation fewer); the directory's `mkdir` stays, as KubeVirt's launcher also makes it "
                 "before it runs qemu-img.")
+    size_entry = not_ahead_size(r.get("size"))
+    if size_entry:
+        out.append(size_entry)
     sk = r.get("soak")
     if sk and sk.get("launcher_rss_growth") is not None and sk["launcher_rss_growth"] > 0.05:
         out.append(f"- **Soak**: non-QEMU RSS grew {sk['launcher_rss_growth'] * 100:.1f} % over "
