@@ -10,13 +10,13 @@ use crate::cmdline::context::TapSource;
 use crate::cmdline::plan::{CpuPlan, DomainPlan};
 use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::sync::ctx::DomainCtx;
+use crate::sync::define::{define, Defined};
 use crate::sync::migration::hotplug;
 use crate::sync::migration::launcher::{normalized, PreparedTarget};
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
 use crate::sync::migration::sriov;
 use crate::sync::migration::target::incoming_argv;
 use crate::sync::migration::MigrationError;
-use crate::sync::start;
 use crate::sync::state::Running;
 
 /// The target's QEMU definition for one incoming migration ([`boot_conversion`]).
@@ -131,7 +131,7 @@ fn boot_conversion(
                 "cannot convert the VMI without its hot-plugged devices: {e}"
             ))
         })?;
-        let argv = start::argv(d, &plan);
+        let Defined { plan, argv, .. } = define(d, plan);
         boots.push((plan, argv));
     }
     // The view whose argv is the source's; none: the first, whose difference the caller
@@ -204,7 +204,8 @@ fn adopt_source_cpu(
         .take()
         .unwrap_or_else(|| target.prepared.plan.clone());
     plan.cpu = cpu.clone();
-    boot.argv = start::argv(d, &plan);
+    let Defined { plan, argv, .. } = define(d, plan);
+    boot.argv = argv;
     // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
     if domain.hotplugged.is_empty() {
         boot.plan = None;
