@@ -92,22 +92,24 @@ pub struct MemoryBacking {
 }
 
 /// `<os>`.
+/// Fields in the order of KubeVirt's `api.OS` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Os {
     /// `<type arch="x86_64" machine="q35">hvm</type>`.
     #[serde(rename = "type")]
     pub type_: OsType,
+    /// `<smbios mode="sysinfo"/>`.
+    pub smbios: Option<ModeAttr>,
+    /// `<bootmenu enable="yes" timeout="10000"/>`.
+    pub bootmenu: Option<BootMenu>,
+    /// `<bios useserial="yes"/>`.
+    pub bios: Option<Bios>,
     /// OVMF code.
     pub loader: Option<Loader>,
     /// Per-VM EFI variables.
     pub nvram: Option<Nvram>,
-    /// `<bootmenu enable="yes" timeout="10000"/>`.
-    pub bootmenu: Option<BootMenu>,
-    /// `<smbios mode="sysinfo"/>`.
-    pub smbios: Option<ModeAttr>,
-    /// `<bios useserial="yes"/>`.
-    pub bios: Option<Bios>,
     /// Kernel image.
     pub kernel: Option<String>,
     /// Initrd.
