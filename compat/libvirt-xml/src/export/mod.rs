@@ -128,6 +128,7 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
         sysinfo: Some(sysinfo(plan)),
         devices: Devices { items: devices },
         clock: clock(vmi),
+        commandline: commandline(plan),
         metadata: Metadata {
             kubevirt: KubevirtMetadata {
                 xmlns: "http://kubevirt.io".into(),
@@ -229,6 +230,31 @@ fn devices(
     let vsocks = plan.devices_of(DeviceClass::Vsock).filter_map(vsock);
     devices.extend(vsocks.map(Device::Vsock));
     Ok(devices)
+}
+
+/// `<qemu:commandline>` of the words and variables a hook added (`DomainPlan::extra_args`,
+/// `extra_env`); `None` when there are none, as KubeVirt writes no element then.
+fn commandline(plan: &DomainPlan) -> Option<Commandline> {
+    if plan.extra_args.is_empty() && plan.extra_env.is_empty() {
+        return None;
+    }
+    Some(Commandline {
+        env: plan
+            .extra_env
+            .iter()
+            .map(|(name, value)| QemuEnv {
+                name: name.clone(),
+                value: value.clone(),
+            })
+            .collect(),
+        arg: plan
+            .extra_args
+            .iter()
+            .map(|value| QemuArg {
+                value: value.clone(),
+            })
+            .collect(),
+    })
 }
 
 /// Serialises a domain as indented XML (two spaces, like `xml.MarshalIndent` in KubeVirt).

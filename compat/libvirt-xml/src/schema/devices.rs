@@ -98,36 +98,38 @@ pub struct Address {
 }
 
 /// `<interface type="ethernet">`.
+/// Fields in the order of KubeVirt's `api.Interface` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Interface {
     /// `ethernet`.
     #[serde(rename = "@type")]
     pub type_: String,
+    /// PCI address.
+    pub address: Option<Address>,
     /// `<source/>` (empty for ethernet).
     pub source: Empty,
     /// `<target dev="tap0" managed="no"/>`.
     pub target: Option<IfaceTarget>,
     /// `<model type="virtio-non-transitional"/>`.
     pub model: TypeAttr,
-    /// `<driver name="vhost" queues="N"/>`.
-    pub driver: Option<IfaceDriver>,
     /// `<mac address=".."/>`.
     pub mac: Option<MacAddress>,
     /// `<mtu size="1500"/>`.
     pub mtu: Option<Mtu>,
-    /// `ua-<name>`.
-    pub alias: NameAttr,
     /// `<boot order="N"/>`.
     pub boot: Option<BootOrder>,
-    /// `<rom enabled="no"/>`.
-    pub rom: Option<Rom>,
     /// `<link state="down"/>`.
     pub link: Option<State>,
+    /// `ua-<name>`.
+    pub alias: NameAttr,
+    /// `<driver name="vhost" queues="N"/>`.
+    pub driver: Option<IfaceDriver>,
+    /// `<rom enabled="no"/>`.
+    pub rom: Option<Rom>,
     /// `<acpi index="N"/>`.
     pub acpi: Option<AcpiIndex>,
-    /// PCI address.
-    pub address: Option<Address>,
 }
 
 /// `<target dev managed/>`.
@@ -228,22 +230,24 @@ pub struct ChannelTarget {
     pub type_: String,
 }
 
-/// `<hostdev mode="subsystem" type="pci|mdev">`: a device passed through with VFIO, as KubeVirt's
+/// `<hostdev type="pci|mdev" mode="subsystem">`: a device passed through with VFIO, as KubeVirt's
 /// `device/hostdevice` package builds it (`createPCIHostDevice`, `createMDEVHostDevice`): a PCI
 /// function with `managed="no"` (the device plugin bound it to vfio-pci already), or a mediated
 /// device with `model="vfio-pci"` and the vGPU display (`display`, `ramfb`).
+/// Fields in the order of KubeVirt's `api.HostDevice` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostDev {
-    /// `subsystem`.
-    #[serde(rename = "@mode")]
-    pub mode: String,
     /// `pci` or `mdev`.
     #[serde(rename = "@type")]
     pub type_: String,
     /// `no` (PCI only).
     #[serde(rename = "@managed")]
     pub managed: Option<String>,
+    /// `subsystem`.
+    #[serde(rename = "@mode")]
+    pub mode: String,
     /// `vfio-pci` (mediated devices only).
     #[serde(rename = "@model")]
     pub model: Option<String>,
@@ -257,10 +261,10 @@ pub struct HostDev {
     pub source: HostDevSource,
     /// `<boot order="N"/>` (SR-IOV interfaces with a `bootOrder`).
     pub boot: Option<BootOrder>,
-    /// `ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`.
-    pub alias: NameAttr,
     /// Guest PCI address.
     pub address: Option<Address>,
+    /// `ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`.
+    pub alias: NameAttr,
 }
 
 /// `<source><address .../></source>` of a host device.
@@ -293,6 +297,8 @@ pub struct HostAddress {
 }
 
 /// `<controller type index model>`.
+/// Fields in the order of KubeVirt's `api.Controller` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Controller {
@@ -307,12 +313,12 @@ pub struct Controller {
     pub model: Option<String>,
     /// `<driver iothread queues/>` (virtio-scsi).
     pub driver: Option<ControllerDriver>,
-    /// `<target chassis port/>` (pcie-root-port).
-    pub target: Option<ControllerTarget>,
     /// Alias (`ua-` never; libvirt's own names).
     pub alias: Option<NameAttr>,
     /// PCI address.
     pub address: Option<Address>,
+    /// `<target chassis port/>` (pcie-root-port).
+    pub target: Option<ControllerTarget>,
 }
 
 /// `<driver iothread queues/>` of a controller.

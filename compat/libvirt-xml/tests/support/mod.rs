@@ -74,7 +74,7 @@ fn needs_unexported_hardware(vmi: &Vmi) -> bool {
 /// backend, which a host without VFIO lacks ("invalid PCI passthrough type 'default'"); a node
 /// with VFIO picks it itself, as for KubeVirt's domain, which names none.
 pub fn with_vfio_backend(xml: &str) -> String {
-    const PCI_HOSTDEV: &str = "<hostdev mode=\"subsystem\" type=\"pci\" managed=\"no\">";
+    const PCI_HOSTDEV: &str = "<hostdev type=\"pci\" managed=\"no\" mode=\"subsystem\">";
     xml.replace(
         PCI_HOSTDEV,
         &format!("{PCI_HOSTDEV}<driver name=\"vfio\"/>"),
