@@ -259,7 +259,7 @@ fn spawn_qemu(
     command
         .args(argv)
         .env_clear()
-        .envs(plan.env.iter().cloned())
+        .envs(plan.env.iter().chain(&plan.extra_env).cloned())
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(log_err);
