@@ -14,6 +14,7 @@ use crate::cmdline::{render, ConverterContext, DomainPlan};
 use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::ApiDomain;
 use crate::sync::domain_spec;
+use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// A defined domain: the plan and the two renderings QEMU gets of it.
@@ -32,8 +33,17 @@ impl Defined {
     /// the libvirt XML export writes; the running devices keep their identity,
     /// [`domain_spec::apply_converted`]); `view` and `ctx` are the VMI and the facts the plan
     /// was converted from.
-    pub(crate) fn report(&self, domain: &mut ApiDomain, view: &Vmi, ctx: &ConverterContext) {
-        domain_spec::apply_converted(domain, view, ctx, &self.plan);
+    ///
+    /// # Errors
+    /// [`SyncError::DomainSpec`]: the `api.Domain` cannot show the plan (a device the exporter
+    /// has no element for): the definition fails rather than hide it from virt-handler.
+    pub(crate) fn report(
+        &self,
+        domain: &mut ApiDomain,
+        view: &Vmi,
+        ctx: &ConverterContext,
+    ) -> Result<(), SyncError> {
+        domain_spec::apply_converted(domain, view, ctx, &self.plan)
     }
 }
 

@@ -167,6 +167,11 @@ pub enum SyncError {
     /// Converting the VMI to a QEMU command line failed.
     #[error("converting the VMI")]
     Convert(#[source] crate::cmdline::ConvertError),
+    /// The defined plan has a device or setting the `api.Domain` cannot show (the exporter's
+    /// refusal), or its spec does not decode as `api.DomainSpec`: virt-handler would be shown
+    /// a domain without it, so the definition fails.
+    #[error("the domain spec cannot show the defined plan")]
+    DomainSpec(#[source] Box<dyn std::error::Error + Send + Sync>),
     /// Preparing QEMU's directories or log failed.
     #[error("preparing QEMU: {what}")]
     PrepareQemu {

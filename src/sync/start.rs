@@ -183,7 +183,7 @@ pub(crate) async fn prepare(
     d.info.remember_plan(&plan, &ctx);
     domain.spec.uuid = plan.uuid.clone();
     let defined = define(d, plan);
-    defined.report(&mut domain, &view, &ctx);
+    defined.report(&mut domain, &view, &ctx)?;
     let Defined {
         plan,
         argv,

@@ -90,7 +90,7 @@ pub(crate) async fn hotplug(
         }
     }
     // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await;
+    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
     running.ctx = ctx;
     d.shared.publish_nic_changes(&nics);
     Ok(())
