@@ -21,10 +21,10 @@ pub mod nics;
 pub mod resize;
 pub mod resources;
 
-use crate::cmdline::render;
 use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
+use crate::sync::define::{define, Defined};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, Gathered, Purpose};
@@ -74,7 +74,7 @@ pub(crate) async fn hotplug(
         },
     )
     .await?;
-    let qmp_plan = render::qmp_plan(&plan);
+    let Defined { plan, qmp_plan, .. } = define(d, plan);
     let mut nics = nics::NicChanges::default();
     for reconciler in RECONCILERS {
         match reconciler {

@@ -1,0 +1,82 @@
+//! The define seam: where a converted plan becomes what QEMU runs and what virt-handler is
+//! shown, in one place. It stands where KubeVirt's `SetDomainSpecStrWithHooks`
+//! (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0) defines the domain with libvirt, after the
+//! hook sidecars' `OnDefineDomain`: QEMU's argv, the QMP start-up and hotplug plan and the
+//! `api.Domain` spec all come from the one [`Defined`] plan, so they cannot disagree. The first
+//! start (`start::prepare`), the sync diff (`reconcile::hotplug`) and the migration target's boot
+//! conversion (`migration/boot_conversion.rs`) each call [`define`]; edits of the plan that must
+//! survive every later definition (a hook's) belong here, before the rendering.
+
+use std::path::Path;
+
+use crate::cmdline::qemu::KeyVal;
+use crate::cmdline::{render, ConverterContext, DomainPlan};
+use crate::sync::ctx::DomainCtx;
+use crate::sync::domain::ApiDomain;
+use crate::sync::domain_spec;
+use crate::vmi::Vmi;
+
+/// A defined domain: the plan and the two renderings QEMU gets of it.
+pub(crate) struct Defined {
+    /// The plan, as defined (the converter's).
+    pub(crate) plan: DomainPlan,
+    /// QEMU's argv (with `-S`), with the operator's second QMP monitor when configured.
+    pub(crate) argv: Vec<String>,
+    /// The QMP start-up and hotplug plan ([`render::qmp_plan`]): what a start runs after QEMU
+    /// is up and what the reconcilers compare with the running domain.
+    pub(crate) qmp_plan: render::QmpPlan,
+}
+
+impl Defined {
+    /// Puts this definition's `api.Domain` spec into `domain` (KubeVirt's JSON of the same model
+    /// the libvirt XML export writes; the running devices keep their identity,
+    /// [`domain_spec::apply_converted`]); `view` and `ctx` are the VMI and the facts the plan
+    /// was converted from.
+    pub(crate) fn report(&self, domain: &mut ApiDomain, view: &Vmi, ctx: &ConverterContext) {
+        domain_spec::apply_converted(domain, view, ctx, &self.plan);
+    }
+}
+
+/// Defines the domain of `plan` (see the module doc): QEMU's argv and QMP plan rendered from it.
+pub(crate) fn define(d: &DomainCtx, plan: DomainPlan) -> Defined {
+    let mut argv = render::argv(&plan);
+    if let Some(p) = &d.config.operator_qmp_socket {
+        argv.push("-qmp".into());
+        argv.push(operator_qmp_arg(p));
+    }
+    let qmp_plan = render::qmp_plan(&plan);
+    Defined {
+        plan,
+        argv,
+        qmp_plan,
+    }
+}
+
+/// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,
+/// commas of the path doubled (QEMU's option syntax).
+fn operator_qmp_arg(path: &Path) -> String {
+    let head = ["unix:", &path.display().to_string()].concat();
+    KeyVal::with_head(&head)
+        .on_off("server", true)
+        .on_off("wait", false)
+        .finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operator_qmp_socket_argument() {
+        let cases = [
+            ("/run/q/op.sock", "unix:/run/q/op.sock,server=on,wait=off"),
+            (
+                "/tmp/a,b/op.sock",
+                "unix:/tmp/a,,b/op.sock,server=on,wait=off",
+            ),
+        ];
+        for (path, want) in cases {
+            assert_eq!(operator_qmp_arg(Path::new(path)), want);
+        }
+    }
+}
