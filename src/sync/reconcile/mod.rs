@@ -74,7 +74,7 @@ pub(crate) async fn hotplug(
         },
     )
     .await?;
-    let Defined { plan, qmp_plan, .. } = define(d, plan);
+    let Defined { plan, qmp_plan, .. } = define(d, plan, &running.hook_edits);
     let mut nics = nics::NicChanges::default();
     for reconciler in RECONCILERS {
         match reconciler {
