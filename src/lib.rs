@@ -5,7 +5,7 @@
 //! QEMU with this one crate. The modules follow one dependency direction:
 //!
 //! ```text
-//! vmi (API types) <- cmdline (pure converter) <- storage, net, qmp (effects) <- sync (orchestrator)
+//! vmi (API types) <- cmdline (pure converter) <- storage, net, qmp, hooks (effects) <- sync (orchestrator)
 //! monitor: PID 1 process plumbing
 //! labeller: the node labeller (qmp, the host's /dev, /sys, /proc)
 //! ```
@@ -20,6 +20,7 @@ pub use qlauncher_core::cmdline;
 /// The VMI model (kubevirt.io/v1 types, defaults, validation), compiled in the `qlauncher-core` crate.
 pub use qlauncher_core::vmi;
 
+pub mod hooks;
 pub mod labeller;
 pub mod libvirt_rpc;
 pub mod log;

@@ -212,7 +212,7 @@ impl DomainManager for SyncVmi {
     async fn get_domain_stats(&self) -> Result<serde_json::Value, SyncError> {
         let pid = self.qemu_pid().ok_or(SyncError::NoDomain)?;
         let mut stats = self.ctx.info.stats(&self.ctx.client()?, pid).await?;
-        if let Some(job) = self.migration_job_info().await {
+        if let Some(job) = self.migrations().migration_job_info().await {
             stats["MigrateDomainJobInfo"] = job;
         }
         Ok(stats)
@@ -306,7 +306,7 @@ impl DomainManager for SyncVmi {
         vmi_json: Vec<u8>,
         options: Vec<u8>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.migrate(vmi_json, options).await)
+        Some(self.migrations().migrate(vmi_json, options).await)
     }
 
     async fn sync_migration_target(
@@ -314,18 +314,18 @@ impl DomainManager for SyncVmi {
         vmi_json: Vec<u8>,
         options: Option<VirtualMachineOptions>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.sync_target(vmi_json, options).await)
+        Some(self.migrations().sync_target(vmi_json, options).await)
     }
 
     async fn cancel_migration(self: Arc<Self>, vmi_json: Vec<u8>) -> Option<Result<(), SyncError>> {
-        Some(self.cancel(vmi_json).await)
+        Some(self.migrations().cancel(vmi_json).await)
     }
 
     async fn signal_target_pod_cleanup(
         self: Arc<Self>,
         vmi_json: Vec<u8>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.signal_cleanup(vmi_json).await)
+        Some(self.migrations().signal_cleanup(vmi_json).await)
     }
 
     async fn finalize_migration(
@@ -333,7 +333,7 @@ impl DomainManager for SyncVmi {
         vmi_json: Vec<u8>,
         options: Option<VirtualMachineOptions>,
     ) -> Option<Result<(), SyncError>> {
-        Some(self.finalize(vmi_json, options).await)
+        Some(self.migrations().finalize(vmi_json, options).await)
     }
 
     async fn hotplug_host_devices(&self, vmi: Vmi) -> Option<Result<(), SyncError>> {

@@ -7,7 +7,8 @@
 //! - [`facts`]: gathering what the converter needs (storage, pod network, secondary interfaces,
 //!   hotplug volumes, host hardware), KubeVirt's `generateConverterContext`;
 //! - [`start`]: the first sync: facts, convert, spawn QEMU, connect, start-up, `cont`;
-//!   [`recover`]: adopting a QEMU an earlier launcher of the pod left;
+//!   [`recover`]: adopting a QEMU an earlier launcher of the pod left; `define`: the seam where
+//!   a converted plan becomes QEMU's argv, its QMP plan and the `api.Domain` spec;
 //! - [`state`]: the running domain, the state shared with the QMP event task, `api.Domain`
 //!   events; [`supervision`]: the launcher's and the grace period's view of the domain;
 //! - [`reconcile`]: later syncs applied by diff (disks, media, resize, NICs) and the vCPU and
@@ -24,6 +25,7 @@ pub(crate) mod admit;
 pub mod cmdapi;
 pub mod config;
 pub(crate) mod ctx;
+pub(crate) mod define;
 pub mod domain;
 pub(crate) mod domain_spec;
 pub mod error;

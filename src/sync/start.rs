@@ -20,7 +20,6 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{render, ConverterContext, DomainPlan};
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
@@ -29,6 +28,7 @@ use crate::qmp::lifecycle;
 use crate::sync::admit::SpecKey;
 use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
+use crate::sync::define::{self, define, Defined};
 use crate::sync::domain::{Alias, ApiDomain, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
@@ -181,14 +181,22 @@ pub(crate) async fn prepare(
     .map_err(|e| SyncError::Task(e.to_string()))??;
     nics.started(&plan);
     d.info.remember_plan(&plan, &ctx);
-    let qmp_plan = render::qmp_plan(&plan);
     domain.spec.uuid = plan.uuid.clone();
-    domain_spec::apply_converted(&mut domain, &view, &ctx, &plan);
-    let argv = argv(d, &plan);
+    // The hook sidecars see the domain as KubeVirt would define it, and their edits go into
+    // the plan before it is rendered.
+    let hook_edits = define::on_define_domain(&d.config.hooks, vmi, &view, &ctx, &plan).await?;
+    let defined = define(d, plan, &hook_edits);
+    defined.report(&mut domain, &view, &ctx)?;
+    let Defined {
+        plan,
+        argv,
+        qmp_plan,
+    } = defined;
     let next_node = next_node_index(&plan);
     let t_convert = t0.elapsed();
 
-    let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+    let mut running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+    running.hook_edits = hook_edits;
     Ok(Prepared {
         domain,
         plan,
@@ -204,16 +212,6 @@ pub(crate) async fn prepare(
         t_network,
         t_convert,
     })
-}
-
-/// QEMU's argv for `plan`, with the operator's second QMP monitor when configured.
-pub(crate) fn argv(d: &DomainCtx, plan: &DomainPlan) -> Vec<String> {
-    let mut argv = render::argv(plan);
-    if let Some(p) = &d.config.operator_qmp_socket {
-        argv.push("-qmp".into());
-        argv.push(operator_qmp_arg(p));
-    }
-    argv
 }
 
 /// Creates the directories of the QMP socket and the QEMU log and gives the socket's to the
@@ -265,7 +263,7 @@ fn spawn_qemu(
     command
         .args(argv)
         .env_clear()
-        .envs(plan.env.iter().cloned())
+        .envs(plan.env.iter().chain(&plan.extra_env).cloned())
         .stdin(std::process::Stdio::null())
         .stdout(log)
         .stderr(log_err);
@@ -414,16 +412,6 @@ pub(crate) struct Prepared {
     t_convert: Duration,
 }
 
-/// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,
-/// commas of the path doubled (QEMU's option syntax).
-fn operator_qmp_arg(path: &Path) -> String {
-    let head = ["unix:", &path.display().to_string()].concat();
-    KeyVal::with_head(&head)
-        .on_off("server", true)
-        .on_off("wait", false)
-        .finish()
-}
-
 /// Adds a VMI interface `name` with guest MAC `mac` to the `api.Domain`'s interfaces.
 fn push_interface(domain: &mut ApiDomain, name: &str, mac: String) {
     domain.spec.devices.interfaces.push(DomainIface {
@@ -459,6 +447,7 @@ fn running_at_boot(
         _dhcp_stop: dhcp_stop,
         firmware_uuid: plan.uuid.clone(),
         cpu: plan.cpu.clone(),
+        hook_edits: Vec::new(),
     }
 }
 
@@ -508,23 +497,4 @@ pub(crate) fn log_tail(log: &Path) -> String {
     let text = std::fs::read_to_string(log).unwrap_or_default();
     let lines: Vec<&str> = text.lines().collect();
     lines[lines.len().saturating_sub(10)..].join("\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn operator_qmp_socket_argument() {
-        let cases = [
-            ("/run/q/op.sock", "unix:/run/q/op.sock,server=on,wait=off"),
-            (
-                "/tmp/a,b/op.sock",
-                "unix:/tmp/a,,b/op.sock,server=on,wait=off",
-            ),
-        ];
-        for (path, want) in cases {
-            assert_eq!(operator_qmp_arg(Path::new(path)), want);
-        }
-    }
 }

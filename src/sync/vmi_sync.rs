@@ -22,6 +22,7 @@ use crate::sync::config::SyncConfig;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
+use crate::sync::migration::launcher::{MigrationCtl, MigrationCtx};
 use crate::sync::rpc::notify::Notifier;
 use crate::sync::state::Running;
 use crate::sync::{reconcile, start};
@@ -32,14 +33,14 @@ use crate::vmi::Vmi;
 /// launcher's [`crate::monitor::launcher::SupervisedDomain`] (`supervision.rs`).
 pub struct SyncVmi {
     /// What the features take: settings, shared state, domain info, cmd API state.
-    pub(crate) ctx: DomainCtx,
+    pub(crate) ctx: Arc<DomainCtx>,
     /// The running domain (`None` before the first sync); its lock serialises syncs (and the
     /// background host-device hotplug, hence shared).
     pub(crate) running: Arc<Mutex<Option<Running>>>,
     /// Set by DeleteVirtualMachine: the launcher may send its final notification and exit.
     pub(crate) deleted: watch::Sender<bool>,
     /// Live migration on either side ([`crate::sync::migration::launcher`]).
-    pub(crate) migration: crate::sync::migration::launcher::MigrationCtl,
+    pub(crate) migration: Arc<MigrationCtl>,
 }
 
 impl std::fmt::Debug for SyncVmi {
@@ -54,10 +55,20 @@ impl SyncVmi {
     /// A manager with no domain yet; `notifier` receives the domain events (none: not reported).
     pub fn new(config: SyncConfig, notifier: Option<Notifier>) -> SyncVmi {
         SyncVmi {
-            ctx: DomainCtx::new(config, notifier),
+            ctx: Arc::new(DomainCtx::new(config, notifier)),
             running: Arc::new(Mutex::new(None)),
             deleted: watch::channel(false).0,
             migration: Default::default(),
+        }
+    }
+
+    /// The parts the migration RPCs take ([`MigrationCtx`]), shared with this dispatcher.
+    pub(crate) fn migrations(&self) -> MigrationCtx {
+        MigrationCtx {
+            ctx: self.ctx.clone(),
+            running: self.running.clone(),
+            ctl: self.migration.clone(),
+            deleted: self.deleted.clone(),
         }
     }
 

@@ -12,6 +12,8 @@
 //! - [`guest`]: the test guest (`scripts/build-guest`): its images, its serial console, a small
 //!   QMP client, a plain QEMU running it.
 //! - [`notify`]: virt-handler's side of the notify API (a gRPC server recording domain events).
+//! - [`hook_sidecar`]: a KubeVirt hook sidecar (Info and the v1alpha1..3 callbacks on a unix
+//!   socket) with scripted answers and a record of its calls.
 //! - [`handler`]: virt-handler's side of the cmd API (connecting to `launcher-sock`, SyncVMI,
 //!   GetDomain).
 //! - [`migration`]: both virt-handlers of a live migration (the proxy relay, the RPCs).
@@ -45,6 +47,7 @@ pub mod container;
 pub mod fuzz;
 pub mod guest;
 pub mod handler;
+pub mod hook_sidecar;
 pub mod hostile;
 pub mod hotplug;
 pub mod in_process;

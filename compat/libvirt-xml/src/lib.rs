@@ -23,6 +23,7 @@ pub mod export;
 mod go_fields;
 pub mod golden;
 pub mod harness;
+pub mod hooks;
 pub mod libvirt;
 pub mod schema;
 

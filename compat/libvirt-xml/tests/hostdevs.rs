@@ -90,34 +90,34 @@ fn the_hostdevs_fixture_exports_kubevirts_hostdev_elements() {
         .take_while(|l| !l.contains("<controller "))
         .map(|l| format!("{}\n", l.trim()))
         .collect();
-    let expected = r#"<hostdev mode="subsystem" type="pci" managed="no">
+    let expected = r#"<hostdev type="pci" managed="no" mode="subsystem">
 <source>
 <address domain="0x0000" bus="0xb1" slot="0x00" function="0x0"/>
 </source>
-<alias name="ua-hostdevice-fpga"/>
 <address type="pci" domain="0x0000" bus="0x09" slot="0x00" function="0x0"/>
+<alias name="ua-hostdevice-fpga"/>
 </hostdev>
-<hostdev mode="subsystem" type="pci" managed="no">
+<hostdev type="pci" managed="no" mode="subsystem">
 <source>
 <address domain="0x0000" bus="0x65" slot="0x00" function="0x0"/>
 </source>
-<alias name="ua-gpu-gpu1"/>
 <address type="pci" domain="0x0000" bus="0x07" slot="0x00" function="0x0"/>
+<alias name="ua-gpu-gpu1"/>
 </hostdev>
-<hostdev mode="subsystem" type="mdev" model="vfio-pci" display="on" ramfb="on">
+<hostdev type="mdev" mode="subsystem" model="vfio-pci" display="on" ramfb="on">
 <source>
 <address uuid="4b20d080-1b54-4048-85b3-a6a62d165c01"/>
 </source>
-<alias name="ua-gpu-vgpu1"/>
 <address type="pci" domain="0x0000" bus="0x08" slot="0x00" function="0x0"/>
+<alias name="ua-gpu-vgpu1"/>
 </hostdev>
-<hostdev mode="subsystem" type="pci" managed="no">
+<hostdev type="pci" managed="no" mode="subsystem">
 <source>
 <address domain="0x0000" bus="0x3b" slot="0x02" function="0x3"/>
 </source>
 <boot order="2"/>
-<alias name="ua-sriov-vf"/>
 <address type="pci" domain="0x0000" bus="0x0a" slot="0x00" function="0x0"/>
+<alias name="ua-sriov-vf"/>
 </hostdev>
 "#;
     assert_eq!(hostdevs, expected, "{xml}");

@@ -416,6 +416,12 @@ pub struct DomainPlan {
     pub rtc: RtcPlan,
     /// Environment for QEMU (`TZ` for a timezone clock).
     pub env: Vec<(String, String)>,
+    /// Words a hook sidecar's `<qemu:commandline><qemu:arg>` adds, verbatim and in order, after
+    /// all devices and before `-sandbox` (where libvirt renders them, `qemu-ns` case of
+    /// libvirt's `qemuxmlconftest`). Each is one argv word: never split or re-quoted.
+    pub extra_args: Vec<String>,
+    /// QEMU environment a hook sidecar's `<qemu:commandline><qemu:env>` adds, after [`Self::env`].
+    pub extra_env: Vec<(String, String)>,
     /// `-global` properties.
     pub globals: Vec<GlobalProp>,
     /// Objects rendered before devices (iothreads).

@@ -10,9 +10,7 @@ use std::time::{Duration, SystemTime};
 use tokio::net::{UnixListener, UnixStream};
 use tracing::{info, warn};
 
-use crate::cmdline::context::TapSource;
-use crate::cmdline::plan::{CpuPlan, DomainPlan};
-use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
+use crate::cmdline::render::{DiskHotplug, NicHotplug};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Quit;
 use crate::qmp::hotplug::{attach_disk, DiskAttach};
@@ -20,19 +18,17 @@ use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::sync::admit::{admit, Admitted};
 use crate::sync::error::SyncError;
 use crate::sync::guest::agent::AgentError;
+use crate::sync::migration::boot_conversion::{incoming_definition, run_boot_plan};
 use crate::sync::migration::launcher::{
-    annotation, boot_memory_view, decode, migration_proxy_sockets, normalized, refused,
-    require_unix_transport, Incoming, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
+    annotation, boot_memory_view, decode, migration_proxy_sockets, refused, require_unix_transport,
+    Incoming, MigrationCtx, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
-use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
-use crate::sync::migration::target::{incoming_argv, TargetEnd, TargetSession, TargetSockets};
+use crate::sync::migration::target::{TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
-use crate::sync::migration::{hotplug, sriov};
 use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
 use crate::sync::start::Prepared;
 use crate::sync::state::Running;
-use crate::sync::vmi_sync::SyncVmi;
 use crate::sync::{privileges, start};
 use crate::vmi::Vmi;
 
@@ -40,50 +36,6 @@ use crate::vmi::Vmi;
 const ACCEPT_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the guest time is synchronised after a migration (KubeVirt `setGuestTime`).
 const TIME_SYNC_WINDOW: Duration = Duration::from_secs(60);
-
-/// The target's QEMU definition for one incoming migration ([`SyncVmi::boot_conversion`]).
-struct BootConversion {
-    /// QEMU's argv (with `-S`, without `-incoming`): what the source's QEMU started with.
-    argv: Vec<String>,
-    /// The source's hot-plugged disks, placed as the source runs them, attached before
-    /// `migrate-incoming`.
-    placed: Vec<DiskHotplug>,
-    /// The plan `argv` renders, when it differs from the prepared one (hot-plugged devices).
-    plan: Option<DomainPlan>,
-    /// The source's hot-plugged NICs, on this pod's taps, placed as the source runs them,
-    /// plugged before `migrate-incoming`.
-    nics: Vec<NicHotplug>,
-    /// The CPU adopted from the source's definition ([`RunningDomain::cpu`]), which `argv`
-    /// renders instead of the prepared plan's.
-    cpu: Option<CpuPlan>,
-}
-
-/// `argv` with the value of its `-cpu` replaced by that of `ours` (when both have one): the
-/// source's argv as the target compares it once the CPU comes from the source's definition, which
-/// carries (and `enforce`s) the CPU identity itself. The source may run `-cpu max` or `host`
-/// (host-model at its start) or an adopted `base,...` (an earlier migration).
-fn with_cpu_of(argv: &[String], ours: &[String]) -> Vec<String> {
-    let cpu = |a: &[String]| a.iter().position(|w| w == "-cpu").map(|i| i + 1);
-    let mut out = argv.to_vec();
-    if let (Some(i), Some(j)) = (cpu(argv), cpu(ours)) {
-        if let (Some(w), Some(v)) = (out.get_mut(i), ours.get(j)) {
-            w.clone_from(v);
-        }
-    }
-    out
-}
-
-/// Checks this target's normalized argv `local` word for word against the source's
-/// ([`incoming_argv`]); when the source sent a CPU definition, its `-cpu` is compared as the
-/// adopted one ([`with_cpu_of`], see `adopt_source_cpu`), which the definition itself enforces.
-fn matches_source(local: &[String], domain: &RunningDomain) -> Result<Vec<String>, MigrationError> {
-    if domain.cpu.is_none() {
-        return incoming_argv(local, domain);
-    }
-    let mut compared = domain.clone();
-    compared.argv = with_cpu_of(&compared.argv, local);
-    incoming_argv(local, &compared)
-}
 
 /// Gives every interface without `macAddress` the guest MAC virt-handler reports for it in
 /// `status.interfaces` (read from the source's domain): the MAC the source's guest runs with.
@@ -124,28 +76,10 @@ async fn accept(
     }
 }
 
-/// What runs once the target boots a plan of its own (the source had hot-plugged devices):
-/// the boot plan's disks and media, then the source's hot-plugged disks (`placed`), and the
-/// next free node index after them all.
-fn run_boot_plan(running: &mut Running, plan: &DomainPlan, placed: &[DiskHotplug]) {
-    let mut disks: std::collections::BTreeMap<String, DiskHotplug> = qmp_plan(plan)
-        .disks
-        .into_iter()
-        .map(|d| (d.id.clone(), d))
-        .collect();
-    for d in placed {
-        disks.insert(d.id.clone(), d.clone());
-    }
-    running.next_node =
-        hotplug::next_node_after(&disks, crate::sync::reconcile::disks::next_node_index(plan));
-    running.disks = disks;
-    running.cdroms = crate::sync::reconcile::media::cdroms(plan);
-}
-
-impl SyncVmi {
+impl MigrationCtx {
     /// `SyncMigrationTarget`.
     pub(crate) async fn sync_target(
-        self: Arc<Self>,
+        &self,
         vmi_json: Vec<u8>,
         _options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
@@ -169,7 +103,7 @@ impl SyncVmi {
             return Ok(());
         }
         let already = self
-            .migration
+            .ctl
             .target_for
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -207,12 +141,12 @@ impl SyncVmi {
         let listener = UnixListener::bind(control)
             .map_err(prep_err(format!("listen on {}", control.display())))?;
 
-        self.migration.set_metadata(&self.ctx.shared, |m| {
+        self.ctl.set_metadata(&self.ctx.shared, |m| {
             if let Some(uid) = &migration_uid {
                 metadata::start(m, uid, SystemTime::now());
             }
         });
-        *self.migration.target.lock().await = Some(PreparedTarget {
+        *self.ctl.target.lock().await = Some(PreparedTarget {
             prepared,
             vmi_uid: vmi_uid.clone(),
             proxy_key,
@@ -220,20 +154,19 @@ impl SyncVmi {
             memory_total,
         });
         *self
-            .migration
+            .ctl
             .target_for
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = Some(vmi_uid.clone());
-        self.migration.set_incoming(Incoming::Pending);
+        self.ctl.set_incoming(Incoming::Pending);
         drop(running);
         info!(control = %control.display(), "migration target prepared, waiting for the source");
-        let me = self.clone();
-        tokio::spawn(async move { me.serve_target(listener).await });
+        tokio::spawn(self.clone().serve_target(listener));
         Ok(())
     }
 
     /// Accepts source connections until one migration ran (successfully or not).
-    async fn serve_target(self: Arc<Self>, listener: UnixListener) {
+    async fn serve_target(self, listener: UnixListener) {
         loop {
             let conn = match listener.accept().await {
                 Ok((c, _)) => c,
@@ -242,21 +175,21 @@ impl SyncVmi {
                     return;
                 }
             };
-            let Some(target) = self.migration.target.lock().await.take() else {
+            let Some(target) = self.ctl.target.lock().await.take() else {
                 return;
             };
             match self.incoming(conn, target).await {
                 Ok(()) => {
-                    self.migration.set_incoming(Incoming::Completed);
+                    self.ctl.set_incoming(Incoming::Completed);
                     return;
                 }
                 Err((Some(target), e)) => {
                     warn!(reason = %e.failure_reason(), "migration source refused before QEMU started");
-                    *self.migration.target.lock().await = Some(target);
+                    *self.ctl.target.lock().await = Some(target);
                 }
                 Err((None, e)) => {
                     warn!(reason = %e.failure_reason(), "incoming migration failed");
-                    self.migration.set_incoming(Incoming::Failed);
+                    self.ctl.set_incoming(Incoming::Failed);
                     return;
                 }
             }
@@ -274,7 +207,7 @@ impl SyncVmi {
             Ok(s) => s,
             Err(e) => return Err((Some(target), e)),
         };
-        let boot = match self.incoming_definition(&target, &session.domain) {
+        let boot = match incoming_definition(&self.ctx, &target, &session.domain) {
             Ok(b) => b,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
@@ -297,7 +230,7 @@ impl SyncVmi {
         // No SR-IOV VFs here (see `incoming_definition`): the domain lists none until
         // `HotplugHostDevices`.
         domain.spec.devices.drop_sriov_host_devices();
-        domain.spec.metadata.kubevirt.migration = self.migration.metadata();
+        domain.spec.metadata.kubevirt.migration = self.ctl.metadata();
         let vsock = prepared.vsock.take();
         let launched = start::launch_incoming(&self.ctx, domain, &prepared.plan, &boot.argv, vsock);
         let client = match launched.await {
@@ -326,7 +259,7 @@ impl SyncVmi {
             .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
             .unwrap_or(argv)
             .to_vec();
-        self.migration.set_boot_argv(boot_argv);
+        self.ctl.set_boot_argv(boot_argv);
         if let Err(e) = session
             .incoming(&client, &self.target_sockets(&proxy_key))
             .await
@@ -348,29 +281,6 @@ impl SyncVmi {
                 Err((None, e))
             }
         }
-    }
-
-    /// The argv the target's QEMU starts with for the source's `domain` (with `-incoming
-    /// defer`), and what it plugs before the device state arrives ([`BootConversion`]): the
-    /// boot conversion with the source's CPU adopted, without SR-IOV devices, refused unless it
-    /// matches the source's argv.
-    ///
-    /// KubeVirt's target creates no SR-IOV devices: the source unplugged its VFs and sends
-    /// none; virt-handler plugs the target pod's VFs after the migration.
-    fn incoming_definition(
-        &self,
-        target: &PreparedTarget,
-        domain: &RunningDomain,
-    ) -> Result<BootConversion, MigrationError> {
-        let mut b = self
-            .boot_conversion(target, domain)
-            .and_then(|b| self.adopt_source_cpu(target, b, domain))?;
-        b.argv = sriov::without_sriov_devices(&b.argv);
-        matches_source(&normalized(&b.argv, &self.ctx.config), domain)?;
-        let mut d = domain.clone();
-        d.argv.clear();
-        b.argv = incoming_argv(&b.argv, &d)?;
-        Ok(b)
     }
 
     /// What the source runs beyond its boot definition, plugged into the target's QEMU before
@@ -460,163 +370,22 @@ impl SyncVmi {
                 .publish(status, crate::sync::domain::DomainEventType::Modified);
         }
         *self.running.lock().await = Some(running);
-        self.migration.set_metadata(&self.ctx.shared, |m| {
+        self.ctl.set_metadata(&self.ctx.shared, |m| {
             if let Some(m) = m {
                 metadata::finish(m, None, SystemTime::now());
             }
         });
     }
 
-    /// The target's QEMU definition for the source's `domain` ([`BootConversion`]): without
-    /// hot-plugged devices the prepared argv; with them the VMI converted again without those
-    /// devices ([`hotplug::boot_views`]: with hot-plugged NICs, the first view whose argv is the
-    /// source's), the disks from the prepared (full) plan with the target's own paths and the
-    /// NICs from the full VMI converted with their taps passed by fd, each placed as the source
-    /// runs it ([`hotplug::place_like_source`], [`hotplug::place_nic_like_source`]).
-    fn boot_conversion(
-        &self,
-        target: &PreparedTarget,
-        domain: &RunningDomain,
-    ) -> Result<BootConversion, MigrationError> {
-        if domain.hotplugged.is_empty() {
-            return Ok(BootConversion {
-                argv: target.prepared.argv.clone(),
-                placed: Vec::new(),
-                plan: None,
-                cpu: None,
-                nics: Vec::new(),
-            });
-        }
-        let ctx = &target.prepared.running.ctx;
-        let mut boots = Vec::new();
-        for view in hotplug::boot_views(&target.view, &domain.hotplugged) {
-            let plan = crate::cmdline::convert(&view, ctx).map_err(|e| {
-                MigrationError::Peer(format!(
-                    "cannot convert the VMI without its hot-plugged devices: {e}"
-                ))
-            })?;
-            let argv = start::argv(&self.ctx, &plan);
-            boots.push((plan, argv));
-        }
-        // The view whose argv is the source's; none: the first, whose difference the caller
-        // reports.
-        let matching = boots
-            .iter()
-            .position(|(_, argv)| {
-                let local = normalized(&sriov::without_sriov_devices(argv), &self.ctx.config);
-                matches_source(&local, domain).is_ok()
-            })
-            .unwrap_or(0);
-        let Some((plan, argv)) = boots.into_iter().nth(matching) else {
-            return Err(MigrationError::Peer("no boot conversion of the VMI".into()));
-        };
-        let (disks, nic_devices): (Vec<_>, Vec<_>) = domain
-            .hotplugged
-            .iter()
-            .partition(|h| h.kind == HotplugKind::Disk);
-        let placed = disks
-            .into_iter()
-            .map(|h| hotplug::place_like_source(&target.prepared.qmp_plan.disks, h))
-            .collect::<Result<Vec<_>, _>>()?;
-        let nics = if nic_devices.is_empty() {
-            Vec::new()
-        } else {
-            let local = self.nic_plans_by_fd(target, &nic_devices)?;
-            nic_devices
-                .into_iter()
-                .map(|h| hotplug::place_nic_like_source(&local, h))
-                .collect::<Result<Vec<_>, _>>()?
-        };
-        Ok(BootConversion {
-            argv,
-            placed,
-            plan: Some(plan),
-            nics,
-            cpu: None,
-        })
-    }
-
-    /// `boot` with the CPU of the source's definition ([`RunningDomain::cpu`], a host-model CPU's
-    /// static expansion): its plan's `-cpu` becomes the adopted `base,<properties>,enforce=on`
-    /// ([`crate::cmdline::devices::cpu::adopted_cpu_plan`]) and its argv is rendered again, so
-    /// the guest keeps the source's CPUID identity; QEMU then refuses to start if this host
-    /// cannot provide a property. Without a definition (host-passthrough, a named model, a
-    /// version-2 source) `boot` is unchanged.
-    ///
-    /// Errors: a definition for a VMI that is not host-model here, or one that is not a plain
-    /// model and properties (one that would inject a `-cpu` option, refused with the property's
-    /// path).
-    fn adopt_source_cpu(
-        &self,
-        target: &PreparedTarget,
-        mut boot: BootConversion,
-        domain: &RunningDomain,
-    ) -> Result<BootConversion, MigrationError> {
-        let Some(def) = &domain.cpu else {
-            return Ok(boot);
-        };
-        if !target.prepared.plan.cpu.host_model {
-            return Err(MigrationError::Peer(
-                "the source sent a CPU definition for a VMI whose CPU is not host-model".into(),
-            ));
-        }
-        let cpu = crate::cmdline::devices::cpu::adopted_cpu_plan(def).map_err(|e| {
-            MigrationError::Peer(format!("cannot adopt the source's CPU definition: {e}"))
-        })?;
-        let mut plan = boot
-            .plan
-            .take()
-            .unwrap_or_else(|| target.prepared.plan.clone());
-        plan.cpu = cpu.clone();
-        boot.argv = start::argv(&self.ctx, &plan);
-        // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
-        if domain.hotplugged.is_empty() {
-            boot.plan = None;
-        } else {
-            boot.plan = Some(plan);
-        }
-        info!(model = %cpu.model, props = cpu.flags.len() - 1, "source's CPU adopted");
-        boot.cpu = Some(cpu);
-        Ok(boot)
-    }
-
-    /// This target's QMP plan of the NICs `hot` (the full VMI converted with the tap of each
-    /// passed by fd, as a hot-plug by diff does; the binding of each was set up when the target
-    /// was prepared).
-    fn nic_plans_by_fd(
-        &self,
-        target: &PreparedTarget,
-        hot: &[&HotpluggedDevice],
-    ) -> Result<Vec<NicHotplug>, MigrationError> {
-        let mut ctx = target.prepared.running.ctx.clone();
-        for h in hot {
-            if let Some(facts) = ctx.interfaces.get_mut(&h.name) {
-                facts.tap = TapSource::Fds {
-                    fds: vec![-1],
-                    vhostfds: vec![],
-                };
-            }
-        }
-        let plan = crate::cmdline::convert(&target.view, &ctx).map_err(|e| {
-            MigrationError::Peer(format!(
-                "cannot convert the VMI with its hot-plugged interfaces: {e}"
-            ))
-        })?;
-        Ok(qmp_plan(&plan).nics)
-    }
-
     /// `SignalTargetPodCleanup`.
-    pub(crate) async fn signal_cleanup(
-        self: Arc<Self>,
-        vmi_json: Vec<u8>,
-    ) -> Result<(), SyncError> {
+    pub(crate) async fn signal_cleanup(&self, vmi_json: Vec<u8>) -> Result<(), SyncError> {
         let (_, state) = decode(&vmi_json)?;
         let target_pod = state.and_then(|s| s.target_pod).unwrap_or_default();
         let pod = std::env::var("POD_NAME").unwrap_or_default();
         if pod.is_empty() || pod != target_pod {
             return Ok(());
         }
-        if self.migration.incoming() == Incoming::Failed {
+        if self.ctl.incoming() == Incoming::Failed {
             // Past its failed incoming migration the launcher has sent its final notification
             // and serves until this (or DeleteVirtualMachine): it may exit now
             // ([`crate::sync::launcher`]).
@@ -637,7 +406,7 @@ impl SyncVmi {
 
     /// `FinalizeVirtualMachineMigration`.
     pub(crate) async fn finalize(
-        self: Arc<Self>,
+        &self,
         vmi_json: Vec<u8>,
         options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
@@ -662,7 +431,7 @@ impl SyncVmi {
                     .map_err(SyncError::Qmp)?;
             }
         }
-        if !self.migration.time_synced.swap(true, Ordering::SeqCst) {
+        if !self.ctl.time_synced.swap(true, Ordering::SeqCst) {
             let agent = self.ctx.info.agent.clone();
             tokio::spawn(sync_guest_time(agent));
         }
@@ -732,15 +501,5 @@ mod tests {
                 None
             ]
         );
-    }
-
-    #[test]
-    fn the_sources_cpu_word_is_compared_as_the_adopted_one() {
-        let w = |s: &str| s.split(' ').map(str::to_owned).collect::<Vec<_>>();
-        let ours = w("-machine q35 -cpu base,family=15,enforce=on -m 128");
-        assert_eq!(with_cpu_of(&w("-machine q35 -cpu max -m 128"), &ours), ours);
-        // Nothing to replace: unchanged.
-        assert_eq!(with_cpu_of(&w("-machine q35"), &ours), w("-machine q35"));
-        assert_eq!(with_cpu_of(&w("-cpu"), &ours), w("-cpu"));
     }
 }

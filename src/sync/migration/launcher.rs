@@ -24,16 +24,18 @@
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::Arc;
 use std::sync::Mutex as StdMutex;
 
 use serde::Deserialize;
 use tokio::sync::watch;
 
+use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::MigrationMetadata;
 use crate::sync::error::SyncError;
 use crate::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
 use crate::sync::start::Prepared;
-use crate::sync::state::Shared;
+use crate::sync::state::{Running, Shared};
 use crate::vmi::Vmi;
 
 /// The annotation that makes KubeVirt's source launcher fail a migration at once.
@@ -41,6 +43,25 @@ pub const FORCE_FAILURE_ANNOTATION: &str = "kubevirt.io/func-test-force-launcher
 /// The annotation that makes KubeVirt's target launcher refuse preparation.
 pub const BLOCK_TARGET_ANNOTATION: &str =
     "kubevirt.io/func-test-block-migration-target-preparation";
+
+/// What the five migration RPCs ([`super::outgoing`], [`super::incoming`]) take: the domain
+/// context, the running domain behind its sync lock, this launcher's migration state and the
+/// deletion signal. The dispatcher (`SyncVmi`) lends its own parts, each a shared handle and
+/// cheap to clone, so that the tasks a migration spawns (the outgoing migration, the target's
+/// listener, the abort deadline) own what they use; no migration code extends the dispatcher
+/// (Cloud Hypervisor's managers beside its `Vmm` are shaped alike).
+#[derive(Clone)]
+pub(crate) struct MigrationCtx {
+    /// Settings, shared state and domain information, as every feature takes them.
+    pub(crate) ctx: Arc<DomainCtx>,
+    /// The running domain (`None` before it starts here); its lock is the sync lock.
+    pub(crate) running: Arc<tokio::sync::Mutex<Option<Running>>>,
+    /// Where this launcher's migrations stand.
+    pub(crate) ctl: Arc<MigrationCtl>,
+    /// Set when the launcher may send its final notification and exit (DeleteVirtualMachine,
+    /// or SignalTargetPodCleanup after a failed incoming migration).
+    pub(crate) deleted: watch::Sender<bool>,
+}
 
 /// Migration state of one launcher, beside the running domain.
 #[derive(Default)]

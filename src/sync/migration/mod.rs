@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod boot_conversion;
 pub mod hotplug;
 pub mod incoming;
 pub mod launcher;

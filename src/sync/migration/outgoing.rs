@@ -2,7 +2,6 @@
 //! [`super::source`]), `CancelVirtualMachineMigration`, and the job statistics GetDomainStats
 //! reports while it runs (KubeVirt v1.9.0 `live-migration-source.go`, `manager.go`).
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use tokio::net::UnixStream;
@@ -15,7 +14,7 @@ use crate::qmp::QmpClient;
 use crate::sync::error::SyncError;
 use crate::sync::migration::launcher::{
     annotation, decode, migration_proxy_sockets, normalized, refused, require_unix_transport,
-    VmiMigrationState, FORCE_FAILURE_ANNOTATION,
+    MigrationCtx, VmiMigrationState, FORCE_FAILURE_ANNOTATION,
 };
 use crate::sync::migration::metadata::{self, abort, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain};
@@ -23,7 +22,6 @@ use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEv
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::state::Job;
-use crate::sync::vmi_sync::SyncVmi;
 
 /// What a decentralized migration's `targetState` says of the target VMI when it is not the
 /// source's (KubeVirt's `generateMigrationParams`): its UID, and its identity next to the
@@ -38,10 +36,10 @@ struct TargetVmi {
 /// How long KubeVirt lets an abort take before it reports `AbortStatus: Failed`.
 const ABORT_TIMEOUT: Duration = Duration::from_secs(30);
 
-impl SyncVmi {
+impl MigrationCtx {
     /// `MigrateVirtualMachine`.
     pub(crate) async fn migrate(
-        self: Arc<Self>,
+        &self,
         vmi_json: Vec<u8>,
         options: Vec<u8>,
     ) -> Result<(), SyncError> {
@@ -60,17 +58,13 @@ impl SyncVmi {
             .map_err(|e| refused(format!("invalid migration options: {e}")))?;
         let client = self.ctx.client()?;
         let decision = {
-            let mut m = self
-                .migration
-                .metadata
-                .lock()
-                .unwrap_or_else(|e| e.into_inner());
+            let mut m = self.ctl.metadata.lock().unwrap_or_else(|e| e.into_inner());
             metadata::start(&mut m, &uid, SystemTime::now())
         };
         match decision {
             StartDecision::AlreadyRunning => return Ok(()),
             StartDecision::AlreadyExecuted => {
-                let m = self.migration.metadata().unwrap_or_default();
+                let m = self.ctl.metadata().unwrap_or_default();
                 return Err(refused(format!(
                     "migration job {uid} already executed, finished at {}, failed: {}, \
                      abortStatus: {}",
@@ -81,10 +75,10 @@ impl SyncVmi {
             }
             StartDecision::Start => {}
         }
-        self.migration.set_metadata(&self.ctx.shared, |_| {});
+        self.ctl.set_metadata(&self.ctx.shared, |_| {});
         info!(migration = %uid, "migration accepted");
         if annotation(&vmi, FORCE_FAILURE_ANNOTATION).is_some() {
-            self.migration.set_metadata(&self.ctx.shared, |m| {
+            self.ctl.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     metadata::finish(
                         m,
@@ -97,7 +91,7 @@ impl SyncVmi {
         }
         if let Some(reason) = self.host_devices_refusal(&vmi).await {
             warn!(reason = %reason, "migration refused");
-            self.migration.set_metadata(&self.ctx.shared, |m| {
+            self.ctl.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     metadata::finish(m, Some(&reason), SystemTime::now());
                 }
@@ -122,17 +116,14 @@ impl SyncVmi {
             rename: target_identity.map(|t| (own_identity, t)),
         };
         let (abort_tx, abort_rx) = watch::channel(false);
-        *self
-            .migration
-            .abort
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = Some(abort_tx);
+        *self.ctl.abort.lock().unwrap_or_else(|e| e.into_inner()) = Some(abort_tx);
         let vmi_uid = vmi.metadata.uid.clone().unwrap_or_default();
+        let me = self.clone();
         tokio::spawn(async move {
-            let result = self
+            let result = me
                 .run_outgoing(&client, &vmi_uid, &target_vmi, &uid, options, abort_rx)
                 .await;
-            self.outgoing_ended(&client, result).await;
+            me.outgoing_ended(&client, result).await;
         });
         Ok(())
     }
@@ -153,7 +144,7 @@ impl SyncVmi {
         let copied_disks = self.copied_disks(client).await?;
         let status = self.ctx.shared.status();
         let argv = self
-            .migration
+            .ctl
             .boot_argv
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -228,7 +219,7 @@ impl SyncVmi {
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
         let mut on_event = |e: SourceEvent| {
-            self.migration.set_metadata(&self.ctx.shared, |m| {
+            self.ctl.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.mode = e.mode().into();
                 }
@@ -252,7 +243,7 @@ impl SyncVmi {
             Ok(()) => {
                 // A cancel that came as the migration switched to post-copy was not carried
                 // out: the abort failed (KubeVirt: libvirt refused it).
-                self.migration.set_metadata(&self.ctx.shared, |m| {
+                self.ctl.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         if m.abort_status == abort::ABORTING {
                             m.abort_status = abort::FAILED.into();
@@ -269,7 +260,7 @@ impl SyncVmi {
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
-                self.migration.set_metadata(&self.ctx.shared, |m| {
+                self.ctl.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, None, SystemTime::now());
                     }
@@ -279,7 +270,7 @@ impl SyncVmi {
                 let reason = e.failure_reason();
                 warn!(reason = %reason, "migration failed");
                 let aborted = e.is_abort();
-                self.migration.set_metadata(&self.ctx.shared, |m| {
+                self.ctl.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         if m.abort_status == abort::ABORTING {
                             m.abort_status = if aborted {
@@ -291,18 +282,14 @@ impl SyncVmi {
                         }
                     }
                 });
-                self.migration.set_metadata(&self.ctx.shared, |m| {
+                self.ctl.set_metadata(&self.ctx.shared, |m| {
                     if let Some(m) = m {
                         metadata::finish(m, Some(&reason), SystemTime::now());
                     }
                 });
             }
         }
-        *self
-            .migration
-            .abort
-            .lock()
-            .unwrap_or_else(|e| e.into_inner()) = None;
+        *self.ctl.abort.lock().unwrap_or_else(|e| e.into_inner()) = None;
     }
 
     /// The local disks to mirror (KubeVirt `getDiskTargetsForMigration`): every writable disk
@@ -351,15 +338,15 @@ impl SyncVmi {
     }
 
     /// `CancelVirtualMachineMigration`.
-    pub(crate) async fn cancel(self: Arc<Self>, vmi_json: Vec<u8>) -> Result<(), SyncError> {
+    pub(crate) async fn cancel(&self, vmi_json: Vec<u8>) -> Result<(), SyncError> {
         decode(&vmi_json)?;
-        let Some(m) = self.migration.metadata() else {
+        let Some(m) = self.ctl.metadata() else {
             return Ok(());
         };
         if !metadata::cancel_applies(&m) {
             return Ok(());
         }
-        self.migration.set_metadata(&self.ctx.shared, |m| {
+        self.ctl.set_metadata(&self.ctx.shared, |m| {
             if let Some(m) = m {
                 m.abort_status = abort::ABORTING.into();
             }
@@ -370,7 +357,7 @@ impl SyncVmi {
             // and lose it): the abort fails at once and the migration goes on to complete
             // (`asyncMigrationAbort`, live-migration-source.go).
             info!("cancel refused: the migration is in post-copy");
-            self.migration.set_metadata(&self.ctx.shared, |m| {
+            self.ctl.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.abort_status = abort::FAILED.into();
                 }
@@ -378,14 +365,14 @@ impl SyncVmi {
             return Ok(());
         }
         let sender = self
-            .migration
+            .ctl
             .abort
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone();
         let Some(sender) = sender else {
             // No migration job runs: the abort fails (KubeVirt: no active job).
-            self.migration.set_metadata(&self.ctx.shared, |m| {
+            self.ctl.set_metadata(&self.ctx.shared, |m| {
                 if let Some(m) = m {
                     m.abort_status = abort::FAILED.into();
                 }
@@ -399,7 +386,7 @@ impl SyncVmi {
         let me = self.clone();
         tokio::spawn(async move {
             tokio::time::sleep(ABORT_TIMEOUT).await;
-            me.migration.set_metadata(&me.ctx.shared, |m| {
+            me.ctl.set_metadata(&me.ctx.shared, |m| {
                 if let Some(m) = m {
                     if m.abort_status == abort::ABORTING {
                         m.abort_status = abort::FAILED.into();
@@ -469,7 +456,7 @@ pub async fn running_cpu_definition(
     Ok(Some(source_definition(plan, expanded)))
 }
 
-impl SyncVmi {
+impl MigrationCtx {
     /// Hot-unplugs the running domain's SR-IOV devices before the definition is taken, under the
     /// domain-modify (sync) lock, and drops the released ones from the domain's host devices
     /// (virt-handler then sees them gone and re-plugs them with `HotplugHostDevices` wherever
@@ -543,12 +530,12 @@ pub fn job_info(
     })
 }
 
-impl SyncVmi {
+impl MigrationCtx {
     /// `MigrateDomainJobInfo` for GetDomainStats while an outgoing migration runs (`None`
     /// otherwise).
     pub(crate) async fn migration_job_info(&self) -> Option<serde_json::Value> {
         let active = self
-            .migration
+            .ctl
             .abort
             .lock()
             .unwrap_or_else(|e| e.into_inner())

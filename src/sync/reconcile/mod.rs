@@ -21,10 +21,10 @@ pub mod nics;
 pub mod resize;
 pub mod resources;
 
-use crate::cmdline::render;
 use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
+use crate::sync::define::{define, Defined};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, Gathered, Purpose};
@@ -74,7 +74,7 @@ pub(crate) async fn hotplug(
         },
     )
     .await?;
-    let qmp_plan = render::qmp_plan(&plan);
+    let Defined { plan, qmp_plan, .. } = define(d, plan, &running.hook_edits);
     let mut nics = nics::NicChanges::default();
     for reconciler in RECONCILERS {
         match reconciler {
@@ -90,7 +90,7 @@ pub(crate) async fn hotplug(
         }
     }
     // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await;
+    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
     running.ctx = ctx;
     d.shared.publish_nic_changes(&nics);
     Ok(())

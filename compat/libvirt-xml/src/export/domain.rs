@@ -107,25 +107,32 @@ pub(super) fn sysinfo(plan: &DomainPlan) -> SysInfo {
             value: field(1, k).unwrap_or_default(),
         });
     }
-    let chassis = table(3).map(|s| Entries {
-        entry: s
-            .fields
-            .iter()
-            .filter(|(k, _)| *k != "type")
-            .map(|(k, v)| Entry {
-                name: (*k).into(),
-                value: v.clone(),
-            })
-            .collect(),
-    });
+    let entries = |t: u8| {
+        table(t).map(|s| Entries {
+            entry: s
+                .fields
+                .iter()
+                .filter(|(k, _)| *k != "type")
+                .map(|(k, v)| Entry {
+                    name: (*k).into(),
+                    value: v.clone(),
+                })
+                .collect(),
+        })
+    };
+    let oem: Vec<String> = table(11)
+        .map(|s| s.fields.iter().map(|(_, v)| v.clone()).collect())
+        .unwrap_or_default();
     SysInfo {
         type_: "smbios".into(),
         system: Entries { entry: system },
         // KubeVirt also writes empty <bios/>, <baseBoard/> and <chassis/>, which libvirt's schema
-        // rejects (and libvirt ignores); they are left out so the export validates.
-        bios: None,
-        base_board: None,
-        chassis: chassis.filter(|c| !c.entry.is_empty()),
+        // rejects (and libvirt ignores); they are left out so the export validates (the hook
+        // input adds them back: `crate::hooks::kubevirt_exact`).
+        bios: entries(0).filter(|c| !c.entry.is_empty()),
+        base_board: entries(2).filter(|c| !c.entry.is_empty()),
+        chassis: entries(3).filter(|c| !c.entry.is_empty()),
+        oem_strings: (!oem.is_empty()).then_some(OemStrings { entry: oem }),
     }
 }
 

@@ -105,6 +105,8 @@ pub struct Kvm {
 }
 
 /// `<cpu>`.
+/// Fields in the order of KubeVirt's `api.CPU` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Cpu {
@@ -113,11 +115,11 @@ pub struct Cpu {
     pub mode: String,
     /// Named model (mode `custom`).
     pub model: Option<String>,
-    /// Topology.
-    pub topology: Topology,
     /// Features.
     #[serde(default)]
     pub feature: Vec<CpuFeature>,
+    /// Topology.
+    pub topology: Topology,
     /// Guest NUMA topology.
     pub numa: Option<Numa>,
 }

@@ -9,7 +9,7 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Devices {
     /// Devices in KubeVirt's order (interface, channel, hostdev, controller, video, graphics,
-    /// memballoon, disk, input, serial, console, watchdog, rng, sound, tpm, vsock).
+    /// memballoon, disk, input, serial, console, watchdog, rng, filesystem, sound, tpm, vsock).
     #[serde(rename = "$value")]
     pub items: Vec<Device>,
 }
@@ -56,6 +56,9 @@ pub enum Device {
     /// `<rng>`.
     #[serde(rename = "rng")]
     Rng(Rng),
+    /// `<filesystem>`.
+    #[serde(rename = "filesystem")]
+    Filesystem(Filesystem),
     /// `<sound>`.
     #[serde(rename = "sound")]
     Sound(Sound),
@@ -98,36 +101,38 @@ pub struct Address {
 }
 
 /// `<interface type="ethernet">`.
+/// Fields in the order of KubeVirt's `api.Interface` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Interface {
     /// `ethernet`.
     #[serde(rename = "@type")]
     pub type_: String,
+    /// PCI address.
+    pub address: Option<Address>,
     /// `<source/>` (empty for ethernet).
     pub source: Empty,
     /// `<target dev="tap0" managed="no"/>`.
     pub target: Option<IfaceTarget>,
     /// `<model type="virtio-non-transitional"/>`.
     pub model: TypeAttr,
-    /// `<driver name="vhost" queues="N"/>`.
-    pub driver: Option<IfaceDriver>,
     /// `<mac address=".."/>`.
     pub mac: Option<MacAddress>,
     /// `<mtu size="1500"/>`.
     pub mtu: Option<Mtu>,
-    /// `ua-<name>`.
-    pub alias: NameAttr,
     /// `<boot order="N"/>`.
     pub boot: Option<BootOrder>,
-    /// `<rom enabled="no"/>`.
-    pub rom: Option<Rom>,
     /// `<link state="down"/>`.
     pub link: Option<State>,
+    /// `ua-<name>`.
+    pub alias: NameAttr,
+    /// `<driver name="vhost" queues="N"/>`.
+    pub driver: Option<IfaceDriver>,
+    /// `<rom enabled="no"/>`.
+    pub rom: Option<Rom>,
     /// `<acpi index="N"/>`.
     pub acpi: Option<AcpiIndex>,
-    /// PCI address.
-    pub address: Option<Address>,
 }
 
 /// `<target dev managed/>`.
@@ -228,22 +233,24 @@ pub struct ChannelTarget {
     pub type_: String,
 }
 
-/// `<hostdev mode="subsystem" type="pci|mdev">`: a device passed through with VFIO, as KubeVirt's
+/// `<hostdev type="pci|mdev" mode="subsystem">`: a device passed through with VFIO, as KubeVirt's
 /// `device/hostdevice` package builds it (`createPCIHostDevice`, `createMDEVHostDevice`): a PCI
 /// function with `managed="no"` (the device plugin bound it to vfio-pci already), or a mediated
 /// device with `model="vfio-pci"` and the vGPU display (`display`, `ramfb`).
+/// Fields in the order of KubeVirt's `api.HostDevice` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct HostDev {
-    /// `subsystem`.
-    #[serde(rename = "@mode")]
-    pub mode: String,
     /// `pci` or `mdev`.
     #[serde(rename = "@type")]
     pub type_: String,
     /// `no` (PCI only).
     #[serde(rename = "@managed")]
     pub managed: Option<String>,
+    /// `subsystem`.
+    #[serde(rename = "@mode")]
+    pub mode: String,
     /// `vfio-pci` (mediated devices only).
     #[serde(rename = "@model")]
     pub model: Option<String>,
@@ -257,10 +264,10 @@ pub struct HostDev {
     pub source: HostDevSource,
     /// `<boot order="N"/>` (SR-IOV interfaces with a `bootOrder`).
     pub boot: Option<BootOrder>,
-    /// `ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`.
-    pub alias: NameAttr,
     /// Guest PCI address.
     pub address: Option<Address>,
+    /// `ua-gpu-<name>`, `ua-hostdevice-<name>`, `ua-sriov-<interface>`.
+    pub alias: NameAttr,
 }
 
 /// `<source><address .../></source>` of a host device.
@@ -293,6 +300,8 @@ pub struct HostAddress {
 }
 
 /// `<controller type index model>`.
+/// Fields in the order of KubeVirt's `api.Controller` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Controller {
@@ -307,12 +316,12 @@ pub struct Controller {
     pub model: Option<String>,
     /// `<driver iothread queues/>` (virtio-scsi).
     pub driver: Option<ControllerDriver>,
-    /// `<target chassis port/>` (pcie-root-port).
-    pub target: Option<ControllerTarget>,
     /// Alias (`ua-` never; libvirt's own names).
     pub alias: Option<NameAttr>,
     /// PCI address.
     pub address: Option<Address>,
+    /// `<target chassis port/>` (pcie-root-port).
+    pub target: Option<ControllerTarget>,
 }
 
 /// `<driver iothread queues/>` of a controller.
@@ -513,6 +522,66 @@ pub struct RngBackend {
     /// Entropy source.
     #[serde(rename = "$text")]
     pub source: String,
+}
+
+/// `<filesystem type="mount">` of a virtiofs share served by its own virtiofsd (KubeVirt's
+/// `VirtiofsConfigurator`, `converter/storage/virtiofs.go`): `<driver type="virtiofs" queue>`,
+/// `<source socket>`, `<target dir>` (the share's name, the guest's mount tag). Go's
+/// `api.FilesystemDevice` has no alias or address. KubeVirt also writes
+/// `accessMode="passthrough"`, an attribute libvirt does not know (its own is `accessmode`, with
+/// passthrough the default), so libvirt ignores it and KubeVirt's GetDomain shows no access
+/// mode: the export leaves it out (the hook input, Go's text, has it).
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Filesystem {
+    /// `mount`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// KubeVirt's `accessMode` (see above): only in the hook input.
+    #[serde(rename = "@accessMode")]
+    pub access_mode: Option<String>,
+    /// `<source socket>`.
+    pub source: FilesystemSource,
+    /// `<target dir>`.
+    pub target: FilesystemTarget,
+    /// `<driver type="virtiofs" queue>`.
+    pub driver: FilesystemDriver,
+    /// The PCI address the plan gave it (libvirt's XML has one; Go's type does not, so the
+    /// `api.Domain` and the hook input leave it out).
+    pub address: Option<Address>,
+}
+
+/// `<source socket>`: the virtiofsd socket. (Go's `api.FilesystemSource` always writes `dir`,
+/// empty here; libvirt's schema wants a socket source without it.)
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemSource {
+    /// Host directory (none: virtiofsd runs in its own container).
+    #[serde(rename = "@dir")]
+    pub dir: Option<String>,
+    /// virtiofsd's socket.
+    #[serde(rename = "@socket")]
+    pub socket: Option<String>,
+}
+
+/// `<target dir>`: the mount tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemTarget {
+    /// The tag (the VMI's filesystem name).
+    #[serde(rename = "@dir")]
+    pub dir: String,
+}
+
+/// `<driver type queue>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemDriver {
+    /// `virtiofs`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Request queue size.
+    #[serde(rename = "@queue")]
+    pub queue: Option<String>,
 }
 
 /// `<sound model>`.

@@ -6,6 +6,8 @@ use serde_with::skip_serializing_none;
 use super::*;
 
 /// `<disk>`.
+/// Fields in the order of KubeVirt's `api.Disk` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Disk {
@@ -28,19 +30,19 @@ pub struct Disk {
     pub driver: DiskDriver,
     /// `<readonly/>`.
     pub readonly: Option<Empty>,
-    /// `<shareable/>`.
-    pub shareable: Option<Empty>,
     /// `ua-<name>`.
     pub alias: NameAttr,
+    /// Backing image (containerDisk, ephemeral).
+    #[serde(rename = "backingStore")]
+    pub backing_store: Option<BackingStore>,
     /// Boot order.
     pub boot: Option<BootOrder>,
     /// Address (PCI for virtio, drive for SCSI).
     pub address: Option<Address>,
-    /// Backing image (containerDisk, ephemeral).
-    #[serde(rename = "backingStore")]
-    pub backing_store: Option<BackingStore>,
     /// Block sizes.
     pub blockio: Option<BlockIo>,
+    /// `<shareable/>`.
+    pub shareable: Option<Empty>,
 }
 
 /// `<source file=".."/>` or `<source dev=".." name=".."/>`.
@@ -74,6 +76,8 @@ pub struct DiskTarget {
 }
 
 /// `<driver name="qemu" type cache io error_policy iothread discard queues/>`.
+/// Fields in the order of KubeVirt's `api.DiskDriver` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DiskDriver {
@@ -83,24 +87,24 @@ pub struct DiskDriver {
     /// Error policy.
     #[serde(rename = "@error_policy")]
     pub error_policy: Option<String>,
+    /// `native` / `threads`.
+    #[serde(rename = "@io")]
+    pub io: Option<String>,
     /// `qemu`.
     #[serde(rename = "@name")]
     pub name: String,
     /// `raw` / `qcow2`.
     #[serde(rename = "@type")]
     pub type_: String,
-    /// `native` / `threads`.
-    #[serde(rename = "@io")]
-    pub io: Option<String>,
     /// IOThread id.
     #[serde(rename = "@iothread")]
     pub iothread: Option<u32>,
-    /// `unmap`.
-    #[serde(rename = "@discard")]
-    pub discard: Option<String>,
     /// virtio queues (`blockMultiQueue`).
     #[serde(rename = "@queues")]
     pub queues: Option<u32>,
+    /// `unmap`.
+    #[serde(rename = "@discard")]
+    pub discard: Option<String>,
 }
 
 /// `<backingStore type><format type/><source/></backingStore>`.

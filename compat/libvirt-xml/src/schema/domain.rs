@@ -34,6 +34,10 @@ pub struct Domain {
     pub devices: Devices,
     /// Clock.
     pub clock: Option<Clock>,
+    /// Hook-added QEMU arguments and environment (Go's `QEMUCmd`, between `<clock>` and
+    /// `<metadata>`).
+    #[serde(rename = "qemu:commandline")]
+    pub commandline: Option<Commandline>,
     /// `<metadata><kubevirt xmlns="http://kubevirt.io">`.
     pub metadata: Metadata,
     /// Hypervisor features.
@@ -46,8 +50,29 @@ pub struct Domain {
     pub vcpus: Option<Vcpus>,
     /// IOThread count.
     pub iothreads: Option<u32>,
+    /// `<launchSecurity>` of an SEV, SEV-ES or SEV-SNP guest.
+    #[serde(rename = "launchSecurity")]
+    pub launch_security: Option<LaunchSecurity>,
     /// `destroy` for `rebootPolicy: Terminate`.
     pub on_reboot: Option<String>,
+}
+
+/// `<launchSecurity type="sev|sev-snp"><policy>0x..</policy></launchSecurity>` (KubeVirt's
+/// `LaunchSecurityDomainConfigurator`, `converter/compute/launch_security.go`): the guest policy
+/// in hex; `cbitpos` and `reducedPhysBits` as libvirt fills them in from the host.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaunchSecurity {
+    /// `sev` or `sev-snp`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// C-bit position (the host's).
+    pub cbitpos: Option<u32>,
+    /// Physical address bits lost to encryption (the host's).
+    #[serde(rename = "reducedPhysBits")]
+    pub reduced_phys_bits: Option<u32>,
+    /// Guest policy, `0x` and hex digits.
+    pub policy: Option<String>,
 }
 
 /// `<memory unit="b">`.
@@ -88,22 +113,24 @@ pub struct MemoryBacking {
 }
 
 /// `<os>`.
+/// Fields in the order of KubeVirt's `api.OS` (v1.9.0 `virtwrap/api/schema.go`): the hook
+/// input (`hooks::kubevirt_input`) prints them in that order, as Go's `encoding/xml` does.
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Os {
     /// `<type arch="x86_64" machine="q35">hvm</type>`.
     #[serde(rename = "type")]
     pub type_: OsType,
+    /// `<smbios mode="sysinfo"/>`.
+    pub smbios: Option<ModeAttr>,
+    /// `<bootmenu enable="yes" timeout="10000"/>`.
+    pub bootmenu: Option<BootMenu>,
+    /// `<bios useserial="yes"/>`.
+    pub bios: Option<Bios>,
     /// OVMF code.
     pub loader: Option<Loader>,
     /// Per-VM EFI variables.
     pub nvram: Option<Nvram>,
-    /// `<bootmenu enable="yes" timeout="10000"/>`.
-    pub bootmenu: Option<BootMenu>,
-    /// `<smbios mode="sysinfo"/>`.
-    pub smbios: Option<ModeAttr>,
-    /// `<bios useserial="yes"/>`.
-    pub bios: Option<Bios>,
     /// Kernel image.
     pub kernel: Option<String>,
     /// Initrd.
@@ -182,13 +209,55 @@ pub struct SysInfo {
     pub type_: String,
     /// Type 1 entries.
     pub system: Entries,
-    /// Type 0 (empty in KubeVirt).
-    pub bios: Option<Empty>,
-    /// Type 2 (empty in KubeVirt).
+    /// Type 0 entries (empty in KubeVirt's converter output; a hook may fill them).
+    pub bios: Option<Entries>,
+    /// Type 2 entries (empty in KubeVirt's converter output; a hook may fill them).
     #[serde(rename = "baseBoard")]
-    pub base_board: Option<Empty>,
+    pub base_board: Option<Entries>,
     /// Type 3 entries.
     pub chassis: Option<Entries>,
+    /// Type 11 strings (`<oemStrings><entry>..</entry>`; not in KubeVirt's `api.SysInfo`, written
+    /// by hooks that use libvirtxml).
+    #[serde(rename = "oemStrings")]
+    pub oem_strings: Option<OemStrings>,
+}
+
+/// `<oemStrings>`: SMBIOS type 11 strings in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct OemStrings {
+    /// The strings.
+    pub entry: Vec<String>,
+}
+
+/// `<qemu:commandline>`: extra QEMU arguments and environment (libvirt's QEMU namespace; Go's
+/// `api.Commandline`, element order env then arg).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Commandline {
+    /// `<qemu:env name=".." value=".."/>`.
+    #[serde(rename = "qemu:env")]
+    pub env: Vec<QemuEnv>,
+    /// `<qemu:arg value=".."/>`.
+    #[serde(rename = "qemu:arg")]
+    pub arg: Vec<QemuArg>,
+}
+
+/// `<qemu:env>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QemuEnv {
+    /// Variable name.
+    #[serde(rename = "@name")]
+    pub name: String,
+    /// Value.
+    #[serde(rename = "@value")]
+    pub value: String,
+}
+
+/// `<qemu:arg>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct QemuArg {
+    /// One argv word.
+    #[serde(rename = "@value")]
+    pub value: String,
 }
 
 /// A list of `<entry name="..">value</entry>`.

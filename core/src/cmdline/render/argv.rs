@@ -74,6 +74,8 @@ pub fn argv(plan: &DomainPlan) -> Vec<String> {
     if let Some(ls) = &plan.launch_security {
         a.switch("-object", json_arg(ls));
     }
+    // A hook's `qemu:commandline` args: verbatim words, where libvirt puts them (before -sandbox).
+    a.0.extend(plan.extra_args.iter().cloned());
     a.switch(
         "-sandbox",
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
