@@ -20,6 +20,8 @@
 
 pub mod proto;
 
+pub use qlauncher_libvirt_xml::hooks::{apply, diff_answer, HookEdit, Refusal};
+
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,6 +30,9 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::{error, info, warn};
+
+use crate::cmdline::{ConverterContext, DomainPlan};
+use crate::vmi::Vmi;
 
 /// Where the launcher looks for hook sockets (KubeVirt's `HookSocketsSharedDirectory`), one
 /// sub-directory per sidecar.
@@ -194,6 +199,20 @@ pub enum HookError {
         /// The gRPC status, the deadline, or what is wrong with the answer.
         reason: String,
     },
+}
+
+/// The domain XML KubeVirt would send `OnDefineDomain` for `plan` (converted from `vmi` with
+/// `ctx`): the libvirt model the exporter makes of it, printed as Go's `xml.MarshalIndent` prints
+/// KubeVirt's `api.DomainSpec` ([`qlauncher_libvirt_xml::hooks::kubevirt_input`]).
+///
+/// # Errors
+/// The exporter's error for a plan it cannot write.
+pub fn domain_xml(
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    plan: &DomainPlan,
+) -> Result<String, qlauncher_libvirt_xml::CompatError> {
+    qlauncher_libvirt_xml::hooks::kubevirt_input(&qlauncher_libvirt_xml::export(vmi, ctx, plan)?)
 }
 
 /// Connects to a hook socket as KubeVirt's `DialSocketWithTimeout` does: plaintext HTTP/2,
