@@ -69,6 +69,9 @@ pub struct SyncConfig {
     /// linked from before storage is prepared ([`crate::storage::image_volume`]); `None` without
     /// the ImageVolume feature (virt-handler bind-mounts `disk_<i>.img` then).
     pub image_volume: Option<crate::storage::image_volume::ImageVolumeDirs>,
+    /// The hook sidecars collected at start-up (`--hook-sidecars`, [`crate::hooks::collect`]);
+    /// empty without them.
+    pub hooks: crate::hooks::Sidecars,
 }
 
 /// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
@@ -161,6 +164,7 @@ impl SyncConfig {
             migration_proxy_dir: root.join("var/run/kubevirt/migrationproxy"),
             migration_control_socket: root.join(TARGET_CONTROL_SOCKET.trim_start_matches('/')),
             image_volume: None,
+            hooks: Default::default(),
         }
     }
 }

@@ -9,11 +9,16 @@
 
 use std::path::Path;
 
+use qlauncher_libvirt_xml::hooks::{self, HookEdit};
+use tracing::info;
+
 use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{render, ConverterContext, DomainPlan};
+use crate::hooks::Sidecars;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::ApiDomain;
 use crate::sync::domain_spec;
+use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
 /// A defined domain: the plan and the two renderings QEMU gets of it.
@@ -32,13 +37,25 @@ impl Defined {
     /// the libvirt XML export writes; the running devices keep their identity,
     /// [`domain_spec::apply_converted`]); `view` and `ctx` are the VMI and the facts the plan
     /// was converted from.
-    pub(crate) fn report(&self, domain: &mut ApiDomain, view: &Vmi, ctx: &ConverterContext) {
-        domain_spec::apply_converted(domain, view, ctx, &self.plan);
+    ///
+    /// # Errors
+    /// [`SyncError::DomainSpec`]: the `api.Domain` cannot show the plan (a device the exporter
+    /// has no element for): the definition fails rather than hide it from virt-handler.
+    pub(crate) fn report(
+        &self,
+        domain: &mut ApiDomain,
+        view: &Vmi,
+        ctx: &ConverterContext,
+    ) -> Result<(), SyncError> {
+        domain_spec::apply_converted(domain, view, ctx, &self.plan)
     }
 }
 
-/// Defines the domain of `plan` (see the module doc): QEMU's argv and QMP plan rendered from it.
-pub(crate) fn define(d: &DomainCtx, plan: DomainPlan) -> Defined {
+/// Defines the domain of `plan` (see the module doc): the hook sidecars' `edits` (from
+/// [`on_define_domain`] at the first definition) applied, then QEMU's argv and QMP plan rendered
+/// from it.
+pub(crate) fn define(d: &DomainCtx, mut plan: DomainPlan, edits: &[HookEdit]) -> Defined {
+    hooks::apply(edits, &mut plan);
     let mut argv = render::argv(&plan);
     if let Some(p) = &d.config.operator_qmp_socket {
         argv.push("-qmp".into());
@@ -50,6 +67,59 @@ pub(crate) fn define(d: &DomainCtx, plan: DomainPlan) -> Defined {
         argv,
         qmp_plan,
     }
+}
+
+/// The hook sidecars' `OnDefineDomain` (KubeVirt's `SetDomainSpecStrWithHooks`,
+/// `pkg/hooks/manager.go`): the domain of `plan` as KubeVirt would send it (Go's
+/// `encoding/xml` text of its `api.DomainSpec`, [`hooks::kubevirt_input`]) goes through every
+/// subscribed sidecar in order, each answer diffed against the text that sidecar got
+/// ([`hooks::diff_answer`]), and the differences become typed plan edits, in order. `vmi` is the
+/// VMI virt-handler sent (as JSON to the sidecars), `view` and `ctx` what the plan was converted
+/// from. No subscriber: no edits, no export.
+///
+/// # Errors
+/// [`SyncError::Hook`] (a sidecar cannot be called or fails), [`SyncError::HookRefused`] (an
+/// answer asks for a change the plan cannot take, naming the sidecar and the element),
+/// [`SyncError::DomainSpec`] (the plan cannot be exported).
+pub(crate) async fn on_define_domain(
+    sidecars: &Sidecars,
+    vmi: &Vmi,
+    view: &Vmi,
+    ctx: &ConverterContext,
+    plan: &DomainPlan,
+) -> Result<Vec<HookEdit>, SyncError> {
+    if !sidecars.list.iter().any(|s| {
+        s.hook_points
+            .iter()
+            .any(|p| p == crate::hooks::ON_DEFINE_DOMAIN)
+    }) {
+        return Ok(Vec::new());
+    }
+    let spec_err = |e: qlauncher_libvirt_xml::CompatError| SyncError::DomainSpec(Box::new(e));
+    let domain = qlauncher_libvirt_xml::export(view, ctx, plan).map_err(spec_err)?;
+    let sent = hooks::kubevirt_input(&domain).map_err(spec_err)?;
+    // A `Vmi` (string keys, no maps with other keys) always serialises.
+    let vmi_json = serde_json::to_vec(vmi).unwrap_or_default();
+    let steps = sidecars
+        .on_define_domain_steps(&sent, &vmi_json)
+        .await
+        .map_err(SyncError::Hook)?;
+    let mut edits = Vec::new();
+    let mut before = sent;
+    for step in steps {
+        let changes = hooks::diff_answer(&before, &step.domain_xml).map_err(|refusal| {
+            SyncError::HookRefused {
+                socket: step.socket.clone(),
+                refusal,
+            }
+        })?;
+        for e in &changes {
+            info!(sidecar = %step.socket.display(), edit = %e, "hook sidecar edits the domain");
+        }
+        edits.extend(changes);
+        before = step.domain_xml;
+    }
+    Ok(edits)
 }
 
 /// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,

@@ -17,6 +17,7 @@ use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QueryChardev};
 use crate::sync::domain::{ApiDomain, ApiDomainSpec, Devices, GracePeriodMetadata};
+use crate::sync::error::SyncError;
 use crate::sync::state::Shared;
 use crate::vmi::Vmi;
 
@@ -30,35 +31,33 @@ const FIXED_LISTS: [&str; 1] = ["Controllers"];
 pub const DEFAULT_GRACE_PERIOD_SECONDS: i64 = 30;
 
 /// Replaces `domain`'s spec with the converter's for `vmi` (the VMI the plan was converted from)
-/// and sets the grace-period metadata. A plan the exporter cannot write (host hardware it does
-/// not model) keeps the spec as it was, with a warning.
+/// and sets the grace-period metadata.
 ///
 /// SR-IOV VFs are live state, as in libvirt's live XML: the first conversion lists the plan's
 /// (QEMU starts with them); a re-conversion keeps the VFs the spec it replaces lists (plugged
 /// by `HotplugHostDevices`, or unplugged for a migration), whatever the plan says, so
 /// virt-handler sees a VF missing exactly when QEMU lacks it.
+///
+/// # Errors
+/// [`SyncError::DomainSpec`]: the exporter cannot write the plan (a device it has no element
+/// for, host hardware it does not model), or its JSON does not decode as `api.DomainSpec`;
+/// `domain` is unchanged then.
 pub(crate) fn apply_converted(
     domain: &mut ApiDomain,
     vmi: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
-) {
+) -> Result<(), SyncError> {
     let previous = domain.spec.clone();
     // Every converted spec has controllers (the USB controller at least).
     let reconverted = previous.devices.rest.contains_key("Controllers");
-    let converted = qlauncher_libvirt_xml::export(vmi, ctx, plan)
-        .and_then(|d| qlauncher_libvirt_xml::to_api_spec(&d));
-    match converted {
-        Ok(api) => {
-            if let Err(e) = domain.spec.set_converted(api.spec) {
-                warn!(error = %e, "the converted domain spec does not decode as api.DomainSpec");
-            }
-        }
-        Err(e) => warn!(
-            error = &e as &dyn std::error::Error,
-            "cannot render the domain spec; reporting a partial domain"
-        ),
-    }
+    let api = qlauncher_libvirt_xml::export(vmi, ctx, plan)
+        .and_then(|d| qlauncher_libvirt_xml::to_api_spec(&d))
+        .map_err(|e| SyncError::DomainSpec(Box::new(e)))?;
+    domain
+        .spec
+        .set_converted(api.spec)
+        .map_err(|e| SyncError::DomainSpec(Box::new(e)))?;
     if domain.spec.domain_type.is_empty() {
         domain.spec.domain_type = if ctx.kvm { "kvm" } else { "qemu" }.into();
     }
@@ -99,6 +98,7 @@ pub(crate) fn apply_converted(
             .filter(|h| h.is_sriov());
         devices.host_devices.extend(live.cloned());
     }
+    Ok(())
 }
 
 /// Gives the devices of `next` (a re-converted spec) the identity they have in `previous` (the
@@ -291,18 +291,23 @@ pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &V
 /// Reports the domain after a hotplug: the spec re-converted from `plan` ([`apply_converted`]:
 /// the devices that ran keep their identity), the added PCI devices at the address QEMU gave
 /// them; MODIFIED is notified when the spec changed.
+///
+/// # Errors
+/// As [`apply_converted`] (the domain is left as it was).
 pub(crate) async fn report_hotplug(
     shared: &Shared,
     client: &QmpClient,
     vmi: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
-) {
+) -> Result<(), SyncError> {
     let added = {
         let domain = shared.domain.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = domain.as_ref() else { return };
+        let Some(d) = domain.as_ref() else {
+            return Ok(());
+        };
         let mut probe = d.clone();
-        apply_converted(&mut probe, vmi, ctx, plan);
+        apply_converted(&mut probe, vmi, ctx, plan)?;
         added_pci_devices(&d.spec, &probe.spec)
     };
     let mut placed = Vec::new();
@@ -311,14 +316,19 @@ pub(crate) async fn report_hotplug(
             placed.push((id, address));
         }
     }
+    let mut failed = None;
     shared.update_domain(|d| {
         let before = d.spec.clone();
-        apply_converted(d, vmi, ctx, plan);
+        if let Err(e) = apply_converted(d, vmi, ctx, plan) {
+            failed = Some(e);
+            return false;
+        }
         for (id, address) in &placed {
             set_device_address(&mut d.spec, id, address);
         }
         d.spec != before
     });
+    failed.map_or(Ok(()), Err)
 }
 
 /// The `api.MemoryDevice` of the running virtio-mem device of `memory` (KubeVirt's
@@ -497,7 +507,7 @@ mod tests {
 
     fn reported(vmi: &Vmi, domain: &mut ApiDomain) -> Value {
         let plan = convert(vmi, &ctx()).unwrap();
-        apply_converted(domain, vmi, &ctx(), &plan);
+        apply_converted(domain, vmi, &ctx(), &plan).unwrap();
         serde_json::to_value(&domain.spec.devices).unwrap()
     }
 
@@ -559,6 +569,53 @@ mod tests {
             .collect()
     }
 
+    /// A virtiofs share is in the reported domain as KubeVirt's converter writes it (socket, tag,
+    /// queue; no address in Go's type), and a plan the `api.Domain` cannot show is an error,
+    /// never a partial domain.
+    #[test]
+    fn filesystems_are_reported_and_an_unshown_plan_is_refused() {
+        let vmi = json!({
+            "metadata": {"name": "vm", "namespace": "default", "uid": "uid-1"},
+            "spec": {
+                "domain": {
+                    "resources": {"requests": {"memory": "256Mi"}},
+                    "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}],
+                        "filesystems": [{"name": "data", "virtiofs": {}}]}
+                },
+                "volumes": [{"name": "rootdisk", "persistentVolumeClaim": {"claimName": "r"}},
+                    {"name": "data", "persistentVolumeClaim": {"claimName": "d"}}]
+            }
+        });
+        let mut vmi = Vmi::from_json_or_yaml(&vmi.to_string()).unwrap();
+        vmi.apply_defaults(&crate::vmi::DefaultsConfig::for_vmi(&vmi));
+        let mut ctx = ctx();
+        ctx.virtiofs_ready.insert("data".into());
+        let plan = convert(&vmi, &ctx).unwrap();
+        let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
+        let json = serde_json::to_value(&domain.spec.devices).unwrap();
+        let fs = &json["Filesystems"][0];
+        assert_eq!(fs["Type"], "mount");
+        assert_eq!(fs["Driver"], json!({"Type": "virtiofs", "Queue": "1024"}));
+        assert_eq!(fs["Target"], json!({"Dir": "data"}));
+        assert!(fs["Source"]["Socket"]
+            .as_str()
+            .unwrap()
+            .ends_with("/data.sock"));
+        assert!(fs.get("Address").is_none(), "{fs}");
+
+        // The same plan with its virtiofsd socket missing: the exporter refuses, the domain
+        // keeps what it had.
+        let mut plan = plan;
+        for h in &mut plan.hardware {
+            h.missing = Some("the virtiofs container has not created it".into());
+        }
+        let before = domain.clone();
+        let e = apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap_err();
+        assert!(matches!(e, SyncError::DomainSpec(_)), "{e}");
+        assert_eq!(domain, before);
+    }
+
     /// The first report lists the plan's host devices with their source, alias, boot order and
     /// guest address; later re-conversions keep the SR-IOV VFs as the running domain has them
     /// (unplugged for a migration: gone until `HotplugHostDevices` lists them again).
@@ -568,7 +625,7 @@ mod tests {
         let ctx = sriov_ctx();
         let plan = convert(&vmi, &ctx).unwrap();
         let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
-        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
         assert_eq!(host_device_aliases(&domain), ["gpu-gpu1", "sriov-vf"]);
         let json = serde_json::to_value(&domain.spec.devices).unwrap();
         let vf = &json["HostDevices"][1];
@@ -588,20 +645,20 @@ mod tests {
 
         // A resync of the same VMI changes nothing.
         let before = domain.spec.clone();
-        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
         assert_eq!(domain.spec, before);
 
         // Unplugged for a migration that then failed: a re-conversion does not bring it back.
         assert!(domain.spec.devices.drop_sriov_host_devices());
         assert!(!domain.spec.devices.drop_sriov_host_devices());
-        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
         assert_eq!(host_device_aliases(&domain), ["gpu-gpu1"]);
 
         // Plugged again by `HotplugHostDevices`: kept as it was listed.
         let mut replugged = before.devices.host_devices[1].clone();
         replugged.rest.remove("BootOrder");
         domain.spec.devices.host_devices.push(replugged.clone());
-        apply_converted(&mut domain, &vmi, &ctx, &plan);
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
         assert_eq!(host_device_aliases(&domain), ["gpu-gpu1", "sriov-vf"]);
         assert_eq!(domain.spec.devices.host_devices[1], replugged);
     }

@@ -167,6 +167,23 @@ pub enum SyncError {
     /// Converting the VMI to a QEMU command line failed.
     #[error("converting the VMI")]
     Convert(#[source] crate::cmdline::ConvertError),
+    /// The defined plan has a device or setting the `api.Domain` cannot show (the exporter's
+    /// refusal), or its spec does not decode as `api.DomainSpec`: virt-handler would be shown
+    /// a domain without it, so the definition fails.
+    #[error("the domain spec cannot show the defined plan")]
+    DomainSpec(#[source] Box<dyn std::error::Error + Send + Sync>),
+    /// A hook sidecar could not be called, or its call failed ([`crate::hooks`]).
+    #[error("hook sidecar")]
+    Hook(#[source] crate::hooks::HookError),
+    /// A hook sidecar's `OnDefineDomain` answer asks for a change qlauncher cannot make (or
+    /// cannot read): the start is refused, naming the sidecar, the element path and both values.
+    #[error("hook sidecar {}: refused: {refusal}", socket.display())]
+    HookRefused {
+        /// The sidecar's socket.
+        socket: std::path::PathBuf,
+        /// The element, the values sent and answered, and why.
+        refusal: qlauncher_libvirt_xml::hooks::Refusal,
+    },
     /// Preparing QEMU's directories or log failed.
     #[error("preparing QEMU: {what}")]
     PrepareQemu {

@@ -34,6 +34,11 @@ pub const EMULATION_ENV: &str = "QLAUNCHER_EMULATION";
 /// Path of a second QMP monitor socket for operators' tools (set by `qlauncher run`).
 pub const OPERATOR_QMP_ENV: &str = "QLAUNCHER_OPERATOR_QMP";
 
+/// How long the hook sidecars' Shutdown calls may take together once QEMU is gone (KubeVirt
+/// gives each a minute; the pod's grace period is mostly spent by then, so qlauncher bounds
+/// them all by the final notification's wait).
+const HOOK_SHUTDOWN_WITHIN: Duration = Duration::from_secs(10);
+
 /// Runs the launcher with virt-launcher's flags (`args`, without the program name); exit code 0
 /// on a clean end, 1 on failure, 2 on a bad command line.
 pub fn main(args: Vec<String>) -> ExitCode {
@@ -41,14 +46,18 @@ pub fn main(args: Vec<String>) -> ExitCode {
 }
 
 async fn run(config: LauncherConfig, stop: watch::Receiver<bool>) -> Result<(), MonitorError> {
-    if config.hook_sidecars > 0 {
-        warn!(
-            hook_sidecars = config.hook_sidecars,
-            "hook sidecars are not supported, not waiting for them"
-        );
-    }
     let standalone = launcher::standalone_vmi(std::env::var("STANDALONE_VMI").ok().as_deref())?;
-    run_sync(&config, standalone, stop).await
+    // KubeVirt collects the hook sidecars before the command server starts, within
+    // `--qemu-timeout`; one that fails stops the launcher, naming its socket.
+    let root = std::env::var_os(ROOT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"));
+    let hook_dir = root.join(crate::hooks::HOOK_DIR.trim_start_matches('/'));
+    let expected = config.hook_sidecars as usize;
+    let hooks = crate::hooks::collect(&hook_dir, expected, config.qemu_timeout)
+        .await
+        .map_err(|e| failed("collecting the hook sidecars", &e))?;
+    run_sync(&config, standalone, hooks, stop).await
 }
 
 /// The launcher proper: the command server on `launcher-sock` over a [`SyncVmi`], the standalone
@@ -56,9 +65,11 @@ async fn run(config: LauncherConfig, stop: watch::Receiver<bool>) -> Result<(), 
 async fn run_sync(
     config: &LauncherConfig,
     standalone: Option<serde_json::Value>,
+    hooks: crate::hooks::Sidecars,
     stop: watch::Receiver<bool>,
 ) -> Result<(), MonitorError> {
-    let sync_config = sync_config(config);
+    let mut sync_config = sync_config(config);
+    sync_config.hooks = hooks.clone();
     // virt-handler creates the notify pipe only after its first call on `launcher-sock`, so the
     // notifier is always started: it dials when it sends and keeps the latest domain state until
     // the pipe appears (KubeVirt's notify-client).
@@ -96,6 +107,13 @@ async fn run_sync(
             reason: format!("standalone VMI sync failed: {reason}"),
         }),
     };
+    // QEMU is gone: the v1alpha3 sidecars' Shutdown (KubeVirt's main after RunForever), only
+    // when a domain ran here; errors are logged, never fatal.
+    if manager.qemu_pid().is_some() {
+        for e in hooks.shutdown(HOOK_SHUTDOWN_WITHIN).await {
+            warn!(error = %error_chain(&e), "hook sidecar Shutdown failed");
+        }
+    }
     // KubeVirt's order: Shutoff is notified (the event task), the command server keeps serving
     // until virt-handler's DeleteVirtualMachine or 15 s, then the final delete notification.
     // Without virt-handler's pipe (`qlauncher run`) nobody calls or awaits either.

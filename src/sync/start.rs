@@ -28,7 +28,7 @@ use crate::qmp::lifecycle;
 use crate::sync::admit::SpecKey;
 use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
-use crate::sync::define::{define, Defined};
+use crate::sync::define::{self, define, Defined};
 use crate::sync::domain::{Alias, ApiDomain, Interface as DomainIface, Mac};
 use crate::sync::domain_spec;
 use crate::sync::error::SyncError;
@@ -182,8 +182,11 @@ pub(crate) async fn prepare(
     nics.started(&plan);
     d.info.remember_plan(&plan, &ctx);
     domain.spec.uuid = plan.uuid.clone();
-    let defined = define(d, plan);
-    defined.report(&mut domain, &view, &ctx);
+    // The hook sidecars see the domain as KubeVirt would define it, and their edits go into
+    // the plan before it is rendered.
+    let hook_edits = define::on_define_domain(&d.config.hooks, vmi, &view, &ctx, &plan).await?;
+    let defined = define(d, plan, &hook_edits);
+    defined.report(&mut domain, &view, &ctx)?;
     let Defined {
         plan,
         argv,
@@ -192,7 +195,8 @@ pub(crate) async fn prepare(
     let next_node = next_node_index(&plan);
     let t_convert = t0.elapsed();
 
-    let running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+    let mut running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
+    running.hook_edits = hook_edits;
     Ok(Prepared {
         domain,
         plan,
@@ -443,6 +447,7 @@ fn running_at_boot(
         _dhcp_stop: dhcp_stop,
         firmware_uuid: plan.uuid.clone(),
         cpu: plan.cpu.clone(),
+        hook_edits: Vec::new(),
     }
 }
 

@@ -48,6 +48,9 @@ pub(crate) struct Running {
     pub(crate) firmware_uuid: String,
     /// The CPU QEMU runs (`-cpu`): what a migration expands and sends to its target.
     pub(crate) cpu: crate::cmdline::plan::CpuPlan,
+    /// The hook sidecars' edits of the plan at the first definition, applied again to every
+    /// later one ([`crate::sync::define`]), so a sync never undoes a hook.
+    pub(crate) hook_edits: Vec<qlauncher_libvirt_xml::hooks::HookEdit>,
 }
 
 /// State shared with the event task.

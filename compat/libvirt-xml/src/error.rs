@@ -19,7 +19,16 @@ pub enum CompatError {
         /// QEMU id of the device.
         id: String,
     },
-    /// The plan needs host hardware the exporter does not write (SEV/SNP/TDX, virtiofs), or a
+    /// A planned device the exporter has no element for: the domain would miss it (and
+    /// GetDomain would not show it), so the export fails instead.
+    #[error("device {id}: the domain cannot show it: {why}")]
+    ExportUnshown {
+        /// QEMU id of the device.
+        id: String,
+        /// What the exporter found.
+        why: String,
+    },
+    /// The plan needs host hardware the exporter does not write (TDX), or a
     /// VFIO device (GPU, host device, SR-IOV VF) the context did not report, so the plan has no
     /// host address for it.
     #[error("{path}: exporting {what} is not supported")]

@@ -67,6 +67,11 @@ pub fn kubevirt_input(domain: &Domain) -> Result<String, CompatError> {
     // `api.Disk.Source` is a struct, not a pointer: Go writes `<source></source>` for an empty
     // cdrom too.
     for dev in &mut d.devices.items {
+        // KubeVirt's `accessMode` (which libvirt ignores) and the always-written `dir`.
+        if let Device::Filesystem(fs) = dev {
+            fs.access_mode = Some("passthrough".into());
+            fs.source.dir.get_or_insert_with(String::new);
+        }
         if let Device::Disk(disk) = dev {
             disk.source.get_or_insert(DiskSource {
                 file: None,
@@ -94,7 +99,7 @@ pub fn kubevirt_input(domain: &Domain) -> Result<String, CompatError> {
 /// never in KubeVirt's hook input: `(parent, element, attribute)`, `None` for the whole element,
 /// `*` for any parent. `api.Address` has no `multifunction`, `api.ControllerTarget` only `busNr`
 /// and `node` (a root port's `<target>` is an empty pair), `api.Video`, `api.SoundCard` and
-/// `api.VSOCK` no `<address>`.
+/// `api.VSOCK` and `api.FilesystemDevice` no `<address>`.
 const GO_LACKS: &[(&str, &str, Option<&str>)] = &[
     ("*", "address", Some("multifunction")),
     ("controller", "target", Some("chassis")),
@@ -102,6 +107,7 @@ const GO_LACKS: &[(&str, &str, Option<&str>)] = &[
     ("video", "address", None),
     ("sound", "address", None),
     ("vsock", "address", None),
+    ("filesystem", "address", None),
 ];
 
 fn go_lacks(parent: Option<&str>, element: &str, attribute: Option<&str>) -> bool {

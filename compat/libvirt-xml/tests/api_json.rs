@@ -9,13 +9,14 @@ use qlauncher_libvirt_xml::{export, to_api_spec, to_xml};
 /// What the exporter writes for libvirt that KubeVirt's Go structs have no field for (its decoder
 /// drops them the same way): PCI root ports' `<target chassis port>`, `multifunction`, and the
 /// addresses of video, sound and vsock devices.
-const NO_GO_FIELD: [&str; 6] = [
+const NO_GO_FIELD: [&str; 7] = [
     "domain/devices/controller/address/@multifunction",
     "domain/devices/controller/target/@chassis",
     "domain/devices/controller/target/@port",
     "domain/devices/video/address",
     "domain/devices/sound/address",
     "domain/devices/vsock/address",
+    "domain/devices/filesystem/address",
 ];
 
 /// What KubeVirt's converter writes but libvirt drops from the live domain XML virt-launcher reads

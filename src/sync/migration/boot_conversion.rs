@@ -131,7 +131,7 @@ fn boot_conversion(
                 "cannot convert the VMI without its hot-plugged devices: {e}"
             ))
         })?;
-        let Defined { plan, argv, .. } = define(d, plan);
+        let Defined { plan, argv, .. } = define(d, plan, &target.prepared.running.hook_edits);
         boots.push((plan, argv));
     }
     // The view whose argv is the source's; none: the first, whose difference the caller
@@ -204,7 +204,7 @@ fn adopt_source_cpu(
         .take()
         .unwrap_or_else(|| target.prepared.plan.clone());
     plan.cpu = cpu.clone();
-    let Defined { plan, argv, .. } = define(d, plan);
+    let Defined { plan, argv, .. } = define(d, plan, &target.prepared.running.hook_edits);
     boot.argv = argv;
     // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
     if domain.hotplugged.is_empty() {

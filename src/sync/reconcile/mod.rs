@@ -74,7 +74,7 @@ pub(crate) async fn hotplug(
         },
     )
     .await?;
-    let Defined { plan, qmp_plan, .. } = define(d, plan);
+    let Defined { plan, qmp_plan, .. } = define(d, plan, &running.hook_edits);
     let mut nics = nics::NicChanges::default();
     for reconciler in RECONCILERS {
         match reconciler {
@@ -90,7 +90,7 @@ pub(crate) async fn hotplug(
         }
     }
     // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await;
+    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
     running.ctx = ctx;
     d.shared.publish_nic_changes(&nics);
     Ok(())

@@ -371,3 +371,39 @@ pub(super) fn vsock(d: &PlannedDevice) -> Option<Vsock> {
         address: address(d),
     })
 }
+
+/// The `<filesystem>` of a virtiofs share: its virtiofsd socket and mount tag, with KubeVirt's
+/// queue size (`converter/storage/virtiofs.go`).
+///
+/// Errors: a planned filesystem device that is not a vhost-user-fs device on a socket path
+/// ([`CompatError::ExportUnshown`]).
+pub(super) fn filesystem(d: &PlannedDevice) -> Result<Filesystem, CompatError> {
+    let (qemu::Device::VhostUserFs(fs), Backend::Chardev(c)) = (&d.device, &d.backend) else {
+        return Err(CompatError::ExportUnshown {
+            id: d.device.id().to_owned(),
+            why: "a filesystem that is not a vhost-user-fs device on a chardev".into(),
+        });
+    };
+    let qemu::SocketAddr::Path(socket) = &c.addr else {
+        return Err(CompatError::ExportUnshown {
+            id: fs.id.clone(),
+            why: "a virtiofs chardev without a socket path".into(),
+        });
+    };
+    Ok(Filesystem {
+        type_: "mount".into(),
+        access_mode: None,
+        source: FilesystemSource {
+            dir: None,
+            socket: Some(socket.clone()),
+        },
+        target: FilesystemTarget {
+            dir: fs.tag.clone(),
+        },
+        driver: FilesystemDriver {
+            type_: "virtiofs".into(),
+            queue: Some(fs.queue_size.to_string()),
+        },
+        address: address(d),
+    })
+}

@@ -150,17 +150,28 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
                 .count() as u32;
             (n > 0).then_some(n)
         },
+        launch_security: launch_security(plan),
         on_reboot: plan.no_reboot.then(|| "destroy".into()),
     })
 }
 
-/// Refuses a plan that needs host hardware the exporter does not write, or that the context did
-/// not report ([`CompatError::ExportHardware`], naming the field).
+/// Refuses a plan that needs host hardware the context did not report, or hardware the exporter
+/// does not write (TDX) ([`CompatError::ExportHardware`], naming the field).
 fn check_hardware(plan: &DomainPlan) -> Result<(), CompatError> {
+    let written = |id: &str| {
+        is_host_device_id(id)
+            || plan
+                .devices_of(DeviceClass::Filesystem)
+                .any(|d| d.device.id() == id)
+            || plan
+                .launch_security
+                .as_ref()
+                .is_some_and(|l| l.id == id && launch_security_type(l.qom_type).is_some())
+    };
     if let Some(h) = plan
         .hardware
         .iter()
-        .find(|h| h.missing.is_some() || !is_host_device_id(&h.id))
+        .find(|h| h.missing.is_some() || !written(&h.id))
     {
         return Err(CompatError::ExportHardware {
             path: h.path.to_string(),
@@ -173,9 +184,32 @@ fn check_hardware(plan: &DomainPlan) -> Result<(), CompatError> {
     Ok(())
 }
 
+/// libvirt's `<launchSecurity type>` for QEMU's confidential-guest object type (`None`: TDX,
+/// which the exporter does not write).
+fn launch_security_type(qom_type: &str) -> Option<&'static str> {
+    match qom_type {
+        "sev-guest" => Some("sev"),
+        "sev-snp-guest" => Some("sev-snp"),
+        _ => None,
+    }
+}
+
+/// `<launchSecurity>` of an SEV or SEV-SNP guest: the type and the policy in hex, as KubeVirt's
+/// `amd64LaunchSecurity` writes it, with the host's C-bit position and reduced physical bits
+/// libvirt adds.
+fn launch_security(plan: &DomainPlan) -> Option<LaunchSecurity> {
+    let l = plan.launch_security.as_ref()?;
+    Some(LaunchSecurity {
+        type_: launch_security_type(l.qom_type)?.into(),
+        cbitpos: l.cbitpos,
+        reduced_phys_bits: l.reduced_phys_bits,
+        policy: l.policy.map(|p| format!("{p:#x}")),
+    })
+}
+
 /// The `<devices>` children in KubeVirt's order, class by class: interfaces, channels, host
 /// devices, controllers, video and graphics, the memballoon, disks, inputs, serial ports with
-/// their consoles, watchdog, rng, sound, TPM, vsock. A device class that is not walked here is
+/// their consoles, watchdog, rng, filesystems, sound, TPM, vsock. A device class that is not walked here is
 /// missing from the export (and from GetDomain).
 fn devices(
     vmi: &Vmi,
@@ -221,6 +255,9 @@ fn devices(
         plan.devices_of(DeviceClass::Rng)
             .map(|d| Device::Rng(rng(d))),
     );
+    for d in plan.devices_of(DeviceClass::Filesystem) {
+        devices.push(Device::Filesystem(filesystem(d)?));
+    }
     let sounds = plan.devices_of(DeviceClass::Sound).filter_map(sound);
     devices.extend(sounds.map(Device::Sound));
     devices.extend(

@@ -9,7 +9,7 @@ use super::*;
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Devices {
     /// Devices in KubeVirt's order (interface, channel, hostdev, controller, video, graphics,
-    /// memballoon, disk, input, serial, console, watchdog, rng, sound, tpm, vsock).
+    /// memballoon, disk, input, serial, console, watchdog, rng, filesystem, sound, tpm, vsock).
     #[serde(rename = "$value")]
     pub items: Vec<Device>,
 }
@@ -56,6 +56,9 @@ pub enum Device {
     /// `<rng>`.
     #[serde(rename = "rng")]
     Rng(Rng),
+    /// `<filesystem>`.
+    #[serde(rename = "filesystem")]
+    Filesystem(Filesystem),
     /// `<sound>`.
     #[serde(rename = "sound")]
     Sound(Sound),
@@ -519,6 +522,66 @@ pub struct RngBackend {
     /// Entropy source.
     #[serde(rename = "$text")]
     pub source: String,
+}
+
+/// `<filesystem type="mount">` of a virtiofs share served by its own virtiofsd (KubeVirt's
+/// `VirtiofsConfigurator`, `converter/storage/virtiofs.go`): `<driver type="virtiofs" queue>`,
+/// `<source socket>`, `<target dir>` (the share's name, the guest's mount tag). Go's
+/// `api.FilesystemDevice` has no alias or address. KubeVirt also writes
+/// `accessMode="passthrough"`, an attribute libvirt does not know (its own is `accessmode`, with
+/// passthrough the default), so libvirt ignores it and KubeVirt's GetDomain shows no access
+/// mode: the export leaves it out (the hook input, Go's text, has it).
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Filesystem {
+    /// `mount`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// KubeVirt's `accessMode` (see above): only in the hook input.
+    #[serde(rename = "@accessMode")]
+    pub access_mode: Option<String>,
+    /// `<source socket>`.
+    pub source: FilesystemSource,
+    /// `<target dir>`.
+    pub target: FilesystemTarget,
+    /// `<driver type="virtiofs" queue>`.
+    pub driver: FilesystemDriver,
+    /// The PCI address the plan gave it (libvirt's XML has one; Go's type does not, so the
+    /// `api.Domain` and the hook input leave it out).
+    pub address: Option<Address>,
+}
+
+/// `<source socket>`: the virtiofsd socket. (Go's `api.FilesystemSource` always writes `dir`,
+/// empty here; libvirt's schema wants a socket source without it.)
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemSource {
+    /// Host directory (none: virtiofsd runs in its own container).
+    #[serde(rename = "@dir")]
+    pub dir: Option<String>,
+    /// virtiofsd's socket.
+    #[serde(rename = "@socket")]
+    pub socket: Option<String>,
+}
+
+/// `<target dir>`: the mount tag.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemTarget {
+    /// The tag (the VMI's filesystem name).
+    #[serde(rename = "@dir")]
+    pub dir: String,
+}
+
+/// `<driver type queue>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FilesystemDriver {
+    /// `virtiofs`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// Request queue size.
+    #[serde(rename = "@queue")]
+    pub queue: Option<String>,
 }
 
 /// `<sound model>`.

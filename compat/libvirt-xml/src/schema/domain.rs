@@ -50,8 +50,29 @@ pub struct Domain {
     pub vcpus: Option<Vcpus>,
     /// IOThread count.
     pub iothreads: Option<u32>,
+    /// `<launchSecurity>` of an SEV, SEV-ES or SEV-SNP guest.
+    #[serde(rename = "launchSecurity")]
+    pub launch_security: Option<LaunchSecurity>,
     /// `destroy` for `rebootPolicy: Terminate`.
     pub on_reboot: Option<String>,
+}
+
+/// `<launchSecurity type="sev|sev-snp"><policy>0x..</policy></launchSecurity>` (KubeVirt's
+/// `LaunchSecurityDomainConfigurator`, `converter/compute/launch_security.go`): the guest policy
+/// in hex; `cbitpos` and `reducedPhysBits` as libvirt fills them in from the host.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaunchSecurity {
+    /// `sev` or `sev-snp`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// C-bit position (the host's).
+    pub cbitpos: Option<u32>,
+    /// Physical address bits lost to encryption (the host's).
+    #[serde(rename = "reducedPhysBits")]
+    pub reduced_phys_bits: Option<u32>,
+    /// Guest policy, `0x` and hex digits.
+    pub policy: Option<String>,
 }
 
 /// `<memory unit="b">`.

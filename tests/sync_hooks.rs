@@ -1,0 +1,170 @@
+//! KubeVirt's hook sidecars through the launcher's define seam, with testkit's fake sidecar over
+//! the real socket protocol and the test guest:
+//! - an `OnDefineDomain` hook that edits the domain text as KubeVirt's e2e test does (`sed` of the
+//!   empty `<baseBoard></baseBoard>`, a serial in `<system>`) changes the SMBIOS values the guest
+//!   reads from `/sys/class/dmi/id`, and GetDomain shows the hooked `<sysinfo>`;
+//! - a hook that changes what qlauncher cannot take (a disk's cache mode) fails the sync with the
+//!   sidecar's socket and the element path, and no QEMU starts.
+//!
+//! The launchers run in-process in a private network namespace of the test thread. Needs root
+//! and the test guest (`scripts/build-guest`).
+
+use std::time::Duration;
+
+use qlauncher::hooks::{self, ON_DEFINE_DOMAIN};
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use serde_json::{json, Value};
+use testkit::guest::{self, wait_log_marker, GuestImages};
+use testkit::handler::{self, get_domain, Client};
+use testkit::hook_sidecar::{FakeSidecar, Script};
+use testkit::in_process::{InProcess, LauncherRoot};
+
+fn vmi(uid: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "hooked", "namespace": "default", "uid": uid,
+            "annotations": {"hooks.kubevirt.io/hookSidecars": "[{\"image\": \"smbios\"}]"}},
+        "spec": {
+            "domain": {
+                "resources": {"requests": {"memory": "256Mi"}},
+                "devices": {
+                    "autoattachPodInterface": false,
+                    "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]
+                }
+            },
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}}
+            ]
+        }
+    })
+}
+
+/// A launcher root whose configuration holds the one sidecar `script` serves under
+/// `<root>/var/run/kubevirt-hooks/hook-sidecar-0/`, collected as the launcher does at start.
+async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSidecar) {
+    let images = GuestImages::locate();
+    let mut root = LauncherRoot::new(&images.disk_qcow2, uid);
+    let hook_dir = root.path().join("var/run/kubevirt-hooks");
+    let sidecar = FakeSidecar::start_in(&hook_dir, "hook-sidecar-0", "smbios.sock", script);
+    root.config.hooks = hooks::collect(&hook_dir, 1, Duration::from_secs(20))
+        .await
+        .expect("collect the sidecar");
+    (root, sidecar)
+}
+
+/// Runs `sh -c script` in the guest through the agent; (exit code, stdout), or `None` while the
+/// agent does not answer.
+async fn sh(client: &mut Client, script: &str) -> Option<(i32, String)> {
+    let out = client
+        .exec(cmd::ExecRequest {
+            domain_name: "default_hooked".into(),
+            command: "/bin/sh".into(),
+            args: vec!["-c".into(), script.into()],
+            timeout_seconds: 20,
+        })
+        .await
+        .ok()?
+        .into_inner();
+    Some((out.exit_code, out.std_out))
+}
+
+/// The hook of KubeVirt's own e2e test and `smbios` example: text edits of the domain XML.
+fn smbios_hook(xml: &str) -> String {
+    xml.replacen(
+        "<baseBoard></baseBoard>",
+        "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
+        1,
+    )
+    .replacen(
+        "<system>",
+        "<system>\n\t\t\t<entry name=\"serial\">hooked-serial-1</entry>",
+        1,
+    )
+}
+
+#[test]
+fn hook_sidecars_edit_the_domain_the_guest_runs_or_refuse_it() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    testkit::in_process::runtime().block_on(async {
+        refused().await;
+        smbios().await;
+    });
+}
+
+/// A cache-mode edit is not a change qlauncher takes from a hook: the sync fails naming the
+/// sidecar and the element, before any QEMU runs.
+async fn refused() {
+    let uid = format!("6a1c0b3e-0000-4000-8002-{:012}", std::process::id());
+    let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN]).on_define(|xml| {
+        let (head, rest) = xml
+            .split_once("<driver cache=\"")
+            .expect("a disk driver with cache");
+        let (_, tail) = rest.split_once('"').unwrap();
+        format!("{head}<driver cache=\"unsafe\"{tail}")
+    });
+    let (root, sidecar) = root_with_sidecar(&uid, script).await;
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let mut client = launcher.client.clone();
+    let answer = client
+        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!answer.success, "a cache edit was taken");
+    assert!(
+        answer.message.contains("smbios.sock") && answer.message.contains("driver@cache"),
+        "{}",
+        answer.message
+    );
+    assert_eq!(sidecar.methods(), ["Info", "OnDefineDomain"]);
+    assert!(launcher.manager.qemu_pid().is_none(), "QEMU started");
+}
+
+/// The SMBIOS hook: the guest reads the hooked values, GetDomain shows them.
+async fn smbios() {
+    let uid = format!("6a1c0b3e-0000-4000-8003-{:012}", std::process::id());
+    let script = Script::new(&["v1alpha3", "v1alpha2"], &[ON_DEFINE_DOMAIN]).on_define(smbios_hook);
+    let (root, sidecar) = root_with_sidecar(&uid, script).await;
+    let private = root.private.clone();
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let mut client = launcher.client.clone();
+    let answer = client
+        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(answer.success, "{}", answer.message);
+    let define_calls: Vec<_> = sidecar
+        .calls()
+        .into_iter()
+        .filter(|c| c.method == "OnDefineDomain")
+        .collect();
+    assert_eq!(define_calls.len(), 1, "{define_calls:?}");
+    assert_eq!(define_calls[0].version, "v1alpha3");
+
+    let domain = get_domain(&mut client).await.expect("a domain");
+    let spec = serde_json::to_value(&domain.spec).unwrap();
+    let sysinfo = spec["SysInfo"].to_string();
+    assert!(
+        sysinfo.contains("Radical Edward") && sysinfo.contains("hooked-serial-1"),
+        "{sysinfo}"
+    );
+
+    let serial = private.join(&uid).join("virt-serial0-log");
+    wait_log_marker(&serial, "QLG: agent ready", guest::BOOT_TIMEOUT).await;
+    let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial";
+    let mut out = None;
+    for _ in 0..100 {
+        if let Some((0, text)) = sh(&mut client, read).await {
+            out = Some(text);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let out = out.expect("the guest agent answers");
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["Radical Edward", "hooked-serial-1"]
+    );
+}
