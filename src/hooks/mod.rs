@@ -18,6 +18,7 @@
 //! This room imports only `core` and `compat`; what the answers mean for the plan is
 //! `qlauncher_libvirt_xml::hooks` (diff, edits, refusals), called by the launcher.
 
+pub mod cloud_init;
 pub mod proto;
 
 pub use qlauncher_libvirt_xml::hooks::{apply, diff_answer, HookEdit, Refusal};
@@ -122,8 +123,8 @@ pub struct DefineStep {
     pub domain_xml: String,
 }
 
-/// A `PreCloudInitIso` answer, undecoded: what it means for the ISO is the caller's (KubeVirt's
-/// `preCloudInitIsoValidateResult` falls back to `cloud_init_no_cloud_source` when
+/// A `PreCloudInitIso` answer, undecoded; [`cloud_init::CloudInitData::from_answer`] reads it as
+/// KubeVirt does (`preCloudInitIsoValidateResult` falls back to `cloud_init_no_cloud_source` when
 /// `cloud_init_data` is not valid).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudInitAnswer {
