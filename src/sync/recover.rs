@@ -1,6 +1,7 @@
 //! Recovery after a launcher restart: the first sync of a fresh launcher looks for a QEMU that an
-//! earlier launcher of the same pod started (its command line names this launcher's QMP socket)
-//! and either adopts it or removes it before starting a new one.
+//! earlier launcher of the same pod started (it holds the socket listening at this launcher's QMP
+//! path, which a launcher hands QEMU as fd 3, or its command line names that path) and either
+//! adopts it or removes it before starting a new one.
 //!
 //! KubeVirt gets this from libvirt, which re-attaches to running domains when `virtqemud`
 //! restarts (`qemuProcessReconnect`: reconnect to the monitor, keep the domain running; a domain
