@@ -34,6 +34,7 @@ pub mod config;
 pub(crate) mod ctx;
 pub(crate) mod define;
 pub mod domain;
+pub(crate) mod domain_live;
 pub(crate) mod domain_spec;
 pub mod error;
 pub mod facts;

@@ -363,9 +363,9 @@ pub(crate) async fn adopt(
     // resolved machine type) from QEMU, as a start does, so that the agent channel reads
     // `connected` for the graceful shutdown and virt-handler's AgentConnected.
     let mut domain = domain;
-    crate::sync::domain_spec::apply_live_facts(
+    crate::sync::domain_live::apply_live_facts(
         &mut domain,
-        &crate::sync::domain_spec::live_facts(&client).await,
+        &crate::sync::domain_live::live_facts(&client).await,
     );
     d.shared.take_over(status, domain, client.clone());
     tokio::spawn(follow_events(d.shared.clone(), events, client, watcher));

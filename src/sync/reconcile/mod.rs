@@ -31,7 +31,7 @@ use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::define::{define, Defined};
-use crate::sync::domain_spec;
+use crate::sync::domain_live;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, Gathered, Purpose};
 use crate::sync::state::Running;
@@ -96,7 +96,7 @@ pub(crate) async fn hotplug(
         }
     }
     // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
+    domain_live::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
     running.ctx = ctx;
     d.shared.publish_nic_changes(&nics);
     Ok(())
@@ -143,7 +143,7 @@ pub(crate) async fn apply_memory(
     r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
     // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
     // model='virtio-mem'>`).
-    if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
+    if let Some(device) = resources::virtio_mem_device(&client, &r.memory).await {
         d.shared
             .update_domain(|dom| dom.spec.devices.set_memory_device(device));
     }
