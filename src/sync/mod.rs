@@ -15,8 +15,9 @@
 //!   VM-stats, host-device and SEV RPCs), [`migration`] (live migration, both sides);
 //! - `define.rs`: the seam where a converted plan becomes QEMU's argv, its QMP plan and the
 //!   `api.Domain` spec (made by `domain_spec.rs`);
-//! - [`state`]: the running domain, the state shared with the QMP event task, `api.Domain`
-//!   events;
+//! - `domain_live.rs`: what QEMU reports into the `api.Domain` (hot-plugged devices' addresses,
+//!   the resolved machine, channel states); [`state`]: the running domain, the state shared with
+//!   the QMP event task, `api.Domain` events;
 //! - [`facts`]: gathering what the converter needs (storage, pod network, secondary interfaces,
 //!   hotplug volumes, host hardware), KubeVirt's `generateConverterContext`;
 //! - [`guest`]: the guest agent ([`guest::agent`]), domain statistics ([`guest::stats`]) and
