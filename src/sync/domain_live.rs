@@ -4,13 +4,15 @@
 //! [`crate::sync::domain_spec`]), the machine type it resolved and the channels' connection state
 //! ([`live_facts`]).
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::{QomGet, QueryChardev};
 use crate::sync::domain::ApiDomain;
-use crate::sync::domain_spec::{added_pci_devices, apply_converted, set_device_address};
+use crate::sync::domain_spec::{
+    added_pci_devices, apply_converted, qemu_pci_address, set_device_address,
+};
 use crate::sync::error::SyncError;
 use crate::sync::state::Shared;
 use crate::vmi::Vmi;
@@ -56,47 +58,6 @@ pub(crate) async fn report_hotplug(
         d.spec != before
     });
     failed.map_or(Ok(()), Err)
-}
-
-/// Where QEMU has the PCI device `id`, as an `api.Address` (`Bus` is libvirt's controller index:
-/// the `N` of root port `pci.N`, 0 on `pcie.0`). `None` when QEMU does not answer (unplugged
-/// meanwhile, or not a PCI device).
-pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Value> {
-    let path = format!("/machine/peripheral/{id}");
-    let get = |property: &'static str| QomGet {
-        path: path.clone(),
-        property: property.into(),
-    };
-    let bus = client.run(&get("parent_bus")).await.ok()?;
-    let devfn = client.run(&get("addr")).await.ok()?;
-    pci_address(bus.as_str()?, &devfn)
-}
-
-/// The `api.Address` of a device on QOM bus `parent_bus` (`/machine/peripheral/pci.5/pci.5`,
-/// `/machine/q35/pcie.0`) at `addr` (QEMU 7.2 answers the devfn as a number: 34 is slot 4
-/// function 2; a `04.2` string is read too).
-fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
-    let bus = parent_bus.rsplit('/').next()?;
-    let bus: u32 = match bus.strip_prefix("pci.") {
-        Some(n) => n.parse().ok()?,
-        None if bus.starts_with("pcie.") => 0,
-        None => return None,
-    };
-    let devfn = match addr {
-        Value::Number(n) => u32::try_from(n.as_u64()?).ok()?,
-        Value::String(s) => {
-            let (slot, function) = s.split_once('.').unwrap_or((s, "0"));
-            u32::from_str_radix(slot, 16).ok()? << 3 | u32::from_str_radix(function, 16).ok()?
-        }
-        _ => return None,
-    };
-    Some(json!({
-        "Type": "pci",
-        "Domain": "0x0000",
-        "Bus": format!("0x{bus:02x}"),
-        "Slot": format!("0x{:02x}", devfn >> 3),
-        "Function": format!("0x{:x}", devfn & 7),
-    }))
 }
 
 /// What libvirt knows of a running QEMU and writes into the live domain XML.
@@ -147,34 +108,4 @@ pub(crate) fn apply_live_facts(domain: &mut ApiDomain, facts: &LiveFacts) -> boo
         changed |= domain.spec.set_channel_open(index, open);
     }
     changed
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn qemu_buses_and_devfns_become_libvirt_addresses() {
-        let address = |bus: &str, slot: &str, function: &str| {
-            Some(
-                json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
-            )
-        };
-        assert_eq!(
-            pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),
-            address("0x05", "0x00", "0x0")
-        );
-        assert_eq!(
-            pci_address("/machine/q35/pcie.0", &json!(34)),
-            address("0x00", "0x04", "0x2")
-        );
-        assert_eq!(
-            pci_address("/machine/peripheral/pci.12/pci.12", &json!("00.0")),
-            address("0x0c", "0x00", "0x0")
-        );
-        assert_eq!(
-            pci_address("/machine/peripheral/scsi0/scsi0.0", &json!(0)),
-            None
-        );
-    }
 }

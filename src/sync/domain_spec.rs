@@ -1,6 +1,7 @@
 //! The `api.Domain` spec of a defined plan: the converter's model rendered as KubeVirt's JSON
 //! (`qlauncher_libvirt_xml::to_api_spec`, the same model the libvirt XML export writes) and
-//! KubeVirt's grace-period metadata. Pure: what QEMU itself reports (hot-plugged devices'
+//! KubeVirt's grace-period metadata, and [`qemu_pci_address`], a running device's place as an
+//! `api.Address`. What QEMU reports into a running domain's spec (hot-plugged devices'
 //! addresses, the resolved machine, channel states) is added by `domain_live.rs`.
 //!
 //! Identity of running devices: libvirt's live XML keeps each device's address, alias and target
@@ -9,10 +10,12 @@
 //! device's identity from the spec it replaces ([`carry_identity`]); [`added_pci_devices`] and
 //! [`set_device_address`] let `domain_live.rs` put the devices a hotplug added where QEMU did.
 
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
+use crate::qmp::client::QmpClient;
+use crate::qmp::commands::QomGet;
 use crate::sync::domain::{ApiDomain, ApiDomainSpec, Devices, GracePeriodMetadata};
 use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
@@ -241,6 +244,47 @@ pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &V
         }
     }
     changed
+}
+
+/// Where QEMU has the PCI device `id`, as an `api.Address` (`Bus` is libvirt's controller index:
+/// the `N` of root port `pci.N`, 0 on `pcie.0`). `None` when QEMU does not answer (unplugged
+/// meanwhile, or not a PCI device).
+pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Value> {
+    let path = format!("/machine/peripheral/{id}");
+    let get = |property: &'static str| QomGet {
+        path: path.clone(),
+        property: property.into(),
+    };
+    let bus = client.run(&get("parent_bus")).await.ok()?;
+    let devfn = client.run(&get("addr")).await.ok()?;
+    pci_address(bus.as_str()?, &devfn)
+}
+
+/// The `api.Address` of a device on QOM bus `parent_bus` (`/machine/peripheral/pci.5/pci.5`,
+/// `/machine/q35/pcie.0`) at `addr` (QEMU 7.2 answers the devfn as a number: 34 is slot 4
+/// function 2; a `04.2` string is read too).
+fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
+    let bus = parent_bus.rsplit('/').next()?;
+    let bus: u32 = match bus.strip_prefix("pci.") {
+        Some(n) => n.parse().ok()?,
+        None if bus.starts_with("pcie.") => 0,
+        None => return None,
+    };
+    let devfn = match addr {
+        Value::Number(n) => u32::try_from(n.as_u64()?).ok()?,
+        Value::String(s) => {
+            let (slot, function) = s.split_once('.').unwrap_or((s, "0"));
+            u32::from_str_radix(slot, 16).ok()? << 3 | u32::from_str_radix(function, 16).ok()?
+        }
+        _ => return None,
+    };
+    Some(json!({
+        "Type": "pci",
+        "Domain": "0x0000",
+        "Bus": format!("0x{bus:02x}"),
+        "Slot": format!("0x{:02x}", devfn >> 3),
+        "Function": format!("0x{:x}", devfn & 7),
+    }))
 }
 
 #[cfg(test)]
@@ -554,5 +598,30 @@ mod tests {
         // A resync of the same VMI keeps it there.
         let again = reported(&vmi(true), &mut domain);
         assert_eq!(again, json);
+    }
+
+    #[test]
+    fn qemu_buses_and_devfns_become_libvirt_addresses() {
+        let address = |bus: &str, slot: &str, function: &str| {
+            Some(
+                json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
+            )
+        };
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),
+            address("0x05", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/q35/pcie.0", &json!(34)),
+            address("0x00", "0x04", "0x2")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.12/pci.12", &json!("00.0")),
+            address("0x0c", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/scsi0/scsi0.0", &json!(0)),
+            None
+        );
     }
 }

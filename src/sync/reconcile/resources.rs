@@ -424,7 +424,7 @@ pub(crate) async fn virtio_mem_device(
         },
         "Alias": {"Name": VIRTIO_MEM_ID},
     });
-    if let Some(address) = crate::sync::domain_live::qemu_pci_address(client, VIRTIO_MEM_ID).await {
+    if let Some(address) = crate::sync::domain_spec::qemu_pci_address(client, VIRTIO_MEM_ID).await {
         device["Address"] = address;
     }
     Some(device)
