@@ -13,7 +13,7 @@
 //! that socket (still in `prelaunch`, not answering, another UUID, or several) is killed and
 //! waited for, and the sync starts a fresh one.
 //!
-//! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
+//! Adopting fills the same `Running` state a fresh start does (`start.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
