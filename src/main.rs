@@ -30,6 +30,10 @@ enum Cli {
         /// The expected domain XML.
         expected: std::path::PathBuf,
     },
+    /// What a hook sidecar's OnDefineDomain answer (AFTER) asks of the domain XML it was sent
+    /// (BEFORE, `convert --format hook-xml`): the plan edits, or the refusal naming the element
+    /// (exit 1).
+    HookDiff(cli::hook_diff::HookDiffArgs),
     /// PID 1 of the compute container (virt-launcher-monitor): starts the launcher, reaps
     /// zombies, forwards signals. Takes virt-launcher-monitor's and virt-launcher's flags.
     Monitor {
@@ -88,6 +92,7 @@ fn main() -> ExitCode {
         Cli::Golden { common, expected } => {
             qlauncher_libvirt_xml::cli::golden_cmd(&common, &expected)
         }
+        Cli::HookDiff(args) => cli::hook_diff::run(&args),
         Cli::Monitor { args } => return cli::monitor::main(args),
         Cli::Launcher { args } => return qlauncher::sync::launcher::main(args),
         Cli::LauncherSock(args) => ok(cli::sync::run(args)),

@@ -1,4 +1,5 @@
-//! The `qlauncher convert` subcommand: formats and errors, run as a user would.
+//! The `qlauncher convert` and `qlauncher hook-diff` subcommands: formats and errors, run as a user
+//! would.
 
 use std::process::Command;
 
@@ -210,4 +211,53 @@ fn kubernetes_names_and_serials_on_every_bus_pass_validate_and_convert_alike() {
         }
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A user checks a hook script without a cluster: `convert --format hook-xml` gives what the hook
+/// gets (Go's text, so KubeVirt's e2e `sed` on `<baseBoard></baseBoard>` matches), `hook-diff`
+/// what the launcher makes of the answer.
+#[test]
+fn hook_xml_and_hook_diff_check_a_hook_without_a_cluster() {
+    let dir = tempfile::tempdir().unwrap();
+    let (ok, before, err) = qlauncher(&["convert", &fixture("basic"), "--format", "hook-xml"]);
+    assert!(ok, "{err}");
+    assert!(
+        before.starts_with("<domain type=\"kvm\" xmlns:qemu="),
+        "{before}"
+    );
+    assert!(
+        before.contains("\n\t\t<baseBoard></baseBoard>\n"),
+        "{before}"
+    );
+    let write = |name: &str, text: &str| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.to_string_lossy().into_owned()
+    };
+    let b = write("before.xml", &before);
+    let sed = before.replace(
+        "<baseBoard></baseBoard>",
+        "<baseBoard><entry name=\"manufacturer\">Radical Edward</entry></baseBoard>",
+    );
+    let (ok, out, err) = qlauncher(&["hook-diff", &b, &write("after.xml", &sed)]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        out,
+        "smbios type 2 [(\"manufacturer\", \"Radical Edward\")]\n"
+    );
+    let (ok, out, _) = qlauncher(&["hook-diff", &b, &b]);
+    assert!(ok);
+    assert_eq!(out, "no change\n");
+    let renamed = before.replace("<name>demo_basic</name>", "<name>x</name>");
+    let (ok, out, _) = qlauncher(&["hook-diff", &b, &write("bad.xml", &renamed)]);
+    assert!(!ok);
+    assert!(out.starts_with("refused: domain/name#text: "), "{out}");
+    assert!(
+        out.contains("\"demo_basic\"") && out.contains("\"x\""),
+        "{out}"
+    );
+    let huge = write("huge.xml", &" ".repeat(5 << 20));
+    let (ok, out, _) = qlauncher(&["hook-diff", &b, &huge]);
+    assert!(!ok);
+    assert!(out.contains("more than"), "{out}");
 }

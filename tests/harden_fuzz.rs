@@ -9,7 +9,8 @@
 //! `image_facts` (format magic, qcow2 header, backing chain), `migration_protocol` (the
 //! migration control frames as the target and as the source, and the target's checks of the
 //! source's definition), `cmd_request` (the cmd v1 protobuf requests and what the server does
-//! with their VMI JSON and options before it acts).
+//! with their VMI JSON and options before it acts), `hook_answer` (a hook sidecar's domain XML
+//! through the namespace-aware parse, the diff, the plan edits and the argv).
 
 use testkit::fuzz;
 
@@ -511,8 +512,58 @@ proptest! {
     }
 }
 
+const HOOK_TOKENS: &[&[u8]] = &[
+    b"<qemu:commandline><qemu:arg value=\"-device\"/></qemu:commandline>",
+    b"<qemu:env name=\"A\" value=\"b\"/>",
+    b"xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\"",
+    b"xmlns:x=\"urn:x\"",
+    b"<x:y/>",
+    b"<!DOCTYPE d [<!ENTITY a \"aa\">]>",
+    b"&a;",
+    b"&#x0;",
+    b"&#65;",
+    b"<![CDATA[<]]>",
+    b"<entry name=\"serial\">s</entry>",
+    b"<entry name=\"uuid\">u</entry>",
+    b"<oemStrings><entry>o</entry></oemStrings>",
+    b"<smbios mode=\"host\"/>",
+    b"</sysinfo>",
+    b"/>",
+    b"\"",
+];
+
+#[test]
+fn hook_answer_regressions() {
+    for input in files(&repo().join("fuzz/regressions/hook_answer")) {
+        fuzz::hook_answer(&input);
+    }
+}
+
+#[test]
+fn hook_answer_seeds_are_edits_and_a_refusal() {
+    let sent = fuzz::local_hook_input();
+    let seeds = fuzz::hook_seeds();
+    let diff = |s: &[u8]| qlauncher::hooks::diff_answer(sent, std::str::from_utf8(s).unwrap());
+    assert_eq!(diff(&seeds[0]).unwrap(), vec![]);
+    assert_eq!(diff(&seeds[1]).unwrap().len(), 1);
+    assert_eq!(diff(&seeds[2]).unwrap().len(), 2);
+    assert_eq!(diff(&seeds[3]).unwrap_err().path, "domain/name#text");
+    for s in &seeds {
+        fuzz::hook_answer(s);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(600), failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn hook_answer_mutated(seed in any::<prop::sample::Index>(), e in edits(HOOK_TOKENS)) {
+        let seeds = fuzz::hook_seeds();
+        fuzz::hook_answer(&apply(&seeds[seed.index(seeds.len())], &e));
+    }
+}
+
 /// The committed libFuzzer seeds of the targets whose seeds are built from typed messages
-/// (`fuzz/corpus/{migration_protocol,cmd_request}/seed-*`) are what the builders make now, so a
+/// (`fuzz/corpus/{migration_protocol,cmd_request,hook_answer}/seed-*`) are what the builders make now, so a
 /// protocol change cannot leave the fuzzers starting from frames that no longer decode.
 /// `QLAUNCHER_WRITE_SEEDS=1` rewrites them.
 #[test]
@@ -520,6 +571,7 @@ fn committed_seeds_are_current() {
     for (target, seeds) in [
         ("migration_protocol", fuzz::migration_seeds()),
         ("cmd_request", fuzz::cmd_seeds(&[])),
+        ("hook_answer", fuzz::hook_seeds()),
     ] {
         let dir = repo().join("fuzz/corpus").join(target);
         let seed_files = || -> Vec<PathBuf> {

@@ -387,3 +387,41 @@ async fn hostile_answers_are_errors_or_refusals_not_crashes() {
         }
     }
 }
+
+/// KubeVirt's `cloudinit` example hook over the wire: it sets `UserData` to `#cloud-config\n`
+/// and keeps the rest; the launcher reads the answer as KubeVirt does.
+#[tokio::test]
+async fn the_cloudinit_example_hook_replaces_the_user_data() {
+    use qlauncher::hooks::cloud_init::{CloudInitData, DataSource, NoCloudMetadata};
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = Script::new(&["v1alpha3"], &[PRE_CLOUD_INIT_ISO]);
+    s.pre_cloud_init_iso = std::sync::Arc::new(|_, data| {
+        let mut v: serde_json::Value = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+        v["UserData"] = "#cloud-config\n".into();
+        Ok((Vec::new(), serde_json::to_vec(&v).unwrap()))
+    });
+    let _s = FakeSidecar::start_in(dir.path(), "hook-sidecar-0", "shim-abcd.sock", s);
+    let found = hooks::collect(dir.path(), 1, SHORT).await.unwrap();
+    let sent = CloudInitData {
+        data_source: DataSource::NoCloud,
+        no_cloud_meta_data: Some(NoCloudMetadata {
+            instance_id: "vm1.ns1".into(),
+            ..Default::default()
+        }),
+        config_drive_meta_data: None,
+        user_data: "#!/bin/sh\necho hi\n".into(),
+        network_data: String::new(),
+        devices_data: None,
+        volume_name: "cloudinitdisk".into(),
+    };
+    let (legacy, data) = sent.hook_payloads().unwrap();
+    let answer = found
+        .pre_cloud_init_iso(&legacy, &data, b"{}")
+        .await
+        .unwrap()
+        .expect("the sidecar serves PreCloudInitIso");
+    let got = CloudInitData::from_answer(DataSource::NoCloud, &answer).unwrap();
+    assert_eq!(got.user_data, "#cloud-config\n");
+    assert_eq!(got.no_cloud_meta_data, sent.no_cloud_meta_data);
+    assert_eq!(got.volume_name, "cloudinitdisk");
+}

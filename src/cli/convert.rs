@@ -1,10 +1,11 @@
-//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json|libvirt-xml]`:
+//! `qlauncher convert FILE [--qemu-version X.Y] [--format argv|shell|plan-json|libvirt-xml|hook-xml]`:
 //! applies KubeVirt's defaults to a VMI manifest, validates it, and prints the QEMU command line,
 //! the QMP device plan, or the libvirt domain XML KubeVirt v1.9 would produce, with placeholder pod
 //! facts (tap fds 3, 4, ... per interface and queue, QMP on a socket path), for review and
 //! debugging. `libvirt-xml` is `qlauncher-compat convert` (compat/libvirt-xml): it also reads
 //! `FILE.facts.json` beside the manifest when present, and `--validate` checks the XML with
-//! libvirt's `virt-xml-validate`.
+//! libvirt's `virt-xml-validate`. `hook-xml` is the domain XML a hook sidecar's `OnDefineDomain`
+//! gets (`qlauncher::hooks::domain_xml`), the BEFORE of `qlauncher hook-diff`.
 
 use std::path::PathBuf;
 
@@ -25,6 +26,9 @@ pub enum Format {
     PlanJson,
     /// The libvirt domain XML KubeVirt v1.9 would hand libvirt for this VMI.
     LibvirtXml,
+    /// The domain XML a hook sidecar's `OnDefineDomain` gets (KubeVirt's `api.DomainSpec` as Go's
+    /// `xml.MarshalIndent(spec, "", "\t")` prints it).
+    HookXml,
 }
 
 /// Arguments of `convert`.
@@ -49,6 +53,16 @@ pub struct ConvertArgs {
 
 /// Runs `convert`.
 pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
+    if args.format == Format::HookXml && !args.validate {
+        let common = qlauncher_libvirt_xml::cli::Common {
+            file: args.file.clone(),
+            qemu_version: args.qemu_version.clone(),
+            tcg: args.tcg,
+        };
+        let (vmi, ctx, plan) = qlauncher_libvirt_xml::cli::load(&common, false)?;
+        println!("{}", qlauncher::hooks::domain_xml(&vmi, &ctx, &plan)?);
+        return Ok(());
+    }
     if args.format == Format::LibvirtXml {
         let common = qlauncher_libvirt_xml::cli::Common {
             file: args.file.clone(),
@@ -100,8 +114,8 @@ pub fn run(args: &ConvertArgs) -> anyhow::Result<()> {
             }
         }
         Format::Shell => print!("{}", render::shell_line("qemu-system-x86_64", &plan)),
-        // Printed by the compat exporter before conversion, above.
-        Format::LibvirtXml => {}
+        // Printed through the compat exporter before conversion, above.
+        Format::LibvirtXml | Format::HookXml => {}
         Format::PlanJson => println!(
             "{}",
             serde_json::to_string_pretty(&render::qmp_plan(&plan))?

@@ -1,5 +1,6 @@
 //! The subcommands of the `qlauncher` binary, one file per area. Only the binary uses these.
 pub mod convert;
+pub mod hook_diff;
 pub mod monitor;
 pub mod net;
 pub mod node_labeller;

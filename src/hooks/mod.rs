@@ -18,7 +18,10 @@
 //! This room imports only `core` and `compat`; what the answers mean for the plan is
 //! `qlauncher_libvirt_xml::hooks` (diff, edits, refusals), called by the launcher.
 
+pub mod cloud_init;
 pub mod proto;
+
+pub use qlauncher_libvirt_xml::hooks::{apply, diff_answer, HookEdit, Refusal};
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -28,6 +31,9 @@ use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint, Uri};
 use tracing::{error, info, warn};
+
+use crate::cmdline::{ConverterContext, DomainPlan};
+use crate::vmi::Vmi;
 
 /// Where the launcher looks for hook sockets (KubeVirt's `HookSocketsSharedDirectory`), one
 /// sub-directory per sidecar.
@@ -117,8 +123,8 @@ pub struct DefineStep {
     pub domain_xml: String,
 }
 
-/// A `PreCloudInitIso` answer, undecoded: what it means for the ISO is the caller's (KubeVirt's
-/// `preCloudInitIsoValidateResult` falls back to `cloud_init_no_cloud_source` when
+/// A `PreCloudInitIso` answer, undecoded; [`cloud_init::CloudInitData::from_answer`] reads it as
+/// KubeVirt does (`preCloudInitIsoValidateResult` falls back to `cloud_init_no_cloud_source` when
 /// `cloud_init_data` is not valid).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CloudInitAnswer {
@@ -194,6 +200,20 @@ pub enum HookError {
         /// The gRPC status, the deadline, or what is wrong with the answer.
         reason: String,
     },
+}
+
+/// The domain XML KubeVirt would send `OnDefineDomain` for `plan` (converted from `vmi` with
+/// `ctx`): the libvirt model the exporter makes of it, printed as Go's `xml.MarshalIndent` prints
+/// KubeVirt's `api.DomainSpec` ([`qlauncher_libvirt_xml::hooks::kubevirt_input`]).
+///
+/// # Errors
+/// The exporter's error for a plan it cannot write.
+pub fn domain_xml(
+    vmi: &Vmi,
+    ctx: &ConverterContext,
+    plan: &DomainPlan,
+) -> Result<String, qlauncher_libvirt_xml::CompatError> {
+    qlauncher_libvirt_xml::hooks::kubevirt_input(&qlauncher_libvirt_xml::export(vmi, ctx, plan)?)
 }
 
 /// Connects to a hook socket as KubeVirt's `DialSocketWithTimeout` does: plaintext HTTP/2,

@@ -819,3 +819,77 @@ pub fn vmi_jsons(dir: &Path) -> Vec<Vec<u8>> {
         .filter_map(|v| serde_json::to_vec(&v).ok())
         .collect()
 }
+
+/// The `OnDefineDomain` hook input of [`LOCAL_VMI`] (what the launcher sends a hook sidecar).
+pub fn local_hook_input() -> &'static str {
+    static SENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    SENT.get_or_init(|| {
+        let local = local_domain();
+        qlauncher::hooks::domain_xml(&local.vmi, &context_for(&local.vmi), &local.plan)
+            .expect("the local domain exports")
+    })
+}
+
+/// A hook sidecar's `OnDefineDomain` answer (`data`, any bytes; the client refuses non-UTF-8
+/// before this) against [`local_hook_input`]: the namespace-aware parse, the diff, the edits
+/// applied to the local plan and the argv rendered. It gives edits or a refusal naming a path
+/// under `domain`; an accepted answer's `qemu:arg` words are exactly the argv words before
+/// `-sandbox`, each one word, and every other argv word is the plan's own or an `-smbios` value.
+pub fn hook_answer(data: &[u8]) {
+    let Ok(answer) = std::str::from_utf8(data) else {
+        return;
+    };
+    let local = local_domain();
+    match qlauncher::hooks::diff_answer(local_hook_input(), answer) {
+        Err(refusal) => assert!(refusal.path.starts_with("domain"), "{refusal}"),
+        Ok(edits) => {
+            let mut plan = local.plan.clone();
+            qlauncher::hooks::apply(&edits, &mut plan);
+            let argv = render::argv(&plan);
+            let sandbox = argv
+                .iter()
+                .position(|w| w == "-sandbox")
+                .expect("the argv has -sandbox");
+            let start = sandbox
+                .checked_sub(plan.extra_args.len())
+                .expect("the hook's words fit before -sandbox");
+            assert_eq!(&argv[start..sandbox], plan.extra_args.as_slice());
+            let own = render::argv(&local.plan);
+            let ours: Vec<&String> = argv[..start].iter().chain(&argv[sandbox..]).collect();
+            let mut i = 0;
+            while i < ours.len() {
+                if ours[i] == "-smbios" {
+                    i += 2;
+                    continue;
+                }
+                assert!(own.contains(ours[i]), "unexpected argv word {:?}", ours[i]);
+                i += 1;
+            }
+        }
+    }
+}
+
+/// Seeds of [`hook_answer`]: the hook input itself (no change), KubeVirt's e2e `sed` on
+/// `<baseBoard></baseBoard>`, an added `<qemu:commandline>` with an ElementTree prefix, and a
+/// refused change.
+pub fn hook_seeds() -> Vec<Vec<u8>> {
+    let sent = local_hook_input();
+    let sed = sent.replace(
+        "<baseBoard></baseBoard>",
+        "<baseBoard><entry name=\"manufacturer\">Radical Edward</entry></baseBoard>",
+    );
+    let args = sent
+        .replace(
+            "<domain type=\"kvm\"",
+            "<domain xmlns:ns0=\"http://libvirt.org/schemas/domain/qemu/1.0\" type=\"kvm\"",
+        )
+        .replace(
+            "</domain>",
+            "<ns0:commandline><ns0:arg value=\"-device\"/><ns0:arg value=\"isa-debugcon,iobase=0x402\"/><ns0:env name=\"G_MESSAGES_DEBUG\" value=\"all\"/></ns0:commandline></domain>",
+        );
+    let refused = sent.replace("<name>", "<name>x");
+    [sent.to_owned(), sed, args, refused]
+        .into_iter()
+        .map(String::into_bytes)
+        .collect()
+}
