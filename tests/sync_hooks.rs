@@ -5,8 +5,10 @@
 //!   reads from `/sys/class/dmi/id`, and GetDomain shows the hooked `<sysinfo>`;
 //! - a `PreCloudInitIso` hook (KubeVirt's `cloudinit` example answers this way) replaces the
 //!   user data written into the NoCloud ISO QEMU is given;
-//! - a hook that changes what qlauncher cannot take (a disk's cache mode) fails the sync with the
-//!   sidecar's socket and the element path, and no QEMU starts.
+//! - a disk-driver hook sets the root disk's cache mode, as QEMU then reports it (`query-block`)
+//!   and GetDomain shows it;
+//! - a hook that changes what qlauncher cannot take (a disk's error policy) fails the sync with
+//!   the sidecar's socket and the element path, and no QEMU starts.
 //!
 //! The launchers run in-process in a private network namespace of the test thread. Needs root
 //! and the test guest (`scripts/build-guest`).
@@ -78,6 +80,13 @@ async fn sh(client: &mut Client, script: &str) -> Option<(i32, String)> {
 
 /// The hook of KubeVirt's own e2e test and `smbios` example: text edits of the domain XML.
 fn smbios_hook(xml: &str) -> String {
+    let xml = match xml.split_once("<driver cache=\"") {
+        Some((head, rest)) => {
+            let (_, tail) = rest.split_once('"').unwrap_or(("", rest));
+            format!("{head}<driver cache=\"unsafe\"{tail}")
+        }
+        None => xml.to_owned(),
+    };
     xml.replacen(
         "<baseBoard></baseBoard>",
         "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
@@ -99,17 +108,12 @@ fn hook_sidecars_edit_the_domain_the_guest_runs_or_refuse_it() {
     });
 }
 
-/// A cache-mode edit is not a change qlauncher takes from a hook: the sync fails naming the
-/// sidecar and the element, before any QEMU runs.
+/// An error-policy edit is not a change qlauncher takes from a hook (yet): the sync fails naming
+/// the sidecar and the element, before any QEMU runs.
 async fn refused() {
     let uid = format!("6a1c0b3e-0000-4000-8002-{:012}", std::process::id());
-    let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN]).on_define(|xml| {
-        let (head, rest) = xml
-            .split_once("<driver cache=\"")
-            .expect("a disk driver with cache");
-        let (_, tail) = rest.split_once('"').unwrap();
-        format!("{head}<driver cache=\"unsafe\"{tail}")
-    });
+    let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN])
+        .on_define(|xml| xml.replacen("error_policy=\"stop\"", "error_policy=\"report\"", 1));
     let (root, sidecar) = root_with_sidecar(&uid, script).await;
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
@@ -118,9 +122,9 @@ async fn refused() {
         .await
         .unwrap()
         .into_inner();
-    assert!(!answer.success, "a cache edit was taken");
+    assert!(!answer.success, "an error-policy edit was taken");
     assert!(
-        answer.message.contains("smbios.sock") && answer.message.contains("driver@cache"),
+        answer.message.contains("smbios.sock") && answer.message.contains("driver@error_policy"),
         "{}",
         answer.message
     );
@@ -141,7 +145,9 @@ async fn smbios() {
         data["UserData"] = json!("#cloud-config\n# from the hook\n");
         Ok((legacy.to_vec(), serde_json::to_vec(&data).unwrap()))
     });
-    let (root, sidecar) = root_with_sidecar(&uid, script).await;
+    let (mut root, sidecar) = root_with_sidecar(&uid, script).await;
+    let operator_qmp = root.path().join("operator-qmp.sock");
+    root.config.operator_qmp_socket = Some(operator_qmp.clone());
     let private = root.private.clone();
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
@@ -180,6 +186,35 @@ async fn smbios() {
     assert!(
         sysinfo.contains("Radical Edward") && sysinfo.contains("hooked-serial-1"),
         "{sysinfo}"
+    );
+
+    // The disk-driver edit: the root disk runs with cache=unsafe (host cache, flushes ignored).
+    let disks = spec["Devices"]["Disks"].as_array().unwrap();
+    let rootdisk = disks
+        .iter()
+        .find(|d| d["Alias"]["Name"] == "rootdisk")
+        .unwrap_or_else(|| panic!("no rootdisk in {disks:?}"));
+    assert_eq!(rootdisk["Driver"]["Cache"], "unsafe", "{rootdisk}");
+    let block = tokio::task::spawn_blocking(move || {
+        let mut qmp = guest::Qmp::connect(&operator_qmp, Duration::from_secs(10)).unwrap();
+        qmp.execute("query-block", json!({})).unwrap()
+    })
+    .await
+    .unwrap();
+    let root_block = block
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| {
+            b["qdev"]
+                .as_str()
+                .is_some_and(|q| q.contains("ua-rootdisk"))
+        })
+        .unwrap_or_else(|| panic!("no ua-rootdisk in {block}"));
+    assert_eq!(
+        root_block["inserted"]["cache"],
+        json!({"writeback": true, "direct": false, "no-flush": true}),
+        "{root_block}"
     );
 
     let serial = private.join(&uid).join("virt-serial0-log");

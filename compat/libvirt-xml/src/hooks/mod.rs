@@ -14,8 +14,9 @@
 //! namespace), compares it with what was sent, and turns each difference into a typed
 //! [`HookEdit`] or a [`Refusal`] naming the element path and both values. Tier 1 of the mapping
 //! (`../shared/reference/kubevirt-hook-sidecars.md` §4.5): `qemu:commandline` args and env,
-//! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`. Everything else
-//! that differs is refused.
+//! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`; of tier 2, a
+//! disk's `driver@cache` (libvirt's five modes, [`CacheMode`]). Everything else that differs is
+//! refused.
 
 use std::collections::BTreeMap;
 
@@ -105,13 +106,19 @@ mod tests {
 
     #[test]
     fn refusals_name_the_path_and_both_values() {
+        // A cache mode is an edit (tier 2); one libvirt does not have is refused.
         let answer = SENT.replace("cache=\"none\"", "cache=\"writeback\"");
+        assert_eq!(
+            diff_answer(SENT, &answer).unwrap(),
+            vec![HookEdit::DiskCache {
+                alias: "ua-root".into(),
+                mode: CacheMode::Writeback
+            }]
+        );
+        let answer = SENT.replace("cache=\"none\"", "cache=\"fast\"");
         let r = diff_answer(SENT, &answer).unwrap_err();
         assert_eq!(r.path, "domain/devices/disk[ua-root]/driver@cache");
-        assert_eq!(
-            (r.sent.as_str(), r.answered.as_str()),
-            ("none", "writeback")
-        );
+        assert_eq!((r.sent.as_str(), r.answered.as_str()), ("none", "fast"));
         let answer = SENT.replace(
             "</devices>",
             "</devices><qemu:commandline><qemu:arg value=\"-incoming\"/></qemu:commandline>",
