@@ -95,8 +95,12 @@ fn run(dir: &Path, iterations: u32) {
             };
             create_overlay(&spec).unwrap();
             let native = start.elapsed();
-            let out: PathBuf = tool_dir.join(format!("o{i}.qcow2"));
+            // KubeVirt's launcher makes `disk-data/<volume>` before it runs qemu-img
+            // (`ephemeral-disk.go`: `createVolumeDirectory`), so the tool's side pays that mkdir too.
+            let out_dir = tool_dir.join(format!("vol{i}"));
+            let out: PathBuf = out_dir.join("disk.qcow2");
             let start = Instant::now();
+            std::fs::create_dir_all(&out_dir).unwrap();
             testkit::storage::run(
                 "qemu-img",
                 &[
@@ -112,7 +116,7 @@ fn run(dir: &Path, iterations: u32) {
                 ],
             );
             let tool = start.elapsed();
-            let _ = std::fs::remove_file(&out);
+            let _ = std::fs::remove_dir_all(&out_dir);
             if i != u32::MAX {
                 native_runs.push(native);
                 tool_runs.push(tool);

@@ -13,8 +13,8 @@ fn overlay_on_a_full_filesystem_leaves_nothing() {
     let scratch = Scratch::new("int-ov");
     let base = scratch.join("base.raw");
     std::fs::write(&base, vec![1u8; 1 << 20]).unwrap();
-    // A qcow2 overlay needs 4 clusters of 64 KiB; give it less.
-    let fs = Tmpfs::new("96k");
+    // The sparse qcow2 allocates one page for each of its three metadata parts; give it two.
+    let fs = Tmpfs::new("8k");
     let mut spec = OverlaySpec::at_kubevirt_path("vol", &base, &fs.path);
     spec.policy = ChainPolicy::default();
     let err = create_overlay(&spec).unwrap_err();
@@ -31,7 +31,8 @@ fn overlay_on_a_full_filesystem_leaves_nothing() {
 
 #[test]
 fn empty_disk_on_a_full_filesystem_leaves_nothing() {
-    let fs = Tmpfs::new("64k");
+    // Two pages, one short of the three the sparse qcow2 allocates.
+    let fs = Tmpfs::new("8k");
     let spec = EmptyDiskSpec::at_kubevirt_path("scratch", 1 << 30, &fs.path);
     let err = create_empty_disk(&spec).unwrap_err();
     assert!(matches!(err, StorageError::NoSpace { .. }), "{err:?}");

@@ -555,3 +555,178 @@ fn direct_io_is_supported_on_ext4_but_not_on_ramfs() {
     assert!(fs.listing().is_empty());
     assert_eq!(std::fs::read_dir(&scratch.path).unwrap().count(), 1);
 }
+
+/// `qemu-img info --output json` of an image with every `filename` member (they name the two
+/// files apart) and `actual-size` (the file system's allocation, not the image) left out.
+fn info_without_names(path: &Path) -> serde_json::Value {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(map) => {
+                map.remove("filename");
+                map.remove("actual-size");
+                map.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(items) => items.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let mut info = qemu_img_info(path);
+    strip(&mut info);
+    info
+}
+
+/// The first differing byte of two files, for a readable failure.
+fn first_difference(ours: &[u8], theirs: &[u8]) -> Option<usize> {
+    if ours.len() != theirs.len() {
+        return Some(ours.len().min(theirs.len()));
+    }
+    ours.iter().zip(theirs).position(|(a, b)| a != b)
+}
+
+/// Asserts `ours` holds exactly the bytes of `theirs` (qemu-img's file), that `qemu-img check`
+/// finds both clean and that `qemu-img info` says the same of both.
+fn assert_same_image(ours: &Path, theirs: &Path) {
+    let (a, b) = (std::fs::read(ours).unwrap(), std::fs::read(theirs).unwrap());
+    assert_eq!(
+        first_difference(&a, &b),
+        None,
+        "{} ({} bytes) differs from qemu-img's {} ({} bytes)",
+        ours.display(),
+        a.len(),
+        theirs.display(),
+        b.len()
+    );
+    assert_qemu_img_check_clean(ours);
+    assert_qemu_img_check_clean(theirs);
+    assert_eq!(info_without_names(ours), info_without_names(theirs));
+}
+
+/// An overlay holds the bytes `qemu-img create -f qcow2 -b <base> -F <fmt>` writes (QEMU 7.2),
+/// over raw bases of several lengths (sparse, up to 5 TiB, one not a multiple of 512) and qcow2
+/// bases, so QEMU finds nothing it would not have written itself.
+#[test]
+fn overlays_are_byte_for_byte_what_qemu_img_creates() {
+    let l = layout("ov-bytes");
+    let theirs_dir = l.scratch.dir("qemu-img");
+    let mut bases = Vec::new();
+    for (i, len) in [MIB, 3 * MIB + 1000, 1 << 30, 7 << 30, 5 << 40]
+        .into_iter()
+        .enumerate()
+    {
+        let base = l.bases.join(format!("raw{i}.img"));
+        std::fs::File::create(&base).unwrap().set_len(len).unwrap();
+        bases.push((base, "raw"));
+    }
+    for (i, size) in ["64M", "10G", "2T"].into_iter().enumerate() {
+        let base = l.bases.join(format!("qcow2-{i}.img"));
+        qemu_img_create(&base, size, None);
+        bases.push((base, "qcow2"));
+    }
+    for (i, (base, format)) in bases.iter().enumerate() {
+        let spec = spec(&l, &format!("vol{i}"), base);
+        assert_eq!(create_overlay(&spec).unwrap().0, Outcome::Created);
+        let theirs = theirs_dir.join(format!("vol{i}.qcow2"));
+        qemu_img_create(&theirs, "", Some((base, format)));
+        assert_same_image(&spec.overlay, &theirs);
+    }
+}
+
+/// An empty disk holds the bytes `qemu-img create -f qcow2 <file> <size>` writes, for sizes
+/// from KubeVirt's 1 MiB minimum to 3 TiB.
+#[test]
+fn empty_disks_are_byte_for_byte_what_qemu_img_creates() {
+    let scratch = Scratch::new("empty-bytes");
+    let dir = scratch.join("empty-disks");
+    let theirs_dir = scratch.dir("qemu-img");
+    for (i, size) in [MIB, 100 * MIB, 10 << 30, 3 << 40].into_iter().enumerate() {
+        let spec = EmptyDiskSpec::at_kubevirt_path(&format!("disk{i}"), size, &dir);
+        assert_eq!(create_empty_disk(&spec).unwrap(), (Outcome::Created, size));
+        let theirs = theirs_dir.join(format!("disk{i}.qcow2"));
+        qemu_img_create(&theirs, &size.to_string(), None);
+        assert_same_image(&spec.path, &theirs);
+    }
+}
+
+/// The `query-named-block-nodes` entry of `node`.
+async fn named_node(client: &qlauncher::qmp::QmpClient, node: &str) -> serde_json::Value {
+    let nodes = client
+        .execute("query-named-block-nodes", None)
+        .await
+        .expect("query-named-block-nodes");
+    nodes
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|n| n["node-name"] == node)
+        .cloned()
+        .unwrap_or_else(|| panic!("no node {node} in {nodes}"))
+}
+
+/// QEMU itself (`-machine none`, QMP `blockdev-add` of the qcow2 over its file, as libvirt adds
+/// a disk) opens an overlay with its backing chain (raw and qcow2 bases, the format taken from
+/// the overlay's header) and an empty disk with none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_opens_overlays_with_their_backing_chain_and_empty_disks() {
+    use serde_json::json;
+    let l = layout("ov-qemu");
+    let raw = l.bases.join("disk_0.img");
+    raw_base(&raw, 2 * MIB);
+    let qcow2 = l.bases.join("disk_1.img");
+    qemu_img_create(&qcow2, "32M", None);
+    let mut images = Vec::new();
+    for (volume, base, format, size) in [
+        ("raw-vol", &raw, "raw", 2 * MIB),
+        ("qcow2-vol", &qcow2, "qcow2", 32 * MIB),
+    ] {
+        let spec = spec(&l, volume, base);
+        create_overlay(&spec).unwrap();
+        images.push((spec.overlay, Some((base.clone(), format)), size));
+    }
+    let empty = EmptyDiskSpec::at_kubevirt_path("scratch", 16 * MIB, &l.scratch.join("empty"));
+    create_empty_disk(&empty).unwrap();
+    images.push((empty.path, None, 16 * MIB));
+
+    let args = ["-machine", "none", "-nodefaults", "-display", "none", "-S"]
+        .map(String::from)
+        .to_vec();
+    let vm = testkit::qmp::TestVm::launch(args)
+        .await
+        .map_err(|(e, _)| e)
+        .expect("launch QEMU");
+    let client = vm.client();
+    for (i, (image, backing, size)) in images.iter().enumerate() {
+        let node = format!("disk{i}");
+        client
+            .execute(
+                "blockdev-add",
+                Some(json!({
+                    "driver": "qcow2",
+                    "node-name": node,
+                    "read-only": true,
+                    "file": {"driver": "file", "filename": image.to_str().unwrap()},
+                })),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("blockdev-add {}: {e}", image.display()));
+        let info = named_node(client, &node).await;
+        assert_eq!(info["drv"], "qcow2", "{info}");
+        assert_eq!(
+            info["image"]["virtual-size"].as_u64(),
+            Some(*size),
+            "{info}"
+        );
+        match backing {
+            Some((base, format)) => {
+                assert_eq!(info["backing_file_depth"], 1, "{info}");
+                assert_eq!(info["backing_file"], base.to_str().unwrap(), "{info}");
+                let backing_image = &info["image"]["backing-image"];
+                assert_eq!(backing_image["filename"], base.to_str().unwrap(), "{info}");
+                assert_eq!(backing_image["format"], *format, "{info}");
+            }
+            None => {
+                assert_eq!(info["backing_file_depth"], 0, "{info}");
+                assert!(info["image"].get("backing-image").is_none(), "{info}");
+            }
+        }
+    }
+}

@@ -245,8 +245,9 @@ fn iso_modes(
     cache: Option<&str>,
 ) -> Result<[(String, Option<String>); 2], String> {
     let vmi = iso_vmi(cache);
-    let volumes = qlauncher::sync::facts::storage::prepare_storage(&vmi, paths, None)
-        .map_err(|e| e.to_string())?;
+    let volumes =
+        qlauncher::sync::facts::storage::prepare_storage(&vmi, paths, None, &Default::default())
+            .map_err(|e| e.to_string())?;
     let ctx = ConverterContext {
         paths: paths.clone(),
         volumes,

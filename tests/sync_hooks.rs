@@ -3,6 +3,8 @@
 //! - an `OnDefineDomain` hook that edits the domain text as KubeVirt's e2e test does (`sed` of the
 //!   empty `<baseBoard></baseBoard>`, a serial in `<system>`) changes the SMBIOS values the guest
 //!   reads from `/sys/class/dmi/id`, and GetDomain shows the hooked `<sysinfo>`;
+//! - a `PreCloudInitIso` hook (KubeVirt's `cloudinit` example answers this way) replaces the
+//!   user data written into the NoCloud ISO QEMU is given;
 //! - a hook that changes what qlauncher cannot take (a disk's cache mode) fails the sync with the
 //!   sidecar's socket and the element path, and no QEMU starts.
 //!
@@ -11,7 +13,9 @@
 
 use std::time::Duration;
 
-use qlauncher::hooks::{self, ON_DEFINE_DOMAIN};
+use std::sync::Arc;
+
+use qlauncher::hooks::{self, ON_DEFINE_DOMAIN, PRE_CLOUD_INIT_ISO};
 use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
 use testkit::guest::{self, wait_log_marker, GuestImages};
@@ -30,11 +34,14 @@ fn vmi(uid: &str) -> Value {
                 "resources": {"requests": {"memory": "256Mi"}},
                 "devices": {
                     "autoattachPodInterface": false,
-                    "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]
+                    "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]
                 }
             },
             "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}}
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "cloudinitdisk",
+                    "cloudInitNoCloud": {"userData": "#cloud-config\n# as the VMI says\n"}}
             ]
         }
     })
@@ -124,7 +131,16 @@ async fn refused() {
 /// The SMBIOS hook: the guest reads the hooked values, GetDomain shows them.
 async fn smbios() {
     let uid = format!("6a1c0b3e-0000-4000-8003-{:012}", std::process::id());
-    let script = Script::new(&["v1alpha3", "v1alpha2"], &[ON_DEFINE_DOMAIN]).on_define(smbios_hook);
+    let mut script = Script::new(
+        &["v1alpha3", "v1alpha2"],
+        &[ON_DEFINE_DOMAIN, PRE_CLOUD_INIT_ISO],
+    )
+    .on_define(smbios_hook);
+    script.pre_cloud_init_iso = Arc::new(|legacy, data| {
+        let mut data: Value = serde_json::from_slice(data).map_err(|e| e.to_string())?;
+        data["UserData"] = json!("#cloud-config\n# from the hook\n");
+        Ok((legacy.to_vec(), serde_json::to_vec(&data).unwrap()))
+    });
     let (root, sidecar) = root_with_sidecar(&uid, script).await;
     let private = root.private.clone();
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
@@ -142,6 +158,21 @@ async fn smbios() {
         .collect();
     assert_eq!(define_calls.len(), 1, "{define_calls:?}");
     assert_eq!(define_calls[0].version, "v1alpha3");
+
+    let called: Vec<_> = sidecar.methods();
+    assert!(called.contains(&"PreCloudInitIso"), "{called:?}");
+    let iso = root
+        .path()
+        .join("var/run/kubevirt-ephemeral-disks/cloud-init-data/default/hooked/noCloud.iso");
+    let out = std::process::Command::new("isoinfo")
+        .args(["-R", "-i", iso.to_str().unwrap(), "-x", "/user-data"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "isoinfo {}", iso.display());
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "#cloud-config\n# from the hook\n"
+    );
 
     let domain = get_domain(&mut client).await.expect("a domain");
     let spec = serde_json::to_value(&domain.spec).unwrap();

@@ -26,6 +26,7 @@ from .libvirt import libvirt_phase, run_libvirt
 from .ops import OPS, per_operation
 from .procs import wait_for
 from .report import render
+from .size import image_size, render_size
 from .soak import soak
 from .vm import QlVm, bare_qemu
 
@@ -43,6 +44,9 @@ def main(doc):
         sys.exit("scripts/bench needs root (network namespaces, nftables, libvirt)")
     if a.soak_only:
         soak_only(a)
+        return
+    if a.size_only:
+        size_only()
         return
     full_run(a)
 
@@ -73,6 +77,11 @@ def options(doc):
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--skip-migration", action="store_true")
     ap.add_argument("--skip-labeller", action="store_true")
+    ap.add_argument("--skip-size", action="store_true",
+                    help="skip the image size phase (the compute container's tree, `du -sb`)")
+    ap.add_argument("--size-only", action="store_true",
+                    help="only the image size phase, from the release binaries already built; "
+                         "prints its section (no BENCHMARKS.md)")
     ap.add_argument("--ops", default=",".join(OPS),
                     help="the cargo benches of the per-operation table (default: all of "
                          + ", ".join(OPS) + ")")
@@ -114,6 +123,15 @@ def soak_only(a):
         f"{res['calls']} calls, {res['failed_calls']} failed")
 
 
+def size_only():
+    """--size-only: the image size phase from the binaries already built, its section printed."""
+    if not BIN.exists():
+        sys.exit(f"{BIN} is not built (cargo build --release, or QLAUNCHER_BENCH_BIN)")
+    lines = []
+    render_size(image_size(), lines.append)
+    print("\n".join(lines))
+
+
 def full_run(a):
     """The whole benchmark: the pod's binaries built, then the phases in order (qlauncher and bare
     QEMU, scaling, migration, node labeller, soak, libvirt, per operation), the results file,
@@ -123,6 +141,9 @@ def full_run(a):
     log(f"machine: {info['cpu']}, load: {info['uptime']}")
     build_binaries()
     results = {"info": info, "runs": a.runs, "idle_s": a.idle}
+    if not a.skip_size:
+        # Before the VM phases: the tree is assembled from the release binaries just built.
+        results["size"] = image_size()
     bench_build, marker = background_build(a)
     work = Path(tempfile.mkdtemp(prefix="qlb", dir="/tmp"))
     common.VERSION_RECORD = make_version_record(work)

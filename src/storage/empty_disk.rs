@@ -3,8 +3,9 @@
 //! KubeVirt (`pkg/emptydisk/emptydisk.go`) rounds the capacity down to a multiple of 1 MiB
 //! (`AlignImageSizeTo1MiB`), fails when that leaves 0, runs `qemu-img create -f qcow2 <file>
 //! <size>` at `/var/run/libvirt/empty-disks/<volume>.qcow2` unless the file exists, and chowns it
-//! to the qemu user. Here imago writes the qcow2; the file is staged, fsynced and renamed without
-//! replacing an existing disk.
+//! to the qemu user. Here the qcow2 is written as qemu-img lays it out (`super::qcow2_create`);
+//! the file is staged unnamed (`O_TMPFILE`, or a temporary name), fsynced and linked into place
+//! without replacing an existing disk.
 
 use std::path::{Path, PathBuf};
 
@@ -89,7 +90,7 @@ pub fn create_empty_disk(spec: &EmptyDiskSpec) -> Result<(Outcome, u64), Storage
     if let Some(dir) = spec.path.parent() {
         create_dir_all(dir).map_err(fail)?;
     }
-    let staged = Staged::create(&spec.path, EMPTY_DISK_MODE).map_err(fail)?;
+    let staged = Staged::create_unnamed(&spec.path, EMPTY_DISK_MODE).map_err(fail)?;
     write_qcow2(&staged, size, None).map_err(fail)?;
     let created = staged
         .commit(spec.owner, EMPTY_DISK_MODE, Replace::No)

@@ -288,7 +288,7 @@ pub enum StorageError {
 }
 
 /// True when an I/O error means "the filesystem is full" (ENOSPC, EDQUOT or the matching kind;
-/// imago re-wraps errors keeping only the kind).
+/// a wrapped error may keep only the kind).
 pub(crate) fn is_no_space(err: &io::Error) -> bool {
     matches!(err.raw_os_error(), Some(libc::ENOSPC) | Some(libc::EDQUOT))
         || matches!(

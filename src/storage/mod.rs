@@ -24,7 +24,7 @@
 //! - [`paths`]: KubeVirt's fixed directories and file names.
 //! - [`from_vmi`]: the specs above filled from `crate::vmi` types (the only `vmi` import).
 //!
-//! Every function is blocking (plain `std::fs` and `imago` in its `sync` mode); async callers run
+//! Every function is blocking (plain `std::fs` and positioned writes); async callers run
 //! them on a blocking thread.
 
 pub mod cloud_init;
@@ -40,6 +40,7 @@ pub mod nvram;
 pub mod overlay;
 pub mod paths;
 mod qcow2;
+mod qcow2_create;
 mod staged;
 
 pub use cloud_init::{

@@ -2,18 +2,16 @@
 //!
 //! KubeVirt (`pkg/ephemeral-disk/ephemeral-disk.go`) runs `qemu-img create -f qcow2 -b <base>
 //! -F <fmt> <overlay>` at `<ephemeral-disk-dir>/disk-data/<volume>/disk.qcow2`, skips the step when
-//! the overlay exists, then sets mode 0640 and the qemu owner. Here the crate `imago` writes the
-//! qcow2 (v3, 64 KiB clusters, 16-bit refcounts) with the backing file name and format recorded
-//! and the base's virtual size; the base is only ever opened read-only (to read its header or
-//! length), and the overlay is staged under a temporary name and renamed without replacing an
-//! existing file. It is not fsynced: it lives in the pod's emptyDir, which a virt-launcher pod
+//! the overlay exists, then sets mode 0640 and the qemu owner. Here the qcow2 (v3, 64 KiB
+//! clusters, 16-bit refcounts, the bytes qemu-img writes) with the backing file name and format
+//! recorded and the base's virtual size is three small writes and a length, sparse
+//! ([`super::qcow2_create`]); the base is only ever opened read-only (to read its header or
+//! length), and the overlay is staged as an unnamed file (`O_TMPFILE`, or a temporary name where
+//! that is unsupported) and linked into place without replacing an existing file. It is not
+//! fsynced: it lives in the pod's emptyDir, which a virt-launcher pod
 //! (`restartPolicy: Never`) never reuses after a crash ([`Durability::PodLifetime`]).
 
 use std::path::{Path, PathBuf};
-
-use imago::file::File as ImagoFile;
-use imago::qcow2::Qcow2;
-use imago::FormatCreateBuilder;
 
 use super::error::is_no_space;
 use super::facts::{probe_image, ChainPolicy, ImageFacts};
@@ -143,7 +141,7 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
         create_dir_all(dir).map_err(fail)?;
     }
     // Overlays live in the pod's ephemeral-disk emptyDir and die with the pod: no inline fsync.
-    let staged = Staged::create(&spec.overlay, OVERLAY_MODE)
+    let staged = Staged::create_unnamed(&spec.overlay, OVERLAY_MODE)
         .map_err(fail)?
         .with_durability(Durability::PodLifetime);
     write_qcow2(
@@ -164,18 +162,12 @@ pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>
 }
 
 /// Formats the staged file as a qcow2 v3 image of `size` bytes (rounded up to 512, as QEMU
-/// does), optionally with a backing file name and format. The image is flushed by imago; the
-/// caller fsyncs.
+/// does), optionally with a backing file name and format, laid out as `qemu-img create` does
+/// ([`super::qcow2_create`]). The caller fsyncs.
 pub(crate) fn write_qcow2(
     staged: &Staged,
     size: u64,
     backing: Option<(&str, &str)>,
 ) -> std::io::Result<()> {
-    let file = staged.file().try_clone()?;
-    let storage = ImagoFile::try_from(file)?;
-    let mut builder = Qcow2::<ImagoFile>::create_builder(storage).size(size.div_ceil(512) * 512);
-    if let Some((name, format)) = backing {
-        builder = builder.backing(name.to_string(), format.to_string());
-    }
-    builder.create()
+    super::qcow2_create::write_image(staged.file(), size.div_ceil(512) * 512, backing)
 }

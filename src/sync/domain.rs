@@ -9,8 +9,8 @@
 //! `deletionTimestamp`). Fields qlauncher never fills are left out; Go's decoder ignores the
 //! absence.
 //!
-//! The spec is the converter's: [`DomainSpec::from_converted`] takes the `api.DomainSpec` JSON that
-//! `compat/libvirt-xml` renders from the same model it writes as libvirt XML (memory, OS, CPU,
+//! The spec is the converter's: [`ApiDomainSpec::set_converted`] takes the `api.DomainSpec` JSON
+//! that `compat/libvirt-xml` renders from the same model it writes as libvirt XML (memory, OS, CPU,
 //! features, sysinfo, clock, every device); the fields the launcher updates live (interfaces,
 //! disks, channels, metadata) are typed, the rest is kept as the renderer wrote it (`rest`).
 //!

@@ -1,24 +1,23 @@
-//! The `api.Domain` spec of a started domain: the converter's model rendered as KubeVirt's JSON
-//! (`qlauncher_libvirt_xml::to_api_spec`, the same model the libvirt XML export writes), KubeVirt's
-//! grace-period metadata, and the live facts libvirt would add to the domain XML it reports: the
-//! resolved machine type and the channels' connection state (`cmd/virt-launcher`,
-//! `manager.go`'s `GetDomainSpecWithRuntimeInfo`, v1.9.0).
+//! The `api.Domain` spec of a defined plan: the converter's model rendered as KubeVirt's JSON
+//! (`qlauncher_libvirt_xml::to_api_spec`, the same model the libvirt XML export writes) and
+//! KubeVirt's grace-period metadata, and [`qemu_pci_address`], a running device's place as an
+//! `api.Address`. What QEMU reports into a running domain's spec (hot-plugged devices'
+//! addresses, the resolved machine, channel states) is added by `domain_live.rs`.
 //!
 //! Identity of running devices: libvirt's live XML keeps each device's address, alias and target
 //! from the moment it was created; a hotplug adds a device and changes no other. A re-converted plan
 //! numbers PCI slots, SCSI units and targets afresh, so [`apply_converted`] carries over every
-//! device's identity from the spec it replaces ([`carry_identity`]), and [`report_hotplug`] reads
-//! where QEMU put the devices a hotplug added (`parent_bus` and `addr` of the device).
+//! device's identity from the spec it replaces ([`carry_identity`]); [`added_pci_devices`] and
+//! [`set_device_address`] let `domain_live.rs` put the devices a hotplug added where QEMU did.
 
 use serde_json::{json, Map, Value};
 use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
-use crate::qmp::commands::{QomGet, QueryChardev};
+use crate::qmp::commands::QomGet;
 use crate::sync::domain::{ApiDomain, ApiDomainSpec, Devices, GracePeriodMetadata};
 use crate::sync::error::SyncError;
-use crate::sync::state::Shared;
 use crate::vmi::Vmi;
 
 /// The fields of a device that name it and place it: kept across a re-conversion.
@@ -219,6 +218,34 @@ pub(crate) fn added_pci_devices(before: &ApiDomainSpec, after: &ApiDomainSpec) -
         .collect()
 }
 
+/// Sets the `Address` of the device whose QEMU id is `id`. True when it changed.
+pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &Value) -> bool {
+    let Ok(Value::Object(mut devices)) = serde_json::to_value(&spec.devices) else {
+        return false;
+    };
+    let mut changed = false;
+    for value in devices.values_mut() {
+        let list: Vec<&mut Value> = match value {
+            Value::Array(list) => list.iter_mut().collect(),
+            other => vec![other],
+        };
+        for device in list {
+            let matches = device.get("Alias").and_then(qemu_id).as_deref() == Some(id);
+            if matches && device.get("Address") != Some(address) {
+                device["Address"] = address.clone();
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        match serde_json::from_value::<Devices>(Value::Object(devices)) {
+            Ok(d) => spec.devices = d,
+            Err(_) => return false,
+        }
+    }
+    changed
+}
+
 /// Where QEMU has the PCI device `id`, as an `api.Address` (`Bus` is libvirt's controller index:
 /// the `N` of root port `pci.N`, 0 on `pcie.0`). `None` when QEMU does not answer (unplugged
 /// meanwhile, or not a PCI device).
@@ -260,170 +287,12 @@ fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
     }))
 }
 
-/// Sets the `Address` of the device whose QEMU id is `id`. True when it changed.
-pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &Value) -> bool {
-    let Ok(Value::Object(mut devices)) = serde_json::to_value(&spec.devices) else {
-        return false;
-    };
-    let mut changed = false;
-    for value in devices.values_mut() {
-        let list: Vec<&mut Value> = match value {
-            Value::Array(list) => list.iter_mut().collect(),
-            other => vec![other],
-        };
-        for device in list {
-            let matches = device.get("Alias").and_then(qemu_id).as_deref() == Some(id);
-            if matches && device.get("Address") != Some(address) {
-                device["Address"] = address.clone();
-                changed = true;
-            }
-        }
-    }
-    if changed {
-        match serde_json::from_value::<Devices>(Value::Object(devices)) {
-            Ok(d) => spec.devices = d,
-            Err(_) => return false,
-        }
-    }
-    changed
-}
-
-/// Reports the domain after a hotplug: the spec re-converted from `plan` ([`apply_converted`]:
-/// the devices that ran keep their identity), the added PCI devices at the address QEMU gave
-/// them; MODIFIED is notified when the spec changed.
-///
-/// # Errors
-/// As [`apply_converted`] (the domain is left as it was).
-pub(crate) async fn report_hotplug(
-    shared: &Shared,
-    client: &QmpClient,
-    vmi: &Vmi,
-    ctx: &ConverterContext,
-    plan: &DomainPlan,
-) -> Result<(), SyncError> {
-    let added = {
-        let domain = shared.domain.lock().unwrap_or_else(|e| e.into_inner());
-        let Some(d) = domain.as_ref() else {
-            return Ok(());
-        };
-        let mut probe = d.clone();
-        apply_converted(&mut probe, vmi, ctx, plan)?;
-        added_pci_devices(&d.spec, &probe.spec)
-    };
-    let mut placed = Vec::new();
-    for id in added {
-        if let Some(address) = qemu_pci_address(client, &id).await {
-            placed.push((id, address));
-        }
-    }
-    let mut failed = None;
-    shared.update_domain(|d| {
-        let before = d.spec.clone();
-        if let Err(e) = apply_converted(d, vmi, ctx, plan) {
-            failed = Some(e);
-            return false;
-        }
-        for (id, address) in &placed {
-            set_device_address(&mut d.spec, id, address);
-        }
-        d.spec != before
-    });
-    failed.map_or(Ok(()), Err)
-}
-
-/// The `api.MemoryDevice` of the running virtio-mem device of `memory` (KubeVirt's
-/// `BuildMemoryDevice`, `pkg/liveupdate/memory`, as libvirt's live XML reports it): model
-/// `virtio-mem`, target `Size` (maxGuest - boot), `Node` 0, `Block` 2 MiB, `Requested` and
-/// `Current` (QEMU's `requested-size` and `size`, bytes), alias `virtiomem0` and the PCI address
-/// QEMU gave it. `None` when there is no device (no growth yet) or QEMU does not answer.
-pub(crate) async fn virtio_mem_device(
-    client: &QmpClient,
-    memory: &crate::sync::reconcile::resources::MemoryState,
-) -> Option<Value> {
-    use crate::sync::reconcile::resources::{VIRTIO_MEM_BLOCK, VIRTIO_MEM_ID};
-    let (max, requested) = (memory.max?, memory.requested?);
-    let path = format!("/machine/peripheral/{VIRTIO_MEM_ID}");
-    let current = client
-        .run(&QomGet {
-            path,
-            property: "size".into(),
-        })
-        .await
-        .ok()?
-        .as_u64()?;
-    let bytes = |v: u64| json!({"Value": v, "Unit": "b"});
-    let mut device = json!({
-        "Model": "virtio-mem",
-        "Target": {
-            "Size": bytes(max.saturating_sub(memory.boot)),
-            "Requested": bytes(requested),
-            "Current": bytes(current),
-            "Node": "0",
-            "Block": bytes(VIRTIO_MEM_BLOCK),
-        },
-        "Alias": {"Name": VIRTIO_MEM_ID},
-    });
-    if let Some(address) = qemu_pci_address(client, VIRTIO_MEM_ID).await {
-        device["Address"] = address;
-    }
-    Some(device)
-}
-
-/// What libvirt knows of a running QEMU and writes into the live domain XML.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub(crate) struct LiveFacts {
-    /// The machine type QEMU resolved the alias to (`pc-q35-7.2` for `q35`).
-    pub(crate) machine: Option<String>,
-    /// Whether the guest has each virtio-serial channel open, by channel index (`charchannelN`).
-    pub(crate) channels_open: Vec<(usize, bool)>,
-}
-
-/// Reads the resolved machine type (`qom-get /machine type`: `pc-q35-7.2-machine`) and the
-/// channels' state (`query-chardev`: `frontend-open` of `charchannelN`). Missing answers leave
-/// the fact out.
-pub(crate) async fn live_facts(client: &QmpClient) -> LiveFacts {
-    let mut facts = LiveFacts::default();
-    let machine = client
-        .run(&QomGet {
-            path: "/machine".into(),
-            property: "type".into(),
-        })
-        .await;
-    if let Ok(Value::String(t)) = machine {
-        facts.machine = Some(t.strip_suffix("-machine").unwrap_or(&t).to_owned());
-    }
-    if let Ok(chardevs) = client.run(&QueryChardev).await {
-        for c in chardevs {
-            if let Some(n) = c
-                .label
-                .strip_prefix("charchannel")
-                .and_then(|n| n.parse().ok())
-            {
-                facts.channels_open.push((n, c.frontend_open));
-            }
-        }
-    }
-    facts
-}
-
-/// Writes `facts` into `domain`: `OS.Type.Machine` and `Devices.Channels[N].Target.State`. True
-/// when something changed.
-pub(crate) fn apply_live_facts(domain: &mut ApiDomain, facts: &LiveFacts) -> bool {
-    let mut changed = false;
-    if let Some(machine) = &facts.machine {
-        changed |= domain.spec.set_machine(machine);
-    }
-    for &(index, open) in &facts.channels_open {
-        changed |= domain.spec.set_channel_open(index, open);
-    }
-    changed
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::cmdline::context::{IfaceFacts, ImageFormat, StorageKind, TapSource, VolumeFacts};
     use crate::cmdline::convert;
+    use serde_json::json;
 
     fn vmi(hotplugged: bool) -> Vmi {
         let mut disks = vec![
@@ -664,31 +533,6 @@ mod tests {
     }
 
     #[test]
-    fn qemu_buses_and_devfns_become_libvirt_addresses() {
-        let address = |bus: &str, slot: &str, function: &str| {
-            Some(
-                json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
-            )
-        };
-        assert_eq!(
-            pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),
-            address("0x05", "0x00", "0x0")
-        );
-        assert_eq!(
-            pci_address("/machine/q35/pcie.0", &json!(34)),
-            address("0x00", "0x04", "0x2")
-        );
-        assert_eq!(
-            pci_address("/machine/peripheral/pci.12/pci.12", &json!("00.0")),
-            address("0x0c", "0x00", "0x0")
-        );
-        assert_eq!(
-            pci_address("/machine/peripheral/scsi0/scsi0.0", &json!(0)),
-            None
-        );
-    }
-
-    #[test]
     fn a_hotplug_changes_no_other_devices_address_alias_or_target() {
         let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
         let boot = reported(&vmi(false), &mut domain);
@@ -754,5 +598,30 @@ mod tests {
         // A resync of the same VMI keeps it there.
         let again = reported(&vmi(true), &mut domain);
         assert_eq!(again, json);
+    }
+
+    #[test]
+    fn qemu_buses_and_devfns_become_libvirt_addresses() {
+        let address = |bus: &str, slot: &str, function: &str| {
+            Some(
+                json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
+            )
+        };
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),
+            address("0x05", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/q35/pcie.0", &json!(34)),
+            address("0x00", "0x04", "0x2")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/pci.12/pci.12", &json!("00.0")),
+            address("0x0c", "0x00", "0x0")
+        );
+        assert_eq!(
+            pci_address("/machine/peripheral/scsi0/scsi0.0", &json!(0)),
+            None
+        );
     }
 }

@@ -11,10 +11,11 @@
 //! disks, cloud-init ISOs, the tap) are given to the runtime uid where they are made (`storage`,
 //! `net`).
 //!
-//! QEMU inherits no descriptor but its standard streams: everything the launcher holds, also what
-//! it inherited itself without close-on-exec (a parent's jobserver pipe, a leaked socket), is
-//! marked close-on-exec before QEMU starts, as libvirt's `virCommand` closes every descriptor it
-//! was not asked to pass.
+//! QEMU inherits only its standard streams and the descriptors the launcher places for it after
+//! [`confine_qemu`] (the QMP listener as fd 3, vsock's `vhostfd` as fd 20; `start.rs`
+//! `spawn_qemu`): everything else the launcher holds, also what it inherited itself without
+//! close-on-exec (a parent's jobserver pipe, a leaked socket), is marked close-on-exec before QEMU
+//! starts, as libvirt's `virCommand` closes every descriptor it was not asked to pass.
 
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::process::CommandExt;

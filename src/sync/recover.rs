@@ -1,6 +1,7 @@
 //! Recovery after a launcher restart: the first sync of a fresh launcher looks for a QEMU that an
-//! earlier launcher of the same pod started (its command line names this launcher's QMP socket)
-//! and either adopts it or removes it before starting a new one.
+//! earlier launcher of the same pod started (it holds the socket listening at this launcher's QMP
+//! path, which a launcher hands QEMU as fd 3, or its command line names that path) and either
+//! adopts it or removes it before starting a new one.
 //!
 //! KubeVirt gets this from libvirt, which re-attaches to running domains when `virtqemud`
 //! restarts (`qemuProcessReconnect`: reconnect to the monitor, keep the domain running; a domain
@@ -12,7 +13,7 @@
 //! that socket (still in `prelaunch`, not answering, another UUID, or several) is killed and
 //! waited for, and the sync starts a fresh one.
 //!
-//! Adopting fills the same [`Running`] state a fresh start does (`start.rs`).
+//! Adopting fills the same `Running` state a fresh start does (`start.rs`).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -362,9 +363,9 @@ pub(crate) async fn adopt(
     // resolved machine type) from QEMU, as a start does, so that the agent channel reads
     // `connected` for the graceful shutdown and virt-handler's AgentConnected.
     let mut domain = domain;
-    crate::sync::domain_spec::apply_live_facts(
+    crate::sync::domain_live::apply_live_facts(
         &mut domain,
-        &crate::sync::domain_spec::live_facts(&client).await,
+        &crate::sync::domain_live::live_facts(&client).await,
     );
     d.shared.take_over(status, domain, client.clone());
     tokio::spawn(follow_events(d.shared.clone(), events, client, watcher));

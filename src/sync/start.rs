@@ -30,7 +30,7 @@ use crate::sync::config::QMP_CONNECT_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::define::{self, define, Defined};
 use crate::sync::domain::{Alias, ApiDomain, Interface as DomainIface, Mac};
-use crate::sync::domain_spec;
+use crate::sync::domain_live;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, BootFacts, Gathered, Purpose};
 use crate::sync::facts::{self, hardware};
@@ -372,7 +372,7 @@ async fn follow(
         .await
         .map_err(SyncError::Qmp)?;
     let mut domain = domain;
-    domain_spec::apply_live_facts(&mut domain, &domain_spec::live_facts(client).await);
+    domain_live::apply_live_facts(&mut domain, &domain_live::live_facts(client).await);
     d.shared.take_over(initial, domain, client.clone());
     d.start_agent_poll();
     tokio::spawn(follow_events(

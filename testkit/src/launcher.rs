@@ -232,6 +232,11 @@ impl Pod {
     /// Starts a launcher in the pod namespace (as virt-launcher-monitor would, with virt-launcher's
     /// flags); returns its index.
     pub fn start_launcher(&mut self) -> usize {
+        self.start_launcher_with(&[])
+    }
+
+    /// [`Self::start_launcher`] with `extra` flags after the usual ones (`--hook-sidecars 1`).
+    pub fn start_launcher_with(&mut self, extra: &[&str]) -> usize {
         let n = self.launchers.len();
         let p = |p: PathBuf| p.display().to_string();
         let mut args = vec![
@@ -261,6 +266,7 @@ impl Pod {
         if self.nonroot {
             args.push("--run-as-nonroot".into());
         }
+        args.extend(extra.iter().map(|a| a.to_string()));
         let mut command = Command::new("ip");
         if self.nonroot && !tun_is_world_rw() {
             // In a pod /dev/net/tun is world read-write, as on a standard host; this machine's is

@@ -1,9 +1,10 @@
 //! The ordered configurator list and `convert()`.
 //!
-//! Order (KubeVirt's `converter.go:993-1060`, regrouped): metadata, machine, CPU, memory, launch
-//! security, firmware, SMBIOS, clock, IOThreads, controllers, disks, filesystems, interfaces,
-//! console, channels, inputs, graphics, sound, watchdog, host devices, balloon, rng, TPM, vsock,
-//! monitor. Configurators read the VMI and the context
+//! Order (KubeVirt's `converter.go:993-1060`, regrouped): metadata (with the QMP monitor),
+//! machine, CPU, memory, launch security, firmware, SMBIOS, clock, IOThreads, controllers, disks,
+//! filesystems, interfaces, console, channels, inputs, graphics, sound, watchdog, host devices,
+//! balloon, rng, TPM, vsock, then `unsupported` (the fields qlauncher rejects, each with its
+//! path). Configurators read the VMI and the context
 //! only; where two need the same derived value (vCPU count, IOThread assignment, accelerator)
 //! they call the same pure helper in `devices/`, so the order matters only for the device order
 //! inside a class. Then the launch-security pass (`passes/launch_security.rs`) puts virtio

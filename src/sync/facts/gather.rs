@@ -178,11 +178,12 @@ async fn boot_context(
     // `--image-volume`: the containerDisks' `disk_<i>.img` are linked into the image volumes
     // first (KubeVirt's SyncVMI and migration target do so before converting).
     let image_volume = config.image_volume.clone();
+    let hooks = config.hooks.clone();
     ctx.volumes = tokio::task::spawn_blocking(move || {
         if let Some(dirs) = &image_volume {
             storage::link_image_volumes(&storage_vmi, dirs, &paths)?;
         }
-        storage::prepare_storage(&storage_vmi, &paths, owner)
+        storage::prepare_storage(&storage_vmi, &paths, owner, &hooks)
     })
     .await
     .map_err(|e| SyncError::Task(e.to_string()))??;

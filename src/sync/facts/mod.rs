@@ -2,12 +2,16 @@
 //! `generateConverterContext` (`pkg/virt-launcher/virtwrap/manager.go`, v1.9.0), plus the
 //! preparation libvirt or virt-handler would do (overlays, ISOs, the pod network).
 //!
-//! [`gather::gather`] is the one gathering-and-convert every caller uses (boot, resync, the
-//! vCPU and memory RPCs, the migration target). In boot order: [`base_context`] (the
-//! launcher's settings), [`storage::prepare_storage`]
-//! (volumes), [`network`] (the pod network binding and its DHCP servers), [`secondary`] (Multus
-//! interfaces), [`hotplug::add_hotplug_facts`] (hotplug volumes, also on every later sync) and
-//! [`hardware::add_hardware_facts`] (VFIO devices, virtiofsd sockets).
+//! `gather::gather` is the one gathering-and-convert every caller uses (boot, resync, the
+//! vCPU and memory RPCs, the migration target). In boot order: `base_context` (the
+//! launcher's settings), the QMP monitor as fd 3 and QEMU's version (waiting for
+//! [`crate::sync::qemu_version::QemuProbe`]), [`storage::link_image_volumes`] and
+//! [`storage::prepare_storage`] (volumes), [`network`] (the pod network binding and its DHCP
+//! servers), [`secondary`] (Multus interfaces, set up by the NIC state of `reconcile/nics.rs`),
+//! `hardware::add_hardware_facts` (VFIO devices, virtiofsd sockets) and
+//! [`hardware::open_vhost_vsock`] (vsock's `vhostfd`), then, for every purpose,
+//! `hotplug::add_hotplug_facts` (hotplug volumes) before the conversion. A resync starts from
+//! the running domain's context instead and prepares only the secondary interfaces.
 
 pub mod cache;
 pub(crate) mod gather;

@@ -10,6 +10,7 @@ use tracing::info;
 use super::cache::{direct_io, iso_facts};
 use crate::cmdline::context::{PathRoots, StorageKind, VolumeFacts};
 use crate::cmdline::plan::FirmwarePlan;
+use crate::hooks::Sidecars;
 use crate::storage::paths::container_disk_path;
 use crate::storage::{
     self, CloudInitData, CloudInitKind, CloudInitSpec, EmptyDiskSpec, OverlaySpec, VmiIdentity,
@@ -58,12 +59,15 @@ pub fn link_image_volumes(
     Ok(())
 }
 
-/// Overlays, empty disks, the cloud-init ISO, config-volume ISOs, hostDisks and PVCs of `vmi`
-/// ([`super::volumes`]); returns the converter's volume facts.
+/// Overlays, empty disks, the cloud-init ISO (through the hook sidecars' `PreCloudInitIso` when
+/// one subscribes, [`pre_cloud_init_iso`]), config-volume ISOs, hostDisks and PVCs of `vmi`
+/// ([`super::volumes`]); returns the converter's volume facts. Called on a blocking thread of
+/// the launcher's runtime (the hook call waits on it).
 pub fn prepare_storage(
     vmi: &Vmi,
     paths: &PathRoots,
     owner: Option<storage::Owner>,
+    hooks: &Sidecars,
 ) -> Result<BTreeMap<String, VolumeFacts>, SyncError> {
     let mut facts = BTreeMap::new();
     let ephemeral = PathBuf::from(&paths.ephemeral_disks);
@@ -98,7 +102,10 @@ pub fn prepare_storage(
                 continue;
             }
             cloud_init_done = true;
-            facts.insert(vol.name.clone(), cloud_init_iso(vmi, &spec, paths, owner)?);
+            facts.insert(
+                vol.name.clone(),
+                cloud_init_iso(vmi, &spec, paths, owner, hooks)?,
+            );
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
             facts.insert(vol.name.clone(), f);
         }
@@ -148,6 +155,7 @@ fn cloud_init_iso(
     spec: &CloudInitSpec,
     paths: &PathRoots,
     owner: Option<storage::Owner>,
+    hooks: &Sidecars,
 ) -> Result<VolumeFacts, SyncError> {
     let kind = spec.kind.unwrap_or(CloudInitKind::NoCloud);
     let mut identity = VmiIdentity::from_vmi(vmi);
@@ -156,7 +164,9 @@ fn cloud_init_iso(
         identity.namespace = "default".into();
     }
     let secret_dir = PathBuf::from(&paths.private_dir).join("secret");
-    let data = CloudInitData::resolve(spec, &identity, &secret_dir).map_err(SyncError::Storage)?;
+    let mut data =
+        CloudInitData::resolve(spec, &identity, &secret_dir).map_err(SyncError::Storage)?;
+    pre_cloud_init_iso(hooks, vmi, &mut data)?;
     let ephemeral = Path::new(&paths.ephemeral_disks);
     let iso = storage::cloud_init::cloud_init_iso_path(ephemeral, &identity, kind)
         .map_err(SyncError::Storage)?;
@@ -171,6 +181,85 @@ fn cloud_init_iso(
     info!(volume = %spec.volume, iso = %iso.display(), direct_io = facts.direct_io,
         preallocated = facts.preallocated, "cloud-init ISO");
     Ok(facts)
+}
+
+/// KubeVirt's `PreCloudInitIso` (`pkg/hooks/manager.go`, v1.9.0), before the ISO is written:
+/// the resolved `data` in KubeVirt's `CloudInitData` form (and the older
+/// `cloudInitNoCloudSource`) goes to the first v1alpha2+ subscriber, and its answer, read as
+/// KubeVirt reads it ([`hooks::cloud_init::CloudInitData::from_answer`]), replaces the user,
+/// network and meta data. The ISO writer's limits and checks then apply to the answer as to any
+/// VMI's data. Nothing happens without a subscriber. Blocks the calling (blocking) thread on the
+/// launcher's runtime for the call.
+///
+/// # Errors
+/// [`SyncError::Hook`]: the sidecar cannot be called, fails, or answers unreadable JSON.
+fn pre_cloud_init_iso(
+    hooks: &Sidecars,
+    vmi: &Vmi,
+    data: &mut CloudInitData,
+) -> Result<(), SyncError> {
+    use crate::hooks::cloud_init as hook;
+    if !hooks.list.iter().any(|s| {
+        s.hook_points
+            .iter()
+            .any(|p| p == crate::hooks::PRE_CLOUD_INIT_ISO)
+    }) {
+        return Ok(());
+    }
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let (source, mut sent) = match data.kind {
+        CloudInitKind::NoCloud => (
+            hook::DataSource::NoCloud,
+            hook::CloudInitData {
+                data_source: hook::DataSource::NoCloud,
+                no_cloud_meta_data: serde_json::from_slice(&data.meta_data).ok(),
+                config_drive_meta_data: None,
+                user_data: String::new(),
+                network_data: String::new(),
+                devices_data: None,
+                volume_name: String::new(),
+            },
+        ),
+        CloudInitKind::ConfigDrive => (
+            hook::DataSource::ConfigDrive,
+            hook::CloudInitData {
+                data_source: hook::DataSource::ConfigDrive,
+                no_cloud_meta_data: None,
+                config_drive_meta_data: serde_json::from_slice(&data.meta_data).ok(),
+                user_data: String::new(),
+                network_data: String::new(),
+                devices_data: None,
+                volume_name: String::new(),
+            },
+        ),
+    };
+    sent.user_data = text(&data.user_data);
+    sent.network_data = text(&data.network_data);
+    sent.volume_name = data.volume.clone();
+    // Plain strings and maps: the serialiser cannot fail on them.
+    let (legacy, cloud_init_data) = sent.hook_payloads().unwrap_or_default();
+    // A `Vmi` (string keys) always serialises.
+    let vmi_json = serde_json::to_vec(vmi).unwrap_or_default();
+    let answer = tokio::runtime::Handle::current()
+        .block_on(hooks.pre_cloud_init_iso(&legacy, &cloud_init_data, &vmi_json))
+        .map_err(SyncError::Hook)?;
+    let Some(answer) = answer else {
+        return Ok(());
+    };
+    let answered = hook::CloudInitData::from_answer(source, &answer).map_err(SyncError::Hook)?;
+    data.user_data = answered.user_data.into_bytes();
+    data.network_data = answered.network_data.into_bytes();
+    let meta = match data.kind {
+        CloudInitKind::NoCloud => answered.no_cloud_meta_data.map(|m| serde_json::to_vec(&m)),
+        CloudInitKind::ConfigDrive => answered
+            .config_drive_meta_data
+            .map(|m| serde_json::to_vec(&m)),
+    };
+    if let Some(Ok(meta)) = meta {
+        data.meta_data = meta;
+    }
+    info!(sidecar = %answer.socket.display(), volume = %data.volume, "cloud-init data from the hook sidecar");
+    Ok(())
 }
 
 /// The EFI NVRAM of `firmware`: `<nvram>/<name>_VARS.fd` copied from the plan's vars template

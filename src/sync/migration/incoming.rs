@@ -328,7 +328,8 @@ impl MigrationCtx {
         prepared.running.memory = memory.await.map_err(|e| peer(&e))?;
         info!(total, "virtio-mem device of the source plugged");
         if let Some(device) =
-            crate::sync::domain_spec::virtio_mem_device(client, &prepared.running.memory).await
+            crate::sync::reconcile::resources::virtio_mem_device(client, &prepared.running.memory)
+                .await
         {
             self.ctx
                 .shared

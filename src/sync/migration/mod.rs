@@ -4,12 +4,15 @@
 //!   proxy's role-0 channel (the channel libvirt uses between its daemons);
 //! - [`metadata`]: `spec.metadata.kubevirt.migration` and the rules that change it;
 //! - [`source`], [`target`]: the two QMP halves of a migration;
-//! - [`hotplug`]: hot-plugged disks carried to the target;
+//! - [`hotplug`]: hot-plugged disks and NICs carried to the target (what the source describes,
+//!   where the target places its own plan of each);
 //! - [`sriov`]: SR-IOV VFs unplugged before the migration (re-plugged on the target by
 //!   `HotplugHostDevices`), and the host devices that refuse it;
 //! - [`launcher`]: the five migration RPCs of the launcher over them and what both sides share;
 //!   [`outgoing`] the source's (`MigrateVirtualMachine`, cancel, job statistics),
-//!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize);
+//!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize), and
+//!   [`boot_conversion`] the target's QEMU definition for the source's domain (hot-plugged
+//!   devices where the source runs them, the adopted CPU, the argv compared word for word);
 //! - this module: the sockets virt-handler's migration proxy connects
 //!   (`pkg/virt-handler/migration-proxy/migration-proxy.go`, v1.9.0), the options virt-handler
 //!   sends with `MigrateVirtualMachine` (`cmdclient.MigrationOptions`) and the deadlines derived

@@ -1,19 +1,25 @@
 //! Applying a sync's diff to the running domain, KubeVirt's `SyncVMI` on a running domain
 //! (`manager.go`, v1.9.0). The VMI is converted again against the running domain's facts and the
-//! new plan compared with what runs. Each reconciler is a pure `diff(running, wanted) -> Vec<Step>`
-//! over typed blockdevs, devices and QMP commands, with table tests beside it, and an executor
-//! that runs the steps; they run in the order of [`RECONCILERS`]:
+//! new plan (`define.rs`: argv, QMP plan) compared with what runs. Each reconciler has a step
+//! type, a pure `diff` of its running side against the wanted one with table tests beside it, and
+//! an executor that runs the steps; they run in the order of [`RECONCILERS`]:
 //!
-//! 1. [`disks`]: hot-pluggable disks attached and detached;
-//! 2. [`media`]: cdrom media inserted, changed, ejected;
-//! 3. [`resize`]: claim-backed disks grown;
-//! 4. [`nics`]: NICs on Multus networks plugged and unplugged, link states set.
+//! 1. [`disks`]: hot-pluggable disks attached and detached ([`disks::DiskStep`]: `Running`'s
+//!    disks against the QMP plan's; `disks::apply`);
+//! 2. [`media`]: cdrom media inserted, changed, ejected ([`media::MediumChange`]: `Running`'s
+//!    cdroms against the plan's; `media::apply`);
+//! 3. [`resize`]: claim-backed disks grown ([`resize::ResizeStep`]: QEMU's `query-block` drives
+//!    against the plan's claim disks; [`resize::grow_disks`]);
+//! 4. [`nics`]: NICs on Multus networks plugged and unplugged, link states set
+//!    ([`nics::NicStep`]: the [`nics::NicState`] view against the plan's;
+//!    [`nics::NicState::apply`]).
 //!
 //! vCPUs and memory change through their own RPCs ([`resources`]: `diff_vcpus`, `diff_memory`).
-//! Other changes are logged and left for a restart.
+//! Any other change of the spec is neither applied to the running domain nor logged; the domain's
+//! next start runs it. A sync whose `SpecKey` (`admit.rs`) is unchanged does nothing but log
+//! "domain is up to date".
 //!
-//! To add a sync diff: a file here with its `Step` type, `diff` and table tests, a variant of
-//! [`Reconciler`] in [`RECONCILERS`], and its arm in [`hotplug`].
+//! To add a sync diff: see ARCHITECTURE.md's recipe ("Add a sync diff").
 
 pub mod disks;
 pub mod media;
@@ -25,7 +31,7 @@ use crate::sync::admit::admit;
 use crate::sync::config::HOTPLUG_TIMEOUT;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::define::{define, Defined};
-use crate::sync::domain_spec;
+use crate::sync::domain_live;
 use crate::sync::error::SyncError;
 use crate::sync::facts::gather::{gather, Gathered, Purpose};
 use crate::sync::state::Running;
@@ -90,7 +96,7 @@ pub(crate) async fn hotplug(
         }
     }
     // The domain as it now runs: hotplugged disks and NICs with their targets and aliases.
-    domain_spec::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
+    domain_live::report_hotplug(&d.shared, &client, &view, &ctx, &plan).await?;
     running.ctx = ctx;
     d.shared.publish_nic_changes(&nics);
     Ok(())
@@ -137,7 +143,7 @@ pub(crate) async fn apply_memory(
     r.memory = resources::set_memory(&client, &r.memory, &plan, plan.memory.size).await?;
     // The virtio-mem device as it runs, in the domain (libvirt's live `<memory
     // model='virtio-mem'>`).
-    if let Some(device) = domain_spec::virtio_mem_device(&client, &r.memory).await {
+    if let Some(device) = resources::virtio_mem_device(&client, &r.memory).await {
         d.shared
             .update_domain(|dom| dom.spec.devices.set_memory_device(device));
     }

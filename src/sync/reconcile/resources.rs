@@ -391,6 +391,45 @@ pub async fn set_memory(
     Ok(next)
 }
 
+/// The `api.MemoryDevice` of the running virtio-mem device of `memory` (KubeVirt's
+/// `BuildMemoryDevice`, `pkg/liveupdate/memory`, as libvirt's live XML reports it): model
+/// `virtio-mem`, target `Size` (maxGuest - boot), `Node` 0, `Block` 2 MiB, `Requested` and
+/// `Current` (QEMU's `requested-size` and `size`, bytes), alias `virtiomem0` and the PCI address
+/// QEMU gave it. `None` when there is no device (no growth yet) or QEMU does not answer.
+pub(crate) async fn virtio_mem_device(
+    client: &QmpClient,
+    memory: &MemoryState,
+) -> Option<serde_json::Value> {
+    use crate::qmp::commands::QomGet;
+    use serde_json::json;
+    let (max, requested) = (memory.max?, memory.requested?);
+    let path = format!("/machine/peripheral/{VIRTIO_MEM_ID}");
+    let current = client
+        .run(&QomGet {
+            path,
+            property: "size".into(),
+        })
+        .await
+        .ok()?
+        .as_u64()?;
+    let bytes = |v: u64| json!({"Value": v, "Unit": "b"});
+    let mut device = json!({
+        "Model": "virtio-mem",
+        "Target": {
+            "Size": bytes(max.saturating_sub(memory.boot)),
+            "Requested": bytes(requested),
+            "Current": bytes(current),
+            "Node": "0",
+            "Block": bytes(VIRTIO_MEM_BLOCK),
+        },
+        "Alias": {"Name": VIRTIO_MEM_ID},
+    });
+    if let Some(address) = crate::sync::domain_spec::qemu_pci_address(client, VIRTIO_MEM_ID).await {
+        device["Address"] = address;
+    }
+    Some(device)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

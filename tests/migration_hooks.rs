@@ -1,0 +1,112 @@
+//! A VM whose domain a hook sidecar edited migrates with the edits intact, between two real
+//! launchers in KubeVirt's default non-root pods, each pod with its own copy of the sidecar (as
+//! virt-controller renders both pods from the same `hooks.kubevirt.io/hookSidecars`
+//! annotation): the SMBIOS board vendor the hook set is what the guest reads before and after,
+//! the target's QEMU runs with it (its argv must equal the source's word for word, so the target
+//! applies the same edits), and the target's domain reports it.
+//!
+//! Needs root and the test guest (`scripts/build-guest`).
+
+use std::os::unix::fs::PermissionsExt;
+use std::time::Duration;
+
+use qlauncher::hooks::ON_DEFINE_DOMAIN;
+use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
+use testkit::guest::GuestImages;
+use testkit::hook_sidecar::{FakeSidecar, Script};
+use testkit::launcher::{get_domain, sync, Pod};
+use testkit::migration::{
+    exec_until_ok, migrating_vmi, options, plain_vmi, pod_pair, wait_notified, Relay, Rpc,
+};
+
+const BOOT: Duration = Duration::from_secs(240);
+const MIGRATION: Duration = Duration::from_secs(240);
+const VENDOR: &str = "cat /sys/class/dmi/id/board_vendor";
+
+/// KubeVirt's e2e hook: the empty `<baseBoard></baseBoard>` gets a manufacturer.
+fn smbios_hook(xml: &str) -> String {
+    xml.replacen(
+        "<baseBoard></baseBoard>",
+        "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
+        1,
+    )
+}
+
+/// The pod's sidecar, its socket open to the launcher's user (in a pod the sidecar runs as 107
+/// too).
+fn sidecar(pod: &Pod) -> FakeSidecar {
+    let dir = pod.root.join("var/run/kubevirt-hooks");
+    let script = Script::new(&["v1alpha3"], &[ON_DEFINE_DOMAIN]).on_define(smbios_hook);
+    let fake = FakeSidecar::start_in(&dir, "hook-sidecar-0", "smbios.sock", script);
+    let socket = dir.join("hook-sidecar-0/smbios.sock");
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    fake
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooked_domain_migrates_with_its_edits() {
+    let images = GuestImages::locate();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    let uid = source.uid.clone();
+    let source_hook = sidecar(&source);
+    let target_hook = sidecar(&target);
+
+    let s = source.start_launcher_with(&["--hook-sidecars", "1"]);
+    let mut sc = source.client(s).await;
+    assert_eq!(sync(&mut sc, &plain_vmi(&uid)).await, (true, String::new()));
+    source.wait_event((L::Running, R::Unknown), BOOT).await;
+    assert_eq!(
+        exec_until_ok(&mut sc, VENDOR, BOOT).await.trim(),
+        "Radical Edward"
+    );
+    let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
+        .mac
+        .clone()
+        .unwrap()
+        .mac;
+    let vmi = migrating_vmi(&uid, "mig-hooks", &target.pod_name(), &guest_mac);
+
+    let t = target.start_launcher_with(&["--hook-sidecars", "1"]);
+    let mut tc = target.client(t).await;
+    assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
+    let _relay = Relay::start(&source, &target, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
+        (true, String::new())
+    );
+    let done = wait_notified(
+        &target,
+        "target Running after the migration",
+        MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && d.spec
+                    .metadata
+                    .kubevirt
+                    .migration
+                    .as_ref()
+                    .is_some_and(|m| m.end_timestamp.is_some() && !m.failed)
+        },
+    )
+    .await;
+    let sysinfo = serde_json::to_value(&done.spec).unwrap()["SysInfo"].to_string();
+    assert!(sysinfo.contains("Radical Edward"), "{sysinfo}");
+
+    let qemu = target.wait_qemu(t, Duration::from_secs(5)).await;
+    let argv = std::fs::read(format!("/proc/{qemu}/cmdline")).unwrap();
+    let argv = String::from_utf8_lossy(&argv);
+    assert!(
+        argv.split('\0')
+            .any(|w| w.starts_with("type=2,") && w.contains("manufacturer=Radical Edward")),
+        "{argv:?}"
+    );
+    assert_eq!(
+        exec_until_ok(&mut tc, VENDOR, Duration::from_secs(30))
+            .await
+            .trim(),
+        "Radical Edward"
+    );
+    assert_eq!(source_hook.methods(), ["Info", "OnDefineDomain"]);
+    assert_eq!(target_hook.methods(), ["Info", "OnDefineDomain"]);
+    source.wait_launcher(s, Duration::from_secs(60)).await;
+}
