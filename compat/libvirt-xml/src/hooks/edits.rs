@@ -229,6 +229,57 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
     t
 }
 
+/// Elements that mean the same empty as absent: `(parent, element)`. libvirtxml (the Go
+/// library KubeVirt's `smbios` example and most Go hooks re-serialize with) drops an
+/// interface's empty `<source>` and an empty cdrom's `<source>`, which `api.DomainSpec` always
+/// writes.
+const EMPTY_IS_ABSENT: &[(&str, &str)] = &[("interface", "source"), ("disk", "source")];
+
+/// Attributes whose value means the same as their absence: `(element, attribute, value)`.
+/// libvirtxml omits these defaults (`maxMemory@slots` 0, `filesystem@accessMode`
+/// `passthrough`); an empty value is always the same as none (Go's `omitempty`).
+const DEFAULT_IS_ABSENT: &[(&str, &str, &str)] = &[
+    ("maxMemory", "slots", "0"),
+    ("filesystem", "accessMode", "passthrough"),
+];
+
+/// Numbers written in hex either way: `(parent, element)` whose text is compared by value
+/// (libvirtxml prints the SEV policy `0x5` as `0x0005`).
+const HEX_TEXT: &[(&str, &str)] = &[("launchSecurity", "policy")];
+
+/// Rewrites the differences that carry no meaning ([`EMPTY_IS_ABSENT`],
+/// [`DEFAULT_IS_ABSENT`], [`HEX_TEXT`]) into one form, in both trees before they are compared,
+/// so a hook that re-serializes the domain with another library is no change.
+fn normalize(n: &mut Node, parent: &str) {
+    let name = n.name.clone();
+    n.attrs.retain(|k, v| {
+        !v.is_empty()
+            && !DEFAULT_IS_ABSENT
+                .iter()
+                .any(|(e, a, d)| *e == name && a == k && d == v)
+    });
+    if HEX_TEXT.iter().any(|(p, e)| *p == parent && *e == name) {
+        if let Some(v) = n
+            .text
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        {
+            n.text = format!("{v:#x}");
+        }
+    }
+    n.children.retain(|c| {
+        let empty =
+            c.attrs.values().all(String::is_empty) && c.children.is_empty() && c.text.is_empty();
+        !(empty
+            && EMPTY_IS_ABSENT
+                .iter()
+                .any(|(p, e)| *p == name && *e == c.name))
+    });
+    for c in &mut n.children {
+        normalize(c, &name);
+    }
+}
+
 /// Compares a hook's `answer` with the XML qlauncher `sent` and gives the plan edits it asks for.
 ///
 /// # Errors
@@ -242,6 +293,8 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     let mut after = parse(answer)?;
     let t0 = take_tier1(&mut before);
     let t1 = take_tier1(&mut after);
+    normalize(&mut before, "");
+    normalize(&mut after, "");
     if let Some(d) = diff(&before, &after).into_iter().next() {
         return Err(Refusal {
             path: d.path,

@@ -82,6 +82,22 @@ mod tests {
         assert_eq!(diff_answer(SENT, SENT).unwrap(), vec![]);
     }
 
+    /// Only the listed meaningless forms are one: an empty interface `<source>` may go, a
+    /// `<readonly/>` may not; `slots="0"` may go, `slots="1"` may not.
+    #[test]
+    fn only_meaningless_differences_are_normalized() {
+        let sent = "<domain type=\"kvm\"><maxMemory slots=\"0\">1</maxMemory><devices><interface type=\"ethernet\"><source></source><alias name=\"ua-a\"></alias></interface><disk device=\"cdrom\" type=\"file\"><readonly></readonly><alias name=\"ua-c\"></alias></disk></devices></domain>";
+        let same = "<domain type=\"kvm\"><maxMemory>1</maxMemory><devices><interface type=\"ethernet\"><alias name=\"ua-a\"/></interface><disk device=\"cdrom\" type=\"file\"><readonly/><alias name=\"ua-c\"/></disk></devices></domain>";
+        assert_eq!(diff_answer(sent, same).unwrap(), vec![]);
+        let writable = same.replace("<readonly/>", "");
+        assert!(diff_answer(sent, &writable).is_err());
+        let slots = same.replace("<maxMemory>", "<maxMemory slots=\"1\">");
+        assert_eq!(
+            diff_answer(sent, &slots).unwrap_err().path,
+            "domain/maxMemory@slots"
+        );
+    }
+
     #[test]
     fn commandline_args_are_words_and_prefixes_resolve() {
         let answer = SENT.replace(
