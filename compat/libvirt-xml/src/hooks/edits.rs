@@ -305,35 +305,7 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     }
     let mut edits = Vec::new();
     if t1.args != t0.args {
-        for (i, a) in t1.args.iter().enumerate() {
-            if let Some(name) = a.strip_prefix('\0') {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/{name}"),
-                    sent: "-".into(),
-                    answered: "present".into(),
-                    reason: "only qemu:arg and qemu:env are supported".into(),
-                });
-            }
-            let option = a
-                .strip_prefix('-')
-                .map(|o| format!("-{}", o.trim_start_matches('-')));
-            if option.is_some_and(|o| LAUNCHER_OPTIONS.contains(&o.as_str())) {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
-                    sent: "-".into(),
-                    answered: a.clone(),
-                    reason: "the launcher controls this QEMU option".into(),
-                });
-            }
-            if a.contains("charmonitor") {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
-                    sent: "-".into(),
-                    answered: a.clone(),
-                    reason: "the launcher's QMP monitor cannot be touched".into(),
-                });
-            }
-        }
+        check_args(&t1.args)?;
         edits.push(HookEdit::Args(t1.args.clone()));
     }
     if t1.env != t0.env {
@@ -438,6 +410,41 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
         edits.push(HookEdit::Smbios { table: 11, fields });
     }
     Ok(edits)
+}
+
+/// Refuses `qemu:arg` words that are not plain arguments, take over an option the launcher
+/// controls, or touch its QMP monitor.
+fn check_args(args: &[String]) -> Result<(), Refusal> {
+    for (i, a) in args.iter().enumerate() {
+        if let Some(name) = a.strip_prefix('\0') {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/{name}"),
+                sent: "-".into(),
+                answered: "present".into(),
+                reason: "only qemu:arg and qemu:env are supported".into(),
+            });
+        }
+        let option = a
+            .strip_prefix('-')
+            .map(|o| format!("-{}", o.trim_start_matches('-')));
+        if option.is_some_and(|o| LAUNCHER_OPTIONS.contains(&o.as_str())) {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
+                sent: "-".into(),
+                answered: a.clone(),
+                reason: "the launcher controls this QEMU option".into(),
+            });
+        }
+        if a.contains("charmonitor") {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
+                sent: "-".into(),
+                answered: a.clone(),
+                reason: "the launcher's QMP monitor cannot be touched".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn check_text(path: &str, sent: &str, value: &str) -> Result<(), Refusal> {
