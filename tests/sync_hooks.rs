@@ -18,12 +18,12 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use qlauncher::hooks::{self, ON_DEFINE_DOMAIN, PRE_CLOUD_INIT_ISO};
-use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
 use testkit::guest::{self, wait_log_marker, GuestImages};
-use testkit::handler::{self, get_domain, Client};
+use testkit::handler::{self, get_domain};
 use testkit::hook_sidecar::{FakeSidecar, Script};
 use testkit::in_process::{InProcess, LauncherRoot};
+use testkit::migration::exec_in;
 
 fn vmi(uid: &str) -> Value {
     json!({
@@ -60,22 +60,6 @@ async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSide
         .await
         .expect("collect the sidecar");
     (root, sidecar)
-}
-
-/// Runs `sh -c script` in the guest through the agent; (exit code, stdout), or `None` while the
-/// agent does not answer.
-async fn sh(client: &mut Client, script: &str) -> Option<(i32, String)> {
-    let out = client
-        .exec(cmd::ExecRequest {
-            domain_name: "default_hooked".into(),
-            command: "/bin/sh".into(),
-            args: vec!["-c".into(), script.into()],
-            timeout_seconds: 20,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    Some((out.exit_code, out.std_out))
 }
 
 /// The hook of KubeVirt's own e2e test and `smbios` example: text edits of the domain XML.
@@ -117,16 +101,11 @@ async fn refused() {
     let (root, sidecar) = root_with_sidecar(&uid, script).await;
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
-    let answer = client
-        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!answer.success, "an error-policy edit was taken");
+    let (ok, message) = handler::sync(&mut client, &vmi(&uid)).await;
+    assert!(!ok, "an error-policy edit was taken");
     assert!(
-        answer.message.contains("smbios.sock") && answer.message.contains("driver@error_policy"),
-        "{}",
-        answer.message
+        message.contains("smbios.sock") && message.contains("driver@error_policy"),
+        "{message}"
     );
     assert_eq!(sidecar.methods(), ["Info", "OnDefineDomain"]);
     assert!(launcher.manager.qemu_pid().is_none(), "QEMU started");
@@ -151,12 +130,10 @@ async fn smbios() {
     let private = root.private.clone();
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
-    let answer = client
-        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(answer.success, "{}", answer.message);
+    assert_eq!(
+        handler::sync(&mut client, &vmi(&uid)).await,
+        (true, String::new())
+    );
     let define_calls: Vec<_> = sidecar
         .calls()
         .into_iter()
@@ -222,7 +199,7 @@ async fn smbios() {
     let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial";
     let mut out = None;
     for _ in 0..100 {
-        if let Some((0, text)) = sh(&mut client, read).await {
+        if let Some((0, text)) = exec_in(&mut client, "default_hooked", read).await {
             out = Some(text);
             break;
         }
