@@ -5,8 +5,10 @@
 //!   reads from `/sys/class/dmi/id`, and GetDomain shows the hooked `<sysinfo>`;
 //! - a `PreCloudInitIso` hook (KubeVirt's `cloudinit` example answers this way) replaces the
 //!   user data written into the NoCloud ISO QEMU is given;
-//! - a hook that changes what qlauncher cannot take (a disk's cache mode) fails the sync with the
-//!   sidecar's socket and the element path, and no QEMU starts.
+//! - a disk-driver hook sets the root disk's cache mode, as QEMU then reports it (`query-block`)
+//!   and GetDomain shows it;
+//! - a hook that changes what qlauncher cannot take (a disk's error policy) fails the sync with
+//!   the sidecar's socket and the element path, and no QEMU starts.
 //!
 //! The launchers run in-process in a private network namespace of the test thread. Needs root
 //! and the test guest (`scripts/build-guest`).
@@ -16,12 +18,12 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use qlauncher::hooks::{self, ON_DEFINE_DOMAIN, PRE_CLOUD_INIT_ISO};
-use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
 use testkit::guest::{self, wait_log_marker, GuestImages};
-use testkit::handler::{self, get_domain, Client};
+use testkit::handler::{self, get_domain};
 use testkit::hook_sidecar::{FakeSidecar, Script};
 use testkit::in_process::{InProcess, LauncherRoot};
+use testkit::migration::exec_in;
 
 fn vmi(uid: &str) -> Value {
     json!({
@@ -60,24 +62,15 @@ async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSide
     (root, sidecar)
 }
 
-/// Runs `sh -c script` in the guest through the agent; (exit code, stdout), or `None` while the
-/// agent does not answer.
-async fn sh(client: &mut Client, script: &str) -> Option<(i32, String)> {
-    let out = client
-        .exec(cmd::ExecRequest {
-            domain_name: "default_hooked".into(),
-            command: "/bin/sh".into(),
-            args: vec!["-c".into(), script.into()],
-            timeout_seconds: 20,
-        })
-        .await
-        .ok()?
-        .into_inner();
-    Some((out.exit_code, out.std_out))
-}
-
 /// The hook of KubeVirt's own e2e test and `smbios` example: text edits of the domain XML.
 fn smbios_hook(xml: &str) -> String {
+    let xml = match xml.split_once("<driver cache=\"") {
+        Some((head, rest)) => {
+            let (_, tail) = rest.split_once('"').unwrap_or(("", rest));
+            format!("{head}<driver cache=\"unsafe\"{tail}")
+        }
+        None => xml.to_owned(),
+    };
     xml.replacen(
         "<baseBoard></baseBoard>",
         "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
@@ -99,30 +92,20 @@ fn hook_sidecars_edit_the_domain_the_guest_runs_or_refuse_it() {
     });
 }
 
-/// A cache-mode edit is not a change qlauncher takes from a hook: the sync fails naming the
-/// sidecar and the element, before any QEMU runs.
+/// An error-policy edit is not a change qlauncher takes from a hook (yet): the sync fails naming
+/// the sidecar and the element, before any QEMU runs.
 async fn refused() {
     let uid = format!("6a1c0b3e-0000-4000-8002-{:012}", std::process::id());
-    let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN]).on_define(|xml| {
-        let (head, rest) = xml
-            .split_once("<driver cache=\"")
-            .expect("a disk driver with cache");
-        let (_, tail) = rest.split_once('"').unwrap();
-        format!("{head}<driver cache=\"unsafe\"{tail}")
-    });
+    let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN])
+        .on_define(|xml| xml.replacen("error_policy=\"stop\"", "error_policy=\"report\"", 1));
     let (root, sidecar) = root_with_sidecar(&uid, script).await;
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
-    let answer = client
-        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(!answer.success, "a cache edit was taken");
+    let (ok, message) = handler::sync(&mut client, &vmi(&uid)).await;
+    assert!(!ok, "an error-policy edit was taken");
     assert!(
-        answer.message.contains("smbios.sock") && answer.message.contains("driver@cache"),
-        "{}",
-        answer.message
+        message.contains("smbios.sock") && message.contains("driver@error_policy"),
+        "{message}"
     );
     assert_eq!(sidecar.methods(), ["Info", "OnDefineDomain"]);
     assert!(launcher.manager.qemu_pid().is_none(), "QEMU started");
@@ -141,16 +124,16 @@ async fn smbios() {
         data["UserData"] = json!("#cloud-config\n# from the hook\n");
         Ok((legacy.to_vec(), serde_json::to_vec(&data).unwrap()))
     });
-    let (root, sidecar) = root_with_sidecar(&uid, script).await;
+    let (mut root, sidecar) = root_with_sidecar(&uid, script).await;
+    let operator_qmp = root.path().join("operator-qmp.sock");
+    root.config.operator_qmp_socket = Some(operator_qmp.clone());
     let private = root.private.clone();
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
-    let answer = client
-        .sync_virtual_machine(handler::vmi_only(&vmi(&uid)))
-        .await
-        .unwrap()
-        .into_inner();
-    assert!(answer.success, "{}", answer.message);
+    assert_eq!(
+        handler::sync(&mut client, &vmi(&uid)).await,
+        (true, String::new())
+    );
     let define_calls: Vec<_> = sidecar
         .calls()
         .into_iter()
@@ -182,12 +165,41 @@ async fn smbios() {
         "{sysinfo}"
     );
 
+    // The disk-driver edit: the root disk runs with cache=unsafe (host cache, flushes ignored).
+    let disks = spec["Devices"]["Disks"].as_array().unwrap();
+    let rootdisk = disks
+        .iter()
+        .find(|d| d["Alias"]["Name"] == "rootdisk")
+        .unwrap_or_else(|| panic!("no rootdisk in {disks:?}"));
+    assert_eq!(rootdisk["Driver"]["Cache"], "unsafe", "{rootdisk}");
+    let block = tokio::task::spawn_blocking(move || {
+        let mut qmp = guest::Qmp::connect(&operator_qmp, Duration::from_secs(10)).unwrap();
+        qmp.execute("query-block", json!({})).unwrap()
+    })
+    .await
+    .unwrap();
+    let root_block = block
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| {
+            b["qdev"]
+                .as_str()
+                .is_some_and(|q| q.contains("ua-rootdisk"))
+        })
+        .unwrap_or_else(|| panic!("no ua-rootdisk in {block}"));
+    assert_eq!(
+        root_block["inserted"]["cache"],
+        json!({"writeback": true, "direct": false, "no-flush": true}),
+        "{root_block}"
+    );
+
     let serial = private.join(&uid).join("virt-serial0-log");
     wait_log_marker(&serial, "QLG: agent ready", guest::BOOT_TIMEOUT).await;
     let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial";
     let mut out = None;
     for _ in 0..100 {
-        if let Some((0, text)) = sh(&mut client, read).await {
+        if let Some((0, text)) = exec_in(&mut client, "default_hooked", read).await {
             out = Some(text);
             break;
         }

@@ -434,9 +434,14 @@ impl Rpc {
 /// Runs `sh -c script` in the guest through the agent (`Exec` on domain `default_hv`); returns
 /// (exit code, stdout), or None when the agent did not answer.
 pub async fn exec(c: &mut Client, script: &str) -> Option<(i32, String)> {
+    exec_in(c, "default_hv", script).await
+}
+
+/// [`exec`] in the domain `domain` (`<namespace>_<name>`).
+pub async fn exec_in(c: &mut Client, domain: &str, script: &str) -> Option<(i32, String)> {
     let out = c
         .exec(cmd::ExecRequest {
-            domain_name: "default_hv".into(),
+            domain_name: domain.into(),
             command: "/bin/sh".into(),
             args: vec!["-c".into(), script.into()],
             timeout_seconds: 20,

@@ -18,7 +18,7 @@ use qlauncher_libvirt_xml::{export, hooks};
 /// (case, VMI fixture): `cmdline/` ones from the main crate, `own/` ones from this crate.
 /// SMBIOS (`smbios-chassis`, `bios-serial`), disks (`cache-io`, `discard-kinds`, an empty cdrom
 /// in `sata-cdroms`), interfaces (`nic-*`), host devices, CPU, firmware, and the devices whose
-/// address `api.DomainSpec` cannot carry (`sound-ich9`, `vsock`).
+/// address `api.DomainSpec` cannot carry (`sound-ich9`, `vsock`), virtiofs and SEV-ES.
 const CASES: &[(&str, &str)] = &[
     ("basic", "cmdline/basic.yaml"),
     ("smbios-chassis", "cmdline/smbios-chassis.yaml"),
@@ -34,6 +34,8 @@ const CASES: &[(&str, &str)] = &[
     ("reboot-paused", "cmdline/reboot-paused.yaml"),
     ("sound-ich9", "cmdline/sound-ich9.yaml"),
     ("vsock", "cmdline/vsock.yaml"),
+    ("virtiofs", "cmdline/virtiofs.yaml"),
+    ("sev-es", "cmdline/sev-es.yaml"),
     ("kubevirt-converter", "own/kubevirt-converter-testvmi.yaml"),
 ];
 
@@ -105,4 +107,32 @@ fn kubevirts_sed_on_our_input_is_an_smbios_edit() {
             fields: vec![("manufacturer", "Radical Edward".into())],
         }]
     );
+}
+
+/// KubeVirt's own `smbios` example hook (`cmd/sidecars/smbios`, v1.9.0) re-serializes the domain
+/// with libvirtxml: one line, its own element order, defaults and empty `<source>`s dropped, the
+/// SEV policy as `0x0005`. Its answers to our input (`tests/fixtures/hook-input/smbios-example/`,
+/// README there) are exactly its one SMBIOS edit.
+#[test]
+fn kubevirts_smbios_example_answer_is_its_one_edit() {
+    let dir = support::own_fixtures().join("hook-input");
+    let mut seen = 0;
+    for (case, _) in CASES {
+        let answer = dir.join("smbios-example").join(format!("{case}.xml"));
+        let Ok(answer) = std::fs::read_to_string(&answer) else {
+            continue;
+        };
+        let sent = std::fs::read_to_string(dir.join(format!("{case}.xml"))).unwrap();
+        let edits = hooks::diff_answer(&sent, &answer).unwrap_or_else(|r| panic!("{case}: {r}"));
+        assert_eq!(
+            edits,
+            vec![hooks::HookEdit::Smbios {
+                table: 2,
+                fields: vec![("manufacturer", "Radical Edward".into())],
+            }],
+            "{case}"
+        );
+        seen += 1;
+    }
+    assert_eq!(seen, 7);
 }

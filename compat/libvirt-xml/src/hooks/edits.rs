@@ -29,6 +29,54 @@ pub enum HookEdit {
     },
     /// `<os><smbios mode>`.
     SmbiosMode(SmbiosMode),
+    /// `<disk><driver cache>` of the disk with QEMU id (alias) `alias` (tier 2, disks first).
+    DiskCache {
+        /// The disk's alias (`ua-<disk name>`).
+        alias: String,
+        /// The cache mode.
+        mode: CacheMode,
+    },
+}
+
+/// libvirt's disk cache modes and the QEMU flags each stands for (`qemuDomainDiskCachemodeFlags`):
+/// `cache.direct` and `cache.no-flush` of every blockdev node, the frontend's `write-cache`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CacheMode {
+    /// `none`: O_DIRECT, guest write cache on.
+    None,
+    /// `writethrough`: host page cache, every write flushed (guest write cache off).
+    Writethrough,
+    /// `writeback`: host page cache, guest write cache on.
+    Writeback,
+    /// `directsync`: O_DIRECT, guest write cache off.
+    Directsync,
+    /// `unsafe`: flushes ignored.
+    Unsafe,
+}
+
+impl CacheMode {
+    /// The mode of a libvirt `cache` value; `None` for any other text.
+    pub fn from_libvirt(value: &str) -> Option<CacheMode> {
+        Some(match value {
+            "none" => CacheMode::None,
+            "writethrough" => CacheMode::Writethrough,
+            "writeback" => CacheMode::Writeback,
+            "directsync" => CacheMode::Directsync,
+            "unsafe" => CacheMode::Unsafe,
+            _ => return Option::None,
+        })
+    }
+
+    /// `(direct, no_flush, write_cache)`.
+    pub fn flags(self) -> (bool, bool, &'static str) {
+        match self {
+            CacheMode::None => (true, false, "on"),
+            CacheMode::Writethrough => (false, false, "off"),
+            CacheMode::Writeback => (false, false, "on"),
+            CacheMode::Directsync => (true, false, "off"),
+            CacheMode::Unsafe => (false, true, "on"),
+        }
+    }
 }
 
 impl std::fmt::Display for HookEdit {
@@ -38,6 +86,7 @@ impl std::fmt::Display for HookEdit {
             HookEdit::Env(e) => write!(f, "qemu:commandline env {e:?}"),
             HookEdit::Smbios { table, fields } => write!(f, "smbios type {table} {fields:?}"),
             HookEdit::SmbiosMode(m) => write!(f, "os/smbios@mode {m:?}"),
+            HookEdit::DiskCache { alias, mode } => write!(f, "disk {alias} cache {mode:?}"),
         }
     }
 }
@@ -100,6 +149,8 @@ pub(super) struct Tier1 {
     /// `(section, entries)`: name (empty for `oemStrings`) and value, in order, empty values
     /// dropped.
     sections: BTreeMap<String, Vec<(String, String)>>,
+    /// `driver@cache` of each disk with an alias, by alias.
+    disk_cache: BTreeMap<String, Option<String>>,
 }
 
 /// Takes the tier-1 elements out of `d` (so the rest can be compared as a whole).
@@ -129,6 +180,22 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
         });
     }
     d.children.retain(|c| c.name != "metadata");
+    for devices in d.children.iter_mut().filter(|c| c.name == "devices") {
+        for disk in devices.children.iter_mut().filter(|c| c.name == "disk") {
+            let alias = disk
+                .children
+                .iter()
+                .find(|c| c.name == "alias")
+                .and_then(|a| a.attrs.get("name").cloned());
+            let Some(alias) = alias else { continue };
+            let cache = disk
+                .children
+                .iter_mut()
+                .find(|c| c.name == "driver")
+                .and_then(|drv| drv.attrs.remove("cache"));
+            t.disk_cache.insert(alias, cache);
+        }
+    }
     if let Some(s) = d.children.iter_mut().find(|c| c.name == "sysinfo") {
         s.children.retain(|sec| {
             let known = matches!(
@@ -162,6 +229,57 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
     t
 }
 
+/// Elements that mean the same empty as absent: `(parent, element)`. libvirtxml (the Go
+/// library KubeVirt's `smbios` example and most Go hooks re-serialize with) drops an
+/// interface's empty `<source>` and an empty cdrom's `<source>`, which `api.DomainSpec` always
+/// writes.
+const EMPTY_IS_ABSENT: &[(&str, &str)] = &[("interface", "source"), ("disk", "source")];
+
+/// Attributes whose value means the same as their absence: `(element, attribute, value)`.
+/// libvirtxml omits these defaults (`maxMemory@slots` 0, `filesystem@accessMode`
+/// `passthrough`); an empty value is always the same as none (Go's `omitempty`).
+const DEFAULT_IS_ABSENT: &[(&str, &str, &str)] = &[
+    ("maxMemory", "slots", "0"),
+    ("filesystem", "accessMode", "passthrough"),
+];
+
+/// Numbers written in hex either way: `(parent, element)` whose text is compared by value
+/// (libvirtxml prints the SEV policy `0x5` as `0x0005`).
+const HEX_TEXT: &[(&str, &str)] = &[("launchSecurity", "policy")];
+
+/// Rewrites the differences that carry no meaning ([`EMPTY_IS_ABSENT`],
+/// [`DEFAULT_IS_ABSENT`], [`HEX_TEXT`]) into one form, in both trees before they are compared,
+/// so a hook that re-serializes the domain with another library is no change.
+fn normalize(n: &mut Node, parent: &str) {
+    let name = n.name.clone();
+    n.attrs.retain(|k, v| {
+        !v.is_empty()
+            && !DEFAULT_IS_ABSENT
+                .iter()
+                .any(|(e, a, d)| *e == name && a == k && d == v)
+    });
+    if HEX_TEXT.iter().any(|(p, e)| *p == parent && *e == name) {
+        if let Some(v) = n
+            .text
+            .strip_prefix("0x")
+            .and_then(|h| u64::from_str_radix(h, 16).ok())
+        {
+            n.text = format!("{v:#x}");
+        }
+    }
+    n.children.retain(|c| {
+        let empty =
+            c.attrs.values().all(String::is_empty) && c.children.is_empty() && c.text.is_empty();
+        !(empty
+            && EMPTY_IS_ABSENT
+                .iter()
+                .any(|(p, e)| *p == name && *e == c.name))
+    });
+    for c in &mut n.children {
+        normalize(c, &name);
+    }
+}
+
 /// Compares a hook's `answer` with the XML qlauncher `sent` and gives the plan edits it asks for.
 ///
 /// # Errors
@@ -175,6 +293,8 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     let mut after = parse(answer)?;
     let t0 = take_tier1(&mut before);
     let t1 = take_tier1(&mut after);
+    normalize(&mut before, "");
+    normalize(&mut after, "");
     if let Some(d) = diff(&before, &after).into_iter().next() {
         return Err(Refusal {
             path: d.path,
@@ -185,35 +305,7 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     }
     let mut edits = Vec::new();
     if t1.args != t0.args {
-        for (i, a) in t1.args.iter().enumerate() {
-            if let Some(name) = a.strip_prefix('\0') {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/{name}"),
-                    sent: "-".into(),
-                    answered: "present".into(),
-                    reason: "only qemu:arg and qemu:env are supported".into(),
-                });
-            }
-            let option = a
-                .strip_prefix('-')
-                .map(|o| format!("-{}", o.trim_start_matches('-')));
-            if option.is_some_and(|o| LAUNCHER_OPTIONS.contains(&o.as_str())) {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
-                    sent: "-".into(),
-                    answered: a.clone(),
-                    reason: "the launcher controls this QEMU option".into(),
-                });
-            }
-            if a.contains("charmonitor") {
-                return Err(Refusal {
-                    path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
-                    sent: "-".into(),
-                    answered: a.clone(),
-                    reason: "the launcher's QMP monitor cannot be touched".into(),
-                });
-            }
-        }
+        check_args(&t1.args)?;
         edits.push(HookEdit::Args(t1.args.clone()));
     }
     if t1.env != t0.env {
@@ -283,6 +375,27 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
         }
         edits.push(HookEdit::Smbios { table, fields });
     }
+    for (alias, answered) in &t1.disk_cache {
+        let sent = t0.disk_cache.get(alias).cloned().flatten();
+        if *answered == sent {
+            continue;
+        }
+        let path = format!("domain/devices/disk[{alias}]/driver@cache");
+        let mode = answered.as_deref().and_then(CacheMode::from_libvirt);
+        let Some(mode) = mode else {
+            return Err(Refusal {
+                path,
+                sent: sent.unwrap_or_else(|| "-".into()),
+                answered: answered.clone().unwrap_or_else(|| "-".into()),
+                reason: "not a cache mode (none, writethrough, writeback, directsync, unsafe)"
+                    .into(),
+            });
+        };
+        edits.push(HookEdit::DiskCache {
+            alias: alias.clone(),
+            mode,
+        });
+    }
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
     if a != b {
         let mut fields = Vec::new();
@@ -297,6 +410,41 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
         edits.push(HookEdit::Smbios { table: 11, fields });
     }
     Ok(edits)
+}
+
+/// Refuses `qemu:arg` words that are not plain arguments, take over an option the launcher
+/// controls, or touch its QMP monitor.
+fn check_args(args: &[String]) -> Result<(), Refusal> {
+    for (i, a) in args.iter().enumerate() {
+        if let Some(name) = a.strip_prefix('\0') {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/{name}"),
+                sent: "-".into(),
+                answered: "present".into(),
+                reason: "only qemu:arg and qemu:env are supported".into(),
+            });
+        }
+        let option = a
+            .strip_prefix('-')
+            .map(|o| format!("-{}", o.trim_start_matches('-')));
+        if option.is_some_and(|o| LAUNCHER_OPTIONS.contains(&o.as_str())) {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
+                sent: "-".into(),
+                answered: a.clone(),
+                reason: "the launcher controls this QEMU option".into(),
+            });
+        }
+        if a.contains("charmonitor") {
+            return Err(Refusal {
+                path: format!("domain/qemu:commandline/qemu:arg[{i}]@value"),
+                sent: "-".into(),
+                answered: a.clone(),
+                reason: "the launcher's QMP monitor cannot be touched".into(),
+            });
+        }
+    }
+    Ok(())
 }
 
 pub(super) fn check_text(path: &str, sent: &str, value: &str) -> Result<(), Refusal> {
@@ -324,6 +472,7 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
             HookEdit::Env(v) => plan.extra_env = v.clone(),
             HookEdit::SmbiosMode(SmbiosMode::Emulate) => plan.smbios.clear(),
             HookEdit::SmbiosMode(SmbiosMode::Sysinfo) => {}
+            HookEdit::DiskCache { alias, mode } => set_disk_cache(plan, alias, *mode),
             HookEdit::Smbios { table, fields } => {
                 let mut fields = fields.clone();
                 if *table == 1 {
@@ -338,6 +487,37 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
                     plan.smbios.sort_by_key(|t| t.table);
                 }
             }
+        }
+    }
+}
+
+/// Gives the disk `alias` the cache `mode`: the flags on every node of its blockdev chain that
+/// has cache flags (an empty cdrom has none), `write-cache` on its frontend.
+fn set_disk_cache(plan: &mut DomainPlan, alias: &str, mode: CacheMode) {
+    use qlauncher_core::cmdline::plan::{Backend, DeviceClass};
+    use qlauncher_core::cmdline::qemu::{Blockdev, BlockdevCache, Device};
+    let (direct, no_flush, write_cache) = mode.flags();
+    let cache = BlockdevCache { direct, no_flush };
+    for d in plan
+        .devices
+        .iter_mut()
+        .filter(|d| d.class == DeviceClass::Disk && d.device.id() == alias)
+    {
+        if let Backend::Blockdevs(nodes) = &mut d.backend {
+            for node in nodes {
+                let c = match node {
+                    Blockdev::Protocol(p) => &mut p.cache,
+                    Blockdev::Format(f) => &mut f.cache,
+                };
+                if c.is_some() {
+                    *c = Some(cache);
+                }
+            }
+        }
+        match &mut d.device {
+            Device::VirtioBlk(v) if v.write_cache.is_some() => v.write_cache = Some(write_cache),
+            Device::DiskFrontend(f) if f.write_cache.is_some() => f.write_cache = Some(write_cache),
+            _ => {}
         }
     }
 }

@@ -14,8 +14,9 @@
 //! namespace), compares it with what was sent, and turns each difference into a typed
 //! [`HookEdit`] or a [`Refusal`] naming the element path and both values. Tier 1 of the mapping
 //! (`../shared/reference/kubevirt-hook-sidecars.md` §4.5): `qemu:commandline` args and env,
-//! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`. Everything else
-//! that differs is refused.
+//! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`; of tier 2, a
+//! disk's `driver@cache` (libvirt's five modes, [`CacheMode`]). Everything else that differs is
+//! refused.
 
 use std::collections::BTreeMap;
 
@@ -81,6 +82,22 @@ mod tests {
         assert_eq!(diff_answer(SENT, SENT).unwrap(), vec![]);
     }
 
+    /// Only the listed meaningless forms are one: an empty interface `<source>` may go, a
+    /// `<readonly/>` may not; `slots="0"` may go, `slots="1"` may not.
+    #[test]
+    fn only_meaningless_differences_are_normalized() {
+        let sent = "<domain type=\"kvm\"><maxMemory slots=\"0\">1</maxMemory><devices><interface type=\"ethernet\"><source></source><alias name=\"ua-a\"></alias></interface><disk device=\"cdrom\" type=\"file\"><readonly></readonly><alias name=\"ua-c\"></alias></disk></devices></domain>";
+        let same = "<domain type=\"kvm\"><maxMemory>1</maxMemory><devices><interface type=\"ethernet\"><alias name=\"ua-a\"/></interface><disk device=\"cdrom\" type=\"file\"><readonly/><alias name=\"ua-c\"/></disk></devices></domain>";
+        assert_eq!(diff_answer(sent, same).unwrap(), vec![]);
+        let writable = same.replace("<readonly/>", "");
+        assert!(diff_answer(sent, &writable).is_err());
+        let slots = same.replace("<maxMemory>", "<maxMemory slots=\"1\">");
+        assert_eq!(
+            diff_answer(sent, &slots).unwrap_err().path,
+            "domain/maxMemory@slots"
+        );
+    }
+
     #[test]
     fn commandline_args_are_words_and_prefixes_resolve() {
         let answer = SENT.replace(
@@ -105,13 +122,19 @@ mod tests {
 
     #[test]
     fn refusals_name_the_path_and_both_values() {
+        // A cache mode is an edit (tier 2); one libvirt does not have is refused.
         let answer = SENT.replace("cache=\"none\"", "cache=\"writeback\"");
+        assert_eq!(
+            diff_answer(SENT, &answer).unwrap(),
+            vec![HookEdit::DiskCache {
+                alias: "ua-root".into(),
+                mode: CacheMode::Writeback
+            }]
+        );
+        let answer = SENT.replace("cache=\"none\"", "cache=\"fast\"");
         let r = diff_answer(SENT, &answer).unwrap_err();
         assert_eq!(r.path, "domain/devices/disk[ua-root]/driver@cache");
-        assert_eq!(
-            (r.sent.as_str(), r.answered.as_str()),
-            ("none", "writeback")
-        );
+        assert_eq!((r.sent.as_str(), r.answered.as_str()), ("none", "fast"));
         let answer = SENT.replace(
             "</devices>",
             "</devices><qemu:commandline><qemu:arg value=\"-incoming\"/></qemu:commandline>",
