@@ -391,6 +391,12 @@ impl Sidecars {
         self.list.iter().filter(move |s| s.subscribes(point))
     }
 
+    /// Whether any sidecar subscribed to the hook point `point` ([`ON_DEFINE_DOMAIN`],
+    /// [`PRE_CLOUD_INIT_ISO`], [`SHUTDOWN`]) in its `Info`.
+    pub fn subscribes(&self, point: &str) -> bool {
+        self.subscribed(point).next().is_some()
+    }
+
     /// `OnDefineDomain` through every subscriber in order, each getting the previous answer
     /// (KubeVirt's `hookManager.OnDefineDomain`): the last answer, or `domain_xml` when nobody
     /// subscribed. `vmi_json` is the VMI as virt-handler sent it.

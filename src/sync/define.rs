@@ -88,11 +88,7 @@ pub(crate) async fn on_define_domain(
     ctx: &ConverterContext,
     plan: &DomainPlan,
 ) -> Result<Vec<HookEdit>, SyncError> {
-    if !sidecars.list.iter().any(|s| {
-        s.hook_points
-            .iter()
-            .any(|p| p == crate::hooks::ON_DEFINE_DOMAIN)
-    }) {
+    if !sidecars.subscribes(crate::hooks::ON_DEFINE_DOMAIN) {
         return Ok(Vec::new());
     }
     let spec_err = |e: qlauncher_libvirt_xml::CompatError| SyncError::DomainSpec(Box::new(e));

@@ -199,11 +199,7 @@ fn pre_cloud_init_iso(
     data: &mut CloudInitData,
 ) -> Result<(), SyncError> {
     use crate::hooks::cloud_init as hook;
-    if !hooks.list.iter().any(|s| {
-        s.hook_points
-            .iter()
-            .any(|p| p == crate::hooks::PRE_CLOUD_INIT_ISO)
-    }) {
+    if !hooks.subscribes(crate::hooks::PRE_CLOUD_INIT_ISO) {
         return Ok(());
     }
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
