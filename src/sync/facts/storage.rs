@@ -203,35 +203,25 @@ fn pre_cloud_init_iso(
         return Ok(());
     }
     let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
-    let (source, mut sent) = match data.kind {
-        CloudInitKind::NoCloud => (
-            hook::DataSource::NoCloud,
-            hook::CloudInitData {
-                data_source: hook::DataSource::NoCloud,
-                no_cloud_meta_data: serde_json::from_slice(&data.meta_data).ok(),
-                config_drive_meta_data: None,
-                user_data: String::new(),
-                network_data: String::new(),
-                devices_data: None,
-                volume_name: String::new(),
-            },
-        ),
-        CloudInitKind::ConfigDrive => (
-            hook::DataSource::ConfigDrive,
-            hook::CloudInitData {
-                data_source: hook::DataSource::ConfigDrive,
-                no_cloud_meta_data: None,
-                config_drive_meta_data: serde_json::from_slice(&data.meta_data).ok(),
-                user_data: String::new(),
-                network_data: String::new(),
-                devices_data: None,
-                volume_name: String::new(),
-            },
-        ),
+    let no_cloud = data.kind == CloudInitKind::NoCloud;
+    let source = if no_cloud {
+        hook::DataSource::NoCloud
+    } else {
+        hook::DataSource::ConfigDrive
     };
-    sent.user_data = text(&data.user_data);
-    sent.network_data = text(&data.network_data);
-    sent.volume_name = data.volume.clone();
+    let sent = hook::CloudInitData {
+        data_source: source,
+        no_cloud_meta_data: no_cloud
+            .then(|| serde_json::from_slice(&data.meta_data).ok())
+            .flatten(),
+        config_drive_meta_data: (!no_cloud)
+            .then(|| serde_json::from_slice(&data.meta_data).ok())
+            .flatten(),
+        user_data: text(&data.user_data),
+        network_data: text(&data.network_data),
+        devices_data: None,
+        volume_name: data.volume.clone(),
+    };
     // Plain strings and maps: the serialiser cannot fail on them.
     let (legacy, cloud_init_data) = sent.hook_payloads().unwrap_or_default();
     // A `Vmi` (string keys) always serialises.
@@ -245,11 +235,12 @@ fn pre_cloud_init_iso(
     let answered = hook::CloudInitData::from_answer(source, &answer).map_err(SyncError::Hook)?;
     data.user_data = answered.user_data.into_bytes();
     data.network_data = answered.network_data.into_bytes();
-    let meta = match data.kind {
-        CloudInitKind::NoCloud => answered.no_cloud_meta_data.map(|m| serde_json::to_vec(&m)),
-        CloudInitKind::ConfigDrive => answered
+    let meta = if no_cloud {
+        answered.no_cloud_meta_data.map(|m| serde_json::to_vec(&m))
+    } else {
+        answered
             .config_drive_meta_data
-            .map(|m| serde_json::to_vec(&m)),
+            .map(|m| serde_json::to_vec(&m))
     };
     if let Some(Ok(meta)) = meta {
         data.meta_data = meta;
