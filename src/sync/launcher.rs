@@ -49,10 +49,7 @@ async fn run(config: LauncherConfig, stop: watch::Receiver<bool>) -> Result<(), 
     let standalone = launcher::standalone_vmi(std::env::var("STANDALONE_VMI").ok().as_deref())?;
     // KubeVirt collects the hook sidecars before the command server starts, within
     // `--qemu-timeout`; one that fails stops the launcher, naming its socket.
-    let root = std::env::var_os(ROOT_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"));
-    let hook_dir = root.join(crate::hooks::HOOK_DIR.trim_start_matches('/'));
+    let hook_dir = pod_root().join(crate::hooks::HOOK_DIR.trim_start_matches('/'));
     let expected = config.hook_sidecars as usize;
     let hooks = crate::hooks::collect(&hook_dir, expected, config.qemu_timeout)
         .await
@@ -151,15 +148,20 @@ fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
     }
 }
 
+/// The root KubeVirt's paths without a launcher flag are under: `QLAUNCHER_ROOT`, else `/`.
+fn pod_root() -> PathBuf {
+    std::env::var_os(ROOT_ENV)
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/"))
+}
+
 /// The SyncVMI configuration from the launcher's flags. `QLAUNCHER_ROOT` (set by `qlauncher run`)
 /// moves the paths that have no flag (empty disks, `/dev`, NVRAM); `QLAUNCHER_EMULATION` and
 /// `--allow-emulation` pick the accelerator ([`choose_accel`]); `QLAUNCHER_OPERATOR_QMP` adds
 /// QEMU's operator QMP monitor. QEMU's version record
 /// ([`crate::sync::qemu_version::QEMU_VERSION_RECORD`]) is looked up under the root, then under `/`.
 fn sync_config(config: &LauncherConfig) -> SyncConfig {
-    let root = std::env::var_os(ROOT_ENV)
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/"));
+    let root = pod_root();
     let mut c = SyncConfig::under_root(&root);
     let s = |p: &std::path::Path| p.display().to_string();
     c.paths.private_dir = s(&config.private_dir);
