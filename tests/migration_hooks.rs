@@ -13,7 +13,7 @@ use std::time::Duration;
 use qlauncher::hooks::ON_DEFINE_DOMAIN;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
-use testkit::hook_sidecar::{FakeSidecar, Script};
+use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakeSidecar, Script};
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     exec_until_ok, migrating_vmi, options, plain_vmi, pod_pair, wait_notified, Relay, Rpc,
@@ -23,20 +23,11 @@ const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
 const VENDOR: &str = "cat /sys/class/dmi/id/board_vendor";
 
-/// KubeVirt's e2e hook: the empty `<baseBoard></baseBoard>` gets a manufacturer.
-fn smbios_hook(xml: &str) -> String {
-    xml.replacen(
-        "<baseBoard></baseBoard>",
-        "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
-        1,
-    )
-}
-
 /// The pod's sidecar, its socket open to the launcher's user (in a pod the sidecar runs as 107
 /// too).
 fn sidecar(pod: &Pod) -> FakeSidecar {
     let dir = pod.root.join("var/run/kubevirt-hooks");
-    let script = Script::new(&["v1alpha3"], &[ON_DEFINE_DOMAIN]).on_define(smbios_hook);
+    let script = Script::new(&["v1alpha3"], &[ON_DEFINE_DOMAIN]).on_define(kubevirt_e2e_smbios);
     let fake = FakeSidecar::start_in(&dir, "hook-sidecar-0", "smbios.sock", script);
     let socket = dir.join("hook-sidecar-0/smbios.sock");
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();

@@ -21,7 +21,7 @@ use qlauncher::hooks::{self, ON_DEFINE_DOMAIN, PRE_CLOUD_INIT_ISO};
 use serde_json::{json, Value};
 use testkit::guest::{self, wait_log_marker, GuestImages};
 use testkit::handler::{self, get_domain};
-use testkit::hook_sidecar::{FakeSidecar, Script};
+use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakeSidecar, Script};
 use testkit::in_process::{InProcess, LauncherRoot};
 use testkit::migration::exec_in;
 
@@ -62,7 +62,8 @@ async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSide
     (root, sidecar)
 }
 
-/// The hook of KubeVirt's own e2e test and `smbios` example: text edits of the domain XML.
+/// KubeVirt's e2e SMBIOS edit ([`kubevirt_e2e_smbios`]), plus a system serial and the first
+/// disk's cache mode, all as text edits of the domain XML.
 fn smbios_hook(xml: &str) -> String {
     let xml = match xml.split_once("<driver cache=\"") {
         Some((head, rest)) => {
@@ -71,12 +72,7 @@ fn smbios_hook(xml: &str) -> String {
         }
         None => xml.to_owned(),
     };
-    xml.replacen(
-        "<baseBoard></baseBoard>",
-        "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
-        1,
-    )
-    .replacen(
+    kubevirt_e2e_smbios(&xml).replacen(
         "<system>",
         "<system>\n\t\t\t<entry name=\"serial\">hooked-serial-1</entry>",
         1,

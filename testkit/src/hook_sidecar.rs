@@ -13,6 +13,20 @@ use qlauncher::hooks::proto::{info, v1alpha1, v1alpha2, v1alpha3};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
+/// The board vendor [`kubevirt_e2e_smbios`] sets.
+pub const E2E_BOARD_VENDOR: &str = "Radical Edward";
+
+/// The `OnDefineDomain` edit of KubeVirt's own e2e test and `smbios` example, as their scripts
+/// make it: a text replacement of the empty `<baseBoard></baseBoard>` by one with the
+/// manufacturer [`E2E_BOARD_VENDOR`].
+pub fn kubevirt_e2e_smbios(xml: &str) -> String {
+    xml.replacen(
+        "<baseBoard></baseBoard>",
+        "<baseBoard>\n\t\t\t<entry name=\"manufacturer\">Radical Edward</entry>\n\t\t</baseBoard>",
+        1,
+    )
+}
+
 /// An `OnDefineDomain` script: the domain XML in, the answer (or a gRPC error message) out.
 pub type DefineScript = Arc<dyn Fn(&[u8]) -> Result<Vec<u8>, String> + Send + Sync>;
 
