@@ -1,9 +1,11 @@
 //! A VM whose domain a hook sidecar edited migrates with the edits intact, between two real
-//! launchers in KubeVirt's default non-root pods, each pod with its own copy of the sidecar (as
+//! launchers in KubeVirt's default non-root pods, each pod with its own sidecar (as
 //! virt-controller renders both pods from the same `hooks.kubevirt.io/hookSidecars`
-//! annotation): the SMBIOS board vendor the hook set is what the guest reads before and after,
-//! the target's QEMU runs with it (its argv must equal the source's word for word, so the target
-//! applies the same edits), and the target's domain reports it.
+//! annotation). The source carries its hooked domain to the target, which runs with the
+//! source's edits and calls its own sidecar only for its side effects, as KubeVirt's target does:
+//! here the target's sidecar answers another vendor, and the SMBIOS board vendor the source's
+//! hook set is still what the guest reads before and after, what the target's QEMU runs with and
+//! what the target's domain reports, also after a later sync.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -25,9 +27,9 @@ const VENDOR: &str = "cat /sys/class/dmi/id/board_vendor";
 
 /// The pod's sidecar, its socket open to the launcher's user (in a pod the sidecar runs as 107
 /// too).
-fn sidecar(pod: &Pod) -> FakeSidecar {
+fn sidecar(pod: &Pod, edit: fn(&str) -> String) -> FakeSidecar {
     let dir = pod.root.join("var/run/kubevirt-hooks");
-    let script = Script::new(&["v1alpha3"], &[ON_DEFINE_DOMAIN]).on_define(kubevirt_e2e_smbios);
+    let script = Script::new(&["v1alpha3"], &[ON_DEFINE_DOMAIN]).on_define(edit);
     let fake = FakeSidecar::start_in(&dir, "hook-sidecar-0", "smbios.sock", script);
     let socket = dir.join("hook-sidecar-0/smbios.sock");
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o777)).unwrap();
@@ -39,8 +41,11 @@ async fn a_hooked_domain_migrates_with_its_edits() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
-    let source_hook = sidecar(&source);
-    let target_hook = sidecar(&target);
+    let source_hook = sidecar(&source, kubevirt_e2e_smbios);
+    // The target's sidecar would set another vendor: its answer must not be used.
+    let target_hook = sidecar(&target, |xml| {
+        kubevirt_e2e_smbios(xml).replace("Radical Edward", "Target Pod")
+    });
 
     let s = source.start_launcher_with(&["--hook-sidecars", "1"]);
     let mut sc = source.client(s).await;
@@ -97,7 +102,14 @@ async fn a_hooked_domain_migrates_with_its_edits() {
             .trim(),
         "Radical Edward"
     );
+    // A later sync of the migrated VMI on the target keeps the source's edits.
+    assert_eq!(sync(&mut tc, &vmi).await, (true, String::new()));
+    let after = get_domain(&mut tc).await.unwrap();
+    let sysinfo = serde_json::to_value(&after.spec).unwrap()["SysInfo"].to_string();
+    assert!(sysinfo.contains("Radical Edward"), "{sysinfo}");
+    assert!(!sysinfo.contains("Target Pod"), "{sysinfo}");
     assert_eq!(source_hook.methods(), ["Info", "OnDefineDomain"]);
+    // Called, for its side effects only.
     assert_eq!(target_hook.methods(), ["Info", "OnDefineDomain"]);
     source.wait_launcher(s, Duration::from_secs(60)).await;
 }

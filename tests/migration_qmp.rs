@@ -165,6 +165,7 @@ fn definition(copied: bool) -> RunningDomain {
         multifd_channels: None,
         paused: false,
         cpu: None,
+        hooked: None,
     }
 }
 

@@ -9,7 +9,7 @@
 
 use std::path::Path;
 
-use qlauncher_libvirt_xml::hooks::{self, HookEdit};
+use qlauncher_libvirt_xml::hooks::{self, HookEdit, HookedDomain};
 use tracing::info;
 
 use crate::cmdline::qemu::KeyVal;
@@ -69,13 +69,24 @@ pub(crate) fn define(d: &DomainCtx, mut plan: DomainPlan, edits: &[HookEdit]) ->
     }
 }
 
+/// What the hooks made of a first definition ([`on_define_domain`]).
+#[derive(Debug, Default)]
+pub(crate) struct Hooked {
+    /// The typed plan edits, in order, applied at every later definition ([`define`]).
+    pub(crate) edits: Vec<HookEdit>,
+    /// The XML the first hook got and the last one's answer: what a migration carries to its
+    /// target ([`crate::sync::migration::protocol::RunningDomain::hooked`]). `None` without a
+    /// subscribed hook.
+    pub(crate) domain: Option<HookedDomain>,
+}
+
 /// The hook sidecars' `OnDefineDomain` (KubeVirt's `SetDomainSpecStrWithHooks`,
 /// `pkg/hooks/manager.go`): the domain of `plan` as KubeVirt would send it (Go's
 /// `encoding/xml` text of its `api.DomainSpec`, [`hooks::kubevirt_input`]) goes through every
 /// subscribed sidecar in order, each answer diffed against the text that sidecar got
 /// ([`hooks::diff_answer`]), and the differences become typed plan edits, in order. `vmi` is the
 /// VMI virt-handler sent (as JSON to the sidecars), `view` and `ctx` what the plan was converted
-/// from. No subscriber: no edits, no export.
+/// from. No subscriber: no edits, no export ([`Hooked::default`]).
 ///
 /// # Errors
 /// [`SyncError::Hook`] (a sidecar cannot be called or fails), [`SyncError::HookRefused`] (an
@@ -87,9 +98,9 @@ pub(crate) async fn on_define_domain(
     view: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
-) -> Result<Vec<HookEdit>, SyncError> {
+) -> Result<Hooked, SyncError> {
     if !sidecars.subscribes(crate::hooks::ON_DEFINE_DOMAIN) {
-        return Ok(Vec::new());
+        return Ok(Hooked::default());
     }
     let spec_err = |e: qlauncher_libvirt_xml::CompatError| SyncError::DomainSpec(Box::new(e));
     let domain = qlauncher_libvirt_xml::export(view, ctx, plan).map_err(spec_err)?;
@@ -101,7 +112,7 @@ pub(crate) async fn on_define_domain(
         .await
         .map_err(SyncError::Hook)?;
     let mut edits = Vec::new();
-    let mut before = sent;
+    let mut before = sent.clone();
     for step in steps {
         let changes = hooks::diff_answer(&before, &step.domain_xml).map_err(|refusal| {
             SyncError::HookRefused {
@@ -115,7 +126,13 @@ pub(crate) async fn on_define_domain(
         edits.extend(changes);
         before = step.domain_xml;
     }
-    Ok(edits)
+    Ok(Hooked {
+        edits,
+        domain: Some(HookedDomain {
+            sent,
+            answered: before,
+        }),
+    })
 }
 
 /// `-qmp`'s value for a QMP server on the Unix socket `path`: `unix:<path>,server=on,wait=off`,

@@ -184,8 +184,8 @@ pub(crate) async fn prepare(
     domain.spec.uuid = plan.uuid.clone();
     // The hook sidecars see the domain as KubeVirt would define it, and their edits go into
     // the plan before it is rendered.
-    let hook_edits = define::on_define_domain(&d.config.hooks, vmi, &view, &ctx, &plan).await?;
-    let defined = define(d, plan, &hook_edits);
+    let hooked = define::on_define_domain(&d.config.hooks, vmi, &view, &ctx, &plan).await?;
+    let defined = define(d, plan, &hooked.edits);
     defined.report(&mut domain, &view, &ctx)?;
     let Defined {
         plan,
@@ -196,7 +196,8 @@ pub(crate) async fn prepare(
     let t_convert = t0.elapsed();
 
     let mut running = running_at_boot(spec, ctx, &plan, &qmp_plan, nics, next_node, dhcp_stop);
-    running.hook_edits = hook_edits;
+    running.hook_edits = hooked.edits;
+    running.hooked = hooked.domain;
     Ok(Prepared {
         domain,
         plan,
@@ -448,6 +449,7 @@ fn running_at_boot(
         firmware_uuid: plan.uuid.clone(),
         cpu: plan.cpu.clone(),
         hook_edits: Vec::new(),
+        hooked: None,
     }
 }
 

@@ -51,6 +51,9 @@ pub(crate) struct Running {
     /// The hook sidecars' edits of the plan at the first definition, applied again to every
     /// later one ([`crate::sync::define`]), so a sync never undoes a hook.
     pub(crate) hook_edits: Vec<qlauncher_libvirt_xml::hooks::HookEdit>,
+    /// What the hooks made of the first definition, as a migration carries it to its target
+    /// (the source's, on a migration target): `hook_edits` are its edits.
+    pub(crate) hooked: Option<qlauncher_libvirt_xml::hooks::HookedDomain>,
 }
 
 /// State shared with the event task.

@@ -488,6 +488,7 @@ fn cmd_migration(vmi_json: &[u8], options: Option<&[u8]>) {
         multifd_channels: Some(8),
         paused: false,
         cpu: None,
+        hooked: None,
     };
     let words = domain.argv.len();
     let mut sent = domain;
@@ -618,6 +619,7 @@ pub fn migration_seeds() -> Vec<Vec<u8>> {
         capabilities: vec!["multifd".into(), "postcopy-ram".into()],
         multifd_channels: Some(8),
         paused: false,
+        hooked: None,
         cpu: Some(CpuModel {
             name: "base".into(),
             props: [

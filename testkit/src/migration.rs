@@ -572,7 +572,7 @@ pub fn target_sockets(dir: &Path) -> TargetSockets {
 
 /// The definition of a source domain started by hand: VMI `vmi_uid`, migration
 /// `migration_uid`, the resolved `machine`; no argv, hot-plugged or copied disks, extra
-/// capabilities or multifd, not paused, no CPU definition.
+/// capabilities or multifd, not paused, no CPU definition, no hooked domain.
 pub fn running_domain(vmi_uid: &str, migration_uid: &str, machine: String) -> RunningDomain {
     RunningDomain {
         vmi_uid: vmi_uid.into(),
@@ -585,6 +585,7 @@ pub fn running_domain(vmi_uid: &str, migration_uid: &str, machine: String) -> Ru
         multifd_channels: None,
         paused: false,
         cpu: None,
+        hooked: None,
     }
 }
 

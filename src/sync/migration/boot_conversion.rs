@@ -1,9 +1,11 @@
 //! The target's QEMU definition for the source's running domain: the prepared boot conversion,
 //! or, when the source hot-plugged devices, the VMI converted again without them and those
-//! devices placed as the source runs them; the source's CPU adopted; the whole refused unless its
+//! devices placed as the source runs them; the source's CPU and hook edits adopted; the whole
+//! refused unless its
 //! argv is the source's word for word (libvirt compares the migrated XML's ABI the same way,
 //! `virDomainDefCheckABIStability`).
 
+use qlauncher_libvirt_xml::hooks::HookEdit;
 use tracing::info;
 
 use crate::cmdline::context::TapSource;
@@ -11,6 +13,7 @@ use crate::cmdline::plan::{CpuPlan, DomainPlan};
 use crate::cmdline::render::{qmp_plan, DiskHotplug, NicHotplug};
 use crate::sync::ctx::DomainCtx;
 use crate::sync::define::{define, Defined};
+use crate::sync::domain::ApiDomain;
 use crate::sync::migration::hotplug;
 use crate::sync::migration::launcher::{normalized, PreparedTarget};
 use crate::sync::migration::protocol::{HotplugKind, HotpluggedDevice, RunningDomain};
@@ -34,6 +37,51 @@ pub(super) struct BootConversion {
     /// The CPU adopted from the source's definition ([`RunningDomain::cpu`]), which `argv`
     /// renders instead of the prepared plan's.
     pub(super) cpu: Option<CpuPlan>,
+    /// The source's hook edits ([`RunningDomain::hooked`]), which every later definition here
+    /// applies.
+    pub(super) edits: Vec<HookEdit>,
+    /// When the source's hook edits are not those of this pod's own sidecars: the full plan
+    /// defined with the source's edits and its `api.Domain`, which replace the prepared ones.
+    pub(super) redefined: Option<(Defined, ApiDomain)>,
+}
+
+/// The source's hook edits ([`RunningDomain::hooked`]), taken from its hooked domain with the
+/// checks a sidecar's answer gets; none when no hook edited the source's domain.
+///
+/// Errors: [`MigrationError::Peer`] with the refusal (a peer sent a change no hook may make).
+fn source_hook_edits(domain: &RunningDomain) -> Result<Vec<HookEdit>, MigrationError> {
+    match &domain.hooked {
+        None => Ok(Vec::new()),
+        Some(h) => h
+            .edits()
+            .map_err(|r| MigrationError::Peer(format!("the source's hook edits are refused: {r}"))),
+    }
+}
+
+/// The prepared (full) plan defined again with the source's hook `edits`, and its `api.Domain`,
+/// when they are not the edits the target's own sidecars gave at preparation (whose answers a
+/// target only calls for their side effects, as KubeVirt's does); `None` when they are.
+fn redefine_with_source_edits(
+    d: &DomainCtx,
+    target: &PreparedTarget,
+    edits: &[HookEdit],
+) -> Result<Option<(Defined, ApiDomain)>, MigrationError> {
+    if edits == target.prepared.running.hook_edits.as_slice() {
+        return Ok(None);
+    }
+    let ctx = &target.prepared.running.ctx;
+    let plan = crate::cmdline::convert(&target.view, ctx)
+        .map_err(|e| MigrationError::Peer(format!("cannot convert the VMI again: {e}")))?;
+    let defined = define(d, plan, edits);
+    let mut domain = target.prepared.domain.clone();
+    defined
+        .report(&mut domain, &target.view, ctx)
+        .map_err(|e| MigrationError::Peer(format!("cannot report the hooked domain: {e}")))?;
+    info!(
+        edits = edits.len(),
+        "the source's hook edits replace this pod's sidecars' edits"
+    );
+    Ok(Some((defined, domain)))
 }
 
 /// `argv` with the value of its `-cpu` replaced by that of `ours` (when both have one): the
@@ -114,13 +162,21 @@ fn boot_conversion(
     target: &PreparedTarget,
     domain: &RunningDomain,
 ) -> Result<BootConversion, MigrationError> {
+    let edits = source_hook_edits(domain)?;
+    let redefined = redefine_with_source_edits(d, target, &edits)?;
     if domain.hotplugged.is_empty() {
+        let argv = match &redefined {
+            Some((defined, _)) => defined.argv.clone(),
+            None => target.prepared.argv.clone(),
+        };
         return Ok(BootConversion {
-            argv: target.prepared.argv.clone(),
+            argv,
             placed: Vec::new(),
             plan: None,
             cpu: None,
             nics: Vec::new(),
+            edits,
+            redefined,
         });
     }
     let ctx = &target.prepared.running.ctx;
@@ -131,7 +187,7 @@ fn boot_conversion(
                 "cannot convert the VMI without its hot-plugged devices: {e}"
             ))
         })?;
-        let Defined { plan, argv, .. } = define(d, plan, &target.prepared.running.hook_edits);
+        let Defined { plan, argv, .. } = define(d, plan, &edits);
         boots.push((plan, argv));
     }
     // The view whose argv is the source's; none: the first, whose difference the caller
@@ -150,9 +206,13 @@ fn boot_conversion(
         .hotplugged
         .iter()
         .partition(|h| h.kind == HotplugKind::Disk);
+    let full_disks = match &redefined {
+        Some((defined, _)) => &defined.qmp_plan.disks,
+        None => &target.prepared.qmp_plan.disks,
+    };
     let placed = disks
         .into_iter()
-        .map(|h| hotplug::place_like_source(&target.prepared.qmp_plan.disks, h))
+        .map(|h| hotplug::place_like_source(full_disks, h))
         .collect::<Result<Vec<_>, _>>()?;
     let nics = if nic_devices.is_empty() {
         Vec::new()
@@ -169,6 +229,8 @@ fn boot_conversion(
         plan: Some(plan),
         nics,
         cpu: None,
+        edits,
+        redefined,
     })
 }
 
@@ -199,12 +261,12 @@ fn adopt_source_cpu(
     let cpu = crate::cmdline::devices::cpu::adopted_cpu_plan(def).map_err(|e| {
         MigrationError::Peer(format!("cannot adopt the source's CPU definition: {e}"))
     })?;
-    let mut plan = boot
-        .plan
-        .take()
-        .unwrap_or_else(|| target.prepared.plan.clone());
+    let mut plan = boot.plan.take().unwrap_or_else(|| match &boot.redefined {
+        Some((defined, _)) => defined.plan.clone(),
+        None => target.prepared.plan.clone(),
+    });
     plan.cpu = cpu.clone();
-    let Defined { plan, argv, .. } = define(d, plan, &target.prepared.running.hook_edits);
+    let Defined { plan, argv, .. } = define(d, plan, &boot.edits);
     boot.argv = argv;
     // Only a plan of other disks than the prepared one replaces it (the CPU is in `cpu`).
     if domain.hotplugged.is_empty() {
@@ -244,6 +306,7 @@ fn nic_plans_by_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use qlauncher_libvirt_xml::hooks::{CacheMode, HookedDomain};
 
     #[test]
     fn the_sources_cpu_word_is_compared_as_the_adopted_one() {
@@ -253,5 +316,54 @@ mod tests {
         // Nothing to replace: unchanged.
         assert_eq!(with_cpu_of(&w("-machine q35"), &ours), w("-machine q35"));
         assert_eq!(with_cpu_of(&w("-cpu"), &ours), w("-cpu"));
+    }
+
+    fn definition(hooked: Option<HookedDomain>) -> RunningDomain {
+        RunningDomain {
+            vmi_uid: "u".into(),
+            migration_uid: "m".into(),
+            machine: "pc-q35-7.2".into(),
+            argv: Vec::new(),
+            hotplugged: Vec::new(),
+            copied_disks: Vec::new(),
+            capabilities: Vec::new(),
+            multifd_channels: None,
+            paused: false,
+            cpu: None,
+            hooked,
+        }
+    }
+
+    const SENT: &str = "<domain type=\"kvm\">\n\t<name>ns_vm</name>\n\t<devices>\n\t\t<disk device=\"disk\" type=\"file\">\n\t\t\t<driver cache=\"none\" name=\"qemu\"></driver>\n\t\t\t<alias name=\"ua-root\"></alias>\n\t\t</disk>\n\t</devices>\n</domain>";
+
+    #[test]
+    fn the_sources_hook_edits_are_checked_as_an_answer_is() {
+        assert!(source_hook_edits(&definition(None)).unwrap().is_empty());
+        let cache = HookedDomain {
+            sent: SENT.into(),
+            answered: SENT.replace("cache=\"none\"", "cache=\"writeback\""),
+        };
+        assert_eq!(
+            source_hook_edits(&definition(Some(cache))).unwrap(),
+            vec![HookEdit::DiskCache {
+                alias: "ua-root".into(),
+                mode: CacheMode::Writeback
+            }]
+        );
+        // A peer cannot send what no hook may answer: a launcher option in qemu:commandline.
+        let qmp = HookedDomain {
+            sent: SENT.into(),
+            answered: SENT.replace(
+                "<devices>",
+                "<qemu:commandline xmlns:qemu=\"http://libvirt.org/schemas/domain/qemu/1.0\"><qemu:arg value=\"-qmp\"></qemu:arg></qemu:commandline>\n\t<devices>",
+            ),
+        };
+        let e = source_hook_edits(&definition(Some(qmp))).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("the source's hook edits are refused"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("qemu:commandline"), "{e}");
     }
 }

@@ -207,7 +207,7 @@ impl MigrationCtx {
             Ok(s) => s,
             Err(e) => return Err((Some(target), e)),
         };
-        let boot = match incoming_definition(&self.ctx, &target, &session.domain) {
+        let mut boot = match incoming_definition(&self.ctx, &target, &session.domain) {
             Ok(b) => b,
             Err(e) => {
                 session.fail(&e.failure_reason()).await;
@@ -220,7 +220,18 @@ impl MigrationCtx {
             memory_total,
             ..
         } = target;
-        if let Some(cpu) = boot.cpu {
+        // The source's hook edits, from now on applied at every definition here; a later
+        // migration away from here carries the source's hooked domain on.
+        prepared.running.hook_edits = std::mem::take(&mut boot.edits);
+        prepared.running.hooked = session.domain.hooked.clone();
+        if let Some((defined, spec)) = boot.redefined.take() {
+            run_boot_plan(&mut prepared.running, &defined.plan, &[]);
+            prepared.domain = spec;
+            prepared.plan = defined.plan;
+            prepared.qmp_plan = defined.qmp_plan;
+            prepared.argv = defined.argv;
+        }
+        if let Some(cpu) = boot.cpu.take() {
             prepared.running.cpu = cpu;
         }
         if let Some(plan) = &boot.plan {

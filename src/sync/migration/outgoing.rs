@@ -156,13 +156,13 @@ impl MigrationCtx {
             .and_then(|v| v["base-memory"].as_u64())
             .unwrap_or(0);
         let data_bytes = memory + copied_disks.iter().map(|d| d.size).sum::<u64>();
-        let (hotplugged, running_cpu) = match self.running.lock().await.as_ref() {
+        let (hotplugged, running_cpu, hooked) = match self.running.lock().await.as_ref() {
             Some(r) => {
                 let mut hot = hotplug::hotplugged_disks(&r.disks, &argv);
                 hot.extend(hotplug::hotplugged_nics(r.nics.hotplugged(), &argv));
-                (hot, Some(r.cpu.clone()))
+                (hot, Some(r.cpu.clone()), r.hooked.clone())
             }
-            None => (Vec::new(), None),
+            None => (Vec::new(), None, None),
         };
         let cpu = match &running_cpu {
             Some(plan) => running_cpu_definition(client, plan).await?,
@@ -179,6 +179,7 @@ impl MigrationCtx {
             multifd_channels: None,
             paused: status.state == DomainState::Paused && status.reason == StateReason::User,
             cpu,
+            hooked,
         };
         let domain = match target_vmi.uid.as_deref() {
             Some(target) => {

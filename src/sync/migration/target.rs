@@ -498,6 +498,7 @@ mod tests {
             multifd_channels: None,
             paused: false,
             cpu: None,
+            hooked: None,
         }
     }
 

@@ -46,10 +46,12 @@ pub const MAX_SMBIOS_TEXT: usize = 255;
 
 mod answer;
 mod edits;
+mod hooked;
 mod input;
 
 pub use answer::*;
 pub use edits::*;
+pub use hooked::*;
 pub use input::*;
 
 #[cfg(test)]

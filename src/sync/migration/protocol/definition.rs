@@ -2,6 +2,7 @@
 //! the hot-plugged devices, the copied disks, the capabilities and the CPU, and its rewrites for a
 //! target VMI of another UID, name or namespace (a decentralized migration).
 
+use qlauncher_libvirt_xml::hooks::HookedDomain;
 use serde::{Deserialize, Serialize};
 
 use super::ProtocolError;
@@ -48,6 +49,13 @@ pub struct RunningDomain {
     /// an undecodable frame (version 2 denies unknown fields) instead of being misread.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu: Option<crate::cmdline::plan::CpuModel>,
+    /// What the source's hooks made of its first definition (the domain XML the first hook got
+    /// and the last one's answer; `None`: no hook edited it). The target takes the source's
+    /// edits from it, checked as a hook's answer is ([`HookedDomain::edits`]), and defines the
+    /// domain with them, as libvirt's target defines the hooked domain XML the source
+    /// migrates; its own sidecars' answers are not used (version 4).
+    #[serde(default)]
+    pub hooked: Option<HookedDomain>,
 }
 
 impl RunningDomain {
@@ -326,6 +334,7 @@ pub(super) mod tests {
             capabilities: vec!["multifd".into()],
             multifd_channels: Some(8),
             paused: false,
+            hooked: None,
             cpu: Some(crate::cmdline::plan::CpuModel {
                 name: "base".into(),
                 props: [

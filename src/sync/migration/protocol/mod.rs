@@ -51,7 +51,13 @@ pub use definition::{CopiedDisk, DomainIdentity, HotplugKind, HotpluggedDevice, 
 /// source VMI's). A version 2 peer cannot decode the first two (its messages deny unknown
 /// fields) and would misread the last two (an argv difference, sockets under the wrong name), so
 /// it is refused at the hello.
-pub const PROTOCOL_VERSION: u32 = 3;
+///
+/// Version 4: [`RunningDomain::hooked`] carries what the source's hooks made of its first
+/// definition, and the target runs with the source's hook edits instead of its own sidecars'
+/// (which it still calls, for their side effects only, as KubeVirt's target does). A version 3
+/// target would run its own sidecars' edits, and a version 3 source sends none, so either is
+/// refused at the hello.
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// The largest frame accepted, in bytes (a domain definition is a few KiB).
 pub const MAX_FRAME: u32 = 4 * 1024 * 1024;
