@@ -23,6 +23,7 @@ use serde_json::{Map, Value};
 use std::time::SystemTime;
 
 pub mod devices;
+pub mod identity;
 pub mod metadata;
 pub mod status;
 

@@ -10,18 +10,17 @@
 //! device's identity from the spec it replaces ([`carry_identity`]); [`added_pci_devices`] and
 //! [`set_device_address`] let `domain_live.rs` put the devices a hotplug added where QEMU did.
 
-use serde_json::{json, Map, Value};
+use serde_json::Value;
 use tracing::warn;
 
 use crate::cmdline::{ConverterContext, DomainPlan};
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::QomGet;
+use crate::sync::domain::identity::{Address, DeviceIdentity, DeviceKey};
 use crate::sync::domain::{ApiDomain, ApiDomainSpec, Devices, GracePeriodMetadata};
 use crate::sync::error::SyncError;
 use crate::vmi::Vmi;
 
-/// The fields of a device that name it and place it: kept across a re-conversion.
-const IDENTITY: [&str; 3] = ["Address", "Alias", "Target"];
 /// Device lists QEMU cannot change while running, kept whole once reported (hotplug adds ports'
 /// devices, never ports: the spare root ports were made at start).
 const FIXED_LISTS: [&str; 1] = ["Controllers"];
@@ -101,10 +100,9 @@ pub(crate) fn apply_converted(
 }
 
 /// Gives the devices of `next` (a re-converted spec) the identity they have in `previous` (the
-/// spec the running domain was reported with): for each device found in both, its `Address`,
-/// `Alias` and `Target`; the `Controllers` list whole; the domain UUID. Devices are matched by
-/// alias, and those without one by their `Type` and their rank among the devices of that list
-/// and type without alias. A device new in `next` keeps what the converter gave it. `previous`
+/// spec the running domain was reported with): for each device found in both (by its
+/// [`DeviceKey`]: alias, else type and rank), its [`DeviceIdentity`]; the `Controllers` list
+/// whole; the domain UUID. A device new in `next` keeps what the converter gave it. `previous`
 /// empty (a first report): nothing changes.
 pub(crate) fn carry_identity(previous: &ApiDomainSpec, next: &mut ApiDomainSpec) {
     if !previous.uuid.is_empty() {
@@ -129,19 +127,17 @@ pub(crate) fn carry_identity(previous: &ApiDomainSpec, next: &mut ApiDomainSpec)
         }
         match (value, before) {
             (Value::Array(devices), Value::Array(before)) => {
-                let mut ranks = Map::new();
-                for device in devices.iter_mut() {
-                    let key = device_key(device, &mut ranks);
-                    let mut ranks_before = Map::new();
-                    let found = before
-                        .iter()
-                        .find(|b| device_key(b, &mut ranks_before) == key);
-                    if let Some(found) = found {
-                        copy_identity(found, device);
+                let keys_before = DeviceKey::of_list(before);
+                let keys = DeviceKey::of_list(devices);
+                for (device, key) in devices.iter_mut().zip(&keys) {
+                    if let Some(i) = keys_before.iter().position(|k| k == key) {
+                        DeviceIdentity::of(&before[i]).write_into(device);
                     }
                 }
             }
-            (device @ Value::Object(_), before @ Value::Object(_)) => copy_identity(before, device),
+            (device @ Value::Object(_), before @ Value::Object(_)) => {
+                DeviceIdentity::of(before).write_into(device);
+            }
             _ => {}
         }
     }
@@ -151,75 +147,38 @@ pub(crate) fn carry_identity(previous: &ApiDomainSpec, next: &mut ApiDomainSpec)
     }
 }
 
-/// How a device is recognised in its list: its alias, else its `Type` and rank among the
-/// alias-less devices of that type seen so far (`ranks` counts them).
-fn device_key(device: &Value, ranks: &mut Map<String, Value>) -> String {
-    if let Some(alias) = device
-        .get("Alias")
-        .and_then(|a| a.get("Name"))
-        .and_then(Value::as_str)
-    {
-        let user = device["Alias"]["UserDefined"].as_bool().unwrap_or(false);
-        return format!("alias:{user}:{alias}");
-    }
-    let kind = device
-        .get("Type")
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_owned();
-    let rank = ranks.entry(kind.clone()).or_insert(Value::from(0u64));
-    let n = rank.as_u64().unwrap_or(0);
-    *rank = Value::from(n + 1);
-    format!("rank:{kind}:{n}")
-}
-
-fn copy_identity(from: &Value, to: &mut Value) {
-    let (Value::Object(from), Value::Object(to)) = (from, to) else {
-        return;
+/// Every device of `spec`, each list's and the single ones, as KubeVirt's JSON.
+fn all_devices(spec: &ApiDomainSpec) -> Vec<Value> {
+    let Ok(Value::Object(devices)) = serde_json::to_value(&spec.devices) else {
+        return Vec::new();
     };
-    for field in IDENTITY {
-        if let Some(v) = from.get(field) {
-            to.insert(field.to_owned(), v.clone());
-        }
-    }
-}
-
-/// The QEMU device id of an `api.Alias` JSON value: `ua-<name>` for user-defined aliases.
-fn qemu_id(alias: &Value) -> Option<String> {
-    let name = alias.get("Name")?.as_str()?;
-    Some(if alias["UserDefined"].as_bool().unwrap_or(false) {
-        format!("ua-{name}")
-    } else {
-        name.to_owned()
-    })
+    devices
+        .into_iter()
+        .flat_map(|(_, v)| match v {
+            Value::Array(list) => list,
+            other => vec![other],
+        })
+        .collect()
 }
 
 /// The QEMU ids of the PCI devices (disks, interfaces, host devices...) `after` has and `before`
 /// had not: the devices a hotplug added.
 pub(crate) fn added_pci_devices(before: &ApiDomainSpec, after: &ApiDomainSpec) -> Vec<String> {
-    let ids = |spec: &ApiDomainSpec, pci_only: bool| -> Vec<String> {
-        let Ok(Value::Object(devices)) = serde_json::to_value(&spec.devices) else {
-            return Vec::new();
-        };
-        devices
-            .values()
-            .flat_map(|v| match v {
-                Value::Array(list) => list.clone(),
-                other => vec![other.clone()],
-            })
-            .filter(|d| !pci_only || d["Address"]["Type"].as_str() == Some("pci"))
-            .filter_map(|d| qemu_id(d.get("Alias")?))
-            .collect()
-    };
-    let known = ids(before, false);
-    ids(after, true)
-        .into_iter()
+    let known: Vec<String> = all_devices(before)
+        .iter()
+        .filter_map(|d| DeviceIdentity::of(d).qemu_id())
+        .collect();
+    all_devices(after)
+        .iter()
+        .map(DeviceIdentity::of)
+        .filter(|id| id.address.as_ref().is_some_and(Address::is_pci))
+        .filter_map(|id| id.qemu_id())
         .filter(|id| !known.contains(id))
         .collect()
 }
 
 /// Sets the `Address` of the device whose QEMU id is `id`. True when it changed.
-pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &Value) -> bool {
+pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &Address) -> bool {
     let Ok(Value::Object(mut devices)) = serde_json::to_value(&spec.devices) else {
         return false;
     };
@@ -230,9 +189,12 @@ pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &V
             other => vec![other],
         };
         for device in list {
-            let matches = device.get("Alias").and_then(qemu_id).as_deref() == Some(id);
-            if matches && device.get("Address") != Some(address) {
-                device["Address"] = address.clone();
+            let mut identity = DeviceIdentity::of(device);
+            if identity.qemu_id().as_deref() == Some(id)
+                && identity.address.as_ref() != Some(address)
+            {
+                identity.address = Some(address.clone());
+                identity.write_into(device);
                 changed = true;
             }
         }
@@ -249,7 +211,7 @@ pub(crate) fn set_device_address(spec: &mut ApiDomainSpec, id: &str, address: &V
 /// Where QEMU has the PCI device `id`, as an `api.Address` (`Bus` is libvirt's controller index:
 /// the `N` of root port `pci.N`, 0 on `pcie.0`). `None` when QEMU does not answer (unplugged
 /// meanwhile, or not a PCI device).
-pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Value> {
+pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Address> {
     let path = format!("/machine/peripheral/{id}");
     let get = |property: &'static str| QomGet {
         path: path.clone(),
@@ -263,7 +225,7 @@ pub(crate) async fn qemu_pci_address(client: &QmpClient, id: &str) -> Option<Val
 /// The `api.Address` of a device on QOM bus `parent_bus` (`/machine/peripheral/pci.5/pci.5`,
 /// `/machine/q35/pcie.0`) at `addr` (QEMU 7.2 answers the devfn as a number: 34 is slot 4
 /// function 2; a `04.2` string is read too).
-fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
+fn pci_address(parent_bus: &str, addr: &Value) -> Option<Address> {
     let bus = parent_bus.rsplit('/').next()?;
     let bus: u32 = match bus.strip_prefix("pci.") {
         Some(n) => n.parse().ok()?,
@@ -278,13 +240,7 @@ fn pci_address(parent_bus: &str, addr: &Value) -> Option<Value> {
         }
         _ => return None,
     };
-    Some(json!({
-        "Type": "pci",
-        "Domain": "0x0000",
-        "Bus": format!("0x{bus:02x}"),
-        "Slot": format!("0x{:02x}", devfn >> 3),
-        "Function": format!("0x{:x}", devfn & 7),
-    }))
+    Some(Address::pci(bus, devfn >> 3, devfn & 7))
 }
 
 #[cfg(test)]
@@ -585,9 +541,10 @@ mod tests {
         );
         assert_eq!(added.len(), 2, "{added:?}");
         assert!(added.contains(&"ua-hp1".to_owned()) && added.contains(&"ua-blue".to_owned()));
-        let port = json!({"Type": "pci", "Domain": "0x0000", "Bus": "0x0b", "Slot": "0x00", "Function": "0x0"});
+        let port = Address::pci(11, 0, 0);
         assert!(set_device_address(&mut domain.spec, "ua-hp1", &port));
         assert!(!set_device_address(&mut domain.spec, "ua-hp1", &port));
+        let port = serde_json::to_value(&port).unwrap();
         let json = serde_json::to_value(&domain.spec.devices).unwrap();
         let hp1 = json["Disks"]
             .as_array()
@@ -606,6 +563,9 @@ mod tests {
             Some(
                 json!({"Type": "pci", "Domain": "0x0000", "Bus": bus, "Slot": slot, "Function": function}),
             )
+        };
+        let pci_address = |bus: &str, devfn: &Value| {
+            pci_address(bus, devfn).map(|a| serde_json::to_value(a).unwrap())
         };
         assert_eq!(
             pci_address("/machine/peripheral/pci.5/pci.5", &json!(0)),

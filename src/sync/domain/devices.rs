@@ -195,7 +195,7 @@ pub struct Mac {
 }
 
 /// `api.Alias` as its custom JSON form: `{"Name": "...", "UserDefined": bool}`.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Alias {
     /// Alias name; for user-defined aliases without the `ua-` prefix the XML (and QEMU's device
     /// id) carries: `default` for `ua-default` (KubeVirt `api/schema.go` `Alias.MarshalJSON`).
@@ -213,6 +213,15 @@ impl Alias {
         Alias {
             name: name.to_string(),
             user_defined: true,
+        }
+    }
+
+    /// QEMU's device id for this alias: `ua-<name>` for a user-defined alias, else the name.
+    pub fn qemu_id(&self) -> String {
+        if self.user_defined {
+            ["ua-", &self.name].concat()
+        } else {
+            self.name.clone()
         }
     }
 }

@@ -425,7 +425,11 @@ pub(crate) async fn virtio_mem_device(
         "Alias": {"Name": VIRTIO_MEM_ID},
     });
     if let Some(address) = crate::sync::domain_spec::qemu_pci_address(client, VIRTIO_MEM_ID).await {
-        device["Address"] = address;
+        crate::sync::domain::identity::DeviceIdentity {
+            address: Some(address),
+            ..Default::default()
+        }
+        .write_into(&mut device);
     }
     Some(device)
 }
