@@ -10,7 +10,9 @@
 //! migration control frames as the target and as the source, and the target's checks of the
 //! source's definition), `cmd_request` (the cmd v1 protobuf requests and what the server does
 //! with their VMI JSON and options before it acts), `hook_answer` (a hook sidecar's domain XML
-//! through the namespace-aware parse, the diff, the plan edits and the argv).
+//! through the namespace-aware parse, the diff, the plan edits and the argv), `libvirt_rpc`
+//! (libvirt's remote protocol from a migration source: XDR frames, argument decoders, the server
+//! loop).
 
 use testkit::fuzz;
 
@@ -562,8 +564,82 @@ proptest! {
     }
 }
 
+const LIBVIRT_TOKENS: &[&[u8]] = &[
+    b"\x00\x00\x00\x00",
+    b"\xff\xff\xff\xff",
+    b"\x7f\xff\xff\xff",
+    b"\x00\x40\x00\x00",
+    b"\x20\x00\x80\x86",
+    b"\x6b\x65\x65\x70",
+    b"\x00\x00\x01\x59",
+    b"\x00\x00\x01\x5b",
+    b"\x00\x00\x00\x07",
+];
+
+#[test]
+fn libvirt_rpc_regressions() {
+    let rt = runtime();
+    for input in files(&repo().join("fuzz/regressions/libvirt_rpc")) {
+        fuzz::libvirt_rpc(&rt, &input);
+    }
+}
+
+/// The seeds decode: the Prepare frame's destination XML and cookie are read back, and the
+/// stream runs through the server to its CONNECT_CLOSE.
+#[test]
+fn libvirt_rpc_seeds_are_a_sources_calls() {
+    use qlauncher::libvirt_rpc::{packet, remote};
+    let seeds = fuzz::libvirt_rpc_seeds();
+    let prepare = packet::decode_frame(&seeds[1]).expect("a frame");
+    assert_eq!(prepare.header.procedure, 345);
+    let args = remote::Prepare3ParamsArgs::decode(&prepare.body).expect("Prepare's arguments");
+    assert!(remote::param_string(&args.params, "destination_xml")
+        .is_some_and(|x| x.contains("default_vmi")));
+    assert!(!args.cookie.is_empty());
+    let rt = runtime();
+    let stream = tokio::io::join(std::io::Cursor::new(seeds[0].clone()), tokio::io::sink());
+    struct Refuse;
+    impl qlauncher::libvirt_rpc::server::MigrationTarget for Refuse {
+        async fn prepare(
+            &mut self,
+            _: remote::Prepare3ParamsArgs,
+        ) -> Result<remote::Prepare3ParamsRet, remote::RemoteError> {
+            Err(remote::RemoteError::qemu(
+                remote::ErrorCode::ConfigUnsupported,
+                "no",
+            ))
+        }
+        async fn finish(
+            &mut self,
+            a: remote::Finish3ParamsArgs,
+        ) -> Result<remote::Finish3ParamsRet, remote::RemoteError> {
+            assert!(a.cancelled);
+            Err(remote::RemoteError::qemu(
+                remote::ErrorCode::OperationFailed,
+                "no",
+            ))
+        }
+    }
+    let served = rt
+        .block_on(qlauncher::libvirt_rpc::server::serve(stream, &mut Refuse))
+        .expect("the stream is libvirt's");
+    assert_eq!(served.len(), 6, "{served:?}");
+    for s in &seeds {
+        fuzz::libvirt_rpc(&rt, s);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: cases(600), failure_persistence: None, ..ProptestConfig::default() })]
+    #[test]
+    fn libvirt_rpc_mutated(seed in any::<prop::sample::Index>(), e in edits(LIBVIRT_TOKENS)) {
+        let seeds = fuzz::libvirt_rpc_seeds();
+        fuzz::libvirt_rpc(&runtime(), &apply(&seeds[seed.index(seeds.len())], &e));
+    }
+}
+
 /// The committed libFuzzer seeds of the targets whose seeds are built from typed messages
-/// (`fuzz/corpus/{migration_protocol,cmd_request,hook_answer}/seed-*`) are what the builders make now, so a
+/// (`fuzz/corpus/{migration_protocol,cmd_request,hook_answer,libvirt_rpc}/seed-*`) are what the builders make now, so a
 /// protocol change cannot leave the fuzzers starting from frames that no longer decode.
 /// `QLAUNCHER_WRITE_SEEDS=1` rewrites them.
 #[test]
@@ -572,6 +648,7 @@ fn committed_seeds_are_current() {
         ("migration_protocol", fuzz::migration_seeds()),
         ("cmd_request", fuzz::cmd_seeds(&[])),
         ("hook_answer", fuzz::hook_seeds()),
+        ("libvirt_rpc", fuzz::libvirt_rpc_seeds()),
     ] {
         let dir = repo().join("fuzz/corpus").join(target);
         let seed_files = || -> Vec<PathBuf> {

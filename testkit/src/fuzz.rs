@@ -345,6 +345,12 @@ fn control_channel(data: &[u8]) -> tokio::io::Join<&[u8], tokio::io::Sink> {
 pub fn migration_definition(domain: &qlauncher::sync::migration::protocol::RunningDomain) {
     use qlauncher::sync::migration::{hotplug, protocol::HotplugKind, target};
     let local = local_domain();
+    // The source's hooked domain goes through the hook answer's checks.
+    if let Some(hooked) = &domain.hooked {
+        if let Err(refusal) = hooked.edits() {
+            assert!(refusal.path.starts_with("domain"), "{refusal}");
+        }
+    }
     if let Ok(argv) = target::incoming_argv(&local.argv, domain) {
         assert_eq!(argv.len(), local.argv.len() + 2, "incoming argv {argv:?}");
         assert_eq!(argv[argv.len() - 2..], ["-incoming", "defer"]);
@@ -907,4 +913,120 @@ pub fn hook_seeds() -> Vec<Vec<u8>> {
         .into_iter()
         .map(String::into_bytes)
         .collect()
+}
+
+/// A refusing libvirt migration target: what the server does with a source's bytes, never
+/// what a target does with a domain.
+struct RefusingTarget;
+
+impl qlauncher::libvirt_rpc::server::MigrationTarget for RefusingTarget {
+    async fn prepare(
+        &mut self,
+        args: qlauncher::libvirt_rpc::remote::Prepare3ParamsArgs,
+    ) -> Result<
+        qlauncher::libvirt_rpc::remote::Prepare3ParamsRet,
+        qlauncher::libvirt_rpc::remote::RemoteError,
+    > {
+        use qlauncher::libvirt_rpc::remote::{param_string, ErrorCode, RemoteError};
+        let _ = param_string(&args.params, "destination_xml");
+        Err(RemoteError::qemu(ErrorCode::ConfigUnsupported, "fuzz"))
+    }
+
+    async fn finish(
+        &mut self,
+        _args: qlauncher::libvirt_rpc::remote::Finish3ParamsArgs,
+    ) -> Result<
+        qlauncher::libvirt_rpc::remote::Finish3ParamsRet,
+        qlauncher::libvirt_rpc::remote::RemoteError,
+    > {
+        use qlauncher::libvirt_rpc::remote::{ErrorCode, RemoteError};
+        Err(RemoteError::qemu(ErrorCode::OperationFailed, "fuzz"))
+    }
+}
+
+/// libvirt's remote protocol from a migration source (the target side of a libvirt peer): the
+/// bytes as one frame through `decode_frame` and every argument decoder, then as the whole
+/// stream a source sends into the server (keepalive answered, calls dispatched to a refusing
+/// target). Nothing may panic, and no length read from the bytes may allocate beyond them
+/// (libFuzzer's `-rss_limit_mb` catches that).
+pub fn libvirt_rpc(rt: &tokio::runtime::Runtime, data: &[u8]) {
+    use qlauncher::libvirt_rpc::{packet, remote, server};
+    if let Ok(p) = packet::decode_frame(data) {
+        let _ = remote::OpenArgs::decode(&p.body);
+        let _ = remote::decode_supports_feature(&p.body);
+        let _ = remote::Prepare3ParamsArgs::decode(&p.body);
+        let _ = remote::Finish3ParamsArgs::decode(&p.body);
+    }
+    let stream = tokio::io::join(std::io::Cursor::new(data.to_vec()), tokio::io::sink());
+    rt.block_on(async move {
+        let _ = server::serve(stream, &mut RefusingTarget).await;
+    });
+}
+
+/// One call frame of libvirt's remote program: `procedure` with `body`.
+fn libvirt_call(procedure: i32, serial: u32, body: &[u8]) -> Vec<u8> {
+    use qlauncher::libvirt_rpc::packet::{encode_frame, Header, MessageType, Status};
+    use qlauncher::libvirt_rpc::remote::{REMOTE_PROGRAM, REMOTE_PROTOCOL_VERSION};
+    encode_frame(
+        &Header {
+            program: REMOTE_PROGRAM,
+            version: REMOTE_PROTOCOL_VERSION,
+            procedure,
+            kind: MessageType::Call,
+            serial,
+            status: Status::Ok,
+        },
+        body,
+    )
+}
+
+/// Seeds of [`libvirt_rpc`]: a source's opening (AUTH_LIST, CONNECT_OPEN, SUPPORTS_FEATURE),
+/// a keepalive PING, then PREPARE3_PARAMS with a domain XML, a migrate URI and a cookie, and
+/// FINISH3_PARAMS cancelled, and CONNECT_CLOSE, as one stream; and the Prepare call alone.
+pub fn libvirt_rpc_seeds() -> Vec<Vec<u8>> {
+    use qlauncher::libvirt_rpc::packet::{encode_frame, Header, MessageType, Status};
+    use qlauncher::libvirt_rpc::remote::{
+        KEEPALIVE_PROC_PING, KEEPALIVE_PROGRAM, KEEPALIVE_PROTOCOL_VERSION,
+    };
+    use qlauncher::libvirt_rpc::xdr::Encoder;
+    let mut open = Encoder::new();
+    open.u32(1).string("qemu:///system").u32(0);
+    let mut feature = Encoder::new();
+    feature.i32(8);
+    let ping = encode_frame(
+        &Header {
+            program: KEEPALIVE_PROGRAM,
+            version: KEEPALIVE_PROTOCOL_VERSION,
+            procedure: KEEPALIVE_PROC_PING,
+            kind: MessageType::Message,
+            serial: 0,
+            status: Status::Ok,
+        },
+        &[],
+    );
+    let mut prepare = Encoder::new();
+    prepare
+        .u32(2)
+        .string("destination_xml")
+        .i32(7)
+        .string("<domain type='kvm'><name>default_vmi</name></domain>")
+        .string("migrate_uri")
+        .i32(7)
+        .string("unix:///var/run/kubevirt/migrationproxy/x.sock");
+    prepare.opaque(b"<qemu-migration><name>default_vmi</name></qemu-migration>\0");
+    prepare.u32(0x203);
+    let prepare = libvirt_call(345, 4, &prepare.into_bytes());
+    let mut finish = Encoder::new();
+    finish.u32(0).opaque(b"").u32(0x203).i32(1);
+    let stream = [
+        libvirt_call(66, 1, &[]),
+        libvirt_call(1, 2, &open.into_bytes()),
+        libvirt_call(60, 3, &feature.into_bytes()),
+        ping,
+        prepare.clone(),
+        libvirt_call(347, 5, &finish.into_bytes()),
+        libvirt_call(2, 6, &[]),
+    ]
+    .concat();
+    vec![stream, prepare]
 }
