@@ -571,8 +571,8 @@ const LIBVIRT_TOKENS: &[&[u8]] = &[
     b"\x00\x40\x00\x00",
     b"\x20\x00\x80\x86",
     b"\x6b\x65\x65\x70",
-    b"\x00\x00\x01\x59",
-    b"\x00\x00\x01\x5b",
+    b"\x00\x00\x01\x2f",
+    b"\x00\x00\x01\x32",
     b"\x00\x00\x00\x07",
 ];
 
@@ -591,7 +591,7 @@ fn libvirt_rpc_seeds_are_a_sources_calls() {
     use qlauncher::libvirt_rpc::{packet, remote};
     let seeds = fuzz::libvirt_rpc_seeds();
     let prepare = packet::decode_frame(&seeds[1]).expect("a frame");
-    assert_eq!(prepare.header.procedure, 345);
+    assert_eq!(prepare.header.procedure, 303);
     let args = remote::Prepare3ParamsArgs::decode(&prepare.body).expect("Prepare's arguments");
     assert!(remote::param_string(&args.params, "destination_xml")
         .is_some_and(|x| x.contains("default_vmi")));

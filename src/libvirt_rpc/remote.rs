@@ -74,17 +74,21 @@ numbered! {
         AuthList = 66,
         /// `REMOTE_PROC_CONNECT_GET_LIB_VERSION`.
         ConnectGetLibVersion = 157,
+        /// `REMOTE_PROC_DOMAIN_MIGRATE_PREPARE3`: the pre-params Prepare, which a source calls
+        /// when the target does not claim `VIR_DRV_FEATURE_MIGRATION_PARAMS`; not served.
+        DomainMigratePrepare3 = 214,
         /// `REMOTE_PROC_DOMAIN_MIGRATE_PREPARE3_PARAMS`.
-        DomainMigratePrepare3Params = 345,
+        DomainMigratePrepare3Params = 303,
         /// `REMOTE_PROC_DOMAIN_MIGRATE_FINISH3_PARAMS`.
-        DomainMigrateFinish3Params = 347,
+        DomainMigrateFinish3Params = 306,
     }
     from_number: "The procedure for a number, when it is one of ours."
 }
 
 numbered! {
     /// Driver features a client asks about with `CONNECT_SUPPORTS_FEATURE` (libvirt's
-    /// `src/driver-features.h`, `VIR_DRV_FEATURE_*`; the numbers are part of the protocol).
+    /// `src/driver-features.h`, earlier `src/libvirt_internal.h`, `VIR_DRV_FEATURE_*`; the
+    /// numbers are part of the protocol and never change).
     pub enum Feature {
         /// `VIR_DRV_FEATURE_MIGRATION_V1`.
         MigrationV1 = 1,
@@ -98,24 +102,28 @@ numbered! {
         MigrationDirect = 5,
         /// `VIR_DRV_FEATURE_MIGRATION_V3`.
         MigrationV3 = 6,
-        /// `VIR_DRV_FEATURE_FD_PASSING`.
-        FdPassing = 7,
-        /// `VIR_DRV_FEATURE_TYPED_PARAM_STRING`.
-        TypedParamString = 8,
-        /// `VIR_DRV_FEATURE_XML_MIGRATABLE`.
-        XmlMigratable = 9,
-        /// `VIR_DRV_FEATURE_MIGRATION_OFFLINE`.
-        MigrationOffline = 10,
-        /// `VIR_DRV_FEATURE_MIGRATION_PARAMS`.
-        MigrationParams = 11,
         /// `VIR_DRV_FEATURE_MIGRATE_CHANGE_PROTECTION`.
-        MigrateChangeProtection = 12,
-        /// `VIR_DRV_FEATURE_REMOTE_CLOSE_CALLBACK`.
-        RemoteCloseCallback = 13,
+        MigrateChangeProtection = 7,
+        /// `VIR_DRV_FEATURE_FD_PASSING`.
+        FdPassing = 8,
+        /// `VIR_DRV_FEATURE_TYPED_PARAM_STRING`.
+        TypedParamString = 9,
+        /// `VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`: answered by the RPC layer, not the driver; a
+        /// "no" turns keepalive off on the client.
+        ProgramKeepalive = 10,
+        /// `VIR_DRV_FEATURE_XML_MIGRATABLE`.
+        XmlMigratable = 11,
+        /// `VIR_DRV_FEATURE_MIGRATION_OFFLINE`.
+        MigrationOffline = 12,
+        /// `VIR_DRV_FEATURE_MIGRATION_PARAMS`: without it a source falls back to the older
+        /// `DOMAIN_MIGRATE_PREPARE3` (214), as libvirt 9.0 does here.
+        MigrationParams = 13,
         /// `VIR_DRV_FEATURE_REMOTE_EVENT_CALLBACK`.
         RemoteEventCallback = 14,
+        /// `VIR_DRV_FEATURE_REMOTE_CLOSE_CALLBACK`.
+        RemoteCloseCallback = 15,
         /// `VIR_DRV_FEATURE_NETWORK_UPDATE_HAS_CORRECT_ORDER`.
-        NetworkUpdateHasCorrectOrder = 15,
+        NetworkUpdateHasCorrectOrder = 16,
     }
     from_number: "The feature for a number, when libvirt defines it."
 }

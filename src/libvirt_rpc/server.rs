@@ -63,13 +63,10 @@ fn supported(feature: i32) -> bool {
                 | Feature::TypedParamString
                 | Feature::XmlMigratable
                 | Feature::MigrateChangeProtection
+                | Feature::ProgramKeepalive
         )
-    ) || feature == PROGRAM_KEEPALIVE
+    )
 }
-
-/// `VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`: asked by the remote driver itself right after
-/// `CONNECT_OPEN`; a "no" disables keepalive on the client.
-pub const PROGRAM_KEEPALIVE: i32 = 16;
 
 type Writer<W> = Arc<Mutex<W>>;
 
@@ -229,7 +226,7 @@ async fn dispatch<T: MigrationTarget>(
             let a = Finish3ParamsArgs::decode(body).map_err(bad_args)?;
             return Ok(target.finish(a).await?.encode());
         }
-        None => {
+        Some(Procedure::DomainMigratePrepare3) | None => {
             tracing::warn!(procedure = number, "libvirt peer: procedure not served");
             return Err(RemoteError::qemu(
                 ErrorCode::NoSupport,
@@ -238,4 +235,29 @@ async fn dispatch<T: MigrationTarget>(
         }
     }
     Ok(e.into_bytes())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// libvirt 9.0's p2p source asks for these before it sends `PREPARE3_PARAMS` (303); without
+    /// `MIGRATION_PARAMS` (13) it falls back to `PREPARE3` (214).
+    #[test]
+    fn the_features_a_p2p_source_needs_are_claimed() {
+        for f in [4, 6, 7, 9, 10, 11, 13] {
+            assert!(supported(f), "feature {f}");
+        }
+        for f in [1, 3, 5, 8, 12, 14, 15, 16, 17, -1] {
+            assert!(!supported(f), "feature {f}");
+        }
+        assert_eq!(
+            Procedure::from_number(303),
+            Some(Procedure::DomainMigratePrepare3Params)
+        );
+        assert_eq!(
+            Procedure::from_number(306),
+            Some(Procedure::DomainMigrateFinish3Params)
+        );
+    }
 }

@@ -1015,7 +1015,7 @@ pub fn libvirt_rpc_seeds() -> Vec<Vec<u8>> {
         .string("unix:///var/run/kubevirt/migrationproxy/x.sock");
     prepare.opaque(b"<qemu-migration><name>default_vmi</name></qemu-migration>\0");
     prepare.u32(0x203);
-    let prepare = libvirt_call(345, 4, &prepare.into_bytes());
+    let prepare = libvirt_call(303, 4, &prepare.into_bytes());
     let mut finish = Encoder::new();
     finish.u32(0).opaque(b"").u32(0x203).i32(1);
     let stream = [
@@ -1024,7 +1024,7 @@ pub fn libvirt_rpc_seeds() -> Vec<Vec<u8>> {
         libvirt_call(60, 3, &feature.into_bytes()),
         ping,
         prepare.clone(),
-        libvirt_call(347, 5, &finish.into_bytes()),
+        libvirt_call(306, 5, &finish.into_bytes()),
         libvirt_call(2, 6, &[]),
     ]
     .concat();
