@@ -55,6 +55,16 @@ def libvirt_phase(params_path):
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "tmpfs", d], check=True)
     for f, t in etc_copy.items():
         (Path("/etc/libvirt") / f).write_text(t)
+    # libvirt's QEMU driver resolves its build's default user (Debian: libvirt-qemu) even when
+    # qemu.conf names root, and fails to start where the host has no such user: a private
+    # passwd and group with it (in the private /run/libvirt), as scripts/bench-labeller does.
+    for db, entry in (("passwd", "libvirt-qemu:x:65534:65534:libvirt-qemu:/nonexistent:/usr/sbin/nologin"),
+                      ("group", "libvirt-qemu:x:65534:")):
+        text = Path(f"/etc/{db}").read_text()
+        if not any(l.startswith("libvirt-qemu:") for l in text.splitlines()):
+            private = Path("/run/libvirt") / f"qlbench-{db}"
+            private.write_text(text.rstrip("\n") + "\n" + entry + "\n")
+            subprocess.run(["mount", "--bind", str(private), f"/etc/{db}"], check=True)
     # Root QEMU without sandboxing extras, as KubeVirt's virtqemud runs QEMU (no cgroup or mount
     # namespace management by libvirt inside the pod, no security driver).
     Path("/etc/libvirt/qemu.conf").write_text(
