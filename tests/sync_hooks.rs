@@ -7,7 +7,7 @@
 //!   user data written into the NoCloud ISO QEMU is given;
 //! - a disk-driver hook sets the root disk's cache mode, as QEMU then reports it (`query-block`)
 //!   and GetDomain shows it;
-//! - a hook that changes what qlauncher cannot take (a disk's error policy) fails the sync with
+//! - a hook that changes what qlauncher cannot take (a disk's driver name) fails the sync with
 //!   the sidecar's socket and the element path, and no QEMU starts.
 //!
 //! The launchers run in-process in a private network namespace of the test thread. Needs root
@@ -88,19 +88,19 @@ fn hook_sidecars_edit_the_domain_the_guest_runs_or_refuse_it() {
     });
 }
 
-/// An error-policy edit is not a change qlauncher takes from a hook (yet): the sync fails naming
+/// A disk-driver name edit is not a change qlauncher takes from a hook: the sync fails naming
 /// the sidecar and the element, before any QEMU runs.
 async fn refused() {
     let uid = format!("6a1c0b3e-0000-4000-8002-{:012}", std::process::id());
     let script = Script::new(&["v1alpha2"], &[ON_DEFINE_DOMAIN])
-        .on_define(|xml| xml.replacen("error_policy=\"stop\"", "error_policy=\"report\"", 1));
+        .on_define(|xml| xml.replacen("name=\"qemu\"", "name=\"tap\"", 1));
     let (root, sidecar) = root_with_sidecar(&uid, script).await;
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
     let (ok, message) = handler::sync(&mut client, &vmi(&uid)).await;
-    assert!(!ok, "an error-policy edit was taken");
+    assert!(!ok, "a driver name edit was taken");
     assert!(
-        message.contains("smbios.sock") && message.contains("driver@error_policy"),
+        message.contains("smbios.sock") && message.contains("driver@name"),
         "{message}"
     );
     assert_eq!(sidecar.methods(), ["Info", "OnDefineDomain"]);

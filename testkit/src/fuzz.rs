@@ -862,11 +862,22 @@ pub fn hook_answer(data: &[u8]) {
                 .checked_sub(plan.extra_args.len())
                 .expect("the hook's words fit before -sandbox");
             assert_eq!(&argv[start..sandbox], plan.extra_args.as_slice());
-            // A disk cache edit changes only the cache flags of that disk's nodes and frontend.
+            // A disk edit changes only the tier-2 keys of that disk's nodes and frontend.
             let without_cache = |w: &String| match serde_json::from_str::<serde_json::Value>(w) {
                 Ok(serde_json::Value::Object(mut m)) => {
-                    m.remove("cache");
-                    m.remove("write-cache");
+                    for k in [
+                        "cache",
+                        "write-cache",
+                        "aio",
+                        "discard",
+                        "werror",
+                        "rerror",
+                        "num-queues",
+                        "serial",
+                        "device_id",
+                    ] {
+                        m.remove(k);
+                    }
                     serde_json::Value::Object(m).to_string()
                 }
                 _ => w.clone(),

@@ -317,6 +317,7 @@ fn driver(
             match a {
                 Aio::Native => "native",
                 Aio::Threads => "threads",
+                Aio::IoUring => "io_uring",
             }
             .into()
         }),

@@ -128,9 +128,9 @@ mod tests {
         let answer = SENT.replace("cache=\"none\"", "cache=\"writeback\"");
         assert_eq!(
             diff_answer(SENT, &answer).unwrap(),
-            vec![HookEdit::DiskCache {
+            vec![HookEdit::Disk {
                 alias: "ua-root".into(),
-                mode: CacheMode::Writeback
+                edit: DiskEdit::Cache(CacheMode::Writeback)
             }]
         );
         let answer = SENT.replace("cache=\"none\"", "cache=\"fast\"");

@@ -44,6 +44,9 @@ pub enum Aio {
     Threads,
     /// Linux native AIO (needs O_DIRECT).
     Native,
+    /// Linux io_uring (QEMU 5.0+, built with liburing; libvirt's `io='io_uring'`).
+    #[serde(rename = "io_uring")]
+    IoUring,
 }
 
 /// A protocol (storage) node: `{"driver":"file","filename":..,"node-name":"libvirt-N-storage",..}`.

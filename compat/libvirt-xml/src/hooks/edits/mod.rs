@@ -1,7 +1,10 @@
-//! What an answer may change: the tier-1 differences as typed [`HookEdit`]s
-//! ([`diff_answer`]), applied to a plan ([`apply`]).
+//! What an answer may change: the tier-1 differences and the tier-2 ones of each room
+//! ([`disk`]) as typed [`HookEdit`]s ([`diff_answer`]), applied to a plan ([`apply`]).
 
 use super::*;
+
+mod disk;
+pub use disk::*;
 
 /// SMBIOS mode (`<os><smbios mode=..>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,54 +32,14 @@ pub enum HookEdit {
     },
     /// `<os><smbios mode>`.
     SmbiosMode(SmbiosMode),
-    /// `<disk><driver cache>` of the disk with QEMU id (alias) `alias` (tier 2, disks first).
-    DiskCache {
+    /// A change of the `<disk>` with QEMU id (alias) `alias` (tier 2: its driver's cache, io,
+    /// discard, error policies and queues, its serial).
+    Disk {
         /// The disk's alias (`ua-<disk name>`).
         alias: String,
-        /// The cache mode.
-        mode: CacheMode,
+        /// The change.
+        edit: DiskEdit,
     },
-}
-
-/// libvirt's disk cache modes and the QEMU flags each stands for (`qemuDomainDiskCachemodeFlags`):
-/// `cache.direct` and `cache.no-flush` of every blockdev node, the frontend's `write-cache`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheMode {
-    /// `none`: O_DIRECT, guest write cache on.
-    None,
-    /// `writethrough`: host page cache, every write flushed (guest write cache off).
-    Writethrough,
-    /// `writeback`: host page cache, guest write cache on.
-    Writeback,
-    /// `directsync`: O_DIRECT, guest write cache off.
-    Directsync,
-    /// `unsafe`: flushes ignored.
-    Unsafe,
-}
-
-impl CacheMode {
-    /// The mode of a libvirt `cache` value; `None` for any other text.
-    pub fn from_libvirt(value: &str) -> Option<CacheMode> {
-        Some(match value {
-            "none" => CacheMode::None,
-            "writethrough" => CacheMode::Writethrough,
-            "writeback" => CacheMode::Writeback,
-            "directsync" => CacheMode::Directsync,
-            "unsafe" => CacheMode::Unsafe,
-            _ => return Option::None,
-        })
-    }
-
-    /// `(direct, no_flush, write_cache)`.
-    pub fn flags(self) -> (bool, bool, &'static str) {
-        match self {
-            CacheMode::None => (true, false, "on"),
-            CacheMode::Writethrough => (false, false, "off"),
-            CacheMode::Writeback => (false, false, "on"),
-            CacheMode::Directsync => (true, false, "off"),
-            CacheMode::Unsafe => (false, true, "on"),
-        }
-    }
 }
 
 impl std::fmt::Display for HookEdit {
@@ -86,7 +49,7 @@ impl std::fmt::Display for HookEdit {
             HookEdit::Env(e) => write!(f, "qemu:commandline env {e:?}"),
             HookEdit::Smbios { table, fields } => write!(f, "smbios type {table} {fields:?}"),
             HookEdit::SmbiosMode(m) => write!(f, "os/smbios@mode {m:?}"),
-            HookEdit::DiskCache { alias, mode } => write!(f, "disk {alias} cache {mode:?}"),
+            HookEdit::Disk { alias, edit } => write!(f, "disk {alias} {edit}"),
         }
     }
 }
@@ -149,8 +112,8 @@ pub(super) struct Tier1 {
     /// `(section, entries)`: name (empty for `oemStrings`) and value, in order, empty values
     /// dropped.
     sections: BTreeMap<String, Vec<(String, String)>>,
-    /// `driver@cache` of each disk with an alias, by alias.
-    disk_cache: BTreeMap<String, Option<String>>,
+    /// The tier-2 attributes of each disk with an alias, by alias.
+    disks: BTreeMap<String, DiskView>,
 }
 
 /// Takes the tier-1 elements out of `d` (so the rest can be compared as a whole).
@@ -180,22 +143,7 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
         });
     }
     d.children.retain(|c| c.name != "metadata");
-    for devices in d.children.iter_mut().filter(|c| c.name == "devices") {
-        for disk in devices.children.iter_mut().filter(|c| c.name == "disk") {
-            let alias = disk
-                .children
-                .iter()
-                .find(|c| c.name == "alias")
-                .and_then(|a| a.attrs.get("name").cloned());
-            let Some(alias) = alias else { continue };
-            let cache = disk
-                .children
-                .iter_mut()
-                .find(|c| c.name == "driver")
-                .and_then(|drv| drv.attrs.remove("cache"));
-            t.disk_cache.insert(alias, cache);
-        }
-    }
+    t.disks = take_disks(d);
     if let Some(s) = d.children.iter_mut().find(|c| c.name == "sysinfo") {
         s.children.retain(|sec| {
             let known = matches!(
@@ -375,27 +323,7 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
         }
         edits.push(HookEdit::Smbios { table, fields });
     }
-    for (alias, answered) in &t1.disk_cache {
-        let sent = t0.disk_cache.get(alias).cloned().flatten();
-        if *answered == sent {
-            continue;
-        }
-        let path = format!("domain/devices/disk[{alias}]/driver@cache");
-        let mode = answered.as_deref().and_then(CacheMode::from_libvirt);
-        let Some(mode) = mode else {
-            return Err(Refusal {
-                path,
-                sent: sent.unwrap_or_else(|| "-".into()),
-                answered: answered.clone().unwrap_or_else(|| "-".into()),
-                reason: "not a cache mode (none, writethrough, writeback, directsync, unsafe)"
-                    .into(),
-            });
-        };
-        edits.push(HookEdit::DiskCache {
-            alias: alias.clone(),
-            mode,
-        });
-    }
+    edits.extend(diff_disks(&t0.disks, &t1.disks)?);
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
     if a != b {
         let mut fields = Vec::new();
@@ -472,7 +400,7 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
             HookEdit::Env(v) => plan.extra_env = v.clone(),
             HookEdit::SmbiosMode(SmbiosMode::Emulate) => plan.smbios.clear(),
             HookEdit::SmbiosMode(SmbiosMode::Sysinfo) => {}
-            HookEdit::DiskCache { alias, mode } => set_disk_cache(plan, alias, *mode),
+            HookEdit::Disk { alias, edit } => apply_disk(plan, alias, edit),
             HookEdit::Smbios { table, fields } => {
                 let mut fields = fields.clone();
                 if *table == 1 {
@@ -487,37 +415,6 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
                     plan.smbios.sort_by_key(|t| t.table);
                 }
             }
-        }
-    }
-}
-
-/// Gives the disk `alias` the cache `mode`: the flags on every node of its blockdev chain that
-/// has cache flags (an empty cdrom has none), `write-cache` on its frontend.
-fn set_disk_cache(plan: &mut DomainPlan, alias: &str, mode: CacheMode) {
-    use qlauncher_core::cmdline::plan::{Backend, DeviceClass};
-    use qlauncher_core::cmdline::qemu::{Blockdev, BlockdevCache, Device};
-    let (direct, no_flush, write_cache) = mode.flags();
-    let cache = BlockdevCache { direct, no_flush };
-    for d in plan
-        .devices
-        .iter_mut()
-        .filter(|d| d.class == DeviceClass::Disk && d.device.id() == alias)
-    {
-        if let Backend::Blockdevs(nodes) = &mut d.backend {
-            for node in nodes {
-                let c = match node {
-                    Blockdev::Protocol(p) => &mut p.cache,
-                    Blockdev::Format(f) => &mut f.cache,
-                };
-                if c.is_some() {
-                    *c = Some(cache);
-                }
-            }
-        }
-        match &mut d.device {
-            Device::VirtioBlk(v) if v.write_cache.is_some() => v.write_cache = Some(write_cache),
-            Device::DiskFrontend(f) if f.write_cache.is_some() => f.write_cache = Some(write_cache),
-            _ => {}
         }
     }
 }
