@@ -10,6 +10,8 @@
 //! v1alpha1` Go types; only what the domain hooks need is kept, the rest of a `Plugin` is
 //! accepted and dropped).
 
+pub mod cel;
+
 use std::time::Duration;
 
 use serde::{Deserialize, Deserializer};
