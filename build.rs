@@ -1,11 +1,11 @@
-//! Compiles qlauncher's copies of KubeVirt's handler <-> launcher gRPC API and hook sidecar API
-//! (`proto/`) into Rust.
+//! Compiles qlauncher's copies of KubeVirt's handler <-> launcher gRPC API, hook sidecar API and
+//! VEP-190 plugin sidecar API (`proto/`) into Rust.
 //!
 //! protox parses the `.proto` files in pure Rust, so no `protoc` binary is needed; tonic-prost-build
 //! then generates the prost messages and the tonic client and server stubs into `OUT_DIR`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: [&str; 8] = [
+    const PROTOS: [&str; 9] = [
         "proto/kubevirt/cmd/v1/cmd.proto",
         "proto/kubevirt/cmd/info/info.proto",
         "proto/kubevirt/notify/v1/notify.proto",
@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/kubevirt/hooks/v1alpha1/v1alpha1.proto",
         "proto/kubevirt/hooks/v1alpha2/v1alpha2.proto",
         "proto/kubevirt/hooks/v1alpha3/v1alpha3.proto",
+        "proto/kubevirt/hooks/plugins/v1alpha1/plugins.proto",
     ];
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");

@@ -19,6 +19,7 @@
 //! `qlauncher_libvirt_xml::hooks` (diff, edits, refusals), called by the launcher.
 
 pub mod cloud_init;
+pub mod plugins;
 pub mod proto;
 
 pub use qlauncher_libvirt_xml::hooks::{apply, diff_answer, HookEdit, Refusal};
