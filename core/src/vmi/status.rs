@@ -57,6 +57,89 @@ pub struct VmiStatus {
     /// Conditions virt-handler and virt-controller set (`AgentConnected`, `Paused`, ...).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conditions: Option<Vec<VmiCondition>>,
+    /// Changed block tracking: the state virt-controller sets and the running backup (KubeVirt
+    /// `ChangedBlockTrackingStatus`, v1.9.0 `types.go:2265`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed_block_tracking: Option<ChangedBlockTrackingStatus>,
+}
+
+impl VmiStatus {
+    /// True when the disks must run on CBT overlays: the state is `Initializing` or `Enabled`
+    /// (KubeVirt `virtwrap/storage/cbt.go` `ApplyChangedBlockTracking`).
+    pub fn cbt_active(&self) -> bool {
+        self.changed_block_tracking
+            .as_ref()
+            .is_some_and(ChangedBlockTrackingStatus::overlays_wanted)
+    }
+}
+
+/// `status.changedBlockTracking` (KubeVirt `ChangedBlockTrackingStatus`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct ChangedBlockTrackingStatus {
+    /// `""`, `PendingRestart`, `Initializing`, `Enabled`, `Disabled` or
+    /// `IncrementalBackupFeatureGateDisabled` (KubeVirt `ChangedBlockTrackingState`).
+    pub state: String,
+    /// The backup in progress or last finished, until virt-controller removes it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup_status: Option<BackupStatus>,
+}
+
+impl ChangedBlockTrackingStatus {
+    /// `Initializing` or `Enabled`: the states in which KubeVirt's launcher makes or uses overlays.
+    pub fn overlays_wanted(&self) -> bool {
+        matches!(self.state.as_str(), "Initializing" | "Enabled")
+    }
+}
+
+/// `status.changedBlockTracking.backupStatus` (KubeVirt `VirtualMachineInstanceBackupStatus`,
+/// `types.go:2236`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BackupStatus {
+    /// Name of the `VirtualMachineBackup`.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub backup_name: String,
+    /// RFC 3339 start time (the backup's creation timestamp).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub start_timestamp: Option<String>,
+    /// RFC 3339 end time, once finished.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub end_timestamp: Option<String>,
+    /// The backup finished (successfully or not).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub completed: bool,
+    /// The backup failed.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub failed: bool,
+    /// Failure reason or warning (e.g. a failed thaw).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup_msg: Option<String>,
+    /// Checkpoint the backup created.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub checkpoint_name: Option<String>,
+    /// Volumes in the backup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub volumes: Option<Vec<BackupVolumeInfo>>,
+    /// `Succeeded`, `Failed` or `Skipped` (the guest freeze).
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub quiesce_status: String,
+}
+
+/// One volume of a backup (KubeVirt `backup/v1alpha1` `BackupVolumeInfo`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", default)]
+pub struct BackupVolumeInfo {
+    /// Volume name.
+    pub volume_name: String,
+    /// Domain target device (`vda`).
+    pub disk_target: String,
+    /// NBD data endpoint (pull mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub data_endpoint: Option<String>,
+    /// Dirty-map endpoint (pull mode).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub map_endpoint: Option<String>,
 }
 
 /// One `status.conditions[]` entry (KubeVirt `VirtualMachineInstanceCondition`, the fields the
@@ -247,4 +330,39 @@ pub struct TopologyHints {
     /// TSC frequency in Hz.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tsc_frequency: Option<i64>,
+}
+
+#[cfg(test)]
+mod cbt_tests {
+    use super::*;
+
+    #[test]
+    fn changed_block_tracking_round_trips_kubevirt_json() {
+        let json = r#"{"changedBlockTracking":{"state":"Enabled","backupStatus":{"backupName":"nightly","startTimestamp":"2026-12-02T21:00:00Z","completed":true,"checkpointName":"nightly-20261202210000","volumes":[{"volumeName":"rootdisk","diskTarget":"vda"}]}}}"#;
+        let st: VmiStatus = serde_json::from_str(json).unwrap();
+        assert!(st.cbt_active());
+        let cbt = st.changed_block_tracking.as_ref().unwrap();
+        let b = cbt.backup_status.as_ref().unwrap();
+        assert_eq!(b.backup_name, "nightly");
+        assert!(b.completed && !b.failed);
+        assert_eq!(b.volumes.as_ref().unwrap()[0].disk_target, "vda");
+        let back: serde_json::Value = serde_json::to_value(&st).unwrap();
+        assert_eq!(
+            back,
+            serde_json::from_str::<serde_json::Value>(json).unwrap()
+        );
+        for (state, want) in [
+            ("Initializing", true),
+            ("Disabled", false),
+            ("", false),
+            ("PendingRestart", false),
+        ] {
+            let c = ChangedBlockTrackingStatus {
+                state: state.into(),
+                backup_status: None,
+            };
+            assert_eq!(c.overlays_wanted(), want, "{state}");
+        }
+        assert!(!VmiStatus::default().cbt_active());
+    }
 }
