@@ -306,7 +306,7 @@ fn nic_plans_by_fd(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use qlauncher_libvirt_xml::hooks::{CacheMode, HookedDomain};
+    use qlauncher_libvirt_xml::hooks::{CacheMode, DiskEdit, HookedDomain};
 
     #[test]
     fn the_sources_cpu_word_is_compared_as_the_adopted_one() {
@@ -345,9 +345,9 @@ mod tests {
         };
         assert_eq!(
             source_hook_edits(&definition(Some(cache))).unwrap(),
-            vec![HookEdit::DiskCache {
+            vec![HookEdit::Disk {
                 alias: "ua-root".into(),
-                mode: CacheMode::Writeback
+                edit: DiskEdit::Cache(CacheMode::Writeback)
             }]
         );
         // A peer cannot send what no hook may answer: a launcher option in qemu:commandline.

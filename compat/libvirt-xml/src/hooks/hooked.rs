@@ -48,9 +48,9 @@ mod tests {
         let edits = hooked.edits().unwrap();
         assert_eq!(
             edits,
-            vec![HookEdit::DiskCache {
+            vec![HookEdit::Disk {
                 alias: "ua-root".into(),
-                mode: super::super::CacheMode::Unsafe
+                edit: super::super::DiskEdit::Cache(super::super::CacheMode::Unsafe)
             }]
         );
         let same = HookedDomain {
