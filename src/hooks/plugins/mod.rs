@@ -11,6 +11,7 @@
 //! accepted and dropped).
 
 pub mod cel;
+pub mod pipeline;
 
 use std::time::Duration;
 
