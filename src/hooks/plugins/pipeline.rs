@@ -377,10 +377,12 @@ impl MutateCall<'_> {
                     st.message()
                 ))
             }
-            Err(_) => return Err(format!(
+            Err(_) => {
+                return Err(format!(
                 "MutateDomain RPC to {plugin} failed with DeadlineExceeded: no answer within {:?}",
                 self.timeout
-            )),
+            ))
+            }
         };
         String::from_utf8(answer.domain)
             .map_err(|_| "unmarshal sidecar response: the domain XML answered is not UTF-8".into())
