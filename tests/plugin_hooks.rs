@@ -250,7 +250,40 @@ async fn failing_hooks_stop_the_definition_naming_the_plugin() {
 #[test]
 fn plugins_edit_the_domain_the_guest_runs() {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
-    testkit::in_process::runtime().block_on(boot());
+    testkit::in_process::runtime().block_on(async {
+        refused().await;
+        boot().await;
+    });
+}
+
+/// A `Fail` plugin hook, and `pluginsJson` that is not a list of plugins, fail the sync with
+/// the plugin and hook named (KubeVirt's texts), before any QEMU runs.
+async fn refused() {
+    use testkit::guest::GuestImages;
+    use testkit::handler;
+    use testkit::in_process::{InProcess, LauncherRoot};
+
+    let uid = format!("6a1c0b3e-0000-4000-8012-{:012}", std::process::id());
+    let images = GuestImages::locate();
+    let root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let mut client = launcher.client.clone();
+    let (ok, message) =
+        handler::sync_with_plugins(&mut client, &vmi(&uid), &json!({"not": "a list"})).await;
+    assert!(!ok);
+    assert!(
+        message.contains("failed to deserialize plugins from options"),
+        "{message}"
+    );
+    let failing = json!([{"metadata": {"name": "p"}, "spec": {"domainHooks": [
+        {"cel": {"expression": "Domain{Title: \"t\"}"}}]}}]);
+    let (ok, message) = handler::sync_with_plugins(&mut client, &vmi(&uid), &failing).await;
+    assert!(!ok);
+    assert!(
+        message.contains("applying plugin domain hooks failed: plugin p hook 0 failed"),
+        "{message}"
+    );
+    assert!(launcher.manager.qemu_pid().is_none(), "QEMU started");
 }
 
 async fn boot() {
