@@ -222,6 +222,33 @@ async fn failing_hooks_stop_the_definition_naming_the_plugin() {
         "{r:?}"
     );
 
+    // Hostile answers: not XML, and more than the 4 MiB a hook answer may have.
+    let _garbage = FakePlugin::start_in(dir, "p", "garbage.sock", Duration::ZERO, |_| {
+        Ok("<domain><<<".into())
+    });
+    let _huge = FakePlugin::start_in(dir, "p", "huge.sock", Duration::ZERO, |x| {
+        Ok(x.replacen(
+            "</domain>",
+            &format!("<!--{}--></domain>", "x".repeat(5 << 20)),
+            1,
+        ))
+    });
+    let (r, _) = run(
+        &one(json!({"sidecar": {"socketPath": socket("p", "garbage.sock")}})),
+        dir,
+    )
+    .await;
+    assert!(
+        matches!(&r, Err(PluginError::Refused { refusal, .. }) if refusal.reason.contains("malformed")),
+        "{r:?}"
+    );
+    let (r, _) = run(
+        &one(json!({"sidecar": {"socketPath": socket("p", "huge.sock")}})),
+        dir,
+    )
+    .await;
+    assert!(matches!(&r, Err(PluginError::Hook { .. })), "{r:?}");
+
     // A CEL mutation that fails under Fail.
     let (r, _) = run(
         &one(json!({"cel": {"expression": "Domain{Title: \"t\"}"}})),
@@ -241,6 +268,11 @@ async fn failing_hooks_stop_the_definition_naming_the_plugin() {
     assert!(
         matches!(&r, Err(PluginError::Condition { hook: None, .. })),
         "{r:?}"
+    );
+    let text = r.unwrap_err().to_string();
+    assert!(
+        text.starts_with("plugin p condition evaluation failed: "),
+        "{text}"
     );
 }
 

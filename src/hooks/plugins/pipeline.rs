@@ -77,7 +77,7 @@ impl Default for Times {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PluginError {
     /// A plugin's `condition` (hook `None`) or a hook's could not be evaluated.
-    #[error("plugin {plugin} {} condition evaluation failed: {error}", hook.map_or_else(String::new, |h| format!("hook {h}")))]
+    #[error("plugin {plugin} {}condition evaluation failed: {error}", hook_label(*hook))]
     Condition {
         /// The plugin's name.
         plugin: String,
@@ -106,6 +106,11 @@ pub enum PluginError {
         /// The element, the values sent and answered, and why.
         refusal: Refusal,
     },
+}
+
+/// `hook <i> ` for a hook's condition, nothing for the plugin's (KubeVirt's texts).
+fn hook_label(hook: Option<usize>) -> String {
+    hook.map_or_else(String::new, |h| format!("hook {h} "))
 }
 
 /// The domain the hooks change, as the pipeline sees it.
