@@ -129,7 +129,7 @@ pub trait HookTarget {
 /// The launcher's [`HookTarget`]: a converted plan and the typed edits the hooks made of it so
 /// far. Each answer is diffed against the text the hook got ([`hooks::diff_answer`]); its edits
 /// are applied to the plan ([`hooks::apply`]) and the domain exported again
-/// ([`qlauncher_libvirt_xml::export`], printed as [`hooks::kubevirt_input`]) for the next hook.
+/// ([`qlauncher_libvirt_xml::export()`], printed as [`hooks::kubevirt_input`]) for the next hook.
 #[derive(Debug, Clone)]
 pub struct PlannedDomain<'a> {
     view: &'a Vmi,
