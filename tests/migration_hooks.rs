@@ -15,7 +15,8 @@ use std::time::Duration;
 use qlauncher::hooks::ON_DEFINE_DOMAIN;
 use qlauncher::sync::domain::{LifeCycle as L, StateChangeReason as R};
 use testkit::guest::GuestImages;
-use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakeSidecar, Script};
+use testkit::handler::sync_with_plugins;
+use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakePlugin, FakeSidecar, Script};
 use testkit::launcher::{get_domain, sync, Pod};
 use testkit::migration::{
     exec_until_ok, migrating_vmi, options, plain_vmi, pod_pair, wait_notified, Relay, Rpc,
@@ -111,5 +112,106 @@ async fn a_hooked_domain_migrates_with_its_edits() {
     assert_eq!(source_hook.methods(), ["Info", "OnDefineDomain"]);
     // Called, for its side effects only.
     assert_eq!(target_hook.methods(), ["Info", "OnDefineDomain"]);
+    source.wait_launcher(s, Duration::from_secs(60)).await;
+}
+
+/// The pod's VEP-190 plugin sidecar `b-board` answering `vendor` as the board vendor, its socket
+/// open to the launcher's user.
+fn plugin(pod: &Pod, vendor: &'static str) -> FakePlugin {
+    let dir = pod.root.join("var/run/kubevirt-plugin");
+    let fake = FakePlugin::start_in(&dir, "b-board", "hook.sock", Duration::ZERO, move |xml| {
+        Ok(kubevirt_e2e_smbios(xml).replace("Radical Edward", vendor))
+    });
+    std::fs::set_permissions(&fake.socket, std::fs::Permissions::from_mode(0o777)).unwrap();
+    fake
+}
+
+fn plugins() -> serde_json::Value {
+    serde_json::json!([{"metadata": {"name": "b-board"}, "spec": {"domainHooks": [
+        {"sidecar": {"socketPath": "/var/run/kubevirt-plugin/b-board/hook.sock"}}]}}])
+}
+
+/// The same with a VEP-190 plugin in both pods: the source's plugin edit (invocation context
+/// `Boot`) migrates; the target's plugin is called with `MigrationTarget` (KubeVirt's
+/// `PrepareMigrationTarget`) and its answer is not what the migrated domain runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_hooked_domain_migrates_with_its_edits() {
+    let images = GuestImages::locate();
+    let (mut source, mut target) = pod_pair(&images.disk_qcow2);
+    let uid = source.uid.clone();
+    let source_plugin = plugin(&source, "Plugin Source");
+    let target_plugin = plugin(&target, "Plugin Target");
+
+    let s = source.start_launcher_with(&[]);
+    let mut sc = source.client(s).await;
+    assert_eq!(
+        sync_with_plugins(&mut sc, &plain_vmi(&uid), &plugins()).await,
+        (true, String::new())
+    );
+    source.wait_event((L::Running, R::Unknown), BOOT).await;
+    assert_eq!(
+        exec_until_ok(&mut sc, VENDOR, BOOT).await.trim(),
+        "Plugin Source"
+    );
+    let guest_mac = get_domain(&mut sc).await.unwrap().spec.devices.interfaces[0]
+        .mac
+        .clone()
+        .unwrap()
+        .mac;
+    let vmi = migrating_vmi(&uid, "mig-plugins", &target.pod_name(), &guest_mac);
+
+    let t = target.start_launcher_with(&[]);
+    let mut tc = target.client(t).await;
+    assert_eq!(
+        Rpc::sync_target_with_plugins(&mut tc, &vmi, &plugins()).await,
+        (true, String::new())
+    );
+    let contexts: Vec<_> = target_plugin
+        .calls()
+        .into_iter()
+        .map(|c| c.invocation_context)
+        .collect();
+    assert_eq!(contexts, ["MigrationTarget"]);
+    let _relay = Relay::start(&source, &target, &uid).await;
+    assert_eq!(
+        Rpc::migrate(&mut sc, &vmi, &options("0", 150)).await,
+        (true, String::new())
+    );
+    wait_notified(
+        &target,
+        "target Running after the migration",
+        MIGRATION,
+        |d| {
+            d.status.status == L::Running
+                && d.spec
+                    .metadata
+                    .kubevirt
+                    .migration
+                    .as_ref()
+                    .is_some_and(|m| m.end_timestamp.is_some() && !m.failed)
+        },
+    )
+    .await;
+    assert_eq!(
+        exec_until_ok(&mut tc, VENDOR, Duration::from_secs(30))
+            .await
+            .trim(),
+        "Plugin Source"
+    );
+    // A later sync on the target keeps the source's edits.
+    assert_eq!(
+        sync_with_plugins(&mut tc, &vmi, &plugins()).await,
+        (true, String::new())
+    );
+    let after = get_domain(&mut tc).await.unwrap();
+    let sysinfo = serde_json::to_value(&after.spec).unwrap()["SysInfo"].to_string();
+    assert!(sysinfo.contains("Plugin Source"), "{sysinfo}");
+    assert!(!sysinfo.contains("Plugin Target"), "{sysinfo}");
+    let contexts: Vec<_> = source_plugin
+        .calls()
+        .into_iter()
+        .map(|c| c.invocation_context)
+        .collect();
+    assert_eq!(contexts, ["Boot"]);
     source.wait_launcher(s, Duration::from_secs(60)).await;
 }

@@ -220,8 +220,14 @@ pub fn domain_xml(
 /// Connects to a hook socket as KubeVirt's `DialSocketWithTimeout` does: plaintext HTTP/2,
 /// authority `localhost`, the connection made before returning, within [`DIAL_TIMEOUT`].
 async fn dial(socket: &Path) -> Result<Channel, HookError> {
+    dial_within(socket, DIAL_TIMEOUT).await
+}
+
+/// [`dial`] within `timeout` (a plugin sidecar's is KubeVirt's 5 s,
+/// [`plugins::DIAL_TIMEOUT`]).
+pub(crate) async fn dial_within(socket: &Path, timeout: Duration) -> Result<Channel, HookError> {
     let path = socket.to_owned();
-    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(DIAL_TIMEOUT);
+    let endpoint = Endpoint::from_static("http://localhost").connect_timeout(timeout);
     let connect = endpoint.connect_with_connector(tower::service_fn(move |_: Uri| {
         let path = path.clone();
         async move {
@@ -233,10 +239,10 @@ async fn dial(socket: &Path) -> Result<Channel, HookError> {
         socket: socket.to_owned(),
         reason,
     };
-    match tokio::time::timeout(DIAL_TIMEOUT, connect).await {
+    match tokio::time::timeout(timeout, connect).await {
         Ok(Ok(channel)) => Ok(channel),
         Ok(Err(e)) => Err(dial_error(error_chain(&e))),
-        Err(_) => Err(dial_error(format!("no connection within {DIAL_TIMEOUT:?}"))),
+        Err(_) => Err(dial_error(format!("no connection within {timeout:?}"))),
     }
 }
 

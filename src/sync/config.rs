@@ -72,6 +72,9 @@ pub struct SyncConfig {
     /// The hook sidecars collected at start-up (`--hook-sidecars`, [`crate::hooks::collect`]);
     /// empty without them.
     pub hooks: crate::hooks::Sidecars,
+    /// Where the VEP-190 plugin sidecars' sockets are: KubeVirt's `/var/run/kubevirt-plugin`
+    /// ([`crate::hooks::plugins::PLUGIN_DIR`]) under the root, as the hook sidecars' directory is.
+    pub plugin_dir: PathBuf,
 }
 
 /// How long a guest may take to release an unplugged device (`DEVICE_DELETED`).
@@ -165,6 +168,7 @@ impl SyncConfig {
             migration_control_socket: root.join(TARGET_CONTROL_SOCKET.trim_start_matches('/')),
             image_volume: None,
             hooks: Default::default(),
+            plugin_dir: root.join(crate::hooks::plugins::PLUGIN_DIR.trim_start_matches('/')),
         }
     }
 }

@@ -14,6 +14,9 @@ use tracing::info;
 
 use crate::cmdline::qemu::KeyVal;
 use crate::cmdline::{render, ConverterContext, DomainPlan};
+use crate::hooks::plugins::pipeline::HookTarget;
+use crate::hooks::plugins::pipeline::{self, InvocationContext, PlannedDomain, Times};
+use crate::hooks::plugins::Plugin;
 use crate::hooks::Sidecars;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::domain::ApiDomain;
@@ -80,51 +83,91 @@ pub(crate) struct Hooked {
     pub(crate) domain: Option<HookedDomain>,
 }
 
+/// The VEP-190 plugins a definition runs (from the SyncVirtualMachine options'
+/// `pluginsJson`) and where their sockets are.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct PluginRun<'a> {
+    /// The plugins, as virt-handler sent them.
+    pub(crate) plugins: &'a [Plugin],
+    /// Where `/var/run/kubevirt-plugin` is ([`crate::sync::config::SyncConfig::plugin_dir`]).
+    pub(crate) dir: &'a Path,
+    /// Why they run.
+    pub(crate) context: InvocationContext,
+}
+
 /// The hook sidecars' `OnDefineDomain` (KubeVirt's `SetDomainSpecStrWithHooks`,
-/// `pkg/hooks/manager.go`): the domain of `plan` as KubeVirt would send it (Go's
+/// `pkg/hooks/manager.go`), then the plugins' domain hooks (KubeVirt's `ApplyDomainHooks`,
+/// [`pipeline::apply_domain_hooks`]): the domain of `plan` as KubeVirt would send it (Go's
 /// `encoding/xml` text of its `api.DomainSpec`, [`hooks::kubevirt_input`]) goes through every
 /// subscribed sidecar in order, each answer diffed against the text that sidecar got
-/// ([`hooks::diff_answer`]), and the differences become typed plan edits, in order. `vmi` is the
-/// VMI virt-handler sent (as JSON to the sidecars), `view` and `ctx` what the plan was converted
-/// from. No subscriber: no edits, no export ([`Hooked::default`]).
+/// ([`hooks::diff_answer`]), and the differences become typed plan edits, in order; each
+/// plugin's hook then gets the domain with those edits, and its answer (a CEL mutation's domain
+/// printed the same way, or a sidecar's `MutateDomain` XML) takes the same diff. `vmi` is the VMI
+/// virt-handler sent (as JSON to the hooks), `view` and `ctx` what the plan was converted from.
+/// No subscriber and no plugin: no edits, no export ([`Hooked::default`]).
 ///
 /// # Errors
 /// [`SyncError::Hook`] (a sidecar cannot be called or fails), [`SyncError::HookRefused`] (an
 /// answer asks for a change the plan cannot take, naming the sidecar and the element),
+/// [`SyncError::Plugin`] (a plugin's condition or `Fail` hook, naming the plugin and the hook),
 /// [`SyncError::DomainSpec`] (the plan cannot be exported).
 pub(crate) async fn on_define_domain(
     sidecars: &Sidecars,
+    plugins: PluginRun<'_>,
     vmi: &Vmi,
     view: &Vmi,
     ctx: &ConverterContext,
     plan: &DomainPlan,
 ) -> Result<Hooked, SyncError> {
-    if !sidecars.subscribes(crate::hooks::ON_DEFINE_DOMAIN) {
+    let subscribed = sidecars.subscribes(crate::hooks::ON_DEFINE_DOMAIN);
+    if !subscribed && plugins.plugins.is_empty() {
         return Ok(Hooked::default());
     }
     let spec_err = |e: qlauncher_libvirt_xml::CompatError| SyncError::DomainSpec(Box::new(e));
     let domain = qlauncher_libvirt_xml::export(view, ctx, plan).map_err(spec_err)?;
     let sent = hooks::kubevirt_input(&domain).map_err(spec_err)?;
     // A `Vmi` (string keys, no maps with other keys) always serialises.
-    let vmi_json = serde_json::to_vec(vmi).unwrap_or_default();
-    let steps = sidecars
-        .on_define_domain_steps(&sent, &vmi_json)
-        .await
-        .map_err(SyncError::Hook)?;
+    let vmi_value = serde_json::to_value(vmi).unwrap_or_default();
+    let vmi_json = serde_json::to_vec(&vmi_value).unwrap_or_default();
     let mut edits = Vec::new();
     let mut before = sent.clone();
-    for step in steps {
-        let changes = hooks::diff_answer(&before, &step.domain_xml).map_err(|refusal| {
-            SyncError::HookRefused {
-                socket: step.socket.clone(),
-                refusal,
+    if subscribed {
+        let steps = sidecars
+            .on_define_domain_steps(&sent, &vmi_json)
+            .await
+            .map_err(SyncError::Hook)?;
+        for step in steps {
+            let changes = hooks::diff_answer(&before, &step.domain_xml).map_err(|refusal| {
+                SyncError::HookRefused {
+                    socket: step.socket.clone(),
+                    refusal,
+                }
+            })?;
+            for e in &changes {
+                info!(sidecar = %step.socket.display(), edit = %e, "hook sidecar edits the domain");
             }
-        })?;
-        for e in &changes {
-            info!(sidecar = %step.socket.display(), edit = %e, "hook sidecar edits the domain");
+            edits.extend(changes);
+            before = step.domain_xml;
         }
-        edits.extend(changes);
-        before = step.domain_xml;
+    }
+    if !plugins.plugins.is_empty() {
+        let mut target = PlannedDomain::new(view, ctx, plan, edits).map_err(spec_err)?;
+        let sidecar_edits = target.edits().len();
+        pipeline::apply_domain_hooks(
+            plugins.plugins,
+            &vmi_value,
+            plugins.context,
+            plugins.dir,
+            Times::default(),
+            &mut target,
+        )
+        .await
+        .map_err(|e| SyncError::Plugin(Box::new(e)))?;
+        if target.edits().len() > sidecar_edits {
+            // What a migration carries is then the domain with every edit, as qlauncher runs it.
+            before = target.xml().to_owned();
+        }
+        edits = target.into_edits();
     }
     Ok(Hooked {
         edits,

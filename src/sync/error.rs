@@ -184,6 +184,15 @@ pub enum SyncError {
         /// The element, the values sent and answered, and why.
         refusal: qlauncher_libvirt_xml::hooks::Refusal,
     },
+    /// A VEP-190 plugin's domain hooks stopped the definition (a condition that cannot be
+    /// evaluated, or a `Fail` hook that failed or was refused), naming the plugin and the hook
+    /// ([`crate::hooks::plugins::pipeline`]).
+    #[error("applying plugin domain hooks failed: {0}")]
+    Plugin(#[source] Box<crate::hooks::plugins::pipeline::PluginError>),
+    /// `pluginsJson` of the SyncVirtualMachine options is not a JSON array of `Plugin` objects
+    /// (KubeVirt's `setPluginsFromOptions`).
+    #[error("failed to deserialize plugins from options: {0}")]
+    PluginsJson(#[source] serde_json::Error),
     /// Preparing QEMU's directories or log failed.
     #[error("preparing QEMU: {what}")]
     PrepareQemu {

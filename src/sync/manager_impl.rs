@@ -34,6 +34,18 @@ fn has_condition(vmi: &Vmi, kind: &str) -> bool {
         .is_some_and(|c| c.iter().any(|c| c.kind == kind && c.status == "True"))
 }
 
+/// The VEP-190 plugins of a call's options (`pluginsJson`, KubeVirt's `setPluginsFromOptions`):
+/// none without options or with empty bytes.
+///
+/// # Errors
+/// [`SyncError::PluginsJson`] for bytes that are not a JSON array of `Plugin` objects.
+pub(crate) fn plugins_of(
+    options: Option<&VirtualMachineOptions>,
+) -> Result<Vec<crate::hooks::plugins::Plugin>, SyncError> {
+    let json = options.map_or(&[][..], |o| o.plugins_json.as_slice());
+    crate::hooks::plugins::decode(json).map_err(SyncError::PluginsJson)
+}
+
 impl DomainManager for SyncVmi {
     type Vmi = Vmi;
     type Error = SyncError;
@@ -41,9 +53,11 @@ impl DomainManager for SyncVmi {
     async fn sync_vmi(
         &self,
         vmi: Vmi,
-        _options: Option<VirtualMachineOptions>,
+        options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
-        self.sync(vmi).await
+        // KubeVirt's `setPluginsFromOptions`: the plugins of this call (none without options).
+        let plugins = plugins_of(options.as_ref())?;
+        self.sync(vmi, &plugins).await
     }
 
     async fn pause_vmi(&self, _vmi: Vmi) -> Result<(), SyncError> {

@@ -21,6 +21,8 @@ use tokio::sync::watch;
 use tracing::{info, warn};
 
 use crate::cmdline::{render, ConverterContext, DomainPlan};
+use crate::hooks::plugins::pipeline::InvocationContext;
+use crate::hooks::plugins::Plugin;
 use crate::monitor::qemu::Qemu;
 use crate::qmp::client::QmpClient;
 use crate::qmp::commands::Cont;
@@ -55,8 +57,13 @@ pub(crate) struct Started {
 }
 
 /// Starts (or adopts) the domain of `vmi`; `spec` is what later syncs compare against.
-pub(crate) async fn start(d: &DomainCtx, vmi: &Vmi, spec: SpecKey) -> Result<Started, SyncError> {
-    let p = prepare(d, vmi, spec).await?;
+pub(crate) async fn start(
+    d: &DomainCtx,
+    vmi: &Vmi,
+    spec: SpecKey,
+    plugins: &[Plugin],
+) -> Result<Started, SyncError> {
+    let p = prepare(d, vmi, spec, plugins, InvocationContext::Boot).await?;
     prepare_qemu_dirs(d)?;
     // A QEMU left by an earlier launcher of this pod is adopted or replaced (`recover`).
     if let Some(found) = recover::find(&d.config.qmp_socket, &p.plan.uuid).await {
@@ -131,11 +138,14 @@ pub(crate) async fn launch_incoming(
 
 /// Everything of a start before QEMU runs: storage, network, facts, conversion (KubeVirt's
 /// preStartHook and converter). A migration target stops here until the source's
-/// definition arrives.
+/// definition arrives. `plugins` (the SyncVirtualMachine options' `pluginsJson`) change the
+/// domain after the hook sidecars, called with `context`.
 pub(crate) async fn prepare(
     d: &DomainCtx,
     vmi: &Vmi,
     spec: SpecKey,
+    plugins: &[Plugin],
+    context: InvocationContext,
 ) -> Result<Prepared, SyncError> {
     let name = vmi.metadata.name.clone().unwrap_or_default();
     let namespace = vmi
@@ -184,7 +194,12 @@ pub(crate) async fn prepare(
     domain.spec.uuid = plan.uuid.clone();
     // The hook sidecars see the domain as KubeVirt would define it, and their edits go into
     // the plan before it is rendered.
-    let hooked = define::on_define_domain(&d.config.hooks, vmi, &view, &ctx, &plan).await?;
+    let run = define::PluginRun {
+        plugins,
+        dir: &d.config.plugin_dir,
+        context,
+    };
+    let hooked = define::on_define_domain(&d.config.hooks, run, vmi, &view, &ctx, &plan).await?;
     let defined = define(d, plan, &hooked.edits);
     defined.report(&mut domain, &view, &ctx)?;
     let Defined {

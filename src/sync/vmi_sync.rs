@@ -105,7 +105,11 @@ impl SyncVmi {
 
     /// One sync (SyncVMI): the first starts the domain, later ones apply the changed VMI by
     /// diff; serialised by the `running` lock.
-    pub(crate) async fn sync(&self, vmi: Vmi) -> Result<(), SyncError> {
+    pub(crate) async fn sync(
+        &self,
+        vmi: Vmi,
+        plugins: &[crate::hooks::plugins::Plugin],
+    ) -> Result<(), SyncError> {
         let mut running = self.running.lock().await;
         let admitted = admit(vmi, running.as_ref().map(|r| r.firmware_uuid.as_str()))?;
         if let Some(r) = running.as_mut() {
@@ -117,7 +121,7 @@ impl SyncVmi {
             }
             return Ok(());
         }
-        let started = start::start(&self.ctx, &admitted.vmi, admitted.key).await?;
+        let started = start::start(&self.ctx, &admitted.vmi, admitted.key, plugins).await?;
         self.migration.set_boot_argv(started.boot_argv);
         *running = Some(started.running);
         Ok(())

@@ -61,6 +61,26 @@ pub fn vmi_only(vmi: &serde_json::Value) -> cmd::VmiRequest {
     }
 }
 
+/// One SyncVirtualMachine call with the VEP-190 plugins `plugins_json` in its options (what
+/// virt-handler sends with the `Plugins` feature gate): (success, message). Panics on a transport
+/// error.
+pub async fn sync_with_plugins(
+    client: &mut Client,
+    vmi: &serde_json::Value,
+    plugins_json: &serde_json::Value,
+) -> (bool, String) {
+    let mut request = vmi_request(vmi);
+    if let Some(o) = request.options.as_mut() {
+        o.plugins_json = serde_json::to_vec(plugins_json).unwrap();
+    }
+    let answer = client
+        .sync_virtual_machine(request)
+        .await
+        .expect("SyncVirtualMachine")
+        .into_inner();
+    (answer.success, answer.message)
+}
+
 /// One SyncVirtualMachine call: (success, message). Panics on a transport error.
 pub async fn sync(client: &mut Client, vmi: &serde_json::Value) -> (bool, String) {
     try_sync(client, vmi).await.expect("SyncVirtualMachine")

@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use qlauncher::hooks::proto::{info, v1alpha1, v1alpha2, v1alpha3};
+use qlauncher::hooks::proto::{info, plugins_v1alpha1, v1alpha1, v1alpha2, v1alpha3};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::{Request, Response, Status};
 
@@ -292,6 +292,118 @@ impl FakeSidecar {
 }
 
 impl Drop for FakeSidecar {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+/// A `MutateDomain` script of a [`FakePlugin`]: the domain XML in, the answer (or a gRPC error
+/// message) out.
+pub type MutateScript = Arc<dyn Fn(&str) -> Result<String, String> + Send + Sync>;
+
+/// One `MutateDomain` call a [`FakePlugin`] received.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MutateCall {
+    /// `domain_type`.
+    pub domain_type: String,
+    /// `domain`, as text.
+    pub domain: String,
+    /// `vmi` (JSON).
+    pub vmi: Vec<u8>,
+    /// `sidecar_context.invocation_context` (empty without a context).
+    pub invocation_context: String,
+}
+
+#[derive(Clone)]
+struct PluginHandler {
+    script: MutateScript,
+    delay: std::time::Duration,
+    calls: Arc<Mutex<Vec<MutateCall>>>,
+}
+
+#[tonic::async_trait]
+impl plugins_v1alpha1::domain_hook_service_server::DomainHookService for PluginHandler {
+    async fn mutate_domain(
+        &self,
+        request: Request<plugins_v1alpha1::MutateDomainRequest>,
+    ) -> Result<Response<plugins_v1alpha1::MutateDomainResponse>, Status> {
+        let r = request.into_inner();
+        let domain = String::from_utf8_lossy(&r.domain).into_owned();
+        self.calls.lock().unwrap().push(MutateCall {
+            domain_type: r.domain_type,
+            domain: domain.clone(),
+            vmi: r.vmi,
+            invocation_context: r
+                .sidecar_context
+                .map(|c| c.invocation_context)
+                .unwrap_or_default(),
+        });
+        tokio::time::sleep(self.delay).await;
+        let answer = (self.script)(&domain).map_err(Status::internal)?;
+        Ok(Response::new(plugins_v1alpha1::MutateDomainResponse {
+            domain: answer.into_bytes(),
+        }))
+    }
+}
+
+/// A VEP-190 plugin sidecar for tests: KubeVirt's `DomainHookService` (`MutateDomain`) on a unix
+/// socket, with a scripted answer, an optional delay before it, and a record of every call.
+/// Stops serving (and removes its socket) when dropped.
+pub struct FakePlugin {
+    /// Its socket.
+    pub socket: PathBuf,
+    /// The calls it received.
+    pub calls: Arc<Mutex<Vec<MutateCall>>>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+impl FakePlugin {
+    /// Serves `script` on `<plugin_dir>/<plugin>/<socket_name>` (creating `<plugin>`, KubeVirt's
+    /// per-plugin socket directory), answering after `delay`; bound now, served on the current
+    /// tokio runtime.
+    pub fn start_in(
+        plugin_dir: &Path,
+        plugin: &str,
+        socket_name: &str,
+        delay: std::time::Duration,
+        script: impl Fn(&str) -> Result<String, String> + Send + Sync + 'static,
+    ) -> FakePlugin {
+        let sub = plugin_dir.join(plugin);
+        std::fs::create_dir_all(&sub).unwrap();
+        let socket = sub.join(socket_name);
+        let listener = tokio::net::UnixListener::bind(&socket).unwrap();
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let handler = PluginHandler {
+            script: Arc::new(script),
+            delay,
+            calls: calls.clone(),
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(
+                    plugins_v1alpha1::domain_hook_service_server::DomainHookServiceServer::new(
+                        handler,
+                    ),
+                )
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async move {
+                    let _ = stopped.await;
+                }),
+        );
+        FakePlugin {
+            socket,
+            calls,
+            _stop: stop,
+        }
+    }
+
+    /// The calls so far.
+    pub fn calls(&self) -> Vec<MutateCall> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Drop for FakePlugin {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.socket);
     }

@@ -368,6 +368,22 @@ impl Rpc {
         )
     }
 
+    /// `SyncMigrationTarget` with the VEP-190 plugins `plugins_json` in its options.
+    pub async fn sync_target_with_plugins(
+        c: &mut Client,
+        vmi: &serde_json::Value,
+        plugins_json: &serde_json::Value,
+    ) -> (bool, String) {
+        let mut request = vmi_request(vmi);
+        if let Some(o) = request.options.as_mut() {
+            o.plugins_json = serde_json::to_vec(plugins_json).unwrap();
+        }
+        answer(
+            timed("SyncMigrationTarget", c.sync_migration_target(request)).await,
+            "SyncMigrationTarget",
+        )
+    }
+
     /// `MigrateVirtualMachine`.
     pub async fn migrate(c: &mut Client, vmi: &serde_json::Value, opts: &[u8]) -> (bool, String) {
         let req = cmd::MigrationRequest {

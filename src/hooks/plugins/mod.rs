@@ -8,9 +8,13 @@
 //!
 //! This module has the decoding ([`decode`], types named after KubeVirt's `kubevirt.io/api/plugin/
 //! v1alpha1` Go types; only what the domain hooks need is kept, the rest of a `Plugin` is
-//! accepted and dropped).
+//! accepted and dropped); [`cel`] evaluates the CEL conditions and mutations and [`pipeline`]
+//! runs the hooks (KubeVirt's `ApplyDomainHooks`), called by the define seam
+//! (`sync/define.rs`) at a first start (`Boot`) and a migration target's preparation
+//! (`MigrationTarget`).
 
 pub mod cel;
+pub mod pipeline;
 
 use std::time::Duration;
 

@@ -81,9 +81,10 @@ impl MigrationCtx {
     pub(crate) async fn sync_target(
         &self,
         vmi_json: Vec<u8>,
-        _options: Option<VirtualMachineOptions>,
+        options: Option<VirtualMachineOptions>,
     ) -> Result<(), SyncError> {
         let (vmi, state) = decode(&vmi_json)?;
+        let plugins = crate::sync::manager_impl::plugins_of(options.as_ref())?;
         if annotation(&vmi, BLOCK_TARGET_ANNOTATION).is_some() {
             return Err(refused(
                 "Blocking preparation of migration target in order to satisfy a functional test \
@@ -117,7 +118,14 @@ impl MigrationCtx {
         keep_guest_macs(&mut vmi);
         // A source whose memory grew runs its boot memory plus virtio-mem: boot the same.
         let memory_total = boot_memory_view(&mut vmi);
-        let prepared = start::prepare(&self.ctx, &vmi, key).await?;
+        let prepared = start::prepare(
+            &self.ctx,
+            &vmi,
+            key,
+            &plugins,
+            crate::hooks::plugins::pipeline::InvocationContext::MigrationTarget,
+        )
+        .await?;
         let view = prepared.view.clone();
 
         // The proxy's socket directory, writable by QEMU, and the control socket.
