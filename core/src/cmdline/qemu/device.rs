@@ -122,6 +122,9 @@ pub struct DeviceDiskFrontend {
     pub discard_granularity: Option<u32>,
     /// Removable medium (usb-storage).
     pub removable: Option<bool>,
+    /// SCSI World Wide Name (`scsi-hd`, `scsi-cd`; a hook's `<wwn>`, libvirt's `P:wwn`: the 16
+    /// hex digits as a number).
+    pub wwn: Option<u64>,
 }
 
 /// A NIC frontend (`virtio-net-pci[-non-transitional]`, `e1000`, `e1000e`, `rtl8139`).
