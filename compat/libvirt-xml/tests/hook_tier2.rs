@@ -153,3 +153,61 @@ fn wwn_on_a_scsi_disk() {
         "domain/devices/disk[ua-root]/wwn#text"
     );
 }
+
+#[test]
+fn interface_mtu_queue_sizes_and_rom() {
+    let (edits, plan) = hooked("nic-multiqueue", |sent| {
+        sent.replacen("<mtu size=\"1450\">", "<mtu size=\"9000\">", 1)
+            .replacen(
+                "<driver name=\"vhost\" queues=\"4\">",
+                "<driver name=\"vhost\" queues=\"4\" rx_queue_size=\"1024\" tx_queue_size=\"256\">",
+                1,
+            )
+            .replacen(
+                "<rom enabled=\"no\"></rom>",
+                "<rom bar=\"off\" file=\"/usr/share/qemu/efi-virtio.rom\"></rom>",
+                1,
+            )
+    });
+    assert_eq!(edits.len(), 3, "{edits:?}");
+    let dev = device(&plan, "ua-default");
+    assert_eq!(
+        [
+            &dev["host_mtu"],
+            &dev["rx_queue_size"],
+            &dev["tx_queue_size"],
+            &dev["romfile"],
+            &dev["rombar"],
+            &dev["mq"]
+        ],
+        [
+            &json!(9000),
+            &json!(1024),
+            &json!(256),
+            &json!("/usr/share/qemu/efi-virtio.rom"),
+            &json!(0),
+            &json!(true)
+        ],
+        "{dev}"
+    );
+}
+
+#[test]
+fn a_virtio_nic_becomes_an_e1000() {
+    let (edits, plan) = hooked("basic", |sent| {
+        let sent = sent.replacen(
+            "<model type=\"virtio-non-transitional\"></model>",
+            "<model type=\"e1000e\"></model>",
+            1,
+        );
+        let (head, tail) = sent.split_once("<mtu size=\"").unwrap();
+        let (_, tail) = tail.split_once("</mtu>").unwrap();
+        format!("{head}{tail}")
+    });
+    assert_eq!(edits.len(), 2, "{edits:?}");
+    let dev = device(&plan, "ua-default");
+    assert_eq!(dev["driver"], "e1000e", "{dev}");
+    assert!(dev.get("host_mtu").is_none(), "{dev}");
+    // KubeVirt hot-plugs virtio NICs only.
+    assert!(render::qmp_plan(&plan).nics.is_empty());
+}

@@ -143,6 +143,13 @@ pub struct DeviceNic {
     pub host_mtu: Option<u32>,
     /// `""` disables the option ROM.
     pub romfile: Option<String>,
+    /// The ROM's PCI BAR shown (1) or hidden (0) (a hook's `<rom bar>`).
+    pub rombar: Option<u32>,
+    /// virtio-net receive queue size (a hook's `<driver rx_queue_size>`; a power of two, 256
+    /// to 1024).
+    pub rx_queue_size: Option<u16>,
+    /// virtio-net transmit queue size (a hook's `<driver tx_queue_size>`; as `rx_queue_size`).
+    pub tx_queue_size: Option<u16>,
     /// Boot order.
     pub bootindex: Option<u32>,
     /// Multiqueue on (virtio-net).

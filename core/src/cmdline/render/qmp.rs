@@ -219,7 +219,8 @@ pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
         if virtio {
             t.id = format!("/machine/peripheral/{}/virtio-backend", t.id);
         }
-        out.startup.push(QmpCommand::BlockSetIoThrottle(Box::new(t)));
+        out.startup
+            .push(QmpCommand::BlockSetIoThrottle(Box::new(t)));
     }
     for d in plan.devices.iter().filter(|d| d.hotpluggable) {
         let id = d.device.id().to_string();
