@@ -476,11 +476,12 @@ fn virtiofs_filesystems_connect_to_real_virtiofsd() {
 
 /// A hook's tier-2 NIC and disk edits (`compat/libvirt-xml/src/hooks/edits/`) as QEMU 7.2 takes
 /// them: the NIC's MTU, queue sizes and ROM read back with `qom-get`, the disk's `<iotune>`
-/// through the QMP plan's `block_set_io_throttle` read back with `query-block`.
+/// through the QMP plan's `block_set_io_throttle` read back with `query-block`, the features'
+/// `kvm=off` and `hv-relaxed` with `qom-get` of the vCPU.
 #[test]
 fn qemu_takes_hooked_nic_and_disk_properties() {
     use qlauncher::cmdline::qemu::IoThrottle;
-    use qlauncher_libvirt_xml::hooks::{self, DiskEdit, HookEdit, NicEdit};
+    use qlauncher_libvirt_xml::hooks::{self, DiskEdit, FeatureEdit, HookEdit, NicEdit};
     let (name, vmi, facts) = testkit::cmdline::fixtures()
         .into_iter()
         .find(|(n, _, _)| n == "basic")
@@ -526,6 +527,11 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
                 alias: disk.clone(),
                 edit: DiskEdit::IoTune(Some(Box::new(limits))),
             },
+            HookEdit::Feature(FeatureEdit::KvmHidden(true)),
+            HookEdit::Feature(FeatureEdit::HyperV {
+                flag: "hv-relaxed",
+                on: true,
+            }),
         ],
         &mut plan,
     );
@@ -561,6 +567,11 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
             json!(0)
         ]
     );
+    let cpus = qmp.cmd("query-cpus-fast", json!({}));
+    let vcpu = cpus[0]["qom-path"].as_str().expect("a vCPU").to_string();
+    let got = ["kvm", "hv-relaxed"]
+        .map(|p| qmp.cmd("qom-get", json!({"path": vcpu.clone(), "property": p})));
+    assert_eq!(got, [json!(false), json!(true)]);
     for step in &render::qmp_plan(&plan).startup {
         let step = json(step);
         if step["execute"] == "block_set_io_throttle" {

@@ -211,3 +211,27 @@ fn a_virtio_nic_becomes_an_e1000() {
     // KubeVirt hot-plugs virtio NICs only.
     assert!(render::qmp_plan(&plan).nics.is_empty());
 }
+
+#[test]
+fn kvm_hidden_and_hyperv_enlightenments_are_cpu_flags() {
+    let (edits, plan) = hooked("basic", |sent| {
+        sent.replacen(
+            "<features>",
+            "<features><hyperv><relaxed state=\"on\"></relaxed><vapic state=\"on\"></vapic>\
+             </hyperv><kvm><hidden state=\"on\"></hidden></kvm>",
+            1,
+        )
+    });
+    assert_eq!(edits.len(), 3, "{edits:?}");
+    let cpu = render::argv(&plan)
+        .windows(2)
+        .find(|w| w[0] == "-cpu")
+        .map(|w| w[1].clone())
+        .unwrap();
+    for prop in ["hv-relaxed=on", "hv-vapic=on", "kvm=off"] {
+        assert!(
+            cpu.split(',').any(|p| p == prop),
+            "{prop} not in -cpu {cpu}"
+        );
+    }
+}
