@@ -473,3 +473,122 @@ fn virtiofs_filesystems_connect_to_real_virtiofsd() {
     drop(qmp);
     drop(daemons);
 }
+
+/// A hook's tier-2 NIC and disk edits (`compat/libvirt-xml/src/hooks/edits/`) as QEMU 7.2 takes
+/// them: the NIC's MTU, queue sizes and ROM read back with `qom-get`, the disk's `<iotune>`
+/// through the QMP plan's `block_set_io_throttle` read back with `query-block`, the features'
+/// `kvm=off` and `hv-relaxed` with `qom-get` of the vCPU.
+#[test]
+fn qemu_takes_hooked_nic_and_disk_properties() {
+    use qlauncher::cmdline::qemu::IoThrottle;
+    use qlauncher_libvirt_xml::hooks::{self, DiskEdit, FeatureEdit, HookEdit, NicEdit};
+    let (name, vmi, facts) = testkit::cmdline::fixtures()
+        .into_iter()
+        .find(|(n, _, _)| n == "basic")
+        .expect("the basic fixture");
+    let tmp = tempfile::Builder::new().prefix("qlk").tempdir().unwrap();
+    let root = tmp.path();
+    let n = COUNTER.fetch_add(1, Ordering::SeqCst);
+    let tap_prefix = format!("qk{}x{n}n", std::process::id() % 100000);
+    let ctx = testkit::cmdline::acceptance_context(&vmi, &facts, root, &tap_prefix);
+    let mut plan = convert(&vmi, &ctx).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let disk = plan
+        .devices
+        .iter()
+        .find(|d| matches!(d.backend, Backend::Blockdevs(_)))
+        .expect("a disk")
+        .device
+        .id()
+        .to_string();
+    let nic = |edit| HookEdit::Nic {
+        alias: "ua-default".into(),
+        edit,
+    };
+    let limits = IoThrottle {
+        bps_wr: 1 << 20,
+        iops: 300,
+        iops_max: Some(600),
+        group: Some("hooked".into()),
+        ..IoThrottle::default()
+    };
+    hooks::apply(
+        &[
+            nic(NicEdit::Mtu(Some(9000))),
+            nic(NicEdit::QueueSizes {
+                rx: Some(1024),
+                tx: Some(256),
+            }),
+            nic(NicEdit::Rom {
+                enabled: true,
+                bar: Some(false),
+                file: Some("efi-virtio.rom".into()),
+            }),
+            HookEdit::Disk {
+                alias: disk.clone(),
+                edit: DiskEdit::IoTune(Some(Box::new(limits))),
+            },
+            HookEdit::Feature(FeatureEdit::KvmHidden(true)),
+            HookEdit::Feature(FeatureEdit::HyperV {
+                flag: "hv-relaxed",
+                on: true,
+            }),
+        ],
+        &mut plan,
+    );
+    prepare_files(&plan, root);
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args(render::argv(&plan))
+        .envs(plan.env.iter().cloned())
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped());
+    let guard = QemuGuard(cmd.spawn().expect("spawn qemu"));
+    let mut qmp = Qmp::connect(&root.join("qmp.sock"), guard);
+    let got = [
+        "host_mtu",
+        "rx_queue_size",
+        "tx_queue_size",
+        "romfile",
+        "rombar",
+    ]
+    .map(|p| {
+        qmp.cmd(
+            "qom-get",
+            json!({"path": "/machine/peripheral/ua-default", "property": p}),
+        )
+    });
+    assert_eq!(
+        got,
+        [
+            json!(9000),
+            json!(1024),
+            json!(256),
+            json!("efi-virtio.rom"),
+            json!(0)
+        ]
+    );
+    let cpus = qmp.cmd("query-cpus-fast", json!({}));
+    let vcpu = cpus[0]["qom-path"].as_str().expect("a vCPU").to_string();
+    let got = ["kvm", "hv-relaxed"]
+        .map(|p| qmp.cmd("qom-get", json!({"path": vcpu.clone(), "property": p})));
+    assert_eq!(got, [json!(false), json!(true)]);
+    for step in &render::qmp_plan(&plan).startup {
+        let step = json(step);
+        if step["execute"] == "block_set_io_throttle" {
+            qmp.cmd("block_set_io_throttle", step["arguments"].clone());
+        }
+    }
+    let block = qmp.cmd("query-block", json!({}));
+    let inserted = block
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["qdev"].as_str().is_some_and(|q| q.contains(&disk)))
+        .map(|b| b["inserted"].clone())
+        .unwrap_or_else(|| panic!("no {disk} in {block}"));
+    assert_eq!(
+        ["bps_wr", "iops", "iops_max", "group"].map(|k| inserted[k].clone()),
+        [json!(1 << 20), json!(300), json!(600), json!("hooked")],
+        "{inserted}"
+    );
+}

@@ -6,7 +6,10 @@
 //! - a `PreCloudInitIso` hook (KubeVirt's `cloudinit` example answers this way) replaces the
 //!   user data written into the NoCloud ISO QEMU is given;
 //! - a disk-driver hook sets the root disk's cache mode, as QEMU then reports it (`query-block`)
-//!   and GetDomain shows it;
+//!   and GetDomain shows it, and its error policies (`werror`/`rerror`), queues and serial, as
+//!   QEMU's virtio-blk device holds them (`qom-get`) and the guest reads the serial
+//!   (`/sys/block/vda/serial`); its `<iotune>` limits (`query-block`) and a SCSI disk's `<wwn>`
+//!   (`qom-get` of scsi-hd);
 //! - a hook that changes what qlauncher cannot take (a disk's driver name) fails the sync with
 //!   the sidecar's socket and the element path, and no QEMU starts.
 //!
@@ -25,6 +28,15 @@ use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakeSidecar, Script};
 use testkit::in_process::{InProcess, LauncherRoot};
 use testkit::migration::exec_in;
 
+/// The root disk's serial the hook sets.
+const DISK_SERIAL: &str = "hooked-disk-1";
+
+/// The root disk's I/O limits the hook sets (libvirt's `<iotune>`).
+const IOTUNE: &str = "<iotune><total_bytes_sec>50000000</total_bytes_sec>\
+    <read_iops_sec>2000</read_iops_sec><write_iops_sec>1000</write_iops_sec>\
+    <read_iops_sec_max>4000</read_iops_sec_max><read_iops_sec_max_length>2</read_iops_sec_max_length>\
+    <group_name>hooked</group_name></iotune>";
+
 fn vmi(uid: &str) -> Value {
     json!({
         "apiVersion": "kubevirt.io/v1",
@@ -37,13 +49,15 @@ fn vmi(uid: &str) -> Value {
                 "devices": {
                     "autoattachPodInterface": false,
                     "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "cloudinitdisk", "disk": {"bus": "virtio"}}]
+                        {"name": "cloudinitdisk", "disk": {"bus": "virtio"}},
+                        {"name": "scratch", "disk": {"bus": "scsi"}}]
                 }
             },
             "volumes": [
                 {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
                 {"name": "cloudinitdisk",
-                    "cloudInitNoCloud": {"userData": "#cloud-config\n# as the VMI says\n"}}
+                    "cloudInitNoCloud": {"userData": "#cloud-config\n# as the VMI says\n"}},
+                {"name": "scratch", "emptyDisk": {"capacity": "16Mi"}}
             ]
         }
     })
@@ -63,15 +77,32 @@ async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSide
 }
 
 /// KubeVirt's e2e SMBIOS edit ([`kubevirt_e2e_smbios`]), plus a system serial and the first
-/// disk's cache mode, all as text edits of the domain XML.
+/// disk's (the root disk's) driver and serial (cache mode, error policies, queues), all as text
+/// edits of the domain XML.
 fn smbios_hook(xml: &str) -> String {
     let xml = match xml.split_once("<driver cache=\"") {
         Some((head, rest)) => {
             let (_, tail) = rest.split_once('"').unwrap_or(("", rest));
-            format!("{head}<driver cache=\"unsafe\"{tail}")
+            let tail = tail.replacen(
+                "error_policy=\"stop\"",
+                "error_policy=\"report\" rerror_policy=\"ignore\" queues=\"2\"",
+                1,
+            );
+            format!("{head}<serial>{DISK_SERIAL}</serial><driver cache=\"unsafe\"{tail}")
         }
         None => xml.to_owned(),
     };
+    let xml = xml
+        .replacen(
+            "<alias name=\"ua-rootdisk\"></alias>",
+            &format!("{IOTUNE}<alias name=\"ua-rootdisk\"></alias>"),
+            1,
+        )
+        .replacen(
+            "<alias name=\"ua-scratch\"></alias>",
+            "<wwn>0x5000C50015EA71AC</wwn><alias name=\"ua-scratch\"></alias>",
+            1,
+        );
     kubevirt_e2e_smbios(&xml).replacen(
         "<system>",
         "<system>\n\t\t\t<entry name=\"serial\">hooked-serial-1</entry>",
@@ -168,8 +199,9 @@ async fn smbios() {
         .find(|d| d["Alias"]["Name"] == "rootdisk")
         .unwrap_or_else(|| panic!("no rootdisk in {disks:?}"));
     assert_eq!(rootdisk["Driver"]["Cache"], "unsafe", "{rootdisk}");
+    let qmp_socket = operator_qmp.clone();
     let block = tokio::task::spawn_blocking(move || {
-        let mut qmp = guest::Qmp::connect(&operator_qmp, Duration::from_secs(10)).unwrap();
+        let mut qmp = guest::Qmp::connect(&qmp_socket, Duration::from_secs(10)).unwrap();
         qmp.execute("query-block", json!({})).unwrap()
     })
     .await
@@ -190,9 +222,68 @@ async fn smbios() {
         "{root_block}"
     );
 
+    // The root disk's frontend as QEMU holds it (the hook's error policies, queues and
+    // serial), and the SCSI disk's WWN as scsi-hd holds it.
+    let (qom, wwn) = tokio::task::spawn_blocking(move || {
+        let mut qmp = guest::Qmp::connect(&operator_qmp, Duration::from_secs(10)).unwrap();
+        let mut get = |id: &str, property: &str| {
+            qmp.execute(
+                "qom-get",
+                json!({"path": format!("/machine/peripheral/{id}"), "property": property}),
+            )
+            .unwrap()
+        };
+        let root = ["werror", "rerror", "num-queues", "serial"].map(|p| get("ua-rootdisk", p));
+        (root, get("ua-scratch", "wwn"))
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        qom,
+        [
+            json!("report"),
+            json!("ignore"),
+            json!(2),
+            json!(DISK_SERIAL)
+        ]
+    );
+    assert_eq!(wwn, json!(0x5000_c500_15ea_71ac_u64));
+    assert_eq!(rootdisk["Serial"], DISK_SERIAL, "{rootdisk}");
+    assert_eq!(rootdisk["Driver"]["ErrorPolicy"], "report", "{rootdisk}");
+    assert_eq!(rootdisk["Driver"]["Queues"], 2, "{rootdisk}");
+
+    // The root disk's throttle limits, as QEMU reports them.
+    let inserted = &root_block["inserted"];
+    assert_eq!(
+        [
+            "bps",
+            "bps_rd",
+            "bps_wr",
+            "iops",
+            "iops_rd",
+            "iops_wr",
+            "iops_rd_max",
+            "iops_rd_max_length",
+            "group"
+        ]
+        .map(|k| inserted[k].clone()),
+        [
+            json!(50_000_000),
+            json!(0),
+            json!(0),
+            json!(0),
+            json!(2000),
+            json!(1000),
+            json!(4000),
+            json!(2),
+            json!("hooked")
+        ],
+        "{inserted}"
+    );
     let serial = private.join(&uid).join("virt-serial0-log");
     wait_log_marker(&serial, "QLG: agent ready", guest::BOOT_TIMEOUT).await;
-    let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial";
+    let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial; \
+                echo \"vda=$(cat /sys/block/vda/serial)\"";
     let mut out = None;
     for _ in 0..100 {
         if let Some((0, text)) = exec_in(&mut client, "default_hooked", read).await {
@@ -204,6 +295,10 @@ async fn smbios() {
     let out = out.expect("the guest agent answers");
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        ["Radical Edward", "hooked-serial-1"]
+        [
+            "Radical Edward",
+            "hooked-serial-1",
+            &format!("vda={DISK_SERIAL}")
+        ]
     );
 }

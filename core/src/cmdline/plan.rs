@@ -451,6 +451,9 @@ pub struct DomainPlan {
     pub balloon_stats_period: Option<u32>,
     /// NIC ids whose link starts down (`set_link` after start; interface `state: down`).
     pub links_down: Vec<String>,
+    /// Disk I/O limits set over QMP after start (`block_set_io_throttle`, by disk id), as
+    /// libvirt sets a disk's `<iotune>`; a hook sidecar's only, KubeVirt has no such field.
+    pub io_throttles: Vec<crate::cmdline::qemu::BlockSetIoThrottle>,
     /// Confidential-computing object (`sev-guest`, `sev-snp-guest`, `tdx-guest`, id `lsec0`),
     /// referenced by `-machine confidential-guest-support=lsec0`.
     pub launch_security: Option<ObjectLaunchSecurity>,

@@ -15,7 +15,9 @@ use serde_json::Value;
 
 use super::{Command, Empty};
 
-pub use crate::cmdline::qemu::{BlockdevDel, DeviceDel, NetdevDel, QomSet, SetLink};
+pub use crate::cmdline::qemu::{
+    BlockSetIoThrottle, BlockdevDel, DeviceDel, NetdevDel, QomSet, SetLink,
+};
 use crate::cmdline::render::QmpCommand;
 
 /// Declares the by-reference wrapper `$ty<'a, T>(&'a T)` a command named `$name` replying `{}`,
@@ -59,6 +61,7 @@ command!(BlockdevDel, "blockdev-del", Empty);
 command!(NetdevDel, "netdev_del", Empty);
 command!(SetLink, "set_link", Empty);
 command!(QomSet, "qom-set", Empty);
+command!(BlockSetIoThrottle, "block_set_io_throttle", Empty);
 
 impl Command for QmpCommand {
     type Reply = Empty;
@@ -66,12 +69,14 @@ impl Command for QmpCommand {
         match self {
             QmpCommand::SetLink(c) => c.name(),
             QmpCommand::QomSet(c) => c.name(),
+            QmpCommand::BlockSetIoThrottle(c) => c.name(),
         }
     }
     fn arguments(&self) -> Result<Option<Value>, serde_json::Error> {
         match self {
             QmpCommand::SetLink(c) => c.arguments(),
             QmpCommand::QomSet(c) => c.arguments(),
+            QmpCommand::BlockSetIoThrottle(c) => c.arguments(),
         }
     }
 }

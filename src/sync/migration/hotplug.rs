@@ -350,6 +350,7 @@ mod tests {
                 device_id: Some("HP1".into()),
                 port: None,
                 removable: None,
+                wwn: None,
                 share_rw: None,
                 drive: Some(format!("libvirt-{n}-format")),
                 id: format!("ua-{name}"),

@@ -51,6 +51,57 @@ pub(super) fn domain_features(
             evmcs: state(&h.evmcs),
         })
     };
+    let mut hyperv = hyperv;
+    // What the plan's CPU flags say over what the VMI says: a hook's `kvm=off` and `hv-*`
+    // edits ([`crate::hooks::FeatureEdit`]) show in the export.
+    let flag_on = |name: &str, value: &str| {
+        plan.cpu
+            .flags
+            .iter()
+            .any(|f| f.name == name && f.value == value)
+    };
+    let passthrough = hyperv.as_ref().is_some_and(|h| h.mode.is_some());
+    if !passthrough {
+        for (element, flag) in crate::hooks::HYPERV {
+            let on = flag_on(flag, "on");
+            let h = match (&mut hyperv, on) {
+                (Some(h), _) => h,
+                (None, true) => hyperv.insert(HyperV::default()),
+                (None, false) => continue,
+            };
+            let slot = match element {
+                "relaxed" => &mut h.relaxed,
+                "vapic" => &mut h.vapic,
+                "vpindex" => &mut h.vpindex,
+                "runtime" => &mut h.runtime,
+                "synic" => &mut h.synic,
+                "reset" => &mut h.reset,
+                "frequencies" => &mut h.frequencies,
+                "reenlightenment" => &mut h.reenlightenment,
+                _ => &mut h.ipi,
+            };
+            match (on, slot.is_some()) {
+                (true, _) => *slot = Some(State { state: "on".into() }),
+                (false, true) => {
+                    *slot = Some(State {
+                        state: "off".into(),
+                    })
+                }
+                (false, false) => {}
+            }
+        }
+    }
+    let hidden = flag_on("kvm", "off");
+    let kvm = match f.kvm.as_ref() {
+        Some(_) => Some(Kvm {
+            hidden: State {
+                state: on_off(hidden),
+            },
+        }),
+        None => hidden.then(|| Kvm {
+            hidden: State { state: "on".into() },
+        }),
+    };
     Features {
         acpi: plan.machine.acpi.then(Empty::default),
         apic: f
@@ -60,11 +111,7 @@ pub(super) fn domain_features(
             .map(|_| Empty::default()),
         hyperv,
         smm: (plan.machine.smm == Some(true)).then(Empty::default),
-        kvm: f.kvm.as_ref().map(|k| Kvm {
-            hidden: State {
-                state: on_off(k.hidden == Some(true)),
-            },
-        }),
+        kvm,
         pvspinlock: state(&f.pvspinlock),
         vmport: plan.machine.vmport_off.then(|| State {
             state: "off".into(),

@@ -141,10 +141,13 @@ pub(super) fn interface(
             managed: "no".into(),
         }),
         model: TypeAttr { type_: model },
-        driver: (n.mq == Some(true)).then(|| IfaceDriver {
-            name: "vhost".into(),
-            queues: Some(queues),
-        }),
+        driver: (n.mq == Some(true) || n.rx_queue_size.is_some() || n.tx_queue_size.is_some())
+            .then(|| IfaceDriver {
+                name: (n.mq == Some(true)).then(|| "vhost".into()),
+                queues: (n.mq == Some(true)).then_some(queues),
+                rx_queue_size: n.rx_queue_size,
+                tx_queue_size: n.tx_queue_size,
+            }),
         mac: n
             .mac
             .clone()
@@ -154,9 +157,19 @@ pub(super) fn interface(
         mtu: n.host_mtu.map(|size| Mtu { size }),
         alias: alias(&n.id),
         boot: n.bootindex.map(|order| BootOrder { order }),
-        rom: (n.romfile.as_deref() == Some("")).then(|| Rom {
-            enabled: "no".into(),
-        }),
+        rom: match (n.romfile.as_deref(), n.rombar) {
+            (Some(""), _) => Some(Rom {
+                enabled: "no".into(),
+                bar: None,
+                file: None,
+            }),
+            (None, None) => None,
+            (file, bar) => Some(Rom {
+                enabled: "yes".into(),
+                bar: bar.map(|b| if b == 0 { "off" } else { "on" }.into()),
+                file: file.map(str::to_string),
+            }),
+        },
         link: plan.links_down.contains(&n.id).then(|| State {
             state: "down".into(),
         }),

@@ -24,9 +24,10 @@ type VmiDisk = qlauncher_core::vmi::devices::Disk;
 
 /// One `<disk>` from the planned disk `d`: its kind (disk, cdrom with its tray, lun), the
 /// source and driver of the top of its blockdev chain with the backing store below, the
-/// frontend's bus, serial, error policy, queues, block sizes and address, and what only the
-/// VMI's disk says (read-only cdrom, shareable, boot order).
-pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
+/// frontend's bus, serial, WWN, error policy, queues, block sizes and address, the I/O limits
+/// the plan sets over QMP, and what only the VMI's disk says (read-only cdrom, shareable, boot
+/// order).
+pub(super) fn disk(vmi: &Vmi, plan: &DomainPlan, d: &PlannedDevice) -> Result<Disk, CompatError> {
     let name = d
         .name
         .clone()
@@ -93,7 +94,13 @@ pub(super) fn disk(vmi: &Vmi, d: &PlannedDevice) -> Result<Disk, CompatError> {
             tray,
         },
         serial: front.serial,
+        wwn: front.wwn.map(|w| format!("{w:016x}")),
         driver,
+        iotune: plan
+            .io_throttles
+            .iter()
+            .find(|t| t.id == d.device.id())
+            .map(|t| iotune(&t.limits)),
         readonly: read_only(spec, device, top).then(Empty::default),
         shareable: spec
             .and_then(|s| s.shareable)
@@ -163,7 +170,9 @@ struct Front<'a> {
     bus: &'static str,
     write_cache: Option<&'static str>,
     werror: Option<OnError>,
+    rerror: Option<OnError>,
     serial: Option<String>,
+    wwn: Option<u64>,
     /// The IOThread's number (`iothread<N>`).
     iothread: Option<u32>,
     queues: Option<u32>,
@@ -183,7 +192,9 @@ fn front(d: &PlannedDevice) -> Result<Front<'_>, CompatError> {
             bus: "virtio",
             write_cache: v.write_cache,
             werror: v.werror,
+            rerror: v.rerror,
             serial: v.serial.clone(),
+            wwn: None,
             iothread: v
                 .iothread
                 .as_deref()
@@ -208,7 +219,9 @@ fn front(d: &PlannedDevice) -> Result<Front<'_>, CompatError> {
             },
             write_cache: f.write_cache,
             werror: f.werror,
+            rerror: f.rerror,
             serial: f.serial.clone(),
+            wwn: f.wwn,
             iothread: None,
             queues: None,
             sizes: (
@@ -299,7 +312,7 @@ fn driver(
     top: Option<&BlockdevFormat>,
     top_storage: Option<&BlockdevProtocol>,
 ) -> DiskDriver {
-    let error_policy = front.werror.map(|e| {
+    let name = |e: OnError| {
         match e {
             OnError::Stop => "stop",
             OnError::Report => "report",
@@ -307,10 +320,18 @@ fn driver(
             OnError::Enospc => "enospace",
         }
         .to_string()
-    });
+    };
+    // libvirt's `rerror` follows `error_policy` (none for `enospace`) unless `rerror_policy`
+    // says otherwise (`qemuBuildDiskFrontendAttributeErrorPolicy`).
+    let implied = front.werror.filter(|w| *w != OnError::Enospc);
+    let rerror_policy = match (front.werror, front.rerror) {
+        (Some(_), r) if r != implied => r.map(name),
+        _ => None,
+    };
     DiskDriver {
         cache: top_storage.and_then(|p| cache_mode(p, front.write_cache)),
-        error_policy,
+        error_policy: front.werror.map(name),
+        rerror_policy,
         name: "qemu".into(),
         type_: top.map(|f| fmt_name(f.driver)).unwrap_or("raw").into(),
         io: top_storage.and_then(|p| p.aio).map(|a| {
@@ -344,5 +365,32 @@ pub(super) fn fmt_name(f: FormatDriver) -> &'static str {
     match f {
         FormatDriver::Raw => "raw",
         FormatDriver::Qcow2 => "qcow2",
+    }
+}
+
+/// `<iotune>` of the plan's limits, libvirt's names ([`crate::hooks::IOTUNE`]), zeros left out.
+fn iotune(t: &qemu::IoThrottle) -> IoTune {
+    let n = |qemu: &str| t.number(qemu).filter(|v| *v != 0);
+    IoTune {
+        total_bytes_sec: n("bps"),
+        read_bytes_sec: n("bps_rd"),
+        write_bytes_sec: n("bps_wr"),
+        total_iops_sec: n("iops"),
+        read_iops_sec: n("iops_rd"),
+        write_iops_sec: n("iops_wr"),
+        total_bytes_sec_max: n("bps_max"),
+        read_bytes_sec_max: n("bps_rd_max"),
+        write_bytes_sec_max: n("bps_wr_max"),
+        total_iops_sec_max: n("iops_max"),
+        read_iops_sec_max: n("iops_rd_max"),
+        write_iops_sec_max: n("iops_wr_max"),
+        size_iops_sec: n("iops_size"),
+        group_name: t.group.clone(),
+        total_bytes_sec_max_length: n("bps_max_length"),
+        read_bytes_sec_max_length: n("bps_rd_max_length"),
+        write_bytes_sec_max_length: n("bps_wr_max_length"),
+        total_iops_sec_max_length: n("iops_max_length"),
+        read_iops_sec_max_length: n("iops_rd_max_length"),
+        write_iops_sec_max_length: n("iops_wr_max_length"),
     }
 }

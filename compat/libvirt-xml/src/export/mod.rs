@@ -236,7 +236,7 @@ fn devices(
     devices.extend(graphics(plan).map(Device::Graphics));
     devices.push(Device::Memballoon(memballoon(plan)));
     for d in plan.devices_of(DeviceClass::Disk) {
-        devices.push(Device::Disk(Box::new(disk(vmi, d)?)));
+        devices.push(Device::Disk(Box::new(disk(vmi, plan, d)?)));
     }
     devices.extend(
         plan.devices_of(DeviceClass::Input)

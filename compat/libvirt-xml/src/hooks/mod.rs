@@ -15,8 +15,9 @@
 //! [`HookEdit`] or a [`Refusal`] naming the element path and both values. Tier 1 of the mapping
 //! (`../shared/reference/kubevirt-hook-sidecars.md` §4.5): `qemu:commandline` args and env,
 //! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`; of tier 2, a
-//! disk's `driver@cache` (libvirt's five modes, [`CacheMode`]). Everything else that differs is
-//! refused.
+//! disk's driver, serial, `<iotune>` and `<wwn>` ([`DiskEdit`]), an interface's model, MTU,
+//! queue sizes and ROM ([`NicEdit`]), `<features>` that are `-cpu` flags ([`FeatureEdit`]).
+//! Everything else that differs is refused.
 
 use std::collections::BTreeMap;
 

@@ -150,12 +150,18 @@ pub struct IfaceTarget {
 #[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct IfaceDriver {
-    /// `vhost`.
+    /// `vhost` (with multiqueue, as KubeVirt writes it).
     #[serde(rename = "@name")]
-    pub name: String,
+    pub name: Option<String>,
     /// Queue pairs.
     #[serde(rename = "@queues")]
     pub queues: Option<u32>,
+    /// virtio-net receive queue size (a hook's; KubeVirt's `api.InterfaceDriver` has none).
+    #[serde(rename = "@rx_queue_size")]
+    pub rx_queue_size: Option<u16>,
+    /// virtio-net transmit queue size (a hook's, as `rx_queue_size`).
+    #[serde(rename = "@tx_queue_size")]
+    pub tx_queue_size: Option<u16>,
 }
 
 /// `<mac address=".."/>`.
@@ -182,12 +188,20 @@ pub struct BootOrder {
     pub order: u32,
 }
 
-/// `<rom enabled="no"/>`.
+/// `<rom enabled="no"/>`, or a hook's `<rom bar file>` (KubeVirt's `api.Rom` has only
+/// `enabled`).
+#[skip_serializing_none]
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Rom {
-    /// `no`.
+    /// `no`, or `yes` with a `bar` or `file`.
     #[serde(rename = "@enabled")]
     pub enabled: String,
+    /// `on` / `off`: the ROM's PCI BAR visible.
+    #[serde(rename = "@bar")]
+    pub bar: Option<String>,
+    /// The ROM image.
+    #[serde(rename = "@file")]
+    pub file: Option<String>,
 }
 
 /// `<acpi index="N"/>`.

@@ -26,8 +26,12 @@ pub struct Disk {
     pub target: DiskTarget,
     /// Serial.
     pub serial: Option<String>,
+    /// SCSI World Wide Name, 16 hex digits (a hook's; KubeVirt's `api.Disk` has none).
+    pub wwn: Option<String>,
     /// Driver.
     pub driver: DiskDriver,
+    /// I/O limits (a hook's; KubeVirt's `api.Disk` has none).
+    pub iotune: Option<IoTune>,
     /// `<readonly/>`.
     pub readonly: Option<Empty>,
     /// `ua-<name>`.
@@ -87,6 +91,10 @@ pub struct DiskDriver {
     /// Error policy.
     #[serde(rename = "@error_policy")]
     pub error_policy: Option<String>,
+    /// Read error policy, when it is not what `error_policy` implies (a hook's; KubeVirt's
+    /// `api.DiskDriver` has none).
+    #[serde(rename = "@rerror_policy")]
+    pub rerror_policy: Option<String>,
     /// `native` / `threads`.
     #[serde(rename = "@io")]
     pub io: Option<String>,
@@ -132,4 +140,51 @@ pub struct BlockIo {
     /// Bytes.
     #[serde(rename = "@discard_granularity")]
     pub discard_granularity: Option<u32>,
+}
+
+/// `<iotune>`: a disk's I/O limits in libvirt's element order (`virDomainDiskDefIotuneFormat`);
+/// unset and zero limits are left out, as libvirt prints them.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct IoTune {
+    /// `total_bytes_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub total_bytes_sec: Option<u64>,
+    /// `read_bytes_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub read_bytes_sec: Option<u64>,
+    /// `write_bytes_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub write_bytes_sec: Option<u64>,
+    /// `total_iops_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub total_iops_sec: Option<u64>,
+    /// `read_iops_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub read_iops_sec: Option<u64>,
+    /// `write_iops_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub write_iops_sec: Option<u64>,
+    /// `total_bytes_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub total_bytes_sec_max: Option<u64>,
+    /// `read_bytes_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub read_bytes_sec_max: Option<u64>,
+    /// `write_bytes_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub write_bytes_sec_max: Option<u64>,
+    /// `total_iops_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub total_iops_sec_max: Option<u64>,
+    /// `read_iops_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub read_iops_sec_max: Option<u64>,
+    /// `write_iops_sec_max` (QEMU's, see `hooks::IOTUNE`).
+    pub write_iops_sec_max: Option<u64>,
+    /// `size_iops_sec` (QEMU's, see `hooks::IOTUNE`).
+    pub size_iops_sec: Option<u64>,
+    /// Throttle group.
+    pub group_name: Option<String>,
+    /// `total_bytes_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub total_bytes_sec_max_length: Option<u64>,
+    /// `read_bytes_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub read_bytes_sec_max_length: Option<u64>,
+    /// `write_bytes_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub write_bytes_sec_max_length: Option<u64>,
+    /// `total_iops_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub total_iops_sec_max_length: Option<u64>,
+    /// `read_iops_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub read_iops_sec_max_length: Option<u64>,
+    /// `write_iops_sec_max_length` (QEMU's, see `hooks::IOTUNE`).
+    pub write_iops_sec_max_length: Option<u64>,
 }

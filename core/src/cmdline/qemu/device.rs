@@ -122,6 +122,9 @@ pub struct DeviceDiskFrontend {
     pub discard_granularity: Option<u32>,
     /// Removable medium (usb-storage).
     pub removable: Option<bool>,
+    /// SCSI World Wide Name (`scsi-hd`, `scsi-cd`; a hook's `<wwn>`, libvirt's `P:wwn`: the 16
+    /// hex digits as a number).
+    pub wwn: Option<u64>,
 }
 
 /// A NIC frontend (`virtio-net-pci[-non-transitional]`, `e1000`, `e1000e`, `rtl8139`).
@@ -140,6 +143,13 @@ pub struct DeviceNic {
     pub host_mtu: Option<u32>,
     /// `""` disables the option ROM.
     pub romfile: Option<String>,
+    /// The ROM's PCI BAR shown (1) or hidden (0) (a hook's `<rom bar>`).
+    pub rombar: Option<u32>,
+    /// virtio-net receive queue size (a hook's `<driver rx_queue_size>`; a power of two, 256
+    /// to 1024).
+    pub rx_queue_size: Option<u16>,
+    /// virtio-net transmit queue size (a hook's `<driver tx_queue_size>`; as `rx_queue_size`).
+    pub tx_queue_size: Option<u16>,
     /// Boot order.
     pub bootindex: Option<u32>,
     /// Multiqueue on (virtio-net).

@@ -13,8 +13,8 @@ use std::collections::BTreeSet;
 
 use crate::cmdline::plan::{Backend, DeviceClass, DomainPlan, PlannedDevice};
 use crate::cmdline::qemu::{
-    node_index, renamed_node, renumber_nodes, Blockdev, BlockdevDel, Device, DeviceDel, GetFd,
-    NetdevDel, NetdevTap, QomSet, SetLink,
+    node_index, renamed_node, renumber_nodes, BlockSetIoThrottle, Blockdev, BlockdevDel, Device,
+    DeviceDel, GetFd, NetdevDel, NetdevTap, QomSet, SetLink,
 };
 use serde::Serialize;
 
@@ -173,6 +173,9 @@ pub enum QmpCommand {
     /// `qom-set` (the balloon's stats period).
     #[serde(rename = "qom-set")]
     QomSet(QomSet),
+    /// `block_set_io_throttle` of a disk with I/O limits.
+    #[serde(rename = "block_set_io_throttle")]
+    BlockSetIoThrottle(Box<BlockSetIoThrottle>),
 }
 
 /// The QMP device plan of a domain.
@@ -204,6 +207,20 @@ pub fn qmp_plan(plan: &DomainPlan) -> QmpPlan {
                 value: period.into(),
             }));
         }
+    }
+    for t in &plan.io_throttles {
+        // A virtio-blk-pci's block backend is its inner virtio-blk device's: libvirt names it
+        // by QOM path (`qemuDomainDiskPrivate.qomName`, `.../virtio-backend`).
+        let virtio = plan
+            .devices
+            .iter()
+            .any(|d| d.device.id() == t.id && matches!(d.device, Device::VirtioBlk(_)));
+        let mut t = t.clone();
+        if virtio {
+            t.id = format!("/machine/peripheral/{}/virtio-backend", t.id);
+        }
+        out.startup
+            .push(QmpCommand::BlockSetIoThrottle(Box::new(t)));
     }
     for d in plan.devices.iter().filter(|d| d.hotpluggable) {
         let id = d.device.id().to_string();

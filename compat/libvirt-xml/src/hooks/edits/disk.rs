@@ -1,12 +1,16 @@
 //! Tier 2, disks: what an answer may change on a `<disk>` with an alias (`driver@cache`, `@io`,
-//! `@discard`, `@error_policy`, `@rerror_policy`, `@queues`, `<serial>`), as typed
-//! [`DiskEdit`]s, and how each is applied to the disk's blockdev chain and frontend the way
-//! libvirt renders the attribute (`qemu_block.c` `qemuBlockStorageSourceGetBlockdevProps`,
-//! `qemu_command.c` `qemuBuildDiskDeviceProps`).
+//! `@discard`, `@error_policy`, `@rerror_policy`, `@queues`, `<serial>`, `<iotune>`, `<wwn>`),
+//! as typed [`DiskEdit`]s, and how each is applied to the disk's blockdev chain and frontend the
+//! way libvirt renders the attribute (`qemu_block.c` `qemuBlockStorageSourceGetBlockdevProps`,
+//! `qemu_command.c` `qemuBuildDiskDeviceProps`), or, for `<iotune>`, to the plan's QMP start-up
+//! (`qemu_process.c` `qemuProcessSetupDiskThrottling`: `block_set_io_throttle` before the guest
+//! runs).
 
 use super::*;
 use qlauncher_core::cmdline::plan::{Backend, DeviceClass};
-use qlauncher_core::cmdline::qemu::{Aio, Blockdev, BlockdevCache, Device, OnError};
+use qlauncher_core::cmdline::qemu::{
+    Aio, BlockSetIoThrottle, Blockdev, BlockdevCache, Device, IoThrottle, OnError,
+};
 
 /// libvirt's disk cache modes and the QEMU flags each stands for (`qemuDomainDiskCachemodeFlags`):
 /// `cache.direct` and `cache.no-flush` of every blockdev node, the frontend's `write-cache`.
@@ -85,7 +89,45 @@ pub enum DiskEdit {
     /// derives from it); `None` removes it. Checked as KubeVirt's admitter and the bus's QEMU
     /// device check it ([`qlauncher_core::vmi::validate::check_disk_serial`]).
     Serial(Option<String>),
+    /// `<iotune>`: the disk's I/O limits (libvirt's element names mapped to QEMU's in
+    /// [`IOTUNE`]), checked as QEMU's `throttle_is_valid` and libvirt's
+    /// `qemuValidateDomainDeviceDefDiskIOThrottle` check them; `None` removes every limit.
+    IoTune(Option<Box<IoThrottle>>),
+    /// `<wwn>`: a SCSI disk's World Wide Name, 16 hex digits (libvirt's `virValidateWWN`); as
+    /// libvirt, only on a `scsi` disk (`Only ide and scsi disk support wwn`, q35 has no IDE).
+    Wwn(Option<u64>),
 }
+
+/// libvirt's `<iotune>` children and QEMU's `block_set_io_throttle` names
+/// (`qemuDiskConfigBlkdeviotuneEnabled`, `qemuMonitorJSONSetBlockIoThrottle`), besides
+/// `group_name` (QEMU's `group`).
+pub const IOTUNE: [(&str, &str); 19] = [
+    ("total_bytes_sec", "bps"),
+    ("read_bytes_sec", "bps_rd"),
+    ("write_bytes_sec", "bps_wr"),
+    ("total_iops_sec", "iops"),
+    ("read_iops_sec", "iops_rd"),
+    ("write_iops_sec", "iops_wr"),
+    ("total_bytes_sec_max", "bps_max"),
+    ("read_bytes_sec_max", "bps_rd_max"),
+    ("write_bytes_sec_max", "bps_wr_max"),
+    ("total_iops_sec_max", "iops_max"),
+    ("read_iops_sec_max", "iops_rd_max"),
+    ("write_iops_sec_max", "iops_wr_max"),
+    ("size_iops_sec", "iops_size"),
+    ("total_bytes_sec_max_length", "bps_max_length"),
+    ("read_bytes_sec_max_length", "bps_rd_max_length"),
+    ("write_bytes_sec_max_length", "bps_wr_max_length"),
+    ("total_iops_sec_max_length", "iops_max_length"),
+    ("read_iops_sec_max_length", "iops_rd_max_length"),
+    ("write_iops_sec_max_length", "iops_wr_max_length"),
+];
+
+/// The largest limit QEMU takes (`THROTTLE_VALUE_MAX`, libvirt's `QEMU_BLOCK_IOTUNE_MAX`).
+pub const IOTUNE_MAX: u64 = 1_000_000_000_000_000;
+
+/// Longest throttle group name taken from a hook (bytes).
+pub const MAX_GROUP_NAME: usize = 255;
 
 impl std::fmt::Display for DiskEdit {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -105,6 +147,22 @@ impl std::fmt::Display for DiskEdit {
             DiskEdit::Queues(n) => write!(f, "driver@queues {n}"),
             DiskEdit::Serial(Some(s)) => write!(f, "serial {s}"),
             DiskEdit::Serial(None) => write!(f, "serial removed"),
+            DiskEdit::IoTune(None) => write!(f, "iotune removed"),
+            DiskEdit::IoTune(Some(t)) => {
+                write!(f, "iotune")?;
+                for name in IoThrottle::NUMBERS {
+                    match t.number(name) {
+                        Some(0) | None => {}
+                        Some(v) => write!(f, " {name}={v}")?,
+                    }
+                }
+                match &t.group {
+                    Some(g) => write!(f, " group={g:?}"),
+                    None => Ok(()),
+                }
+            }
+            DiskEdit::Wwn(Some(w)) => write!(f, "wwn 0x{w:016x}"),
+            DiskEdit::Wwn(None) => write!(f, "wwn removed"),
         }
     }
 }
@@ -136,14 +194,28 @@ const DRIVER_ATTRS: [&str; 6] = [
     "queues",
 ];
 
-/// The tier-2 view of one `<disk>`: the attributes of [`DRIVER_ATTRS`] and `<serial>`, taken
-/// out of the tree; the bus and whether it has an image, kept for the checks.
+/// The tier-2 view of one `<disk>`: the attributes of [`DRIVER_ATTRS`], `<serial>`,
+/// `<iotune>` (its children's text by name, zeros dropped: 0 is "no limit") and `<wwn>` (16
+/// lower-case hex digits when it is a WWN, else as written), taken out of the tree; the bus,
+/// the `device` and whether it has an image, kept for the checks.
 #[derive(Debug, Default, PartialEq)]
 pub(in crate::hooks) struct DiskView {
     driver: BTreeMap<&'static str, String>,
     serial: Option<String>,
+    iotune: BTreeMap<String, String>,
+    wwn: Option<String>,
     bus: String,
+    device: String,
     has_image: bool,
+}
+
+/// A `<wwn>` as 16 lower-case hex digits (`0x` prefix allowed, as libvirt's `virValidateWWN`).
+fn wwn_number(text: &str) -> Option<u64> {
+    let hex = text.strip_prefix("0x").unwrap_or(text);
+    if hex.len() != 16 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    u64::from_str_radix(hex, 16).ok()
 }
 
 /// Takes the tier-2 disk attributes out of every `<disk>` with an alias, by alias.
@@ -159,6 +231,7 @@ pub(in crate::hooks) fn take_disks(d: &mut Node) -> BTreeMap<String, DiskView> {
                 bus: child("target")
                     .and_then(|t| t.attrs.get("bus").cloned())
                     .unwrap_or_default(),
+                device: disk.attrs.get("device").cloned().unwrap_or_default(),
                 // An empty cdrom has no blockdev nodes for storage settings to go on.
                 has_image: disk.attrs.get("device").map(String::as_str) != Some("cdrom")
                     || child("source").is_some_and(|s| s.attrs.values().any(|v| !v.is_empty())),
@@ -170,13 +243,42 @@ pub(in crate::hooks) fn take_disks(d: &mut Node) -> BTreeMap<String, DiskView> {
                         v.driver.insert(k, val);
                     }
                 }
+                // `rerror_policy` equal to what `error_policy` implies is no setting of its own.
+                let w = v.driver.get("error_policy");
+                if w.is_some_and(|w| w != "enospace") && v.driver.get("rerror_policy") == w {
+                    v.driver.remove("rerror_policy");
+                }
             }
             disk.children.retain(|c| {
-                if c.name == "serial" && c.attrs.is_empty() && c.children.is_empty() {
-                    v.serial = Some(c.text.clone()).filter(|t| !t.is_empty());
-                    return false;
+                let plain = c.attrs.is_empty() && c.children.is_empty();
+                match c.name.as_str() {
+                    "serial" if plain => {
+                        v.serial = Some(c.text.clone()).filter(|t| !t.is_empty());
+                        false
+                    }
+                    "wwn" if plain => {
+                        v.wwn = Some(match wwn_number(&c.text) {
+                            Some(n) => format!("{n:016x}"),
+                            None => c.text.clone(),
+                        });
+                        false
+                    }
+                    // Only plain children: anything else stays for the general diff to refuse.
+                    "iotune"
+                        if c.attrs.is_empty()
+                            && c.children
+                                .iter()
+                                .all(|t| t.attrs.is_empty() && t.children.is_empty()) =>
+                    {
+                        for t in &c.children {
+                            if t.text != "0" {
+                                v.iotune.insert(t.name.clone(), t.text.clone());
+                            }
+                        }
+                        false
+                    }
+                    _ => true,
                 }
-                true
             });
             out.insert(alias, v);
         }
@@ -340,7 +442,147 @@ fn diff_disk(alias: &str, a: &DiskView, b: &DiskView) -> Result<Vec<DiskEdit>, R
         }
         edits.push(DiskEdit::Serial(b.serial.clone()));
     }
+    if a.iotune != b.iotune {
+        if !b.has_image {
+            return Err(refuse(alias, "iotune", None, None, "the disk has no image"));
+        }
+        edits.push(DiskEdit::IoTune(iotune(alias, a, b)?.map(Box::new)));
+    }
+    if a.wwn != b.wwn {
+        let wwn = match &b.wwn {
+            None => None,
+            Some(w) => {
+                let bad = |why: &str| refuse(alias, "wwn#text", a.wwn.as_deref(), Some(w), why);
+                let n = wwn_number(w).ok_or_else(|| bad("not a WWN (16 hex digits)"))?;
+                if b.bus != "scsi" {
+                    return Err(bad(
+                        "only a scsi disk takes a wwn (libvirt: only ide and scsi \
+                         disks support wwn; q35 has no IDE)",
+                    ));
+                }
+                if b.device == "lun" {
+                    return Err(bad("a lun passes the device's own wwn through"));
+                }
+                Some(n)
+            }
+        };
+        edits.push(DiskEdit::Wwn(wwn));
+    }
     Ok(edits)
+}
+
+/// The answer's `<iotune>` of disk `alias` as QEMU's limits, or `None` when it sets none;
+/// refused (with the element) when a value is not a number up to [`IOTUNE_MAX`], an element
+/// is not libvirt's, or the limits break QEMU's rules: a total and a read/write limit of one
+/// kind together, a burst without its rate or below it, a burst length without a burst or
+/// longer than QEMU allows for it, a group without a limit.
+fn iotune(alias: &str, a: &DiskView, b: &DiskView) -> Result<Option<IoThrottle>, Refusal> {
+    let what = |name: &str| format!("iotune/{name}#text");
+    let bad = |name: &str, why: &str| {
+        refuse(
+            alias,
+            &what(name),
+            a.iotune.get(name).map(String::as_str),
+            b.iotune.get(name).map(String::as_str),
+            why,
+        )
+    };
+    let mut t = IoThrottle::default();
+    for (name, text) in &b.iotune {
+        if name == "group_name" {
+            check_text(
+                &format!("domain/devices/disk[{alias}]/{}", what(name)),
+                a.iotune.get(name).map_or("-", String::as_str),
+                text,
+            )?;
+            if text.is_empty() || text.len() > MAX_GROUP_NAME {
+                return Err(bad(name, "not a throttle group name (1 to 255 bytes)"));
+            }
+            t.group = Some(text.clone());
+            continue;
+        }
+        let Some((_, qemu)) = IOTUNE.iter().find(|(l, _)| l == name) else {
+            return Err(bad(name, "not an iotune element qlauncher runs"));
+        };
+        let n = text
+            .parse::<u64>()
+            .ok()
+            .filter(|n| *n <= IOTUNE_MAX)
+            .ok_or_else(|| {
+                bad(
+                    name,
+                    "not a number from 0 to 1000000000000000 (QEMU's THROTTLE_VALUE_MAX)",
+                )
+            })?;
+        t.set_number(qemu, n);
+    }
+    let libvirt = |qemu: &str| {
+        IOTUNE
+            .iter()
+            .find(|(_, q)| *q == qemu)
+            .map_or("-", |(l, _)| l)
+    };
+    let get = |qemu: &str| t.number(qemu).unwrap_or(0);
+    for kind in ["bps", "iops", "bps_max", "iops_max"] {
+        let (rd, wr) = if let Some(k) = kind.strip_suffix("_max") {
+            (format!("{k}_rd_max"), format!("{k}_wr_max"))
+        } else {
+            (format!("{kind}_rd"), format!("{kind}_wr"))
+        };
+        if get(kind) != 0 && (get(&rd) != 0 || get(&wr) != 0) {
+            return Err(bad(
+                libvirt(kind),
+                "a total limit and a read or write limit of one kind cannot be set together",
+            ));
+        }
+    }
+    for avg in ["bps", "bps_rd", "bps_wr", "iops", "iops_rd", "iops_wr"] {
+        let max = format!("{avg}_max");
+        let length = format!("{avg}_max_length");
+        let (avg_v, max_v, len_v) = (get(avg), get(&max), get(&length));
+        if max_v != 0 && avg_v == 0 {
+            return Err(bad(
+                libvirt(&max),
+                &format!("a burst needs its rate ({})", libvirt(avg)),
+            ));
+        }
+        if max_v != 0 && max_v < avg_v {
+            return Err(bad(
+                libvirt(&max),
+                &format!("a burst cannot be lower than its rate ({})", libvirt(avg)),
+            ));
+        }
+        if len_v > 1 && max_v == 0 {
+            return Err(bad(
+                libvirt(&length),
+                &format!("a burst length needs its burst ({})", libvirt(&max)),
+            ));
+        }
+        if max_v != 0 && len_v > IOTUNE_MAX / max_v {
+            return Err(bad(
+                libvirt(&length),
+                "the burst length is too long for its burst (QEMU's THROTTLE_VALUE_MAX)",
+            ));
+        }
+    }
+    let any = IoThrottle::NUMBERS
+        .iter()
+        .filter(|n| **n != "iops_size" && !n.ends_with("_length"))
+        .any(|n| get(n) != 0);
+    if !any {
+        if t.group.is_some() || get("iops_size") != 0 {
+            return Err(bad(
+                if t.group.is_some() {
+                    "group_name"
+                } else {
+                    "size_iops_sec"
+                },
+                "needs a limit (a bytes or iops rate)",
+            ));
+        }
+        return Ok(None);
+    }
+    Ok(Some(t))
 }
 
 /// `werror`/`rerror` from the answer's `error_policy` and `rerror_policy` (libvirt's values;
@@ -386,6 +628,16 @@ fn error_policy(alias: &str, a: &DiskView, b: &DiskView) -> Result<DiskEdit, Ref
 /// Applies `edit` to the disk with QEMU id `alias`: storage settings on the nodes of its
 /// blockdev chain as libvirt sets them on the whole chain, frontend settings on its device.
 pub(in crate::hooks) fn apply_disk(plan: &mut DomainPlan, alias: &str, edit: &DiskEdit) {
+    if let DiskEdit::IoTune(limits) = edit {
+        plan.io_throttles.retain(|t| t.id != alias);
+        if let Some(limits) = limits {
+            plan.io_throttles.push(BlockSetIoThrottle {
+                id: alias.into(),
+                limits: (**limits).clone(),
+            });
+        }
+        return;
+    }
     for d in plan
         .devices
         .iter_mut()
@@ -447,6 +699,7 @@ fn apply_frontend(device: &mut Device, edit: &DiskEdit) {
             }
             f.serial = s.clone();
         }
+        (DiskEdit::Wwn(w), Device::DiskFrontend(f)) => f.wwn = *w,
         _ => {}
     }
 }
@@ -454,7 +707,7 @@ fn apply_frontend(device: &mut Device, edit: &DiskEdit) {
 #[cfg(test)]
 mod tests {
     use super::super::super::*;
-    use qlauncher_core::cmdline::qemu::{Aio, OnError};
+    use qlauncher_core::cmdline::qemu::{Aio, IoThrottle, OnError};
 
     const SENT: &str = "<domain type=\"kvm\"><name>ns_vm</name><devices>\
         <disk device=\"disk\" type=\"file\"><source file=\"/r.qcow2\"></source>\
@@ -467,7 +720,11 @@ mod tests {
         <alias name=\"ua-data\"></alias></disk>\
         <disk device=\"cdrom\" type=\"block\"><target bus=\"sata\" dev=\"sdb\"></target>\
         <driver error_policy=\"stop\" name=\"qemu\" type=\"raw\"></driver>\
-        <alias name=\"ua-cd\"></alias></disk></devices></domain>";
+        <alias name=\"ua-cd\"></alias></disk>\
+        <disk device=\"disk\" type=\"file\"><source file=\"/s.img\"></source>\
+        <target bus=\"scsi\" dev=\"sdc\"></target>\
+        <driver error_policy=\"stop\" name=\"qemu\" type=\"raw\"></driver>\
+        <alias name=\"ua-scsi\"></alias></disk></devices></domain>";
 
     fn edit(alias: &str, edit: DiskEdit) -> HookEdit {
         HookEdit::Disk {
@@ -624,6 +881,149 @@ mod tests {
         assert_eq!(
             hook_diff(SENT, &answer).unwrap(),
             "disk ua-data serial s2\ndisk ua-root driver@queues 2\n"
+        );
+    }
+
+    /// `<iotune>` inserted into the root disk.
+    fn with_iotune(body: &str) -> String {
+        SENT.replace(
+            "<alias name=\"ua-root\">",
+            &format!("<iotune>{body}</iotune><alias name=\"ua-root\">"),
+        )
+    }
+
+    #[test]
+    fn iotune_is_qemus_throttle_limits() {
+        let answer = with_iotune(
+            "<total_bytes_sec>1000000</total_bytes_sec><read_iops_sec>100</read_iops_sec>\
+             <read_iops_sec_max>200</read_iops_sec_max>\
+             <read_iops_sec_max_length>5</read_iops_sec_max_length>\
+             <write_iops_sec>0</write_iops_sec><size_iops_sec>4096</size_iops_sec>\
+             <group_name>g1</group_name>",
+        );
+        let want = IoThrottle {
+            bps: 1_000_000,
+            iops_rd: 100,
+            iops_rd_max: Some(200),
+            iops_rd_max_length: Some(5),
+            iops_size: Some(4096),
+            group: Some("g1".into()),
+            ..IoThrottle::default()
+        };
+        assert_eq!(
+            diff_answer(SENT, &answer).unwrap(),
+            vec![edit("ua-root", DiskEdit::IoTune(Some(Box::new(want))))]
+        );
+        assert_eq!(
+            hook_diff(SENT, &answer).unwrap(),
+            "disk ua-root iotune bps=1000000 iops_rd=100 iops_rd_max=200 \
+             iops_rd_max_length=5 iops_size=4096 group=\"g1\"\n"
+        );
+        // Zeros are no limit: an all-zero `<iotune>` is no change; removing one is.
+        let zeros = with_iotune("<total_bytes_sec>0</total_bytes_sec>");
+        assert_eq!(diff_answer(SENT, &zeros).unwrap(), vec![]);
+        assert_eq!(
+            diff_answer(&answer, SENT).unwrap(),
+            vec![edit("ua-root", DiskEdit::IoTune(None))]
+        );
+    }
+
+    #[test]
+    fn bad_iotune_is_refused_with_the_element() {
+        let el = |k: &str| format!("domain/devices/disk[ua-root]/iotune/{k}#text");
+        let cases = [
+            ("<total_bytes_sec>x</total_bytes_sec>", "total_bytes_sec"),
+            ("<total_bytes_sec>-1</total_bytes_sec>", "total_bytes_sec"),
+            (
+                "<total_bytes_sec>1000000000000001</total_bytes_sec>",
+                "total_bytes_sec",
+            ),
+            ("<total_bytes_secs>1</total_bytes_secs>", "total_bytes_secs"),
+            (
+                "<total_bytes_sec>1</total_bytes_sec><read_bytes_sec>1</read_bytes_sec>",
+                "total_bytes_sec",
+            ),
+            (
+                "<total_iops_sec_max>9</total_iops_sec_max><write_iops_sec_max>9</write_iops_sec_max>\
+                 <total_iops_sec>1</total_iops_sec><write_iops_sec>1</write_iops_sec>",
+                "total_iops_sec",
+            ),
+            ("<write_bytes_sec_max>9</write_bytes_sec_max>", "write_bytes_sec_max"),
+            (
+                "<write_bytes_sec>10</write_bytes_sec><write_bytes_sec_max>9</write_bytes_sec_max>",
+                "write_bytes_sec_max",
+            ),
+            (
+                "<total_iops_sec>10</total_iops_sec><total_iops_sec_max_length>9</total_iops_sec_max_length>",
+                "total_iops_sec_max_length",
+            ),
+            (
+                "<total_iops_sec>10</total_iops_sec><total_iops_sec_max>1000000000000000</total_iops_sec_max>\
+                 <total_iops_sec_max_length>2</total_iops_sec_max_length>",
+                "total_iops_sec_max_length",
+            ),
+            ("<group_name>g</group_name>", "group_name"),
+            (
+                "<total_iops_sec>1</total_iops_sec><group_name>a&#xA;b</group_name>",
+                "group_name",
+            ),
+            ("<size_iops_sec>4096</size_iops_sec>", "size_iops_sec"),
+        ];
+        for (body, element) in cases {
+            let r = diff_answer(SENT, &with_iotune(body)).unwrap_err();
+            assert_eq!(r.path, el(element), "{body}: {r}");
+        }
+        // Not plain text children: the general diff refuses the element.
+        let odd = with_iotune("<total_bytes_sec unit=\"k\">1</total_bytes_sec>");
+        assert!(diff_answer(SENT, &odd).unwrap_err().path.contains("iotune"));
+        // An empty cdrom has no drive to throttle.
+        let cd = SENT.replace(
+            "<alias name=\"ua-cd\">",
+            "<iotune><total_iops_sec>5</total_iops_sec></iotune><alias name=\"ua-cd\">",
+        );
+        assert_eq!(
+            diff_answer(SENT, &cd).unwrap_err().path,
+            "domain/devices/disk[ua-cd]/iotune"
+        );
+    }
+
+    #[test]
+    fn wwn_on_a_scsi_disk_only() {
+        let wwn = |alias: &str, w: &str| {
+            SENT.replace(
+                &format!("<alias name=\"{alias}\">"),
+                &format!("<wwn>{w}</wwn><alias name=\"{alias}\">"),
+            )
+        };
+        let want = vec![edit("ua-scsi", DiskEdit::Wwn(Some(0x5000_c500_15ea_71ac)))];
+        assert_eq!(
+            diff_answer(SENT, &wwn("ua-scsi", "5000c50015ea71ac")).unwrap(),
+            want
+        );
+        // libvirt's `0x` and upper case are the same WWN.
+        let upper = wwn("ua-scsi", "0x5000C50015EA71AC");
+        assert_eq!(diff_answer(SENT, &upper).unwrap(), want);
+        assert_eq!(
+            diff_answer(&wwn("ua-scsi", "5000c50015ea71ac"), &upper).unwrap(),
+            vec![]
+        );
+        for (alias, w) in [
+            ("ua-scsi", "5000c50015ea71a"),
+            ("ua-scsi", "5000c50015ea71ag"),
+            ("ua-scsi", "5000c50015ea71ac,x=1"),
+            ("ua-root", "5000c50015ea71ac"),
+            ("ua-data", "5000c50015ea71ac"),
+        ] {
+            let r = diff_answer(SENT, &wwn(alias, w)).unwrap_err();
+            assert_eq!(
+                r.path,
+                format!("domain/devices/disk[{alias}]/wwn#text"),
+                "{w}"
+            );
+        }
+        assert_eq!(
+            hook_diff(SENT, &upper).unwrap(),
+            "disk ua-scsi wwn 0x5000c50015ea71ac\n"
         );
     }
 }

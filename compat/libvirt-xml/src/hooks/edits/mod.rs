@@ -1,10 +1,14 @@
 //! What an answer may change: the tier-1 differences and the tier-2 ones of each room
-//! ([`disk`]) as typed [`HookEdit`]s ([`diff_answer`]), applied to a plan ([`apply`]).
+//! ([`disk`], [`nic`], [`features`]) as typed [`HookEdit`]s ([`diff_answer`]), applied to a plan ([`apply`]).
 
 use super::*;
 
 mod disk;
+mod features;
+mod nic;
 pub use disk::*;
+pub use features::*;
+pub use nic::*;
 
 /// SMBIOS mode (`<os><smbios mode=..>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,6 +44,17 @@ pub enum HookEdit {
         /// The change.
         edit: DiskEdit,
     },
+    /// A change of the `<interface>` with QEMU id (alias) `alias` (tier 2: its model, MTU,
+    /// queue sizes, ROM).
+    Nic {
+        /// The interface's alias (`ua-<interface name>`).
+        alias: String,
+        /// The change.
+        edit: NicEdit,
+    },
+    /// A change of `<features>` that is a `-cpu` property (tier 2: KVM hidden, Hyper-V
+    /// enlightenments).
+    Feature(FeatureEdit),
 }
 
 impl std::fmt::Display for HookEdit {
@@ -50,6 +65,8 @@ impl std::fmt::Display for HookEdit {
             HookEdit::Smbios { table, fields } => write!(f, "smbios type {table} {fields:?}"),
             HookEdit::SmbiosMode(m) => write!(f, "os/smbios@mode {m:?}"),
             HookEdit::Disk { alias, edit } => write!(f, "disk {alias} {edit}"),
+            HookEdit::Nic { alias, edit } => write!(f, "interface {alias} {edit}"),
+            HookEdit::Feature(e) => write!(f, "{e}"),
         }
     }
 }
@@ -114,6 +131,10 @@ pub(super) struct Tier1 {
     sections: BTreeMap<String, Vec<(String, String)>>,
     /// The tier-2 attributes of each disk with an alias, by alias.
     disks: BTreeMap<String, DiskView>,
+    /// The tier-2 elements of each interface with an alias, by alias.
+    nics: BTreeMap<String, NicView>,
+    /// The tier-2 states of `<features>`.
+    features: FeaturesView,
 }
 
 /// Takes the tier-1 elements out of `d` (so the rest can be compared as a whole).
@@ -144,6 +165,8 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
     }
     d.children.retain(|c| c.name != "metadata");
     t.disks = take_disks(d);
+    t.nics = take_nics(d);
+    t.features = take_features(d);
     if let Some(s) = d.children.iter_mut().find(|c| c.name == "sysinfo") {
         s.children.retain(|sec| {
             let known = matches!(
@@ -324,6 +347,8 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
         edits.push(HookEdit::Smbios { table, fields });
     }
     edits.extend(diff_disks(&t0.disks, &t1.disks)?);
+    edits.extend(diff_nics(&t0.nics, &t1.nics)?);
+    edits.extend(diff_features(&t0.features, &t1.features)?);
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
     if a != b {
         let mut fields = Vec::new();
@@ -401,6 +426,8 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
             HookEdit::SmbiosMode(SmbiosMode::Emulate) => plan.smbios.clear(),
             HookEdit::SmbiosMode(SmbiosMode::Sysinfo) => {}
             HookEdit::Disk { alias, edit } => apply_disk(plan, alias, edit),
+            HookEdit::Nic { alias, edit } => apply_nic(plan, alias, edit),
+            HookEdit::Feature(e) => apply_feature(plan, e),
             HookEdit::Smbios { table, fields } => {
                 let mut fields = fields.clone();
                 if *table == 1 {

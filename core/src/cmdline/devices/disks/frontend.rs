@@ -111,6 +111,7 @@ pub(super) fn device(f: Frontend<'_>) -> Result<(Device, Placement, bool), Conve
                 physical_block_size: pbs,
                 discard_granularity: dg,
                 removable: None,
+                wwn: None,
             };
             (Device::DiskFrontend(dev), Placement::NonPci, false)
         }
@@ -148,6 +149,7 @@ pub(super) fn device(f: Frontend<'_>) -> Result<(Device, Placement, bool), Conve
                 physical_block_size: pbs,
                 discard_granularity: dg,
                 removable: None,
+                wwn: None,
             };
             (Device::DiskFrontend(dev), Placement::NonPci, hotpluggable)
         }
@@ -172,6 +174,7 @@ pub(super) fn device(f: Frontend<'_>) -> Result<(Device, Placement, bool), Conve
                 physical_block_size: pbs,
                 discard_granularity: dg,
                 removable: (f.kind == Kind::Cdrom).then_some(true),
+                wwn: None,
             }),
             Placement::NonPci,
             false,
