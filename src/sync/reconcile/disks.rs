@@ -200,6 +200,7 @@ pub(crate) mod fixtures {
                     cache: None,
                     driver: FormatDriver::Raw,
                     file: storage.clone(),
+                    data_file: None,
                     backing: BackingNode::Absent,
                 }),
             ],
