@@ -324,6 +324,7 @@ mod tests {
                     virtual_size: Some(1 << 30),
                     direct_io: true,
                     preallocated: false,
+                    cbt_overlay: false,
                 },
             );
         }

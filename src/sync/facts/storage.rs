@@ -191,6 +191,7 @@ fn container_disk_overlay(
         virtual_size: Some(base_facts.virtual_size),
         direct_io,
         preallocated: false,
+        cbt_overlay: false,
     })
 }
 
@@ -381,5 +382,6 @@ pub(crate) fn ephemeral_overlay(
         virtual_size: Some(virtual_size),
         direct_io,
         preallocated: false,
+        cbt_overlay: false,
     })
 }

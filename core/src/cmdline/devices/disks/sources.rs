@@ -99,9 +99,10 @@ pub(super) fn layers(
     };
     // CBT (`convertVolumeWithCBT`, `converter.go:671-829`): a PVC, DataVolume or hostDisk
     // volume runs through `<private>/libvirt/qemu/cbt/<volume>.qcow2`, whose raw data file is the
-    // volume's image. Hot-plugged volumes are not covered yet.
+    // volume's image. A hot-plugged volume only once its overlay was made at mount time.
     let cbt = |image: Layer| -> Result<Vec<Layer>, ConvertError> {
-        if !vmi.status.as_ref().is_some_and(|s| s.cbt_active()) || hotplug {
+        let active = vmi.status.as_ref().is_some_and(|s| s.cbt_active());
+        if !active || (hotplug && !facts.cbt_overlay) {
             return Ok(vec![image]);
         }
         if name.is_empty() || name == "." || name == ".." || name.contains('/') {
