@@ -4,9 +4,9 @@
 use std::path::{Path, PathBuf};
 
 use qlauncher::storage::{
-    create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk, probe_disk,
-    probe_image, ChainPolicy, EmptyDiskSpec, HostDiskSpec, HostDiskType, ImageFormat, Outcome,
-    OverlaySpec, Owner, StorageError, StorageKind,
+    create_cbt_overlay, create_empty_disk, create_overlay, direct_io_supported, prepare_host_disk,
+    probe_disk, probe_image, CbtOverlaySpec, ChainPolicy, EmptyDiskSpec, HostDiskSpec,
+    HostDiskType, ImageFormat, Outcome, OverlaySpec, Owner, StorageError, StorageKind,
 };
 use testkit::storage::*;
 
@@ -729,4 +729,135 @@ async fn qemu_opens_overlays_with_their_backing_chain_and_empty_disks() {
             }
         }
     }
+}
+
+/// A CBT overlay over `image` at `<cbt>/<volume>.qcow2`, no root restriction.
+fn cbt_spec(cbt: &Path, volume: &str, image: &Path) -> CbtOverlaySpec {
+    let mut spec = CbtOverlaySpec::at_kubevirt_path(volume, image, cbt);
+    spec.owner = None;
+    spec
+}
+
+/// A CBT overlay holds the bytes `qemu-img create -f qcow2 -o data_file=<image>,data_file_raw=on`
+/// writes (QEMU 7.2: the preallocated L1 and L2 tables of every guest cluster), for raw images
+/// from 512 bytes to 100 GiB (one not a multiple of 512, one spanning many L2 tables); qemu-img
+/// reports the raw data file, and the image itself is not changed.
+#[test]
+fn cbt_overlays_are_byte_for_byte_what_qemu_img_creates() {
+    let scratch = Scratch::new("cbt-bytes");
+    let disks = scratch.dir("vmi-disks");
+    let cbt = scratch.join("libvirt/qemu/cbt");
+    let theirs_dir = scratch.dir("qemu-img");
+    for (i, len) in [512u64, 16 * MIB, 16 * MIB + 1000, 1 << 30, 100 << 30]
+        .into_iter()
+        .enumerate()
+    {
+        let image = disks.join(format!("vol{i}.img"));
+        std::fs::File::create(&image).unwrap().set_len(len).unwrap();
+        let spec = cbt_spec(&cbt, &format!("vol{i}"), &image);
+        let (outcome, facts) = create_cbt_overlay(&spec).unwrap();
+        assert_eq!(
+            (outcome, facts.virtual_size),
+            (Outcome::Created, len.div_ceil(512) * 512)
+        );
+        assert_eq!(spec.overlay, cbt.join(format!("vol{i}.qcow2")));
+        assert_eq!(std::fs::metadata(&image).unwrap().len(), len);
+        let info = qemu_img_info(&spec.overlay);
+        let data = &info["format-specific"]["data"];
+        assert_eq!(data["data-file"].as_str(), image.to_str(), "{info}");
+        assert_eq!(data["data-file-raw"].as_bool(), Some(true), "{info}");
+        assert_eq!(info["virtual-size"].as_u64(), Some(len.div_ceil(512) * 512));
+        let theirs = theirs_dir.join(format!("vol{i}.qcow2"));
+        let options = format!("data_file={},data_file_raw=on", image.display());
+        run(
+            "qemu-img",
+            &[
+                "create",
+                "-q",
+                "-f",
+                "qcow2",
+                "-o",
+                &options,
+                theirs.to_str().unwrap(),
+                &(len.div_ceil(512) * 512).to_string(),
+            ],
+        );
+        assert_same_image(&spec.overlay, &theirs);
+    }
+}
+
+/// QEMU opens a CBT overlay and the guest's writes land in the raw image at their own offsets
+/// (data-file-raw), while what the image held before reads through the overlay; a second call
+/// keeps the overlay with its contents (as KubeVirt reuses it across restarts).
+#[test]
+fn cbt_overlay_writes_land_in_the_raw_image_and_the_overlay_is_reused() {
+    let scratch = Scratch::new("cbt-io");
+    let image = scratch.dir("vmi-disks/data").join("disk.img");
+    raw_base(&image, 4 * MIB);
+    let cbt = scratch.join("cbt");
+    let spec = cbt_spec(&cbt, "data", &image);
+    assert_eq!(create_cbt_overlay(&spec).unwrap().0, Outcome::Created);
+    let before = std::fs::read(&image).unwrap();
+    // What the image held reads through the overlay (cluster 0 untouched: byte 1 is 1 % 251).
+    qemu_io(&spec.overlay, "qcow2", "read -P 0x01 1 1");
+    qemu_io(&spec.overlay, "qcow2", "write -P 0x5a 65536 65536");
+    qemu_io(&spec.overlay, "qcow2", "write -P 0xa5 1000 24");
+    let after = std::fs::read(&image).unwrap();
+    assert!(after[65536..131072].iter().all(|&b| b == 0x5a));
+    assert!(after[1000..1024].iter().all(|&b| b == 0xa5));
+    assert_eq!(after[..1000], before[..1000]);
+    assert_eq!(after[131072..], before[131072..]);
+    assert_qemu_img_check_clean(&spec.overlay);
+    let overlay = std::fs::read(&spec.overlay).unwrap();
+    assert_eq!(create_cbt_overlay(&spec).unwrap().0, Outcome::Kept);
+    assert_eq!(std::fs::read(&spec.overlay).unwrap(), overlay);
+}
+
+/// A file at the overlay path that is not a qcow2 over exactly this raw image (another data
+/// file, a plain qcow2, a symlink) is refused rather than handed to QEMU, and so is an image
+/// that is not raw; nothing is written in either case.
+#[test]
+fn foreign_cbt_overlays_and_non_raw_images_are_refused() {
+    let scratch = Scratch::new("cbt-foreign");
+    let image = scratch.dir("vmi-disks/data").join("disk.img");
+    raw_base(&image, MIB);
+    let other = scratch.join("other.img");
+    raw_base(&other, MIB);
+    let cbt = scratch.dir("cbt");
+    let spec = cbt_spec(&cbt, "data", &image);
+    let options = format!("data_file={},data_file_raw=on", other.display());
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            &options,
+            spec.overlay.to_str().unwrap(),
+            "1M",
+        ],
+    );
+    let refused = |spec: &CbtOverlaySpec| match create_cbt_overlay(spec) {
+        Err(StorageError::MalformedImage { volume, .. }) => assert_eq!(volume, "data"),
+        other => panic!("{other:?}"),
+    };
+    refused(&spec);
+    std::fs::remove_file(&spec.overlay).unwrap();
+    qemu_img_create(&spec.overlay, "1M", None);
+    refused(&spec);
+    std::fs::remove_file(&spec.overlay).unwrap();
+    std::os::unix::fs::symlink(&other, &spec.overlay).unwrap();
+    refused(&spec);
+    std::fs::remove_file(&spec.overlay).unwrap();
+
+    let qcow2 = scratch.dir("vmi-disks/q").join("disk.img");
+    qemu_img_create(&qcow2, "1M", None);
+    let spec = cbt_spec(&cbt, "q", &qcow2);
+    assert!(matches!(
+        create_cbt_overlay(&spec),
+        Err(StorageError::UnsupportedFormat { .. })
+    ));
+    assert_eq!(std::fs::read_dir(&cbt).unwrap().count(), 0);
 }

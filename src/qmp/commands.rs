@@ -4,7 +4,7 @@
 //!
 //! A command without arguments is a unit struct (sent without `arguments`). Commands whose reply
 //! is `{}` answer [`Empty`]. The hotplug commands and their replies are in
-//! [`devices`], the statistics queries in [`stats`], the CPU model expansion in [`cpu`], a
+//! [`devices`], the push backup's transaction in [`backup`], the statistics queries in [`stats`], the CPU model expansion in [`cpu`], a
 //! capability probe's queries in [`caps`].
 //! `qom-get` of an arbitrary property
 //! answers a [`serde_json::Value`] (the value's type depends on the property).
@@ -48,10 +48,12 @@ macro_rules! command {
 }
 pub(crate) use command;
 
+mod backup;
 mod caps;
 mod cpu;
 mod devices;
 mod stats;
+pub use backup::*;
 pub use caps::*;
 pub use cpu::*;
 pub use devices::*;

@@ -12,6 +12,8 @@ const EXT_DATA_FILE: u32 = 0x4441_5441;
 /// Incompatible feature bits qlauncher understands: dirty, corrupt, external data file,
 /// compression type, extended L2.
 const KNOWN_INCOMPATIBLE: u64 = 0b1_1111;
+/// Bit 1 of the autoclear features: the external data file is raw (`data-file-raw`).
+const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
 /// Bit 1 of the incompatible features: the image is marked corrupt.
 const INCOMPAT_CORRUPT: u64 = 1 << 1;
 /// The longest backing file name QEMU accepts.
@@ -33,6 +35,8 @@ pub(crate) struct Header {
     pub(crate) backing_name_at: (u64, u32),
     pub(crate) backing_format: Option<String>,
     pub(crate) data_file: Option<String>,
+    /// Autoclear bit 1 (`data-file-raw`): the external data file is raw.
+    pub(crate) data_file_raw: bool,
 }
 
 /// A header problem: `Unsupported` (valid but not for us) or `Malformed`.
@@ -80,10 +84,10 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header, HeaderError> {
             "backing file name of {backing_len} bytes (max {MAX_BACKING_NAME})"
         )));
     }
-    let (incompatible, header_len) = if version == 3 {
-        (be64(buf, 72)?, be32(buf, 100)?)
+    let (incompatible, autoclear, header_len) = if version == 3 {
+        (be64(buf, 72)?, be64(buf, 88)?, be32(buf, 100)?)
     } else {
-        (0, 72)
+        (0, 0, 72)
     };
     if version == 3 && (header_len < 104 || header_len % 8 != 0) {
         return Err(HeaderError::Malformed(format!(
@@ -109,6 +113,7 @@ pub(crate) fn parse(buf: &[u8]) -> Result<Header, HeaderError> {
         },
         backing_format: None,
         data_file: None,
+        data_file_raw: autoclear & AUTOCLEAR_DATA_FILE_RAW != 0,
     };
     // Header extensions follow the header, each {u32 type, u32 len, data padded to 8}, up to an
     // end marker of type 0 (or the end of the first cluster).
@@ -197,6 +202,7 @@ mod tests {
                 backing_name_at: (136, 15),
                 backing_format: Some("raw".into()),
                 data_file: None,
+                data_file_raw: false,
             }
         );
     }

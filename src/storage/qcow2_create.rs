@@ -28,6 +28,17 @@ const HEADER_LENGTH: usize = 112;
 const EXT_BACKING_FORMAT: u32 = 0xE279_2ACA;
 /// Header extension: feature name table.
 const EXT_FEATURE_TABLE: u32 = 0x6803_F857;
+/// Header extension: external data file name.
+const EXT_DATA_FILE: u32 = 0x4441_5441;
+/// Incompatible feature bit 2: the guest data lives in an external data file.
+const INCOMPAT_DATA_FILE: u64 = 1 << 2;
+/// Autoclear feature bit 1: the external data file is raw (guest offset = file offset).
+const AUTOCLEAR_DATA_FILE_RAW: u64 = 1 << 1;
+/// L1/L2 entry flag: the cluster's refcount is exactly one (`QCOW_OFLAG_COPIED`).
+const OFLAG_COPIED: u64 = 1 << 63;
+/// The largest image with a raw external data file laid out here: its L1 table fits in one
+/// cluster (8192 L2 tables of 512 MiB), and all its metadata in one refcount block.
+pub(crate) const MAX_RAW_DATA_FILE_SIZE: u64 = 4 << 40;
 /// QEMU's `QCOW_MAX_L1_SIZE`: 32 MiB of L1 entries (2 PiB of guest disk with 64 KiB clusters).
 const MAX_L1_BYTES: u64 = 32 << 20;
 /// The longest backing file name QEMU accepts.
@@ -55,6 +66,9 @@ struct Image {
     refcount_table: [u8; 8],
     /// The refcount block's entries (cluster 2): one per cluster of metadata.
     refcount_block: Vec<u8>,
+    /// The L1 table and the L2 tables from cluster 3 when they hold entries (raw data file
+    /// images only; empty otherwise, the all-zero L1 table left as a hole).
+    tables: Vec<u8>,
     /// The file's length: the end of the L1 table.
     len: u64,
 }
@@ -70,10 +84,25 @@ fn put_extension(header: &mut Vec<u8>, kind: u32, data: &[u8]) {
     header.resize(header.len().next_multiple_of(8), 0);
 }
 
-/// Lays out an image of `size` bytes (a multiple of 512) over `backing` (file name, format).
-fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
+/// Lays out an image of `size` bytes (a multiple of 512) over `backing` (file name, format),
+/// or with the raw external `data_file` (never both).
+///
+/// With a data file the layout is what `qemu-img create -f qcow2 -o
+/// data_file=<f>,data_file_raw=on` (and KubeVirt's `blockdev-create` with `data-file-raw: true`)
+/// writes: QEMU then preallocates the metadata (`qcow2_co_create`), so the L1 table at cluster 3
+/// points at one L2 table per 512 MiB from cluster 4, each entry mapping guest cluster `n` to
+/// data file offset `n * 64 KiB` with `QCOW_OFLAG_COPIED`; every guest cluster is allocated.
+fn layout(size: u64, backing: Option<(&str, &str)>, data_file: Option<&str>) -> io::Result<Image> {
     if !size.is_multiple_of(512) {
         return Err(invalid(format!("size {size} is not a multiple of 512")));
+    }
+    if backing.is_some() && data_file.is_some() {
+        return Err(invalid("a backing file and a data file together".into()));
+    }
+    if data_file.is_some() && size > MAX_RAW_DATA_FILE_SIZE {
+        return Err(invalid(format!(
+            "size {size} is over the {MAX_RAW_DATA_FILE_SIZE} bytes of a raw data file image"
+        )));
     }
     // One L2 table maps CLUSTER / 8 clusters; the L1 table has one entry per L2 table.
     let l2_span = (CLUSTER as u64 / 8) << CLUSTER_BITS;
@@ -100,6 +129,17 @@ fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
     if let Some((_, format)) = backing {
         put_extension(&mut header, EXT_BACKING_FORMAT, format.as_bytes());
     }
+    if let Some(name) = data_file {
+        if name.len() > MAX_BACKING_NAME {
+            return Err(invalid(format!(
+                "data file name of {} bytes (max {MAX_BACKING_NAME})",
+                name.len()
+            )));
+        }
+        header[72..80].copy_from_slice(&INCOMPAT_DATA_FILE.to_be_bytes());
+        header[88..96].copy_from_slice(&AUTOCLEAR_DATA_FILE_RAW.to_be_bytes());
+        put_extension(&mut header, EXT_DATA_FILE, name.as_bytes());
+    }
     let mut table = Vec::with_capacity(FEATURES.len() * FEATURE_ENTRY);
     for (kind, bit, name) in FEATURES {
         let start = table.len();
@@ -124,7 +164,25 @@ fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
     if header.len() > CLUSTER {
         return Err(invalid("the header does not fit in one cluster".into()));
     }
-    let clusters = 3 + l1_clusters as usize;
+    // Raw data file: one preallocated L2 table per L1 entry, right after the L1 table.
+    let mut tables = Vec::new();
+    let l2_tables = if data_file.is_some() { l1_size } else { 0 };
+    if data_file.is_some() && l1_size > 0 {
+        let first_l2 = 3 + l1_clusters;
+        tables.resize(((l1_clusters + l2_tables) as usize) * CLUSTER, 0);
+        for i in 0..l1_size {
+            let entry = ((first_l2 + i) << CLUSTER_BITS) | OFLAG_COPIED;
+            let at = (i * 8) as usize;
+            tables[at..at + 8].copy_from_slice(&entry.to_be_bytes());
+        }
+        let l2_at = (l1_clusters as usize) * CLUSTER;
+        for n in 0..size.div_ceil(CLUSTER as u64) {
+            let entry = (n << CLUSTER_BITS) | OFLAG_COPIED;
+            let at = l2_at + (n * 8) as usize;
+            tables[at..at + 8].copy_from_slice(&entry.to_be_bytes());
+        }
+    }
+    let clusters = 3 + (l1_clusters + l2_tables) as usize;
     let refcount_block = 1u16
         .to_be_bytes()
         .iter()
@@ -136,7 +194,12 @@ fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
         header,
         refcount_table: (2u64 << CLUSTER_BITS).to_be_bytes(),
         refcount_block,
-        len: (3u64 << CLUSTER_BITS) + l1_size * 8,
+        len: if l2_tables > 0 {
+            (clusters as u64) << CLUSTER_BITS
+        } else {
+            (3u64 << CLUSTER_BITS) + l1_size * 8
+        },
+        tables,
     })
 }
 
@@ -149,10 +212,28 @@ fn layout(size: u64, backing: Option<(&str, &str)>) -> io::Result<Image> {
 /// `InvalidInput` for a size that is not a multiple of 512 or beyond QEMU's L1 limit, or a
 /// backing name over 1023 bytes; the write's error otherwise.
 pub(crate) fn write_image(file: &File, size: u64, backing: Option<(&str, &str)>) -> io::Result<()> {
-    let image = layout(size, backing)?;
+    write_layout(file, &layout(size, backing, None)?)
+}
+
+/// Writes a new qcow2 v3 image of `size` bytes (a multiple of 512, at most
+/// [`MAX_RAW_DATA_FILE_SIZE`]) into the empty `file`, its guest data in the raw external
+/// `data_file` (the name QEMU will open, recorded as given), with the preallocated L1 and L2
+/// tables `qemu-img` writes for `data_file_raw=on` (8 bytes of L2 per 64 KiB of guest disk).
+/// The data file itself is neither opened nor changed.
+///
+/// # Errors
+/// `InvalidInput` for a bad size or a name over 1023 bytes; the write's error otherwise.
+pub(crate) fn write_raw_data_file_image(file: &File, size: u64, data_file: &str) -> io::Result<()> {
+    write_layout(file, &layout(size, None, Some(data_file))?)
+}
+
+fn write_layout(file: &File, image: &Image) -> io::Result<()> {
     file.write_all_at(&image.header, 0)?;
     file.write_all_at(&image.refcount_table, CLUSTER as u64)?;
     file.write_all_at(&image.refcount_block, 2 * CLUSTER as u64)?;
+    if !image.tables.is_empty() {
+        file.write_all_at(&image.tables, 3 * CLUSTER as u64)?;
+    }
     file.set_len(image.len)
 }
 
@@ -170,7 +251,7 @@ mod tests {
             (1 << 30, 2, 196_624, 4),
             (5 << 40, 10_240, 278_528, 5),
         ] {
-            let image = layout(size, None).unwrap();
+            let image = layout(size, None, None).unwrap();
             assert_eq!(image.len, len, "{size}");
             assert_eq!(
                 u32::from_be_bytes(image.header[36..40].try_into().unwrap()) as u64,
@@ -183,7 +264,7 @@ mod tests {
 
     #[test]
     fn header_parses_back_with_backing_name_and_format() {
-        let image = layout(3 << 20, Some(("/var/run/kubevirt/disk_0.img", "raw"))).unwrap();
+        let image = layout(3 << 20, Some(("/var/run/kubevirt/disk_0.img", "raw")), None).unwrap();
         let header = parse(&image.header).unwrap();
         assert_eq!(
             (header.version, header.cluster_bits, header.size),
@@ -199,9 +280,12 @@ mod tests {
 
     #[test]
     fn bad_sizes_and_names_are_refused() {
-        assert!(layout(1000, None).is_err());
-        assert!(layout(4 << 50, None).is_err());
+        assert!(layout(1000, None, None).is_err());
+        assert!(layout(4 << 50, None, None).is_err());
         let long = "/".repeat(1024);
-        assert!(layout(1 << 20, Some((&long, "raw"))).is_err());
+        assert!(layout(1 << 20, Some((&long, "raw")), None).is_err());
+        assert!(layout(1 << 20, None, Some(&long)).is_err());
+        assert!(layout(1 << 20, Some(("/b", "raw")), Some("/d")).is_err());
+        assert!(layout(MAX_RAW_DATA_FILE_SIZE + 512, None, Some("/d")).is_err());
     }
 }

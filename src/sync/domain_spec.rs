@@ -324,6 +324,7 @@ mod tests {
                     virtual_size: Some(1 << 30),
                     direct_io: true,
                     preallocated: false,
+                    cbt_overlay: false,
                 },
             );
         }
@@ -439,6 +440,45 @@ mod tests {
         let e = apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap_err();
         assert!(matches!(e, SyncError::DomainSpec(_)), "{e}");
         assert_eq!(domain, before);
+    }
+
+    /// With CBT Initializing, a PVC disk is reported as KubeVirt's `convertVolumeWithCBT` writes
+    /// it: `Source.File` = the overlay and `Source.DataStore` = the raw volume image, which is
+    /// what virt-handler's `HandleChangedBlockTracking` waits for (by alias) before it sets `Enabled`.
+    #[test]
+    fn cbt_disks_report_their_overlay_and_data_store() {
+        let vmi = json!({
+            "metadata": {"name": "vm", "namespace": "default", "uid": "uid-1"},
+            "spec": {
+                "domain": {
+                    "resources": {"requests": {"memory": "256Mi"}},
+                    "devices": {"disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]}
+                },
+                "volumes": [{"name": "rootdisk", "persistentVolumeClaim": {"claimName": "r"}}]
+            },
+            "status": {"changedBlockTracking": {"state": "Initializing"}}
+        });
+        let mut vmi = Vmi::from_json_or_yaml(&vmi.to_string()).unwrap();
+        vmi.apply_defaults(&crate::vmi::DefaultsConfig::for_vmi(&vmi));
+        let ctx = ctx();
+        let plan = convert(&vmi, &ctx).unwrap();
+        let mut domain = ApiDomain::for_vmi("default", "vm", "uid-1");
+        apply_converted(&mut domain, &vmi, &ctx, &plan).unwrap();
+        let json = serde_json::to_value(&domain.spec.devices).unwrap();
+        let disk = &json["Disks"][0];
+        assert_eq!(disk["Type"], "file", "{disk}");
+        assert_eq!(disk["Driver"]["Type"], "qcow2", "{disk}");
+        assert_eq!(disk["Alias"]["Name"], "rootdisk", "{disk}");
+        assert_eq!(
+            disk["Source"],
+            json!({
+                "File": "/var/run/kubevirt-private/libvirt/qemu/cbt/rootdisk.qcow2",
+                "DataStore": {"Type": "file", "Format": {"Type": "raw"},
+                    "Source": {"File": "/var/run/kubevirt-private/vmi-disks/rootdisk/disk.img"}}
+            }),
+            "{disk}"
+        );
+        assert!(disk.get("BackingStore").is_none(), "{disk}");
     }
 
     /// The first report lists the plan's host devices with their source, alias, boot order and

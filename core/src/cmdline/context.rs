@@ -109,6 +109,11 @@ pub struct VolumeFacts {
     /// `status.volumeStatus[].persistentVolumeClaimInfo.preallocated`, as KubeVirt's
     /// `VolumesDiscardIgnore` does.
     pub preallocated: bool,
+    /// A hot-plugged volume's CBT overlay (`<private>/libvirt/qemu/cbt/<volume>.qcow2`) was
+    /// created for it when it was mounted (KubeVirt `ApplyChangedBlockTracking` with a
+    /// `MountedToPod` hotplug volume): the disk runs through it. Boot volumes follow the VMI's
+    /// CBT state alone.
+    pub cbt_overlay: bool,
 }
 
 /// How QEMU gets a tap.

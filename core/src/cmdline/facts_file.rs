@@ -238,6 +238,7 @@ impl FactsFile {
                     virtual_size: None,
                     direct_io: f.direct_io,
                     preallocated: f.preallocated,
+                    cbt_overlay: false,
                 };
                 (name.clone(), facts)
             })
@@ -333,6 +334,7 @@ mod tests {
                 virtual_size: None,
                 direct_io: true,
                 preallocated: false,
+                cbt_overlay: false,
             }
         );
         assert_eq!(

@@ -240,6 +240,7 @@ mod tests {
             cache: None,
             driver: FormatDriver::Raw,
             file: "libvirt-2-storage".into(),
+            data_file: None,
             backing: BackingNode::Absent,
         });
         let device = crate::sync::reconcile::disks::fixtures::virtio_blk(

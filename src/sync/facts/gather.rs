@@ -140,7 +140,8 @@ pub(crate) async fn gather(
             (ctx, secondary, pending)
         }
     };
-    hotplug::add_hotplug_facts(vmi, &mut ctx)?;
+    let owner = (config.runtime_uid != 0).then_some(crate::storage::Owner::QEMU);
+    hotplug::add_hotplug_facts(vmi, &mut ctx, owner)?;
     let view = secondary::convert_view(vmi, &converted_as);
     let plan = convert(&view, &ctx).map_err(SyncError::Convert)?;
     Ok(Gathered {

@@ -107,10 +107,62 @@ pub fn prepare_storage(
                 cloud_init_iso(vmi, &spec, paths, owner, hooks)?,
             );
         } else if let Some(f) = super::volumes::prepare(vmi, vol, paths, owner)? {
+            let f = if vmi.status.as_ref().is_some_and(|s| s.cbt_active()) {
+                cbt_overlay(vol, &f, paths, owner)?
+            } else {
+                f
+            };
             facts.insert(vol.name.clone(), f);
         }
     }
     Ok(facts)
+}
+
+/// The CBT overlay of a (non-hotplug) PVC, DataVolume or hostDisk volume whose `facts`
+/// [`super::volumes::prepare`] gave: `<private>/libvirt/qemu/cbt/<volume>.qcow2` over the image
+/// the converter opens (`/dev/<volume>`, `<private>/vmi-disks/<volume>/disk.img` or the
+/// hostDisk's mounted file) as its raw data file, created or reused
+/// ([`storage::create_cbt_overlay`]; KubeVirt `ApplyChangedBlockTracking`). Other volumes'
+/// facts are returned unchanged. `direct_io` then needs both files to support `O_DIRECT`.
+///
+/// # Errors
+/// [`SyncError::Storage`]: a bad volume name, an image that is not raw, a foreign file at the
+/// overlay path, or a failed write.
+fn cbt_overlay(
+    vol: &crate::vmi::Volume,
+    facts: &VolumeFacts,
+    paths: &PathRoots,
+    owner: Option<storage::Owner>,
+) -> Result<VolumeFacts, SyncError> {
+    let private = Path::new(&paths.private_dir);
+    let image = if let Some(h) = &vol.host_disk {
+        match storage::paths::host_disk_path(
+            &private.join("vmi-disks"),
+            &vol.name,
+            Path::new(&h.path),
+        ) {
+            Some(p) => p,
+            None => return Ok(facts.clone()),
+        }
+    } else if vol.persistent_volume_claim.is_some() || vol.data_volume.is_some() {
+        match facts.kind {
+            StorageKind::Block => Path::new(&paths.dev).join(&vol.name),
+            StorageKind::File => private.join("vmi-disks").join(&vol.name).join("disk.img"),
+        }
+    } else {
+        return Ok(facts.clone());
+    };
+    storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
+    let cbt_dir = private.join("libvirt").join("qemu").join("cbt");
+    let mut spec = storage::CbtOverlaySpec::at_kubevirt_path(&vol.name, &image, &cbt_dir);
+    spec.owner = owner;
+    let (outcome, _) = storage::create_cbt_overlay(&spec).map_err(SyncError::Storage)?;
+    let direct_io = facts.direct_io && direct_io(&vol.name, &[&spec.overlay]);
+    info!(volume = %vol.name, ?outcome, image = %image.display(), overlay = %spec.overlay.display(), direct_io, "CBT overlay");
+    Ok(VolumeFacts {
+        direct_io,
+        ..facts.clone()
+    })
 }
 
 /// The overlay of a `containerDisk` volume over its `base` image, under `ephemeral` (KubeVirt's
@@ -139,6 +191,7 @@ fn container_disk_overlay(
         virtual_size: Some(base_facts.virtual_size),
         direct_io,
         preallocated: false,
+        cbt_overlay: false,
     })
 }
 
@@ -329,5 +382,6 @@ pub(crate) fn ephemeral_overlay(
         virtual_size: Some(virtual_size),
         direct_io,
         preallocated: false,
+        cbt_overlay: false,
     })
 }

@@ -78,7 +78,9 @@ pub(crate) async fn apply(
                     .await
                     .map_err(SyncError::Qmp)?;
                 info!(device = %id, "disk detached");
-                running.disks.remove(&id);
+                if let Some(gone) = running.disks.remove(&id) {
+                    remove_cbt_overlays(&gone);
+                }
             }
             DiskStep::Attach(d) => {
                 let id = d.id.clone();
@@ -106,6 +108,33 @@ pub(crate) async fn apply(
         }
     }
     Ok(())
+}
+
+/// The CBT overlays of a detached disk: the files of the qcow2 nodes that have a raw data file
+/// (only qlauncher's own CBT overlays do), removed as KubeVirt's `DeleteQCOW2Overlay` does on
+/// unplug (`manager.go:1507`); the data file (the volume) is left alone. A failure is logged,
+/// not returned: the disk is already gone from the guest.
+pub(crate) fn remove_cbt_overlays(disk: &render::DiskHotplug) {
+    use crate::cmdline::qemu::Blockdev;
+    for node in &disk.blockdevs {
+        let Blockdev::Format(f) = node else { continue };
+        if f.data_file.is_none() {
+            continue;
+        }
+        let overlay = disk.blockdevs.iter().find_map(|b| match b {
+            Blockdev::Protocol(p) if p.node_name == f.file => Some(&p.filename),
+            _ => None,
+        });
+        if let Some(path) = overlay {
+            match std::fs::remove_file(path) {
+                Ok(()) => info!(device = %disk.id, overlay = %path, "CBT overlay removed"),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(device = %disk.id, overlay = %path, error = %e, "CBT overlay not removed")
+                }
+            }
+        }
+    }
 }
 
 /// The first block node index no node of `plan` uses: one more than the highest `N` of its
@@ -200,6 +229,7 @@ pub(crate) mod fixtures {
                     cache: None,
                     driver: FormatDriver::Raw,
                     file: storage.clone(),
+                    data_file: None,
                     backing: BackingNode::Absent,
                 }),
             ],
@@ -219,6 +249,66 @@ pub(crate) mod fixtures {
 mod tests {
     use super::*;
     use crate::cmdline::qemu::Device;
+
+    /// A hot-plugged PVC of a CBT VMI whose overlay was made at mount time runs through
+    /// `<private>/libvirt/qemu/cbt/<volume>.qcow2` over the mounted `<hotplug-disks>/<volume>.img`
+    /// (the data file's protocol node added first); one without the overlay keeps its plain
+    /// chain. At unplug the overlay file is removed and the volume's image is left.
+    #[test]
+    fn a_hotplugged_cbt_volume_runs_through_its_overlay_which_unplug_removes() {
+        let dir = std::env::temp_dir().join(format!("qlauncher-cbt-hp-{}", std::process::id()));
+        let vmi: crate::vmi::Vmi = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "t", "namespace": "ns", "uid": "u"},
+            "spec": {"domain": {"memory": {"guest": "256Mi"}, "devices": {"disks": [
+                        {"name": "root", "disk": {}}, {"name": "hp", "disk": {"bus": "scsi"}}]}},
+                     "volumes": [{"name": "root", "containerDisk": {"image": "i"}},
+                        {"name": "hp", "persistentVolumeClaim": {"claimName": "c", "hotpluggable": true}}]},
+            "status": {"changedBlockTracking": {"state": "Enabled"},
+                "volumeStatus": [{"name": "hp", "target": "", "phase": "MountedToPod", "hotplugVolume": {}}]}
+        }))
+        .unwrap();
+        let mut ctx = crate::cmdline::ConverterContext::default();
+        ctx.paths.private_dir = dir.join("private").display().to_string();
+        ctx.paths.hotplug_disks = dir.join("hotplug").display().to_string();
+        let hp_disk = |ctx: &crate::cmdline::ConverterContext| {
+            let plan = crate::cmdline::convert(&vmi, ctx).unwrap();
+            let qmp = render::qmp_plan(&plan);
+            qmp.disks.into_iter().find(|d| d.name == "hp").unwrap()
+        };
+        let plain = hp_disk(&ctx);
+        assert_eq!(plain.blockdevs.len(), 2, "{:?}", plain.blockdevs);
+        ctx.volumes.insert(
+            "hp".into(),
+            crate::cmdline::context::VolumeFacts {
+                cbt_overlay: true,
+                ..Default::default()
+            },
+        );
+        let disk = hp_disk(&ctx);
+        let nodes = serde_json::to_value(&disk.blockdevs).unwrap();
+        let image = dir.join("hotplug/hp.img");
+        let overlay = dir.join("private/libvirt/qemu/cbt/hp.qcow2");
+        assert_eq!(nodes[0]["filename"], image.display().to_string(), "{nodes}");
+        assert_eq!(
+            nodes[1]["filename"],
+            overlay.display().to_string(),
+            "{nodes}"
+        );
+        assert_eq!(nodes[2]["data-file"], nodes[0]["node-name"], "{nodes}");
+        assert_eq!(nodes[2]["file"], nodes[1]["node-name"], "{nodes}");
+        assert_eq!(disk.blockdev_del.len(), 3, "{:?}", disk.blockdev_del);
+
+        std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+        std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+        std::fs::write(&overlay, b"o").unwrap();
+        std::fs::write(&image, b"i").unwrap();
+        remove_cbt_overlays(&plain);
+        assert!(overlay.exists());
+        remove_cbt_overlays(&disk);
+        assert!(!overlay.exists());
+        assert!(image.exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 
     /// A hot-pluggable virtio disk `name` on nodes `libvirt-<n>-storage` / `-format`.
     fn disk_on(name: &str, n: u32) -> render::DiskHotplug {

@@ -143,6 +143,7 @@ mod tests {
                 cache: None,
                 driver: FormatDriver::Raw,
                 file: format!("libvirt-{n}-storage"),
+                data_file: None,
                 backing: BackingNode::Absent,
             }),
         ]

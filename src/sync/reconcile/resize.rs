@@ -548,6 +548,7 @@ mod tests {
             cache: None,
             driver,
             file: "a".into(),
+            data_file: None,
             backing: crate::cmdline::qemu::BackingNode::Absent,
         })
     }

@@ -62,7 +62,17 @@ pub(super) fn disk(vmi: &Vmi, plan: &DomainPlan, d: &PlannedDevice) -> Result<Di
     };
     let (type_, source) = match top_storage {
         Some(p) => {
-            let (t, s) = source_of(p);
+            let (t, mut s) = source_of(p);
+            if let Some(node) = top.and_then(|f| f.data_file.as_deref()) {
+                let (dt, ds) = source_of(nodes.storage(node)?);
+                s.data_store = Some(Box::new(DataStore {
+                    type_: dt.into(),
+                    format: TypeAttr {
+                        type_: "raw".into(),
+                    },
+                    source: ds,
+                }));
+            }
             (t, Some(s))
         }
         None => ("block", None),
@@ -269,6 +279,7 @@ fn source_of(p: &BlockdevProtocol) -> (&'static str, DiskSource) {
                 file: Some(p.filename.clone()),
                 dev: None,
                 name: None,
+                data_store: None,
             },
         ),
         ProtocolDriver::HostDevice => (
@@ -279,6 +290,7 @@ fn source_of(p: &BlockdevProtocol) -> (&'static str, DiskSource) {
                 // KubeVirt also writes `name="<volume>"` here; libvirt's schema has no such
                 // attribute on block sources (libvirt ignores it), so it is left out.
                 name: None,
+                data_store: None,
             },
         ),
     }

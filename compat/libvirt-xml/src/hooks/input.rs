@@ -37,6 +37,7 @@ pub fn kubevirt_input(domain: &Domain) -> Result<String, CompatError> {
                 file: None,
                 dev: None,
                 name: None,
+                data_store: None,
             });
         }
     }

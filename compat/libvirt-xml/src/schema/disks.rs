@@ -62,6 +62,23 @@ pub struct DiskSource {
     /// Volume name (block PVCs).
     #[serde(rename = "@name")]
     pub name: Option<String>,
+    /// `<dataStore>`: the raw external data file of a qcow2 source (KubeVirt's CBT overlays,
+    /// `convertVolumeWithCBT`; libvirt's `virStorageSource.dataFileStore`).
+    #[serde(rename = "dataStore")]
+    pub data_store: Option<Box<DataStore>>,
+}
+
+/// `<dataStore type="file|block"><format type="raw"/><source file|dev/></dataStore>`
+/// (KubeVirt `api.DataStore`, `virtwrap/api/schema.go`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DataStore {
+    /// `file` / `block`.
+    #[serde(rename = "@type")]
+    pub type_: String,
+    /// `<format type="raw"/>`.
+    pub format: TypeAttr,
+    /// The data file.
+    pub source: DiskSource,
 }
 
 /// `<target bus dev tray/>`.

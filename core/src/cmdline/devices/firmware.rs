@@ -110,6 +110,7 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
                     cache: None,
                     driver: FormatDriver::Raw,
                     file: "libvirt-pflash0-storage".into(),
+                    data_file: None,
                     backing: BackingNode::Absent,
                 }),
                 Blockdev::Protocol(BlockdevProtocol {

@@ -89,6 +89,10 @@ pub struct BlockdevFormat {
     pub driver: FormatDriver,
     /// Node name of the protocol node below.
     pub file: String,
+    /// qcow2 only: the node name of the protocol node of the external data file (libvirt's
+    /// `<dataStore>`, KubeVirt's CBT overlays, `data-file-raw` recorded in the image).
+    #[serde(rename = "data-file")]
+    pub data_file: Option<String>,
     /// qcow2 only: the node name of the backing format node; libvirt always names it so QEMU
     /// never opens a backing file by itself. `None` on a qcow2 base means `"backing": null`.
     #[serde(skip_serializing_if = "BackingNode::is_absent")]
@@ -265,6 +269,7 @@ mod tests {
                 cache: None,
                 driver: FormatDriver::Qcow2,
                 file: format!("libvirt-{n}-storage"),
+                data_file: None,
                 backing,
             })
         };

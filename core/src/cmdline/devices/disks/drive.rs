@@ -264,6 +264,21 @@ pub(super) fn chain(
         let format = format!("libvirt-{node}-format");
         *node -= 1;
         let is_top = li + 1 == layers.len();
+        // A raw data file: its own protocol node (libvirt's `<dataStore>` source), first.
+        let data_file = layer.data_file.as_ref().map(|(protocol, path)| {
+            let name = format!("libvirt-{node}-storage");
+            *node -= 1;
+            blockdevs.push(Blockdev::Protocol(BlockdevProtocol {
+                driver: *protocol,
+                filename: path.clone(),
+                node_name: name.clone(),
+                aio: o.aio,
+                cache: o.cache,
+                auto_read_only: true,
+                discard: Some("unmap"),
+            }));
+            name
+        });
         blockdevs.push(Blockdev::Protocol(BlockdevProtocol {
             driver: layer.protocol,
             filename: layer.path.clone(),
@@ -286,6 +301,7 @@ pub(super) fn chain(
             cache: o.cache,
             driver: layer.format,
             file: storage,
+            data_file,
             backing,
         }));
         below = Some(format);

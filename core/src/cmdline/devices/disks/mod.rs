@@ -140,7 +140,11 @@ impl crate::cmdline::convert::Configurator for DisksConfigurator {
             .collect();
         buses::sata_controllers(&sata, plan)?;
         let default_boot = default_boot(vmi, disks, &items, &targets);
-        let mut node = items.iter().map(|it| it.chain.len()).sum::<usize>();
+        let mut node = items
+            .iter()
+            .flat_map(|it| &it.chain)
+            .map(|l| 1 + usize::from(l.data_file.is_some()))
+            .sum::<usize>();
         for (k, (it, target)) in items.into_iter().zip(targets).enumerate() {
             let boots = default_boot == Some(k);
             let device = planned_disk(vmi, &disks[it.i], it, target, &mut node, boots, &queues)?;

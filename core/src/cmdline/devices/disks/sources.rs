@@ -16,6 +16,9 @@ pub(super) struct Layer {
     pub(super) path: String,
     pub(super) format: FormatDriver,
     pub(super) read_only: bool,
+    /// qcow2 only: the raw external data file (protocol and path) the image's clusters map to
+    /// one to one (a CBT overlay's volume image).
+    pub(super) data_file: Option<(ProtocolDriver, String)>,
 }
 
 fn file_or_block(f: &VolumeFacts) -> ProtocolDriver {
@@ -49,6 +52,7 @@ pub(super) fn layers(
         path,
         format: FormatDriver::Raw,
         read_only: false,
+        data_file: None,
     };
     let iso = |dir: &str| {
         raw(
@@ -67,6 +71,7 @@ pub(super) fn layers(
                 path: format!("{}/disk-data/{name}/disk.qcow2", p.ephemeral_disks),
                 format: FormatDriver::Qcow2,
                 read_only: false,
+                data_file: None,
             },
         ]
     };
@@ -92,6 +97,29 @@ pub(super) fn layers(
             }
         }
     };
+    // CBT (`convertVolumeWithCBT`, `converter.go:671-829`): a PVC, DataVolume or hostDisk
+    // volume runs through `<private>/libvirt/qemu/cbt/<volume>.qcow2`, whose raw data file is the
+    // volume's image. A hot-plugged volume only once its overlay was made at mount time.
+    let cbt = |image: Layer| -> Result<Vec<Layer>, ConvertError> {
+        let active = vmi.status.as_ref().is_some_and(|s| s.cbt_active());
+        if !active || (hotplug && !facts.cbt_overlay) {
+            return Ok(vec![image]);
+        }
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') {
+            return Err(ConvertError::invalid(
+                vp.key("name"),
+                "a CBT volume name must be a plain file name",
+            ));
+        }
+        check_name_len(&vp.key("name"), name, 249)?;
+        Ok(vec![Layer {
+            protocol: ProtocolDriver::File,
+            path: cbt_overlay_path(p, name),
+            format: FormatDriver::Qcow2,
+            read_only: false,
+            data_file: Some((image.protocol, image.path)),
+        }])
+    };
     let kinds = vol.source_kinds();
     if kinds.len() != 1 {
         return Err(ConvertError::invalid(
@@ -105,6 +133,7 @@ pub(super) fn layers(
             path: format!("{}/disk_{vol_index}.img", p.container_disks),
             format: fmt_of(&facts),
             read_only: true,
+            data_file: None,
         })
     } else if let Some(e) = &vol.ephemeral {
         if e.persistent_volume_claim.is_none() {
@@ -118,21 +147,22 @@ pub(super) fn layers(
             ..pvc()
         })
     } else if vol.persistent_volume_claim.is_some() || vol.data_volume.is_some() {
-        vec![pvc()]
+        cbt(pvc())?
     } else if let Some(h) = &vol.host_disk {
         let hp = vp.key("hostDisk").key("path");
         let base = h.path.rsplit('/').next().unwrap_or_default();
         check_name_len(&hp, base, 255)?;
-        vec![raw(
+        cbt(raw(
             ProtocolDriver::File,
             format!("{}/vmi-disks/{name}/{base}", p.private_dir),
-        )]
+        ))?
     } else if vol.empty_disk.is_some() {
         vec![Layer {
             protocol: ProtocolDriver::File,
             path: format!("{}/{name}.qcow2", p.empty_disks),
             format: FormatDriver::Qcow2,
             read_only: false,
+            data_file: None,
         }]
     } else if vol.cloud_init_no_cloud.is_some() || vol.cloud_init_config_drive.is_some() {
         let file = if vol.cloud_init_no_cloud.is_some() {
@@ -176,6 +206,13 @@ pub(super) fn layers(
             format!("volume source {} as a disk", kinds.join(", ")),
         ));
     })
+}
+
+/// `<private>/libvirt/qemu/cbt/<volume>.qcow2`: a non-root launcher's CBT overlay
+/// (`cbt.PathForCBT`, `pkg/storage/cbt/cbt.go:304-316`, where the backend-storage PVC is
+/// mounted with `subPath: cbt`, plus `GetQCOW2OverlayPath`).
+pub fn cbt_overlay_path(p: &crate::cmdline::context::PathRoots, volume: &str) -> String {
+    format!("{}/libvirt/qemu/cbt/{volume}.qcow2", p.private_dir)
 }
 
 /// Hotplug volume status: `(is_hotplug, ready)` (`converter.go:1170-1178`).

@@ -528,3 +528,97 @@ fn bad_disks_name_the_field() {
         assert_eq!(err.path().as_str(), path, "{disks}");
     }
 }
+
+/// CBT Initializing/Enabled (`convertVolumeWithCBT`): a PVC (file and block) and a hostDisk run
+/// through `<private>/libvirt/qemu/cbt/<volume>.qcow2` with the volume's image as the qcow2
+/// node's raw `data-file` (its own protocol node, no backing); a containerDisk, a hot-plugged
+/// PVC and a VMI with CBT Disabled keep their usual chains.
+#[test]
+fn cbt_volumes_run_through_their_overlay_with_the_image_as_data_file() {
+    let disks = json!([{"name": "root", "disk": {}}, {"name": "data", "disk": {}},
+                       {"name": "blk", "disk": {}}, {"name": "host", "disk": {}},
+                       {"name": "cd", "disk": {}}, {"name": "hp", "disk": {}}]);
+    let volumes = json!([{"name": "root", "containerDisk": {"image": "i"}},
+                         {"name": "data", "persistentVolumeClaim": {"claimName": "c"}},
+                         {"name": "blk", "dataVolume": {"name": "dv"}},
+                         {"name": "host", "hostDisk": {"path": "/h/my.img", "type": "Disk"}},
+                         {"name": "cd", "persistentVolumeClaim": {"claimName": "c2"}},
+                         {"name": "hp", "persistentVolumeClaim": {"claimName": "c3", "hotpluggable": true}}]);
+    let mut ctx = ConverterContext::default();
+    ctx.volumes.insert(
+        "blk".into(),
+        VolumeFacts {
+            kind: StorageKind::Block,
+            ..VolumeFacts::default()
+        },
+    );
+    let chain = |state: &str| {
+        let mut v = vmi(disks.clone(), volumes.clone());
+        v.status = Some(
+            serde_json::from_value(json!({
+                "changedBlockTracking": {"state": state},
+                "volumeStatus": [{"name": "hp", "target": "", "phase": "MountedToPod", "hotplugVolume": {}}]}))
+            .unwrap(),
+        );
+        let mut plan = DomainPlan::default();
+        DisksConfigurator.configure(&v, &ctx, &mut plan).unwrap();
+        plan.devices_of(DeviceClass::Disk)
+            .map(|d| {
+                let Backend::Blockdevs(nodes) = &d.backend else {
+                    panic!("{d:?}")
+                };
+                (
+                    d.name.clone().unwrap(),
+                    serde_json::to_value(nodes).unwrap(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let cbt = "/var/run/kubevirt-private/libvirt/qemu/cbt";
+    let enabled = chain("Enabled");
+    assert_eq!(enabled, chain("Initializing"));
+    for (name, image, protocol) in [
+        (
+            "data",
+            "/var/run/kubevirt-private/vmi-disks/data/disk.img",
+            "file",
+        ),
+        ("blk", "/dev/blk", "host_device"),
+        (
+            "host",
+            "/var/run/kubevirt-private/vmi-disks/host/my.img",
+            "file",
+        ),
+    ] {
+        let (_, nodes) = enabled.iter().find(|(n, _)| n == name).unwrap();
+        let nodes = nodes.as_array().unwrap();
+        assert_eq!(nodes.len(), 3, "{name}: {nodes:?}");
+        let (data, overlay, format) = (&nodes[0], &nodes[1], &nodes[2]);
+        assert_eq!(data["driver"], protocol, "{name}");
+        assert_eq!(data["filename"], image, "{name}");
+        assert_eq!(overlay["driver"], "file", "{name}");
+        assert_eq!(overlay["filename"], format!("{cbt}/{name}.qcow2"), "{name}");
+        assert_eq!(format["driver"], "qcow2", "{name}");
+        assert_eq!(format["file"], overlay["node-name"], "{name}");
+        assert_eq!(format["data-file"], data["node-name"], "{name}");
+        assert_eq!(format["backing"], Value::Null, "{name}");
+        assert_eq!(format["read-only"], false, "{name}");
+    }
+    let disabled = chain("Disabled");
+    // The same nodes apart from their numbers.
+    let files = |nodes: &Value| -> Vec<(Value, Value)> {
+        let nodes = nodes.as_array().unwrap();
+        nodes
+            .iter()
+            .map(|n| (n["driver"].clone(), n["filename"].clone()))
+            .collect()
+    };
+    for name in ["root", "hp"] {
+        let e = &enabled.iter().find(|(n, _)| n == name).unwrap().1;
+        let d = &disabled.iter().find(|(n, _)| n == name).unwrap().1;
+        assert_eq!(files(e), files(d), "{name}");
+    }
+    for (name, nodes) in &disabled {
+        assert!(!nodes.to_string().contains("data-file"), "{name}: {nodes}");
+    }
+}
