@@ -147,8 +147,8 @@ impl Blockdev {
 }
 
 impl Blockdev {
-    /// Renames every node name this node carries (its own `node-name`, a format node's `file`
-    /// and `backing`) for which `rename` returns a new name; others stay.
+    /// Renames every node name this node carries (its own `node-name`, a format node's `file`,
+    /// `data-file` and `backing`) for which `rename` returns a new name; others stay.
     pub fn rename_nodes(&mut self, rename: &mut impl FnMut(&str) -> Option<String>) {
         let mut apply = |n: &mut String| {
             if let Some(new) = rename(n) {
@@ -160,6 +160,9 @@ impl Blockdev {
             Blockdev::Format(b) => {
                 apply(&mut b.node_name);
                 apply(&mut b.file);
+                if let Some(d) = &mut b.data_file {
+                    apply(d);
+                }
                 if let BackingNode::Node(n) = &mut b.backing {
                     apply(n);
                 }
@@ -305,5 +308,40 @@ mod tests {
             })
             .collect::<Vec<_>>()
         );
+    }
+
+    /// A CBT overlay's format node names its raw data file's protocol node: a hot-plugged
+    /// disk's renumbering renames that reference too, or the overlay would open another disk's
+    /// image (QEMU refuses that with a permission conflict on the other node).
+    #[test]
+    fn renumbering_renames_a_data_file_reference() {
+        let mut chain = vec![
+            Blockdev::Protocol(BlockdevProtocol {
+                driver: ProtocolDriver::File,
+                filename: "/hotplug/hp.img".into(),
+                node_name: "libvirt-1-storage".into(),
+                aio: None,
+                cache: None,
+                auto_read_only: true,
+                discard: None,
+            }),
+            Blockdev::Format(BlockdevFormat {
+                node_name: "libvirt-2-format".into(),
+                read_only: false,
+                discard: None,
+                cache: None,
+                driver: FormatDriver::Qcow2,
+                file: "libvirt-2-storage".into(),
+                data_file: Some("libvirt-1-storage".into()),
+                backing: BackingNode::Null,
+            }),
+        ];
+        let mut next = 5;
+        renumber_nodes(&mut chain, &mut next);
+        let Blockdev::Format(f) = &chain[1] else {
+            panic!("{chain:?}")
+        };
+        assert_eq!(f.data_file.as_deref(), Some("libvirt-5-storage"));
+        assert_eq!(f.file, "libvirt-6-storage");
     }
 }
