@@ -3,7 +3,9 @@
 //! `disk.img` behind `<private>/libvirt/qemu/cbt/data.qcow2` (qcow2, the image as raw data
 //! file). The domain JSON shows `Source.DataStore` for the disk (what virt-handler waits for to
 //! set `Enabled`), the guest's writes land in `disk.img` at their own offsets (data-file-raw),
-//! and a later sync with `Enabled` keeps the overlay.
+//! and a later sync with `Enabled` keeps the overlay. A volume hot-plugged into the running VMI
+//! runs through its own overlay too (the guest's write lands in its image), and unplugging it
+//! removes that overlay and leaves the image.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -131,6 +133,77 @@ fn a_cbt_vmi_boots_on_its_overlay_and_the_guest_writes_land_in_the_raw_image() {
         .unwrap_or_else(|e| panic!("sync Enabled: {e}"));
     assert_eq!(std::fs::read(&overlay).unwrap(), before);
 
+    // Hotplug: virt-handler mounted `hp1.img` (raw, 1 MiB) and sends the VMI with the volume.
+    let hotplug_dir = std::path::PathBuf::from(&root.config.paths.hotplug_disks);
+    std::fs::create_dir_all(&hotplug_dir).unwrap();
+    let hp_image = hotplug_dir.join("hp1.img");
+    std::fs::File::create(&hp_image)
+        .unwrap()
+        .set_len(1 << 20)
+        .unwrap();
+    let hp_overlay = private.join("libvirt/qemu/cbt/hp1.qcow2");
+    let with_hp1 = with_hotplug(&uid);
+    rt.block_on(manager.sync_vmi(with_hp1, None))
+        .unwrap_or_else(|e| panic!("sync with hp1: {e}"));
+    let info = qemu_img_info(&hp_overlay);
+    assert_eq!(
+        info["format-specific"]["data"]["data-file"].as_str(),
+        hp_image.to_str(),
+        "{info}"
+    );
+    let domain = rt
+        .block_on(manager.get_domain())
+        .unwrap()
+        .expect("a domain");
+    let disks = serde_json::to_value(&domain.spec.devices).unwrap()["Disks"].clone();
+    let hp = disks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["Alias"]["Name"] == "hp1")
+        .unwrap_or_else(|| panic!("{disks}"))
+        .clone();
+    assert_eq!(hp["Source"]["File"], hp_overlay.to_str().unwrap(), "{hp}");
+    assert_eq!(
+        hp["Source"]["DataStore"]["Source"]["File"],
+        hp_image.to_str().unwrap(),
+        "{hp}"
+    );
+    // The guest writes the hot-plugged disk (its third virtio disk) at 4 KiB.
+    let (status, out) = console
+        .run(
+            "until [ -b /dev/vdc ]; do sleep 0.2; done; \
+             printf qlauncher-cbt-hotplug | dd of=/dev/vdc bs=512 seek=8 conv=fsync",
+            guest::BOOT_TIMEOUT,
+        )
+        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
+    assert_eq!(status, 0, "{out}");
+    let raw = std::fs::read(&hp_image).unwrap();
+    assert_eq!(&raw[4096..4096 + 21], b"qlauncher-cbt-hotplug");
+
+    // Unplug: the overlay goes, the volume's image stays.
+    rt.block_on(manager.sync_vmi(vmi(&uid, "Enabled"), None))
+        .unwrap_or_else(|e| panic!("sync without hp1: {e}"));
+    assert!(!hp_overlay.exists(), "the hotplug overlay is removed");
+    assert!(hp_image.exists());
+
     rt.block_on(manager.kill_vmi(vmi(&uid, "Enabled"))).unwrap();
     assert_qemu_img_check_clean(&overlay);
+}
+
+/// [`vmi`] `Enabled` with the hotpluggable virtio disk `hp1` (PVC `hp1`) mounted and ready.
+fn with_hotplug(uid: &str) -> Vmi {
+    let mut v = serde_json::to_value(vmi(uid, "Enabled")).unwrap();
+    v["spec"]["domain"]["devices"]["disks"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "hp1", "disk": {"bus": "virtio"}}));
+    v["spec"]["volumes"].as_array_mut().unwrap().push(
+        json!({"name": "hp1", "persistentVolumeClaim": {"claimName": "hp1", "hotpluggable": true}}),
+    );
+    v["status"]["volumeStatus"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "hp1", "target": "", "phase": "Ready", "hotplugVolume": {}}));
+    Vmi::from_json_or_yaml(&v.to_string()).unwrap()
 }
