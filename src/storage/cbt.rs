@@ -22,7 +22,7 @@ use std::io::Read;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use super::error::is_no_space;
+use super::error::no_space_or;
 use super::facts::{probe_image, ChainPolicy, ImageFacts};
 use super::qcow2::{parse, HeaderError, HEADER_READ};
 use super::qcow2_create::MAX_RAW_DATA_FILE_SIZE;
@@ -94,19 +94,16 @@ impl CbtOverlaySpec {
 pub fn create_cbt_overlay(spec: &CbtOverlaySpec) -> Result<(Outcome, ImageFacts), StorageError> {
     validate_volume_name(&spec.volume)?;
     let fail = |source: std::io::Error| {
-        if is_no_space(&source) {
-            StorageError::NoSpace {
-                volume: spec.volume.clone(),
-                path: spec.overlay.clone(),
+        no_space_or(
+            &spec.volume,
+            &spec.overlay,
+            source,
+            |volume, path, source| StorageError::CreateOverlay {
+                volume,
+                path,
                 source,
-            }
-        } else {
-            StorageError::CreateOverlay {
-                volume: spec.volume.clone(),
-                path: spec.overlay.clone(),
-                source,
-            }
-        }
+            },
+        )
     };
     let unsupported = |reason: String| StorageError::UnsupportedFormat {
         volume: spec.volume.clone(),

@@ -9,7 +9,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::is_no_space;
+use super::error::no_space_or;
 use super::overlay::write_qcow2;
 use super::staged::{create_dir_all, Replace, Staged};
 use super::{paths, validate_volume_name, Outcome, Owner, StorageError};
@@ -68,19 +68,13 @@ pub fn create_empty_disk(spec: &EmptyDiskSpec) -> Result<(Outcome, u64), Storage
         });
     }
     let fail = |source: std::io::Error| {
-        if is_no_space(&source) {
-            StorageError::NoSpace {
-                volume: spec.volume.clone(),
-                path: spec.path.clone(),
-                source,
-            }
-        } else {
+        no_space_or(&spec.volume, &spec.path, source, |volume, path, source| {
             StorageError::CreateEmptyDisk {
-                volume: spec.volume.clone(),
-                path: spec.path.clone(),
+                volume,
+                path,
                 source,
             }
-        }
+        })
     };
     match std::fs::symlink_metadata(&spec.path) {
         Ok(_) => return Ok((Outcome::Kept, size)),

@@ -296,3 +296,23 @@ pub(crate) fn is_no_space(err: &io::Error) -> bool {
             io::ErrorKind::StorageFull | io::ErrorKind::QuotaExceeded
         )
 }
+
+/// The error of a failed write of `volume`'s file `path`: [`StorageError::NoSpace`] when the
+/// filesystem is full ([`is_no_space`]), else the caller's variant, made by `otherwise` from the
+/// same volume, path and error.
+pub(crate) fn no_space_or(
+    volume: &str,
+    path: &std::path::Path,
+    source: io::Error,
+    otherwise: impl FnOnce(String, PathBuf, io::Error) -> StorageError,
+) -> StorageError {
+    if is_no_space(&source) {
+        StorageError::NoSpace {
+            volume: volume.to_owned(),
+            path: path.to_path_buf(),
+            source,
+        }
+    } else {
+        otherwise(volume.to_owned(), path.to_path_buf(), source)
+    }
+}

@@ -11,7 +11,7 @@ use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
 use super::empty_disk::align_down_1mib;
-use super::error::is_no_space;
+use super::error::no_space_or;
 use super::staged::{create_dir_all, Replace, Staged};
 use super::{validate_volume_name, Outcome, Owner, StorageError};
 
@@ -57,19 +57,13 @@ pub struct HostDiskSpec {
 pub fn prepare_host_disk(spec: &HostDiskSpec) -> Result<(Outcome, u64), StorageError> {
     validate_volume_name(&spec.volume)?;
     let fail = |source: std::io::Error| {
-        if is_no_space(&source) {
-            StorageError::NoSpace {
-                volume: spec.volume.clone(),
-                path: spec.path.clone(),
-                source,
-            }
-        } else {
+        no_space_or(&spec.volume, &spec.path, source, |volume, path, source| {
             StorageError::CreateHostDisk {
-                volume: spec.volume.clone(),
-                path: spec.path.clone(),
+                volume,
+                path,
                 source,
             }
-        }
+        })
     };
     match std::fs::metadata(&spec.path) {
         Ok(meta) => {

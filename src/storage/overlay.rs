@@ -13,7 +13,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::error::is_no_space;
+use super::error::no_space_or;
 use super::facts::{probe_image, ChainPolicy, ImageFacts};
 use super::staged::{create_dir_all, Durability, Replace, Staged};
 use super::{paths, validate_volume_name, Outcome, Owner, StorageError};
@@ -78,19 +78,16 @@ impl OverlaySpec {
 pub fn create_overlay(spec: &OverlaySpec) -> Result<(Outcome, Option<ImageFacts>), StorageError> {
     validate_volume_name(&spec.volume)?;
     let fail = |source: std::io::Error| {
-        if is_no_space(&source) {
-            StorageError::NoSpace {
-                volume: spec.volume.clone(),
-                path: spec.overlay.clone(),
+        no_space_or(
+            &spec.volume,
+            &spec.overlay,
+            source,
+            |volume, path, source| StorageError::CreateOverlay {
+                volume,
+                path,
                 source,
-            }
-        } else {
-            StorageError::CreateOverlay {
-                volume: spec.volume.clone(),
-                path: spec.overlay.clone(),
-                source,
-            }
-        }
+            },
+        )
     };
     let exists = match std::fs::symlink_metadata(&spec.overlay) {
         Ok(_) => true,
