@@ -521,7 +521,7 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
             nic(NicEdit::Rom {
                 enabled: true,
                 bar: Some(false),
-                file: Some("efi-virtio.rom".into()),
+                file: Some("/usr/lib/ipxe/qemu/efi-virtio.rom".into()),
             }),
             HookEdit::Disk {
                 alias: disk.clone(),
@@ -563,7 +563,7 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
             json!(9000),
             json!(1024),
             json!(256),
-            json!("efi-virtio.rom"),
+            json!("/usr/lib/ipxe/qemu/efi-virtio.rom"),
             json!(0)
         ]
     );

@@ -5,7 +5,9 @@
 //! source's edits and calls its own sidecar only for its side effects, as KubeVirt's target does:
 //! here the target's sidecar answers another vendor, and the SMBIOS board vendor the source's
 //! hook set is still what the guest reads before and after, what the target's QEMU runs with and
-//! what the target's domain reports, also after a later sync.
+//! what the target's domain reports, also after a later sync. The hook's disk I/O limits
+//! (`<iotune>`), which QEMU does not migrate, are set on the target's QEMU before
+//! `migrate-incoming` as libvirt sets them (QEMU refusing them would fail the migration).
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -26,6 +28,15 @@ const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
 const VENDOR: &str = "cat /sys/class/dmi/id/board_vendor";
 
+/// KubeVirt's e2e SMBIOS edit and I/O limits on the root disk.
+fn source_edit(xml: &str) -> String {
+    kubevirt_e2e_smbios(xml).replacen(
+        "<alias name=\"ua-rootdisk\"></alias>",
+        "<iotune><total_iops_sec>5000</total_iops_sec></iotune><alias name=\"ua-rootdisk\"></alias>",
+        1,
+    )
+}
+
 /// The pod's sidecar, its socket open to the launcher's user (in a pod the sidecar runs as 107
 /// too).
 fn sidecar(pod: &Pod, edit: fn(&str) -> String) -> FakeSidecar {
@@ -42,7 +53,7 @@ async fn a_hooked_domain_migrates_with_its_edits() {
     let images = GuestImages::locate();
     let (mut source, mut target) = pod_pair(&images.disk_qcow2);
     let uid = source.uid.clone();
-    let source_hook = sidecar(&source, kubevirt_e2e_smbios);
+    let source_hook = sidecar(&source, source_edit);
     // The target's sidecar would set another vendor: its answer must not be used.
     let target_hook = sidecar(&target, |xml| {
         kubevirt_e2e_smbios(xml).replace("Radical Edward", "Target Pod")

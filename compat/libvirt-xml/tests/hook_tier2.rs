@@ -235,3 +235,59 @@ fn kvm_hidden_and_hyperv_enlightenments_are_cpu_flags() {
         );
     }
 }
+
+/// The libvirt XML of a plan with every tier-2 row applied passes libvirt's schema
+/// (`virt-xml-validate`): `<iotune>`, `<wwn>`, `rerror_policy`, a NIC's queue sizes and ROM,
+/// Hyper-V and KVM features.
+#[test]
+fn hooked_exports_pass_libvirts_schema() {
+    use qlauncher_libvirt_xml::libvirt;
+    support::ensure_libvirt_tools();
+    for (name, answer) in [
+        (
+            "mixed-buses",
+            Box::new(|sent: &str| {
+                let s = before_alias(sent, "ua-data", "<wwn>5000c50015ea71ac</wwn>");
+                let s = before_alias(
+                    &s,
+                    "ua-root",
+                    "<iotune><read_bytes_sec>100000</read_bytes_sec>\
+                     <group_name>g</group_name></iotune>",
+                );
+                s.replacen(
+                    "error_policy=\"stop\"",
+                    "error_policy=\"stop\" rerror_policy=\"report\"",
+                    1,
+                )
+            }) as Box<dyn Fn(&str) -> String>,
+        ),
+        (
+            "nic-multiqueue",
+            Box::new(|sent: &str| {
+                sent.replacen(
+                    "<driver name=\"vhost\" queues=\"4\">",
+                    "<driver name=\"vhost\" queues=\"4\" rx_queue_size=\"512\">",
+                    1,
+                )
+                .replacen(
+                    "<rom enabled=\"no\"></rom>",
+                    "<rom bar=\"on\" file=\"/usr/lib/ipxe/qemu/efi-virtio.rom\"></rom>",
+                    1,
+                )
+                .replacen(
+                    "<features>",
+                    "<features><hyperv><relaxed state=\"on\"></relaxed></hyperv>\
+                     <kvm><hidden state=\"on\"></hidden></kvm>",
+                    1,
+                )
+            }),
+        ),
+    ] {
+        let (_, plan) = hooked(name, answer);
+        let f = load(name);
+        let xml = qlauncher_libvirt_xml::to_xml(&export(&f.vmi, &f.ctx, &plan).unwrap()).unwrap();
+        if let Err(e) = libvirt::validate(&libvirt::for_libvirt9(&xml)) {
+            panic!("{name}: {e}\n{xml}");
+        }
+    }
+}

@@ -304,8 +304,8 @@ impl MigrationCtx {
 
     /// What the source runs beyond its boot definition, plugged into the target's QEMU before
     /// `migrate-incoming`: the vCPUs beyond the first socket (as `vcpu<index>` like the
-    /// source's), the source's hot-plugged disks (`placed`) and NICs (on this pod's taps), and
-    /// the virtio-mem device of a memory that grew since boot, sized as the VMI asks
+    /// source's), the source's hot-plugged disks (`placed`) and NICs (on this pod's taps), a
+    /// hook's disk I/O limits (`block_set_io_throttle`), and the virtio-mem device of a memory that grew since boot, sized as the VMI asks
     /// (`memory_total`).
     async fn plug_source_devices(
         &self,
@@ -333,6 +333,13 @@ impl MigrationCtx {
         for n in nics {
             if let Err(e) = prepared.running.nics.attach_placed(client, n).await {
                 return Err(peer(&e));
+            }
+        }
+        // A disk's I/O limits are no device state: QEMU does not migrate them, and libvirt sets
+        // them on the target's QEMU as at a start (`qemuProcessSetupDiskThrottling`).
+        for step in &prepared.qmp_plan.startup {
+            if let crate::cmdline::render::QmpCommand::BlockSetIoThrottle(_) = step {
+                client.run(step).await.map_err(MigrationError::Qmp)?;
             }
         }
         let Some(total) = memory_total else {

@@ -26,8 +26,8 @@ pub enum NicEdit {
         /// sets a tap NIC's to 256 (`virtio_net_max_tx_queue_size`); more is refused.
         tx: Option<u16>,
     },
-    /// `<rom>`: `enabled="no"` is `romfile=""`; otherwise the ROM image (`file`, a file name in
-    /// QEMU's data directory or a path under the pod's directories, [`ROM_DIRS`]) and whether
+    /// `<rom>`: `enabled="no"` is `romfile=""`; otherwise the ROM image (`file`, an absolute
+    /// path under the pod's directories or QEMU's firmware directories, [`ROM_DIRS`]) and whether
     /// its BAR is visible (`bar`, QEMU's `rombar`).
     Rom {
         /// `enabled` (absent: yes).
@@ -316,20 +316,13 @@ fn diff_nic(alias: &str, a: &NicView, b: &NicView) -> Result<Vec<NicEdit>, Refus
     Ok(edits)
 }
 
-/// A ROM file QEMU may read for a hook: a plain file name (QEMU looks in its data directory),
-/// or an absolute path without `.`/`..` components under one of [`ROM_DIRS`].
+/// A ROM file QEMU may read for a hook: an absolute path (libvirt's schema takes no other)
+/// without `.`/`..` components under one of [`ROM_DIRS`].
 fn check_rom_file(f: &str) -> Result<(), String> {
-    if f.is_empty() || f.len() > 4096 || f.chars().any(char::is_control) {
-        return Err("not a file name".into());
+    if f.len() > 4096 || f.chars().any(char::is_control) || !f.starts_with('/') {
+        return Err("not an absolute file path".into());
     }
     let plain = |s: &str| !s.is_empty() && s != "." && s != "..";
-    if !f.contains('/') {
-        return if plain(f) {
-            Ok(())
-        } else {
-            Err("not a file name".into())
-        };
-    }
     let inside = ROM_DIRS.iter().any(|d| {
         f.strip_prefix(d)
             .is_some_and(|rest| rest.split('/').all(plain))
@@ -525,8 +518,17 @@ mod tests {
             .unwrap_err()
             .path
             .contains("driver@queues"));
-        // A ROM file name alone is QEMU's own.
+        // libvirt's schema takes only an absolute ROM path; QEMU's own ROMs are in its
+        // firmware directories.
         let own = SENT.replace("<rom enabled=\"no\">", "<rom file=\"efi-e1000.rom\">");
+        assert_eq!(
+            diff_answer(SENT, &own).unwrap_err().path,
+            at("ua-default", "rom@file")
+        );
+        let own = SENT.replace(
+            "<rom enabled=\"no\">",
+            "<rom file=\"/usr/lib/ipxe/qemu/efi-e1000.rom\">",
+        );
         assert!(diff_answer(SENT, &own).is_ok());
     }
 }
