@@ -431,7 +431,9 @@ async fn wait_incoming_completed(qmp: &QmpClient) -> Result<(), MigrationError> 
 /// When the source sent its argv, it must equal `local` word for word apart from the machine
 /// type: a different device model (another qlauncher version rendering differently, or a VMI
 /// spec changed since the source started) cannot take the source's device state, so the
-/// migration is refused naming the first difference.
+/// migration is refused naming the first difference. An operator's second QMP monitor (`-qmp`,
+/// [`crate::sync::config::SyncConfig::operator_qmp_socket`]) is left out of the comparison: it
+/// is each launcher's own setting and carries no device state.
 pub fn incoming_argv(
     local: &[String],
     domain: &RunningDomain,
@@ -464,7 +466,8 @@ pub fn incoming_argv(
         ));
     }
     if !domain.argv.is_empty() {
-        let theirs = with_machine(&domain.argv);
+        let theirs = without_operator_monitor(&with_machine(&domain.argv));
+        let argv = without_operator_monitor(&argv);
         if let Some(i) = (0..argv.len().max(theirs.len())).find(|&i| argv.get(i) != theirs.get(i)) {
             return Err(MigrationError::Peer(format!(
                 "the target's QEMU definition differs from the source's at word {i}: target {:?}, \
@@ -478,9 +481,52 @@ pub fn incoming_argv(
     Ok(argv)
 }
 
+/// `argv` without its `-qmp <chardev>` pairs: the launcher's own monitor is a `-chardev` and
+/// `-mon` pair, so a `-qmp` is only ever the operator's second monitor.
+fn without_operator_monitor(argv: &[String]) -> Vec<String> {
+    let mut out = Vec::with_capacity(argv.len());
+    let mut words = argv.iter();
+    while let Some(w) = words.next() {
+        if w == "-qmp" {
+            words.next();
+            continue;
+        }
+        out.push(w.clone());
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Either launcher may have an operator's QMP monitor (`QLAUNCHER_OPERATOR_QMP`): the
+    /// comparison skips it, and the target keeps its own.
+    #[test]
+    fn an_operators_qmp_monitor_on_either_side_is_not_a_difference() {
+        let local =
+            words("-name guest=x -S -machine q35 -m 128 -qmp unix:/t.sock,server=on,wait=off");
+        let source = domain("pc-q35-7.2", "-name guest=x -S -machine q35 -m 128");
+        let argv = incoming_argv(&local, &source).unwrap();
+        assert_eq!(
+            argv,
+            words(
+                "-name guest=x -S -machine pc-q35-7.2 -m 128 -qmp unix:/t.sock,server=on,wait=off \
+                 -incoming defer"
+            )
+        );
+        let plain = words("-name guest=x -S -machine q35 -m 128");
+        let source = domain(
+            "pc-q35-7.2",
+            "-name guest=x -S -machine q35 -m 128 -qmp unix:/s.sock,server=on,wait=off",
+        );
+        assert!(incoming_argv(&plain, &source).is_ok());
+        let other = domain(
+            "pc-q35-7.2",
+            "-name guest=x -S -machine q35 -m 256 -qmp unix:/s",
+        );
+        assert!(incoming_argv(&local, &other).is_err());
+    }
 
     fn words(s: &str) -> Vec<String> {
         s.split(' ').map(str::to_owned).collect()
