@@ -61,6 +61,19 @@ pub fn vmi_only(vmi: &serde_json::Value) -> cmd::VmiRequest {
     }
 }
 
+/// [`vmi_request`] with the VEP-190 plugins `plugins_json` in its options (what virt-handler
+/// sends with the `Plugins` feature gate, to SyncVirtualMachine and SyncMigrationTarget alike).
+pub fn vmi_request_with_plugins(
+    vmi: &serde_json::Value,
+    plugins_json: &serde_json::Value,
+) -> cmd::VmiRequest {
+    let mut request = vmi_request(vmi);
+    if let Some(o) = request.options.as_mut() {
+        o.plugins_json = serde_json::to_vec(plugins_json).unwrap();
+    }
+    request
+}
+
 /// One SyncVirtualMachine call with the VEP-190 plugins `plugins_json` in its options (what
 /// virt-handler sends with the `Plugins` feature gate): (success, message). Panics on a transport
 /// error.
@@ -69,12 +82,8 @@ pub async fn sync_with_plugins(
     vmi: &serde_json::Value,
     plugins_json: &serde_json::Value,
 ) -> (bool, String) {
-    let mut request = vmi_request(vmi);
-    if let Some(o) = request.options.as_mut() {
-        o.plugins_json = serde_json::to_vec(plugins_json).unwrap();
-    }
     let answer = client
-        .sync_virtual_machine(request)
+        .sync_virtual_machine(vmi_request_with_plugins(vmi, plugins_json))
         .await
         .expect("SyncVirtualMachine")
         .into_inner();

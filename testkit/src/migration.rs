@@ -374,10 +374,7 @@ impl Rpc {
         vmi: &serde_json::Value,
         plugins_json: &serde_json::Value,
     ) -> (bool, String) {
-        let mut request = vmi_request(vmi);
-        if let Some(o) = request.options.as_mut() {
-            o.plugins_json = serde_json::to_vec(plugins_json).unwrap();
-        }
+        let request = crate::handler::vmi_request_with_plugins(vmi, plugins_json);
         answer(
             timed("SyncMigrationTarget", c.sync_migration_target(request)).await,
             "SyncMigrationTarget",
