@@ -14,6 +14,8 @@
 //! to the converter in its context. The behaviour mirrors KubeVirt v1.9.0 (libvirt 11.10, QEMU 10.1)
 //! and also runs on QEMU 7.2.
 #![warn(missing_docs)]
+// The docs are read with `cargo doc --document-private-items`, where links to private items resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 /// The pure converter (VMI -> DomainPlan -> QEMU argv), compiled in the `qlauncher-core` crate.
 pub use qlauncher_core::cmdline;

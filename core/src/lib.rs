@@ -10,6 +10,8 @@
 //! modules as `qlauncher::vmi` and `qlauncher::cmdline`, and `compat/libvirt-xml` reads the plan
 //! from here.
 #![warn(missing_docs)]
+// The docs are read with `cargo doc --document-private-items`, where links to private items resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cmdline;
 pub mod vmi;

@@ -12,7 +12,7 @@
 //! - [`procfs`]: `/proc` reading (children, zombies, QEMU recognition, RSS);
 //! - [`flags`]: Go-style flag scanning, shared with the launcher's command line;
 //! - [`istio`]: telling an Istio sidecar to quit once the VM is gone;
-//! - [`log`]: KubeVirt-shaped JSON log lines without a logging framework;
+//! - [`log`](mod@log): KubeVirt-shaped JSON log lines without a logging framework;
 //! - [`trim`]: giving clean file-backed pages and free heap back while the pod idles.
 //!
 //! [`main`] is the program: the `virt-launcher-monitor` binary and `qlauncher monitor` run it.

@@ -5,7 +5,7 @@
 //! server that hands the guest its address. No `ip`, `nft` or dnsmasq binary is run.
 //!
 //! The work is split as "build values, then execute them":
-//! - [`discover`] reads the pod interface and resolv.conf into [`PodFacts`] (effects, read-only);
+//! - [`discover()`] reads the pod interface and resolv.conf into [`PodFacts`] (effects, read-only);
 //! - [`plan()`] turns a [`NetConfig`] and the [`PodFacts`] into a [`NetPlan`] (pure: links,
 //!   addresses, sysctls, nftables rules and DHCP configuration as data);
 //! - [`apply()`] executes a [`NetPlan`] through rtnetlink, the tun ioctls, `/proc/sys` and nftnl,

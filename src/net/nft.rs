@@ -3,7 +3,7 @@
 //! [`masquerade_table`] reproduces KubeVirt v1.9.0 `setupNATByFamily`
 //! (`pkg/network/setup/netpod/masquerade/masquerade.go`) rule for rule and in the same order, for
 //! one family. The [`fmt::Display`] forms are the `nft` syntax that `nft list ruleset` prints
-//! (without counter values), so plans can be checked as text; [`crate::net::apply`] commits the
+//! (without counter values), so plans can be checked as text; [`crate::net::apply()`] commits the
 //! same values through libnftnl (`nft_netlink`).
 
 use crate::net::config::{Port, Protocol};

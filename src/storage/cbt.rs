@@ -13,7 +13,7 @@
 //! without the overlay, and the overlay only adds the dirty bitmaps.
 //!
 //! Unlike the pod-lifetime overlays of [`super::overlay`], a CBT overlay outlives the pod, so it
-//! is fsynced ([`Durability::Synced`]). A reused overlay is checked first: it must be a qcow2
+//! is fsynced ([`Durability::Synced`](super::staged::Durability::Synced)). A reused overlay is checked first: it must be a qcow2
 //! naming exactly this volume's image as its raw data file (a file on the PVC that points
 //! anywhere else is refused, as images a VMI brings itself may carry no data file at all).
 

@@ -238,7 +238,7 @@ pub enum SyncError {
     #[error("{0}")]
     Refused(String),
     /// A guest-agent, freeze, screenshot, dump, dirty-rate, host-device or SEV RPC failed
-    /// ([`crate::cmdapi`]); its text is the RPC's message.
+    /// ([`crate::sync::cmdapi`]); its text is the RPC's message.
     #[error(transparent)]
     CmdApi(#[from] crate::sync::cmdapi::CmdApiError),
     /// A guest agent command failed ([`crate::sync::guest::agent`]).

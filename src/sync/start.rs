@@ -1,7 +1,7 @@
 //! Starting the domain on the first sync of a VMI, step by step as KubeVirt's `SyncVMI` does when
 //! no domain exists (`manager.go`, v1.9.0): gather the facts (storage, pod network, secondary
 //! interfaces, hotplug volumes, host hardware; [`crate::sync::facts`]), convert
-//! ([`crate::cmdline::convert`]), start QEMU with `-S` (or adopt the QEMU an earlier launcher of
+//! ([`crate::cmdline::convert()`]), start QEMU with `-S` (or adopt the QEMU an earlier launcher of
 //! this pod left; [`crate::sync::recover`]), connect on QMP, run the plan's start-up commands and
 //! `cont` unless `spec.startStrategy` is `Paused`.
 //!

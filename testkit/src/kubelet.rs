@@ -8,7 +8,7 @@
 //!   directories in them but cannot change their mode or owner.
 //! - [`compute_user_argv`], [`compute_user_env`]: the compute container's identity and
 //!   environment (`rendercontainer.go securityContext`, `xdgEnvironmentVariables`): uid and gid
-//!   107, supplementary groups [107] (the fsGroup), bounding set `{NET_BIND_SERVICE}`, no
+//!   107, supplementary groups \[107\] (the fsGroup), bounding set `{NET_BIND_SERVICE}`, no
 //!   inheritable or ambient capability, `no_new_privs`; with it nothing is effective or permitted.
 //! - [`device_node`]: a device plugin's per-pod device node, mode 0666 (the tun plugin gives the
 //!   pod a read-write `/dev/net/tun`; this host's is 0600), bind-mounted over the host's node in

@@ -26,7 +26,7 @@
 //!   identity and environment, device plugins' per-pod 0666 device nodes.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
 //!   test guest as its containerDisk.
-//! - [`run`]: `qlauncher run` in a pod network namespace, as a user runs it.
+//! - [`run`](mod@run): `qlauncher run` in a pod network namespace, as a user runs it.
 //! - [`monitor`]: `qlauncher monitor` as a process, the launcher flags, the static launcher
 //!   (a launcher whose domain is one fixed QEMU command line).
 //! - [`qemu_launch`] and [`qmp`]: a QEMU started with an inherited QMP listener, for the qmp tests
@@ -41,6 +41,8 @@
 //! Everything cleans up on drop, whether the test passes or not.
 
 #![warn(missing_docs)]
+// The docs are read with `cargo doc --document-private-items`, where links to private items resolve.
+#![allow(rustdoc::private_intra_doc_links)]
 
 pub mod cmdline;
 pub mod container;

@@ -4,7 +4,7 @@
 //! schema.go`) and sends them to virt-handler as JSON; the Go structs carry no `json` tags, so the
 //! JSON keys are the Go field names (`Devices.Disks[].Target.Device`), and each value has its Go
 //! field's kind (a number for `Memory.Value`, a string for `Controller.Index`). [`to_api_spec`] does
-//! the same from the [`schema::Domain`](crate::schema::Domain) that [`to_xml`](crate::to_xml)
+//! the same from the [`schema::Domain`] that [`to_xml`](crate::to_xml)
 //! writes as XML: one model, two renderers. The mapping is the table in `go_fields.rs` (KubeVirt's
 //! field names and kinds per Go struct); an element or attribute the table does not know is left
 //! out and listed in [`ApiSpec::dropped`], so virt-handler's decoder never meets an unknown field

@@ -337,7 +337,7 @@ fn required_options(req: &Message) -> Result<(), String> {
     Ok(())
 }
 
-/// Binds the DHCPv6 server socket: UDP [::]:547, IPv6 only, `SO_BINDTODEVICE` to `iface`,
+/// Binds the DHCPv6 server socket: UDP `[::]:547`, IPv6 only, `SO_BINDTODEVICE` to `iface`,
 /// joined to ff02::1:2 on it, non-blocking. Call it in the pod network namespace.
 pub fn bind(iface: &str) -> Result<std::net::UdpSocket, NetError> {
     use socket2::{Domain, Protocol, Socket, Type};

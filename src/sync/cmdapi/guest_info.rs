@@ -19,7 +19,8 @@
 //! the last data keeps being served after the agent goes away. KubeVirt starts the workers on
 //! libvirt's agent CONNECTED event; [`AgentPoller::start`] first waits for the agent to answer a
 //! `guest-ping` (every [`CONNECT_PROBE`]), which is the same moment seen from the launcher, and
-//! [`AgentPoller::restart`] is for a caller that sees the channel connect (`VSERPORT_CHANGE`).
+//! a caller that sees the channel connect (`VSERPORT_CHANGE`) may [`AgentPoller::stop`] it and start
+//! it again.
 //!
 //! A change of the OS info or of the freeze state is reported with [`AgentUpdate`] (KubeVirt sends
 //! a MODIFIED domain event with `Status.OSInfo` / `Status.FSFreezeStatus`); users and filesystems

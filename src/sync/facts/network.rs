@@ -1,5 +1,5 @@
 //! The pod network: the binding of each VMI interface on the pod network (masquerade or bridge),
-//! set up in the launcher's own network namespace ([`crate::net::apply`]), and the DHCP servers.
+//! set up in the launcher's own network namespace ([`crate::net::apply()`]), and the DHCP servers.
 
 use std::path::Path;
 use std::sync::Arc;

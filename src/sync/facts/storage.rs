@@ -239,7 +239,7 @@ fn cloud_init_iso(
 /// KubeVirt's `PreCloudInitIso` (`pkg/hooks/manager.go`, v1.9.0), before the ISO is written:
 /// the resolved `data` in KubeVirt's `CloudInitData` form (and the older
 /// `cloudInitNoCloudSource`) goes to the first v1alpha2+ subscriber, and its answer, read as
-/// KubeVirt reads it ([`hooks::cloud_init::CloudInitData::from_answer`]), replaces the user,
+/// KubeVirt reads it ([`crate::hooks::cloud_init::CloudInitData::from_answer`]), replaces the user,
 /// network and meta data. The ISO writer's limits and checks then apply to the answer as to any
 /// VMI's data. Nothing happens without a subscriber. Blocks the calling (blocking) thread on the
 /// launcher's runtime for the call.

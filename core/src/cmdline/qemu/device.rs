@@ -2,7 +2,7 @@
 //!
 //! Each struct serializes to the JSON object QEMU's `-device` (JSON syntax, QEMU >= 6.2) and QMP
 //! `device_add` accept. The bus and PCI address are not in these structs: the PCI pass decides
-//! them and [`super::device_json`] merges them in, so a device is described once for argv and QMP.
+//! them and [`crate::cmdline::render::device_json`] merges them in, so a device is described once for argv and QMP.
 
 use serde::Serialize;
 use serde_with::skip_serializing_none;

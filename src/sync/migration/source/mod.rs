@@ -17,11 +17,11 @@
 //! target and the source stays paused (libvirt's Paused/PostcopyFailed).
 //!
 //! Unlike libvirt, which lets QEMU dial the NBD server, the launcher carries each mirror's NBD
-//! connection itself ([`NbdLink`]), so that a target that stops reading cannot wedge the source
+//! connection itself (`mirrors::NbdLink`), so that a target that stops reading cannot wedge the source
 //! QEMU: the monitoring queries are bounded by the progress timeout, and on failure the
 //! launcher closes its end, which fails QEMU's pending NBD writes at once.
 //!
-//! The parts: [`capabilities`] (what QEMU and the target enable), [`mirrors`] (the disk mirrors
+//! The parts: [`capabilities`](mod@capabilities) (what QEMU and the target enable), [`mirrors`] (the disk mirrors
 //! and their NBD connections, their completion and the roll-back), and [`monitor`] (the RAM
 //! migration under KubeVirt's timeouts, its `migrationMonitor`).
 
