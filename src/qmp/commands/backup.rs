@@ -64,6 +64,9 @@ pub struct BlockdevBackup {
     pub auto_finalize: bool,
     /// libvirt: false, so the concluded job stays for `query-jobs` and `job-dismiss`.
     pub auto_dismiss: bool,
+    /// Bytes per second at most (absent: no limit, as libvirt sends it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed: Option<u64>,
 }
 command!(BlockdevBackup, "blockdev-backup", Empty);
 
@@ -269,7 +272,20 @@ fn backup_job(d: &BackupDisk, sync: BackupSync, bitmap: Option<String>) -> Trans
         bitmap,
         auto_finalize: true,
         auto_dismiss: false,
+        speed: None,
     })
+}
+
+impl Transaction {
+    /// Limits every `blockdev-backup` of the transaction to `speed` bytes per second.
+    pub fn with_speed(mut self, speed: Option<u64>) -> Transaction {
+        for action in &mut self.actions {
+            if let TransactionAction::BlockdevBackup(b) = action {
+                b.speed = speed;
+            }
+        }
+        self
+    }
 }
 
 /// Why a checkpoint name cannot be made.

@@ -291,13 +291,15 @@ fn initialize_metadata(d: &DomainCtx, request: &StartRequest) -> Result<bool, Sy
                     == Some(request.start);
             match (&m.end_timestamp, same) {
                 (None, true) => return Ok(true),
-                (Some(end), true) => return Err(refused(format!(
+                (Some(end), true) => {
+                    return Err(refused(format!(
                     "backup {} that started at {} already executed, finished at {}, completed: {}",
                     request.name,
                     m.start_timestamp.as_deref().unwrap_or_default(),
                     end,
                     m.completed
-                ))),
+                )))
+                }
                 (None, false) => {
                     return Err(refused(format!(
                         "backup {} already in progress, need to wait for completion",
@@ -561,7 +563,8 @@ async fn begin(
     let transaction = match &from {
         None => full_push_transaction(&request.checkpoint, &disks_of_jobs),
         Some(from) => incremental_push_transaction(&request.checkpoint, &disks_of_jobs, from),
-    };
+    }
+    .with_speed(d.config.backup_speed);
     let started = client.run_timeout(&transaction, QMP_TIMEOUT).await;
     if !request.skip_quiesce {
         if let Err(e) = crate::sync::cmdapi::manager::unfreeze(d).await {

@@ -614,8 +614,8 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
                 }))
             }
         };
-        let (response, checkpoint_invalid) = match self
-            .manager
+        let manager = &self.manager;
+        let (response, checkpoint_invalid) = match manager
             .redefine_checkpoint(vmi, request.checkpoint)
             .await
         {
