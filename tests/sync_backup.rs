@@ -436,9 +436,9 @@ async fn scenario() {
     let again = backup(&mut client, &enabled, start_options(&scene, "b1", t1, None)).await;
     assert!(!again.success);
     assert!(
-        again.message.starts_with(&format!(
-            "backup b1 that started at {t1} already executed, finished at "
-        )),
+        again.message.starts_with(
+            "backup b1 that started at 2026-12-03 10:00:01 +0000 UTC already executed, finished at "
+        ),
         "{}",
         again.message
     );

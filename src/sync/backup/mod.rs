@@ -189,6 +189,15 @@ fn cbt_enabled(vmi: &Vmi) -> bool {
         .is_some_and(|c| c.state == "Enabled")
 }
 
+/// An RFC 3339 UTC time as Go's `time.Time.String` prints it (`2026-01-02 03:04:05 +0000
+/// UTC`), the form KubeVirt's messages carry.
+fn go_time(rfc3339: &str) -> String {
+    match rfc3339.strip_suffix('Z') {
+        Some(t) => format!("{} +0000 UTC", t.replacen('T', " ", 1)),
+        None => rfc3339.to_string(),
+    }
+}
+
 fn now() -> String {
     crate::sync::domain::kubernetes_time(SystemTime::now())
 }
@@ -295,8 +304,8 @@ fn initialize_metadata(d: &DomainCtx, request: &StartRequest) -> Result<bool, Sy
                     return Err(refused(format!(
                     "backup {} that started at {} already executed, finished at {}, completed: {}",
                     request.name,
-                    m.start_timestamp.as_deref().unwrap_or_default(),
-                    end,
+                    go_time(m.start_timestamp.as_deref().unwrap_or_default()),
+                    go_time(end),
                     m.completed
                 )))
                 }
@@ -891,6 +900,14 @@ mod tests {
             backup_start_time: Some(start.into()),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn times_in_messages_are_gos() {
+        assert_eq!(
+            go_time("2026-01-02T03:04:05Z"),
+            "2026-01-02 03:04:05 +0000 UTC"
+        );
     }
 
     #[test]
