@@ -606,7 +606,8 @@ async fn scenario() {
         json!({"loaderSHA": loader_sha})
     );
 
-    // Still "not supported": backup and checkpoints (their own issue).
+    // A backup of a VMI without changed block tracking: KubeVirt's refusal (tests/sync_backup.rs
+    // runs backups).
     let backup = client
         .backup_virtual_machine(cmd::BackupRequest {
             vmi: Some(handler::vmi_message(&vmi)),
@@ -616,6 +617,10 @@ async fn scenario() {
         .unwrap()
         .into_inner();
     assert!(!backup.success);
+    assert_eq!(
+        backup.message,
+        "Backup failed ChangedBlockTracking is not enabled"
+    );
 
     // SoftRebootVirtualMachine with the agent connected (virt-handler's AgentConnected
     // condition): the guest reboots through the agent (`guest-shutdown` mode `reboot`).

@@ -542,7 +542,10 @@ async fn unsupported_rpcs_answer_success_false_at_once() {
         ),
         (
             "BackupVirtualMachine",
-            answer!(c.backup_virtual_machine(cmd::BackupRequest::default())),
+            answer!(c.backup_virtual_machine(cmd::BackupRequest {
+                vmi: v().vmi,
+                options: Vec::new(),
+            })),
         ),
     ];
     for (rpc, response) in plain {
@@ -574,7 +577,11 @@ async fn unsupported_rpcs_answer_success_false_at_once() {
         unsupported("GetScreenshot")
     );
     assert_eq!(
-        answer!(c.redefine_checkpoint(cmd::RedefineCheckpointRequest::default())).response,
+        answer!(c.redefine_checkpoint(cmd::RedefineCheckpointRequest {
+            vmi: v().vmi,
+            checkpoint: Vec::new(),
+        }))
+        .response,
         unsupported("RedefineCheckpoint")
     );
     assert_eq!(

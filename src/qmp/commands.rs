@@ -174,12 +174,60 @@ command!(
     Vec<NamedBlockNode>
 );
 
-/// One block node of `query-named-block-nodes` (the fields the launcher reads).
+/// One block node of `query-named-block-nodes` (`BlockDeviceInfo`, the fields the launcher
+/// reads).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 pub struct NamedBlockNode {
     /// The node name, e.g. `libvirt-1-format`.
     #[serde(rename = "node-name", default)]
     pub node_name: String,
+    /// The driver (`qcow2`, `raw`, `file`, ...).
+    #[serde(default)]
+    pub drv: String,
+    /// The node's file name (a qcow2 node over a file: that file's path).
+    #[serde(default)]
+    pub file: String,
+    /// The node's dirty bitmaps (absent: none).
+    #[serde(rename = "dirty-bitmaps", default)]
+    pub dirty_bitmaps: Vec<BlockDirtyInfo>,
+    /// The image's size facts.
+    #[serde(default)]
+    pub image: Option<NodeImageInfo>,
+}
+
+/// `ImageInfo` of a node, the size the launcher reads.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct NodeImageInfo {
+    /// Guest-visible size in bytes.
+    #[serde(rename = "virtual-size", default)]
+    pub virtual_size: u64,
+}
+
+/// `BlockDirtyInfo`: one dirty bitmap of a node.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct BlockDirtyInfo {
+    /// The bitmap's name.
+    #[serde(default)]
+    pub name: String,
+    /// Bytes per bit.
+    #[serde(default)]
+    pub granularity: u32,
+    /// Dirty bytes.
+    #[serde(default)]
+    pub count: u64,
+    /// Recording writes (false when disabled, or inconsistent).
+    #[serde(default)]
+    pub recording: bool,
+    /// Stored in the qcow2.
+    #[serde(default)]
+    pub persistent: bool,
+    /// Loaded from a qcow2 that was not closed cleanly (`in-use`): unusable, can only be
+    /// removed (QEMU `qapi/block-core.json`).
+    #[serde(default)]
+    pub inconsistent: bool,
+    /// In use by a job (a backup's or a merge's).
+    #[serde(default)]
+    pub busy: bool,
 }
 
 /// `object-del`.

@@ -135,6 +135,27 @@ pub enum StorageError {
         #[source]
         source: io::Error,
     },
+    /// Creating a push backup's target image failed (other than for space); nothing is left
+    /// at the path.
+    #[error("volume {volume}: creating backup target {path} failed")]
+    CreateBackupTarget {
+        /// Volume name.
+        volume: String,
+        /// Target path.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: io::Error,
+    },
+    /// A push backup's target exists already (libvirt's `qemuBackupDiskPrepareStorage`
+    /// refusal, its text).
+    #[error("store '{}' for backup of '{disk}' exists", .path.display())]
+    BackupTargetExists {
+        /// The disk's guest device (`vda`).
+        disk: String,
+        /// Target path.
+        path: PathBuf,
+    },
     /// Creating the empty disk failed; the partial file was removed.
     #[error("volume {volume}: creating empty disk {path} failed")]
     CreateEmptyDisk {

@@ -27,6 +27,7 @@
 //! Every function is blocking (plain `std::fs` and positioned writes); async callers run
 //! them on a blocking thread.
 
+pub mod backup_target;
 pub mod cbt;
 pub mod cloud_init;
 pub mod config_volume;
@@ -44,6 +45,7 @@ mod qcow2;
 mod qcow2_create;
 mod staged;
 
+pub use backup_target::{create_backup_target, BackupTargetSpec};
 pub use cbt::{cbt_overlay_path, create_cbt_overlay, CbtOverlaySpec};
 pub use cloud_init::{
     write_cloud_init_iso, CloudInitData, CloudInitKind, CloudInitSpec, DeviceData, VmiIdentity,

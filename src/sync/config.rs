@@ -48,6 +48,10 @@ pub struct SyncConfig {
     pub vhost_vsock: PathBuf,
     /// `--vm-stats-collector`: `GetVMStats` answers (else it is a gRPC error, as KubeVirt's).
     pub vm_stats_collector: bool,
+    /// The speed limit of each push backup job in bytes per second (`blockdev-backup`
+    /// `speed`), or None for none (libvirt and KubeVirt set none): an operator's bound on the
+    /// I/O a backup takes from the guest.
+    pub backup_speed: Option<u64>,
     /// Unplug vCPUs under TCG even on a QEMU that aborts at the next memory-topology change
     /// after it ([`crate::sync::reconcile::resources::tcg_unplug_crashes`]); off by default (the
     /// unplug is refused). For tests of the unplug itself, where nothing is plugged afterwards.
@@ -161,6 +165,7 @@ impl SyncConfig {
             vhost_vsock: "/dev/vhost-vsock".into(),
             vm_stats_collector: false,
             allow_unsafe_tcg_vcpu_unplug: false,
+            backup_speed: None,
             agent_poll: Default::default(),
             network_info: root.join("etc/podinfo/network-info"),
             sysfs: root.join("sys"),

@@ -33,6 +33,8 @@ pub(crate) struct DomainCtx {
     pub(crate) info: DomainInfo,
     /// Agent poller store, freeze, memory dump and caches.
     pub(crate) cmdapi: CmdApiState,
+    /// The backup metadata, the running backup and the checkpoints.
+    pub(crate) backups: crate::sync::backup::Backups,
 }
 
 impl DomainCtx {
@@ -43,6 +45,7 @@ impl DomainCtx {
             shared: Arc::new(Shared::new(notifier)),
             info: DomainInfo::default(),
             cmdapi: CmdApiState::default(),
+            backups: crate::sync::backup::Backups::default(),
         }
     }
 

@@ -68,6 +68,7 @@ impl ApiDomain {
                         grace_period: None,
                         memory_dump: None,
                         migration: None,
+                        backup: None,
                     },
                 },
                 ..ApiDomainSpec::default()

@@ -17,7 +17,7 @@ use crate::sync::config::{AGENT_SHUTDOWN_ANSWER, AGENT_SHUTDOWN_TIMEOUT};
 use crate::sync::domain::ApiDomain;
 use crate::sync::error::SyncError;
 use crate::sync::reconcile;
-use crate::sync::rpc::manager::{DomainManager, ExecOutput, Screenshot};
+use crate::sync::rpc::manager::{CheckpointRefusal, DomainManager, ExecOutput, Screenshot};
 use crate::sync::rpc::proto::cmd::v1::{VirtualMachineOptions, VmStatsRequest, VmStatsResponse};
 use crate::sync::vmi_sync::SyncVmi;
 use crate::vmi::Vmi;
@@ -302,6 +302,22 @@ impl DomainManager for SyncVmi {
 
     async fn memory_dump(&self, _vmi: Vmi, dump_path: String) -> Option<Result<(), SyncError>> {
         Some(cmdapi::start_memory_dump(&self.ctx, &dump_path))
+    }
+
+    async fn backup(&self, vmi: Vmi, options: Vec<u8>) -> Option<Result<(), SyncError>> {
+        Some(crate::sync::backup::backup_command(&self.ctx, &self.running, &vmi, &options).await)
+    }
+
+    async fn redefine_checkpoint(
+        &self,
+        vmi: Vmi,
+        checkpoint: Vec<u8>,
+    ) -> Option<Result<(), CheckpointRefusal<SyncError>>> {
+        Some(
+            crate::sync::backup::redefine_checkpoint(&self.ctx, &vmi, &checkpoint)
+                .await
+                .map_err(|(invalid, error)| CheckpointRefusal { invalid, error }),
+        )
     }
 
     async fn dirty_rate(&self) -> Option<Result<i64, SyncError>> {

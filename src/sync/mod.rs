@@ -12,7 +12,8 @@
 //!   start-up, `cont`), [`recover`] (adopting a QEMU an earlier launcher of the pod left),
 //!   [`reconcile`] (later syncs applied by diff: disks, media, resize, NICs; the vCPU and memory
 //!   RPCs), [`cmdapi`] (the guest-agent info, freeze, screenshot, memory-dump, dirty-rate,
-//!   VM-stats, host-device and SEV RPCs), [`migration`] (live migration, both sides);
+//!   VM-stats, host-device and SEV RPCs), [`backup`] (push backups with changed block tracking
+//!   and checkpoints), [`migration`] (live migration, both sides);
 //! - `define.rs`: the seam where a converted plan becomes QEMU's argv, its QMP plan and the
 //!   `api.Domain` spec (made by `domain_spec.rs`);
 //! - `domain_live.rs`: what QEMU reports into the `api.Domain` (hot-plugged devices' addresses,
@@ -30,6 +31,7 @@
 //!   [`error`]: [`SyncError`].
 
 pub(crate) mod admit;
+pub mod backup;
 pub mod cmdapi;
 pub mod config;
 pub(crate) mod ctx;

@@ -5,9 +5,14 @@
 //! dirty bitmap on every CBT disk and starts one `blockdev-backup` job per disk.
 //!
 //! The checkpoint is named `<backupName>-<UTC YYYY-MM-DD_HH-MM-SS>`, lowercased
-//! ([`checkpoint_name`]); the bitmap carries the checkpoint's name.
+//! ([`checkpoint_name`]); the bitmap carries the checkpoint's name. An incremental backup
+//! ([`incremental_push_transaction`], libvirt's `qemuBackupDiskPrepareDataOne`) adds a
+//! temporary disabled bitmap `backup-<dst>` with the granularity of the checkpoint it starts
+//! from, merges that checkpoint's bitmap into it and copies the clusters it marks. After the
+//! jobs: `query-jobs`, `job-dismiss`, `blockdev-del` of the targets and
+//! `block-dirty-bitmap-remove` of the temporary bitmaps (`qemuBlockJobProcessEventConcludedBackup`).
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use super::Empty;
 
@@ -59,8 +64,79 @@ pub struct BlockdevBackup {
     pub auto_finalize: bool,
     /// libvirt: false, so the concluded job stays for `query-jobs` and `job-dismiss`.
     pub auto_dismiss: bool,
+    /// Bytes per second at most (absent: no limit, as libvirt sends it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub speed: Option<u64>,
 }
 command!(BlockdevBackup, "blockdev-backup", Empty);
+
+/// One source of a `block-dirty-bitmap-merge` (`BlockDirtyBitmapOrStr`, the object form).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BitmapRef {
+    /// The node carrying the bitmap.
+    pub node: String,
+    /// The bitmap's name.
+    pub name: String,
+}
+
+/// `block-dirty-bitmap-merge`: ORs `bitmaps` into the bitmap `target` of `node`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockDirtyBitmapMerge {
+    /// The node of the target bitmap.
+    pub node: String,
+    /// The target bitmap.
+    pub target: String,
+    /// The sources, in order.
+    pub bitmaps: Vec<BitmapRef>,
+}
+command!(BlockDirtyBitmapMerge, "block-dirty-bitmap-merge", Empty);
+
+/// `block-dirty-bitmap-remove`: drops the bitmap `name` of `node` (from the qcow2 too when
+/// persistent).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockDirtyBitmapRemove {
+    /// The node.
+    pub node: String,
+    /// The bitmap.
+    pub name: String,
+}
+command!(BlockDirtyBitmapRemove, "block-dirty-bitmap-remove", Empty);
+
+/// `query-jobs`: every job QEMU keeps (running or concluded and not dismissed).
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct QueryJobs;
+command!(QueryJobs, "query-jobs", Vec<JobInfo>);
+
+/// One job of `query-jobs` (`JobInfo`, the fields the launcher reads).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct JobInfo {
+    /// The job id.
+    pub id: String,
+    /// `backup`, `create`, `mirror`, ...
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    /// `created`, `running`, `paused`, `ready`, `waiting`, `pending`, `aborting`,
+    /// `concluded`, `null`.
+    #[serde(default)]
+    pub status: String,
+    /// Bytes done so far.
+    #[serde(rename = "current-progress", default)]
+    pub current_progress: u64,
+    /// Bytes to do in all (an estimate while running).
+    #[serde(rename = "total-progress", default)]
+    pub total_progress: u64,
+    /// Set when the job failed or was cancelled (`Operation canceled`).
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// `job-dismiss`: removes a concluded job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct JobDismiss {
+    /// The job id.
+    pub id: String,
+}
+command!(JobDismiss, "job-dismiss", Empty);
 
 /// One action of a `transaction`: `{"type": "<command>", "data": {<its arguments>}}`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -68,6 +144,8 @@ command!(BlockdevBackup, "blockdev-backup", Empty);
 pub enum TransactionAction {
     /// `block-dirty-bitmap-add`.
     BlockDirtyBitmapAdd(BlockDirtyBitmapAdd),
+    /// `block-dirty-bitmap-merge`.
+    BlockDirtyBitmapMerge(BlockDirtyBitmapMerge),
     /// `blockdev-backup`.
     BlockdevBackup(BlockdevBackup),
 }
@@ -92,33 +170,121 @@ pub struct BackupDisk {
     pub target_node: String,
 }
 
+/// libvirt's job id of a disk's backup job: `backup-<dst>-<node>`.
+pub fn backup_job_id(disk: &BackupDisk) -> String {
+    format!("backup-{}-{}", disk.target_dev, disk.node)
+}
+
+/// libvirt's temporary bitmap of an incremental backup of disk `<dst>`: `backup-<dst>`.
+pub fn temporary_bitmap(target_dev: &str) -> String {
+    format!("backup-{target_dev}")
+}
+
 /// The transaction of a full push backup creating `checkpoint` (§4.2 of the fact sheet,
 /// `qemuBackupBegin`): first the persistent, enabled bitmap `checkpoint` on every disk, then a
 /// full `blockdev-backup` per disk, job id `backup-<dst>-<node>`, `auto-finalize` on and
 /// `auto-dismiss` off.
 pub fn full_push_transaction(checkpoint: &str, disks: &[BackupDisk]) -> Transaction {
-    let bitmaps = disks.iter().map(|d| {
-        TransactionAction::BlockDirtyBitmapAdd(BlockDirtyBitmapAdd {
-            node: d.node.clone(),
-            name: checkpoint.to_string(),
-            persistent: true,
-            disabled: false,
-            granularity: None,
-        })
-    });
-    let jobs = disks.iter().map(|d| {
-        TransactionAction::BlockdevBackup(BlockdevBackup {
-            device: d.node.clone(),
-            job_id: format!("backup-{}-{}", d.target_dev, d.node),
-            target: d.target_node.clone(),
-            sync: BackupSync::Full,
-            bitmap: None,
-            auto_finalize: true,
-            auto_dismiss: false,
-        })
-    });
+    let bitmaps = disks.iter().map(|d| checkpoint_bitmap(checkpoint, d));
+    let jobs = disks.iter().map(|d| backup_job(d, BackupSync::Full, None));
     Transaction {
         actions: bitmaps.chain(jobs).collect(),
+    }
+}
+
+/// The since-checkpoint part of one disk of an incremental backup: the checkpoint's bitmap
+/// on the disk's node and its granularity (bytes per bit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IncrementalFrom {
+    /// The checkpoint (and bitmap) the backup starts from.
+    pub checkpoint: String,
+    /// That bitmap's granularity, which the temporary bitmap takes.
+    pub granularity: u32,
+}
+
+/// The transaction of an incremental push backup since `from` creating `checkpoint` (§4.3,
+/// `qemuBackupBegin` with `<incremental>`), `disks[i]` starting from `from[i]`: first the
+/// persistent bitmap `checkpoint` on every disk; then per disk the temporary, disabled,
+/// non-persistent bitmap `backup-<dst>` with the source's granularity and the merge of the
+/// source's bitmap into it; then per disk the `incremental` `blockdev-backup` of the clusters
+/// `backup-<dst>` marks.
+///
+/// # Panics
+/// Never; `from` shorter than `disks` leaves the extra disks' merge out (callers pass one per
+/// disk).
+pub fn incremental_push_transaction(
+    checkpoint: &str,
+    disks: &[BackupDisk],
+    from: &[IncrementalFrom],
+) -> Transaction {
+    let mut actions: Vec<TransactionAction> = disks
+        .iter()
+        .map(|d| checkpoint_bitmap(checkpoint, d))
+        .collect();
+    for (d, f) in disks.iter().zip(from) {
+        let scratch = temporary_bitmap(&d.target_dev);
+        actions.push(TransactionAction::BlockDirtyBitmapAdd(
+            BlockDirtyBitmapAdd {
+                node: d.node.clone(),
+                name: scratch.clone(),
+                persistent: false,
+                disabled: true,
+                granularity: Some(f.granularity),
+            },
+        ));
+        actions.push(TransactionAction::BlockDirtyBitmapMerge(
+            BlockDirtyBitmapMerge {
+                node: d.node.clone(),
+                target: scratch,
+                bitmaps: vec![BitmapRef {
+                    node: d.node.clone(),
+                    name: f.checkpoint.clone(),
+                }],
+            },
+        ));
+    }
+    actions.extend(disks.iter().map(|d| {
+        backup_job(
+            d,
+            BackupSync::Incremental,
+            Some(temporary_bitmap(&d.target_dev)),
+        )
+    }));
+    Transaction { actions }
+}
+
+fn checkpoint_bitmap(checkpoint: &str, d: &BackupDisk) -> TransactionAction {
+    TransactionAction::BlockDirtyBitmapAdd(BlockDirtyBitmapAdd {
+        node: d.node.clone(),
+        name: checkpoint.to_string(),
+        persistent: true,
+        disabled: false,
+        granularity: None,
+    })
+}
+
+fn backup_job(d: &BackupDisk, sync: BackupSync, bitmap: Option<String>) -> TransactionAction {
+    TransactionAction::BlockdevBackup(BlockdevBackup {
+        device: d.node.clone(),
+        job_id: backup_job_id(d),
+        target: d.target_node.clone(),
+        sync,
+        bitmap,
+        auto_finalize: true,
+        auto_dismiss: false,
+        speed: None,
+    })
+}
+
+impl Transaction {
+    /// Limits every `blockdev-backup` of the transaction to `speed` bytes per second.
+    pub fn with_speed(mut self, speed: Option<u64>) -> Transaction {
+        for action in &mut self.actions {
+            if let TransactionAction::BlockdevBackup(b) = action {
+                b.speed = speed;
+            }
+        }
+        self
     }
 }
 

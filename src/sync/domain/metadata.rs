@@ -40,6 +40,51 @@ pub struct KubeVirtMetadata {
     /// (`spec.metadata.kubevirt.migration`, [`crate::sync::migration::metadata`]).
     #[serde(rename = "Migration", default, skip_serializing_if = "Option::is_none")]
     pub migration: Option<MigrationMetadata>,
+    /// The backup in progress or last run, once one was started (`BackupVirtualMachine`,
+    /// [`crate::sync::backup`]).
+    #[serde(rename = "Backup", default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupMetadata>,
+}
+
+/// `api.BackupMetadata` (`virtwrap/api/schema.go`, v1.9.0; Go field names, every key present,
+/// nil timestamps `null`): what virt-handler copies into
+/// `vmi.status.changedBlockTracking.backupStatus` when `Name` and `StartTimestamp` match the
+/// backup it waits for. Changed by the rules of [`crate::sync::backup`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackupMetadata {
+    /// The `VirtualMachineBackup`'s name (`backupName`).
+    #[serde(rename = "Name", default)]
+    pub name: String,
+    /// `Push` or `Pull`, as the option was sent.
+    #[serde(rename = "Mode", default)]
+    pub mode: String,
+    /// The backup did not freeze the guest.
+    #[serde(rename = "SkipQuiesce", default)]
+    pub skip_quiesce: bool,
+    /// `backupStartTime` as sent (RFC 3339, seconds, UTC).
+    #[serde(rename = "StartTimestamp", default)]
+    pub start_timestamp: Option<String>,
+    /// When the jobs ended.
+    #[serde(rename = "EndTimestamp", default)]
+    pub end_timestamp: Option<String>,
+    /// The jobs ended (successfully or not).
+    #[serde(rename = "Completed", default)]
+    pub completed: bool,
+    /// The backup failed (or a push backup was aborted).
+    #[serde(rename = "Failed", default)]
+    pub failed: bool,
+    /// A freeze failure while running; the failure's text once completed.
+    #[serde(rename = "BackupMsg", default)]
+    pub backup_msg: String,
+    /// The checkpoint the backup makes, `<name>-<UTC YYYY-MM-DD_HH-MM-SS>`.
+    #[serde(rename = "CheckpointName", default)]
+    pub checkpoint_name: String,
+    /// JSON of `[]backupv1.BackupVolumeInfo`: `[{"volumeName":..,"diskTarget":..}]`.
+    #[serde(rename = "Volumes", default)]
+    pub volumes: String,
+    /// `Succeeded`, `Failed` or `Skipped`.
+    #[serde(rename = "QuiesceStatus", default)]
+    pub quiesce_status: String,
 }
 
 /// `api.GracePeriodMetadata`.

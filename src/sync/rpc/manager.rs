@@ -34,6 +34,16 @@ pub struct ExecOutput {
     pub stdout: String,
 }
 
+/// A refused `RedefineCheckpoint`: the error and whether the checkpoint is unusable
+/// (`checkpointInvalid`: virt-controller then forgets it and the next backup is full).
+#[derive(Debug)]
+pub struct CheckpointRefusal<E> {
+    /// The checkpoint's bitmap is missing or broken everywhere.
+    pub invalid: bool,
+    /// Why.
+    pub error: E,
+}
+
 /// The launcher behaviour behind the command server: KubeVirt's `virtwrap.DomainManager`, reduced to
 /// the operations qlauncher implements. The orchestrator implements it; the server only decodes,
 /// dispatches and encodes.
@@ -214,6 +224,24 @@ pub trait DomainManager: Send + Sync + 'static {
         &self,
         _vmi: Self::Vmi,
     ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `BackupVirtualMachine` with `options`, the JSON of `backupv1.BackupOptions` (Start,
+    /// Abort, Export; a Start returns once the backup jobs run, progress in the metadata).
+    fn backup(
+        &self,
+        _vmi: Self::Vmi,
+        _options: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), Self::Error>>> + Send {
+        async { None }
+    }
+    /// `RedefineCheckpoint` with `checkpoint`, the JSON of `backupv1.BackupCheckpoint`; the
+    /// error carries `checkpointInvalid`.
+    fn redefine_checkpoint(
+        &self,
+        _vmi: Self::Vmi,
+        _checkpoint: Vec<u8>,
+    ) -> impl Future<Output = Option<Result<(), CheckpointRefusal<Self::Error>>>> + Send {
         async { None }
     }
     /// `GetSEVInfo`: the JSON of `SEVPlatformInfo`.

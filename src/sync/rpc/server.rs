@@ -15,13 +15,13 @@
 //! a gRPC error (status `Unknown`), which is what virt-handler's probes check, and `GetVMStats` with
 //! its collector off (a gRPC error too, as KubeVirt's).
 //!
-//! qlauncher's manager ([`crate::sync::SyncVmi`]) serves all of KubeVirt v1.9.0's `cmd.v1` RPCs
-//! except two: life cycle, CPU and memory hotplug, migration (source and target), freeze and thaw,
+//! qlauncher's manager ([`crate::sync::SyncVmi`]) serves all of KubeVirt v1.9.0's `cmd.v1` RPCs:
+//! life cycle, CPU and memory hotplug, migration (source and target), freeze and thaw,
 //! guest-agent queries (`GetGuestInfo`, `GetUsers`, `GetFilesystems`), `Exec` and `GuestPing`,
-//! screenshots, memory dumps, dirty rate, VM stats, SR-IOV host-device hotplug and SEV attestation.
-//! `BackupVirtualMachine` and `RedefineCheckpoint` answer at once with `success=false` and
-//! `<Rpc> is not supported by qlauncher`, as does any RPC a [`DomainManager`] leaves at its default
-//! (`None`).
+//! screenshots, memory dumps, dirty rate, VM stats, SR-IOV host-device hotplug, SEV attestation,
+//! push backups with changed block tracking (`BackupVirtualMachine`) and `RedefineCheckpoint`.
+//! An RPC a [`DomainManager`] leaves at its default (`None`) answers at once with
+//! `success=false` and `<Rpc> is not supported by qlauncher`.
 
 use crate::sync::error::SyncError;
 use crate::sync::rpc::authority::AuthorityFilteredStream;

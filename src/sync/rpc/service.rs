@@ -1,8 +1,8 @@
 //! The `kubevirt.cmd.v1.Cmd` service: decodes each request, dispatches it to the
 //! [`DomainManager`] and encodes the answer (`pkg/virt-launcher/virtwrap/cmd-server/server.go`,
 //! v1.9.0). Failures are in-band (`success=false`) except for `Exec`, `GuestPing` and `GetVMStats`
-//! with its flag off. The RPCs a manager does not implement (for qlauncher: backup,
-//! checkpoints) answer at once with `success=false` and a message saying so.
+//! with its flag off. The RPCs a manager does not implement answer at once with
+//! `success=false` and a message saying so.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -590,18 +590,46 @@ impl<M: DomainManager> cmd::cmd_server::Cmd for CmdService<M> {
 
     async fn backup_virtual_machine(
         &self,
-        _: Request<cmd::BackupRequest>,
+        request: Request<cmd::BackupRequest>,
     ) -> RpcResult<cmd::Response> {
-        Ok(tonic::Response::new(unsupported("BackupVirtualMachine")))
+        let request = request.into_inner();
+        let options = request.options;
+        self.optional_vmi_command("BackupVirtualMachine", request.vmi, |m, vmi| async move {
+            m.backup(vmi, options).await
+        })
+        .await
     }
 
     async fn redefine_checkpoint(
         &self,
-        _: Request<cmd::RedefineCheckpointRequest>,
+        request: Request<cmd::RedefineCheckpointRequest>,
     ) -> RpcResult<cmd::RedefineCheckpointResponse> {
+        let request = request.into_inner();
+        let vmi = match decode_vmi::<M::Vmi>(request.vmi.as_ref()) {
+            Ok(vmi) => vmi,
+            Err(response) => {
+                return Ok(tonic::Response::new(cmd::RedefineCheckpointResponse {
+                    response: Some(response),
+                    checkpoint_invalid: false,
+                }))
+            }
+        };
+        let manager = &self.manager;
+        let (response, checkpoint_invalid) = match manager
+            .redefine_checkpoint(vmi, request.checkpoint)
+            .await
+        {
+            None => (unsupported("RedefineCheckpoint"), false),
+            Some(Ok(())) => (ok(), false),
+            Some(Err(refusal)) => {
+                let message = error_message(&refusal.error);
+                tracing::error!(error = %message, invalid = refusal.invalid, "RedefineCheckpoint failed");
+                (failed(message), refusal.invalid)
+            }
+        };
         Ok(tonic::Response::new(cmd::RedefineCheckpointResponse {
-            response: Some(unsupported("RedefineCheckpoint")),
-            checkpoint_invalid: false,
+            response: Some(response),
+            checkpoint_invalid,
         }))
     }
 
