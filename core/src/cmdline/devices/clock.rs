@@ -386,6 +386,45 @@ mod tests {
     }
 
     #[test]
+    fn lowering_a_changed_clock_replaces_what_the_old_one_set() {
+        let ctx = ConverterContext {
+            now_unix: 1796083200,
+            ..Default::default()
+        };
+        let mut plan = configure(
+            &ClockConfigurator,
+            json!({"clock": {"timezone": "Europe/Berlin", "timer": {"pit": {"tickPolicy": "discard"}, "kvm": {}, "hpet": {"present": false}}}}),
+            &ctx,
+        )
+        .unwrap();
+        let once = plan.clone();
+        lower_clock(&mut plan);
+        assert_eq!(plan, once, "lowering twice changes nothing");
+        plan.clock.offset = ClockOffset::Utc {
+            adjustment: Some(-60),
+        };
+        plan.clock.timers = vec![TimerPlan {
+            name: TimerName::Rtc,
+            present: Some(true),
+            tick_policy: Some(TickPolicy::Catchup),
+            track: Some(TimerTrack::Realtime),
+        }];
+        lower_clock(&mut plan);
+        assert_eq!(
+            (
+                plan.rtc.base.as_str(),
+                plan.rtc.clock,
+                plan.rtc.driftfix,
+                plan.machine.hpet
+            ),
+            ("2026-11-30T23:59:00", Some("rt"), Some("slew"), None)
+        );
+        assert_eq!(plan.env, vec![]);
+        assert_eq!(plan.globals, vec![]);
+        assert_eq!(plan.cpu.flags, vec![]);
+    }
+
+    #[test]
     fn utc_dates_are_civil() {
         assert_eq!(format_utc(0), "1970-01-01T00:00:00");
         assert_eq!(format_utc(951782400), "2000-02-29T00:00:00");
