@@ -350,10 +350,7 @@ fn clock_offset_and_timers_are_rtc_pit_hpet_and_cpu_flags() {
     let (edits, plan) = hooked("clock-offset-timers", clock_hook);
     assert_eq!(edits.len(), 5, "{edits:?}");
     let base = qlauncher_core::cmdline::devices::clock::format_utc(f.ctx.now_unix + 7200);
-    assert_eq!(
-        switches(&plan, "-rtc"),
-        [format!("base={base},clock=host")]
-    );
+    assert_eq!(switches(&plan, "-rtc"), [format!("base={base},clock=host")]);
     assert_eq!(
         switches(&plan, "-global")
             .into_iter()
@@ -442,7 +439,11 @@ fn hyperv_hook(sent: &str) -> String {
 fn hyperv_spinlocks_stimer_vendor_id_and_tlbflush_are_cpu_flags() {
     let f = load("hyperv");
     let before = cpu(&f.plan);
-    for prop in ["hv-spinlocks=0x1fff", "hv-vendor-id=KubeVirt", "hv-stimer-direct=on"] {
+    for prop in [
+        "hv-spinlocks=0x1fff",
+        "hv-vendor-id=KubeVirt",
+        "hv-stimer-direct=on",
+    ] {
         assert!(before.iter().any(|p| p == prop), "{prop} not in {before:?}");
     }
     let (edits, plan) = hooked("hyperv", hyperv_hook);
@@ -481,10 +482,7 @@ fn hooked_clock_and_hyperv_exports_pass_libvirts_schema() {
     use qlauncher_libvirt_xml::libvirt;
     support::ensure_libvirt_tools();
     for (name, answer) in [
-        (
-            "clock-offset-timers",
-            clock_hook as fn(&str) -> String,
-        ),
+        ("clock-offset-timers", clock_hook as fn(&str) -> String),
         ("hyperv", hyperv_hook),
     ] {
         let (_, plan) = hooked(name, answer);

@@ -371,8 +371,10 @@ mod tests {
 
     /// A plan converted from SENT's clock (as the converter makes it), at a fixed time.
     fn plan() -> DomainPlan {
-        let mut plan = DomainPlan::default();
-        plan.accel = Accel::Kvm;
+        let mut plan = DomainPlan {
+            accel: Accel::Kvm,
+            ..Default::default()
+        };
         plan.clock.now_unix = 1796083200;
         apply(
             &diff_answer("<domain type=\"kvm\"><name>ns_vm</name></domain>", SENT).unwrap(),
