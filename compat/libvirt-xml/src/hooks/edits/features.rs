@@ -151,6 +151,10 @@ pub(in crate::hooks) fn take_features(d: &mut Node) -> FeaturesView {
         let names: Vec<&str> = match group.name.as_str() {
             "kvm" => vec!["hidden"],
             "hyperv" => {
+                // libvirt's `mode="custom"` is its default: the listed enlightenments.
+                if group.attrs.get("mode").map(String::as_str) == Some("custom") {
+                    group.attrs.remove("mode");
+                }
                 v.passthrough |= group.attrs.get("mode").map(String::as_str) == Some("passthrough");
                 HYPERV.iter().map(|(n, _)| *n).collect()
             }
@@ -217,12 +221,23 @@ pub(in crate::hooks) fn take_features(d: &mut Node) -> FeaturesView {
     v
 }
 
-/// The edits between the `sent` and `answered` features; `hypervclock` says whether the
-/// answer's clock has the `hypervclock` timer present (libvirt's condition for `stimer`).
+/// The Hyper-V enlightenments that need another one on (libvirt's
+/// `qemuValidateDomainDefHypervFeatures`; QEMU's `kvm_hyperv_expand_features` refuses them
+/// too): (feature, the one it requires).
+pub const HYPERV_REQUIRES: [(&str, &str); 4] = [
+    ("synic", "vpindex"),
+    ("stimer", "synic"),
+    ("tlbflush", "vpindex"),
+    ("ipi", "vpindex"),
+];
+
+/// The edits between the `sent` and `answered` features; `hypervclock` says whether the sent
+/// and the answered clock have the `hypervclock` timer present (libvirt's condition for
+/// `stimer`).
 pub(in crate::hooks) fn diff_features(
     sent: &FeaturesView,
     answered: &FeaturesView,
-    hypervclock: bool,
+    hypervclock: (bool, bool),
 ) -> Result<Vec<HookEdit>, Refusal> {
     let mut edits = Vec::new();
     let keys: std::collections::BTreeSet<&String> =
@@ -275,15 +290,46 @@ pub(in crate::hooks) fn diff_features(
         if a == b {
             continue;
         }
-        edits.push(HookEdit::Feature(value_edit(
-            name,
-            &key,
-            sent,
-            answered,
-            hypervclock,
-        )?));
+        edits.push(HookEdit::Feature(value_edit(name, &key, sent, answered)?));
     }
+    check_requires(sent, answered, hypervclock)?;
     Ok(edits)
+}
+
+/// Refuses an answer whose change breaks a [`HYPERV_REQUIRES`] rule or `stimer`'s need of the
+/// `hypervclock` timer: a rule is checked when the hook changed either side of it (what the VMI
+/// had, KubeVirt's defaults already made consistent).
+fn check_requires(
+    sent: &FeaturesView,
+    answered: &FeaturesView,
+    hypervclock: (bool, bool),
+) -> Result<(), Refusal> {
+    let on = |v: &FeaturesView, f: &str| {
+        v.states.get(&format!("hyperv/{f}")).map(String::as_str) == Some("on")
+    };
+    let changed = |f: &str| on(sent, f) != on(answered, f);
+    let refuse = |f: &str, why: String| {
+        let key = format!("hyperv/{f}");
+        state_refusal(&key, sent.states.get(&key), answered.states.get(&key), &why)
+    };
+    for (f, r) in HYPERV_REQUIRES {
+        if on(answered, f) && !on(answered, r) && (changed(f) || changed(r)) {
+            return Err(refuse(
+                f,
+                format!("'{f}' hyperv feature requires '{r}' feature (libvirt)"),
+            ));
+        }
+    }
+    let (clock_sent, clock_answered) = hypervclock;
+    if on(answered, "stimer") && !clock_answered && (changed("stimer") || clock_sent) {
+        return Err(refuse(
+            "stimer",
+            "'stimer' hyperv feature requires 'hypervclock' timer (libvirt): add <timer \
+             name=\"hypervclock\" present=\"yes\"/> to <clock>"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A refusal of the `state` of feature `key` (`hyperv/relaxed`): absent is off.
@@ -307,7 +353,6 @@ fn value_edit(
     key: &str,
     sent: &FeaturesView,
     answered: &FeaturesView,
-    hypervclock: bool,
 ) -> Result<FeatureEdit, Refusal> {
     let (a, b) = (sent.states.get(key), answered.states.get(key));
     let on = match b.map(String::as_str) {
@@ -388,26 +433,6 @@ fn value_edit(
         }
         "stimer" => {
             let direct = sub("direct")?;
-            if on {
-                let synic = answered.states.get("hyperv/synic").map(String::as_str) == Some("on");
-                if !synic {
-                    return Err(state_refusal(
-                        key,
-                        a,
-                        b,
-                        "'stimer' hyperv feature requires 'synic' (libvirt)",
-                    ));
-                }
-                if !hypervclock {
-                    return Err(state_refusal(
-                        key,
-                        a,
-                        b,
-                        "'stimer' hyperv feature requires 'hypervclock' timer (libvirt): \
-                         add <timer name=\"hypervclock\" present=\"yes\"/> to <clock>",
-                    ));
-                }
-            }
             FeatureEdit::Stimer {
                 on,
                 direct: on && direct,
@@ -564,7 +589,7 @@ mod tests {
         // stimer needs synic and the hypervclock timer (libvirt).
         let stimer = SENT.replace(
             "</hyperv>",
-            "<synic state=\"on\"/><stimer state=\"on\"><direct state=\"on\"/></stimer></hyperv>",
+            "<vpindex state=\"on\"/><synic state=\"on\"/><stimer state=\"on\"><direct state=\"on\"/></stimer></hyperv>",
         );
         let r = diff_answer(SENT, &stimer).unwrap_err();
         assert_eq!(r.path, "domain/features/hyperv/stimer@state", "{r}");
@@ -578,6 +603,7 @@ mod tests {
             flags(&edits),
             [
                 "hv-synic=on",
+                "hv-vpindex=on",
                 "hv-stimer=on",
                 "hv-stimer-direct=on",
                 "hv-time=on"
@@ -618,6 +644,18 @@ mod tests {
                 "domain/features/hyperv/stimer@state",
             ),
             (
+                add("<synic state=\"on\"/>"),
+                "domain/features/hyperv/synic@state",
+            ),
+            (
+                add("<ipi state=\"on\"/>"),
+                "domain/features/hyperv/ipi@state",
+            ),
+            (
+                add("<tlbflush state=\"on\"/>"),
+                "domain/features/hyperv/tlbflush@state",
+            ),
+            (
                 add("<tlbflush state=\"on\"><flush state=\"on\"/></tlbflush>"),
                 "domain/features/hyperv/tlbflush",
             ),
@@ -625,5 +663,15 @@ mod tests {
             let r = diff_answer(SENT, &answer).unwrap_err();
             assert!(r.path.starts_with(path), "{path}: {r}");
         }
+        // A rule is the hook's business only when it changes one of its sides; libvirt's
+        // `mode="custom"` is its default.
+        let sent = add("<synic state=\"on\"/>");
+        let answer = sent
+            .replace("<relaxed state=\"on\">", "<relaxed state=\"off\">")
+            .replace("<hyperv>", "<hyperv mode=\"custom\">");
+        assert_eq!(
+            hook_diff(&sent, &answer).unwrap(),
+            "hyperv hv-relaxed off\n"
+        );
     }
 }

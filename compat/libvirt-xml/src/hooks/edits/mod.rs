@@ -411,7 +411,7 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     edits.extend(diff_features(
         &t0.features,
         &t1.features,
-        t1.clock.hypervclock(),
+        (t0.clock.hypervclock(), t1.clock.hypervclock()),
     )?);
     edits.extend(diff_clock(&t0.clock, &t1.clock)?);
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
