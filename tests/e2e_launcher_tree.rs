@@ -49,6 +49,32 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
             .status()
             .expect("run scripts/assemble-launcher-tree");
     assert!(st.success(), "assemble-launcher-tree failed");
+    // The tree holds the EFI firmware the launcher picks with KubeVirt's `--ovmf-path` (absent
+    // from the tree) and with `qlauncher run`'s default, and no other OVMF build.
+    let ovmf = tree.join("usr/share/OVMF");
+    for kubevirt_dir in ["usr/share/edk2/ovmf", "usr/share/OVMF"] {
+        let efi = qlauncher::storage::detect_efi(&tree.join(kubevirt_dir), &ovmf);
+        for f in [&efi.code, &efi.vars, &efi.secure_code, &efi.secure_vars] {
+            assert!(
+                Path::new(f).is_file(),
+                "{kubevirt_dir}: {f} is not in the tree"
+            );
+        }
+    }
+    let mut shipped: Vec<String> = std::fs::read_dir(&ovmf)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    shipped.sort();
+    assert_eq!(
+        shipped,
+        [
+            "OVMF_CODE_4M.fd",
+            "OVMF_CODE_4M.secboot.fd",
+            "OVMF_VARS_4M.fd",
+            "OVMF_VARS_4M.ms.fd"
+        ]
+    );
     std::fs::create_dir_all(tree.join("guest")).unwrap();
     std::fs::copy(&images.disk_qcow2, tree.join("guest/disk.qcow2")).unwrap();
     std::fs::copy(

@@ -7,7 +7,8 @@
 //! hook set is still what the guest reads before and after, what the target's QEMU runs with and
 //! what the target's domain reports, also after a later sync. The hook's disk I/O limits
 //! (`<iotune>`), which QEMU does not migrate, are set on the target's QEMU before
-//! `migrate-incoming` as libvirt sets them (QEMU refusing them would fail the migration).
+//! `migrate-incoming` as libvirt sets them (QEMU refusing them would fail the migration), and so
+//! is the balloon's stats polling interval; both are read back from the target's QEMU.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -74,6 +75,7 @@ async fn a_hooked_domain_migrates_with_its_edits() {
         .mac;
     let vmi = migrating_vmi(&uid, "mig-hooks", &target.pod_name(), &guest_mac);
 
+    target.operator_qmp = true;
     let t = target.start_launcher_with(&["--hook-sidecars", "1"]);
     let mut tc = target.client(t).await;
     assert_eq!(Rpc::sync_target(&mut tc, &vmi).await, (true, String::new()));
@@ -114,6 +116,21 @@ async fn a_hooked_domain_migrates_with_its_edits() {
             .trim(),
         "Radical Edward"
     );
+    // What QEMU does not migrate, the target's QEMU was given as at a start: the hook's I/O
+    // limits on the root disk and the balloon's stats polling interval.
+    let (block, period) = target_qemu_state(target.operator_qmp_socket()).await;
+    let root = block
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| {
+            b["qdev"]
+                .as_str()
+                .is_some_and(|q| q.contains("ua-rootdisk"))
+        })
+        .unwrap_or_else(|| panic!("no ua-rootdisk in {block}"));
+    assert_eq!(root["inserted"]["iops"], 5000, "{root}");
+    assert_eq!(period, 10);
     // A later sync of the migrated VMI on the target keeps the source's edits.
     assert_eq!(sync(&mut tc, &vmi).await, (true, String::new()));
     let after = get_domain(&mut tc).await.unwrap();
@@ -124,6 +141,27 @@ async fn a_hooked_domain_migrates_with_its_edits() {
     // Called, for its side effects only.
     assert_eq!(target_hook.methods(), ["Info", "OnDefineDomain"]);
     source.wait_launcher(s, Duration::from_secs(60)).await;
+}
+
+/// `query-block` and the balloon's `guest-stats-polling-interval` (seconds) of the QEMU behind
+/// the operator's QMP socket `qmp`.
+async fn target_qemu_state(qmp: std::path::PathBuf) -> (serde_json::Value, i64) {
+    tokio::task::spawn_blocking(move || {
+        let mut qmp = testkit::guest::Qmp::connect(&qmp, Duration::from_secs(10)).unwrap();
+        let block = qmp.execute("query-block", serde_json::json!({})).unwrap();
+        let period = qmp
+            .execute(
+                "qom-get",
+                serde_json::json!({
+                    "path": "/machine/peripheral/balloon0",
+                    "property": "guest-stats-polling-interval",
+                }),
+            )
+            .unwrap();
+        (block, period.as_i64().unwrap())
+    })
+    .await
+    .unwrap()
 }
 
 /// The pod's VEP-190 plugin sidecar `b-board` answering `vendor` as the board vendor, its socket

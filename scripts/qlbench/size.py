@@ -32,12 +32,6 @@ UNUSED_QEMU_LIBS = [
     ("FUSE block export", ["libfuse3.so.3"]),
 ]
 
-# The OVMF files `qlauncher::storage::detect_efi` picks in /usr/share/OVMF on Debian 12 (plain:
-# KubeVirt's OVMF_CODE.fd + OVMF_VARS.fd; secure boot: Debian's 4 MiB SMM build with the
-# Microsoft keys); the symlinks to them stay.
-OVMF_PICKED = {"OVMF_CODE.fd", "OVMF_VARS.fd", "OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.ms.fd"}
-
-
 def du(path):
     """`du -sb` of a path (hard links counted once), in bytes."""
     return int(subprocess.run(["du", "-sb", str(path)], check=True, text=True,
@@ -84,11 +78,6 @@ def image_size(binary=BIN):
         cuts.append(("`virt-launcher` as a link to `qlauncher` (which already runs as virt-launcher "
                      "under that name): not done, the two were split for the launcher's resident "
                      "pages", bins["virt-launcher"]))
-        ovmf = usr / "share" / "OVMF"
-        unpicked = sum(file_size(f) for f in ovmf.iterdir() if f.name not in OVMF_PICKED)
-        unpicked += file_size(usr / "share" / "ovmf" / "OVMF.fd")
-        cuts.append(("OVMF files `detect_efi` never picks (the other 2 MiB/4 MiB builds, the "
-                     "snakeoil vars, /usr/share/ovmf/OVMF.fd)", unpicked))
         for feature, names in UNUSED_QEMU_LIBS:
             cuts.append((f"QEMU built without {feature}",
                          sum(file_size(libdir / n) for n in names)))
@@ -133,6 +122,6 @@ def not_ahead_size(s):
             f"{qemu_libs / 1e6:.1f} MB of libraries for features a KubeVirt VM never uses); "
             "qlauncher's binaries are already built for size (opt-level s, fat LTO, one codegen "
             "unit, stripped). Fix: a QEMU configured for what the launcher drives (as KubeVirt's "
-            "qemu-kvm is a trimmed downstream build), only the OVMF files the launcher picks, and "
-            "`virt-launcher` as a link to `qlauncher` if its memory figure allows.")
+            "qemu-kvm is a trimmed downstream build; the tree already holds only the OVMF files "
+            "the launcher picks), and `virt-launcher` as a link to `qlauncher` if its memory figure allows.")
 

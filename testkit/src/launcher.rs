@@ -132,6 +132,9 @@ pub struct Pod {
     pub received: Received,
     /// KubeVirt's default non-root pod (see the module doc); else a root pod.
     pub nonroot: bool,
+    /// Launchers started from now on add an operator's QMP monitor on
+    /// [`Self::operator_qmp_socket`] (`QLAUNCHER_OPERATOR_QMP`), for tests that read QEMU's state.
+    pub operator_qmp: bool,
     launchers: Vec<Child>,
     _notify_stop: tokio::sync::oneshot::Sender<()>,
 }
@@ -179,6 +182,7 @@ impl Pod {
             net: pod_net(),
             received: Received::default(),
             nonroot,
+            operator_qmp: false,
             launchers: Vec::new(),
             _notify_stop: tokio::sync::oneshot::channel().0,
         };
@@ -195,6 +199,12 @@ impl Pod {
             virt_handler_masquerade(&pod.net);
         }
         pod
+    }
+
+    /// The operator's QMP socket of the pod's QEMU when [`Self::operator_qmp`] is set: in the
+    /// private directory, which the launcher's user may write in a non-root pod.
+    pub fn operator_qmp_socket(&self) -> PathBuf {
+        self.private().join("operator-qmp.sock")
     }
 
     /// The pod's name (`POD_NAME` of its launchers): `virt-launcher-<root's name>`.
@@ -295,6 +305,12 @@ impl Pod {
             command
                 .args(crate::kubelet::launcher_user_argv())
                 .envs(crate::kubelet::compute_user_env(&self.root));
+        }
+        if self.operator_qmp {
+            command.env(
+                qlauncher::sync::launcher::OPERATOR_QMP_ENV,
+                self.operator_qmp_socket(),
+            );
         }
         let child = command
             .arg(crate::qlauncher_bin())

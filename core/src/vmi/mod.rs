@@ -163,6 +163,29 @@ const VMI_HOLDERS: &[(&str, &[&str])] = &[
 ];
 
 impl Vmi {
+    /// True when `vol` is a hotplug volume: a PVC or DataVolume declared `hotpluggable`, or one
+    /// whose `status.volumeStatus` entry has `hotplugVolume` (virt-handler mounts it under the
+    /// hotplug-disks directory; KubeVirt's launcher goes by that status,
+    /// `virtwrap/manager.go generateConverterContext`, and `storage/types IsHotplugVolume` by the
+    /// declaration). The converter and the storage preparation both ask this.
+    pub fn is_hotplug_volume(&self, vol: &Volume) -> bool {
+        let declared = vol
+            .persistent_volume_claim
+            .as_ref()
+            .and_then(|p| p.hotpluggable)
+            .or(vol.data_volume.as_ref().and_then(|d| d.hotpluggable))
+            .unwrap_or(false);
+        declared
+            || self
+                .status
+                .as_ref()
+                .and_then(|s| s.volume_status.as_ref())
+                .is_some_and(|v| {
+                    v.iter()
+                        .any(|s| s.name == vol.name && s.hotplug_volume.is_some())
+                })
+    }
+
     /// Gives a VMI read from a file the UID the API server would have assigned, when it has none:
     /// a name-based UUID (v5, OID namespace) of `<namespace>/<name>`, so the same manifest always
     /// gets the same UID (socket paths and the firmware serial use it). Returns the UID it set, or

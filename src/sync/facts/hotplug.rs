@@ -20,13 +20,7 @@ pub(crate) fn add_hotplug_facts(
 ) -> Result<(), SyncError> {
     let cbt = vmi.status.as_ref().is_some_and(|s| s.cbt_active());
     for vol in vmi.spec.volumes.iter().flatten() {
-        let hotpluggable = vol
-            .persistent_volume_claim
-            .as_ref()
-            .and_then(|p| p.hotpluggable)
-            .or(vol.data_volume.as_ref().and_then(|d| d.hotpluggable))
-            .unwrap_or(false);
-        if !hotpluggable || ctx.volumes.contains_key(&vol.name) {
+        if !vmi.is_hotplug_volume(vol) || ctx.volumes.contains_key(&vol.name) {
             continue;
         }
         storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;

@@ -63,14 +63,11 @@ pub fn prepare(
             ..VolumeFacts::default()
         }));
     }
-    let claim = vol
-        .persistent_volume_claim
-        .as_ref()
-        .map(|p| p.hotpluggable)
-        .or(vol.data_volume.as_ref().map(|d| d.hotpluggable));
-    match claim {
-        None | Some(Some(true)) => return Ok(None),
-        Some(_) => {}
+    // Hotplug volumes are the hotplug facts' (`super::hotplug`), whether declared or by status.
+    if (vol.persistent_volume_claim.is_none() && vol.data_volume.is_none())
+        || vmi.is_hotplug_volume(vol)
+    {
+        return Ok(None);
     }
     let device = Path::new(&paths.dev).join(&vol.name);
     storage::validate_volume_name(&vol.name).map_err(SyncError::Storage)?;
@@ -221,6 +218,22 @@ mod tests {
                 ..VolumeFacts::default()
             }))
         );
+    }
+
+    #[test]
+    fn a_pvc_hotplugged_by_status_alone_is_left_to_the_hotplug_facts() {
+        // virt-handler's status says hotplug although the spec does not declare it: the
+        // converter takes it as hotplug, so no boot disk.img may be made or demanded for it.
+        let dir = tempfile::tempdir().unwrap();
+        let v = vmi(
+            serde_json::json!([{"name": "hp", "persistentVolumeClaim": {"claimName": "c"}}]),
+            serde_json::json!({"volumeStatus": [{"name": "hp", "target": "sda",
+                "phase": "MountedToPod", "hotplugVolume": {},
+                "persistentVolumeClaimInfo": {"capacity": {"storage": "8Mi"}}}]}),
+        );
+        assert!(v.is_hotplug_volume(&v.spec.volumes.as_ref().unwrap()[0]));
+        assert_eq!(prepare_all(&v, &roots(dir.path())), vec![Ok(None)]);
+        assert!(!dir.path().join("private/vmi-disks/hp").exists());
     }
 
     #[test]

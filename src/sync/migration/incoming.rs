@@ -335,12 +335,12 @@ impl MigrationCtx {
                 return Err(peer(&e));
             }
         }
-        // A disk's I/O limits are no device state: QEMU does not migrate them, and libvirt sets
-        // them on the target's QEMU as at a start (`qemuProcessSetupDiskThrottling`).
+        // The plan's start-up commands are no device state QEMU migrates: a disk's I/O limits,
+        // the balloon's stats polling interval and the links set down. libvirt issues them on
+        // the target's QEMU as at a start (`qemuProcessLaunch`: `qemuProcessSetupBalloon`,
+        // `qemuProcessSetLinkStates`, `qemuProcessSetupDiskThrottling`), before the stream.
         for step in &prepared.qmp_plan.startup {
-            if let crate::cmdline::render::QmpCommand::BlockSetIoThrottle(_) = step {
-                client.run(step).await.map_err(MigrationError::Qmp)?;
-            }
+            client.run(step).await.map_err(MigrationError::Qmp)?;
         }
         let Some(total) = memory_total else {
             return Ok(());

@@ -222,13 +222,7 @@ pub(super) fn hotplug_state(vmi: &Vmi, vol: &Volume) -> (bool, bool) {
         .as_ref()
         .and_then(|s| s.volume_status.as_ref())
         .and_then(|v| v.iter().find(|s| s.name == vol.name));
-    let declared = vol
-        .persistent_volume_claim
-        .as_ref()
-        .and_then(|p| p.hotpluggable)
-        .or(vol.data_volume.as_ref().and_then(|d| d.hotpluggable))
-        .unwrap_or(false);
-    let is_hotplug = declared || status.is_some_and(|s| s.hotplug_volume.is_some());
+    let is_hotplug = vmi.is_hotplug_volume(vol);
     let ready = status
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|p| p == "MountedToPod" || p == "Ready");
