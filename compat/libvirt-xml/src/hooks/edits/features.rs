@@ -233,11 +233,12 @@ pub const HYPERV_REQUIRES: [(&str, &str); 4] = [
 
 /// The edits between the `sent` and `answered` features; `hypervclock` says whether the sent
 /// and the answered clock have the `hypervclock` timer present (libvirt's condition for
-/// `stimer`).
+/// `stimer`); `tcg`, whether QEMU runs without KVM (it then takes no `hv-vpindex`).
 pub(in crate::hooks) fn diff_features(
     sent: &FeaturesView,
     answered: &FeaturesView,
     hypervclock: (bool, bool),
+    tcg: bool,
 ) -> Result<Vec<HookEdit>, Refusal> {
     let mut edits = Vec::new();
     let keys: std::collections::BTreeSet<&String> =
@@ -292,7 +293,7 @@ pub(in crate::hooks) fn diff_features(
         }
         edits.push(HookEdit::Feature(value_edit(name, &key, sent, answered)?));
     }
-    check_requires(sent, answered, hypervclock)?;
+    check_requires(sent, answered, hypervclock, tcg)?;
     Ok(edits)
 }
 
@@ -303,6 +304,7 @@ fn check_requires(
     sent: &FeaturesView,
     answered: &FeaturesView,
     hypervclock: (bool, bool),
+    tcg: bool,
 ) -> Result<(), Refusal> {
     let on = |v: &FeaturesView, f: &str| {
         v.states.get(&format!("hyperv/{f}")).map(String::as_str) == Some("on")
@@ -312,6 +314,14 @@ fn check_requires(
         let key = format!("hyperv/{f}");
         state_refusal(&key, sent.states.get(&key), answered.states.get(&key), &why)
     };
+    if tcg && on(answered, "vpindex") && changed("vpindex") {
+        return Err(refuse(
+            "vpindex",
+            "QEMU without KVM takes no hv-vpindex (\"kernel doesn't allow setting HyperV \
+             VP_INDEX\"); synic, stimer, tlbflush and ipi need it"
+                .into(),
+        ));
+    }
     for (f, r) in HYPERV_REQUIRES {
         if on(answered, f) && !on(answered, r) && (changed(f) || changed(r)) {
             return Err(refuse(
@@ -663,6 +673,14 @@ mod tests {
             let r = diff_answer(SENT, &answer).unwrap_err();
             assert!(r.path.starts_with(path), "{path}: {r}");
         }
+        // Under TCG QEMU takes no hv-vpindex.
+        let tcg = SENT.replace("type=\"kvm\"", "type=\"qemu\"");
+        let r = diff_answer(
+            &tcg,
+            &add("<vpindex state=\"on\"/>").replace("type=\"kvm\"", "type=\"qemu\""),
+        )
+        .unwrap_err();
+        assert_eq!(r.path, "domain/features/hyperv/vpindex@state", "{r}");
         // A rule is the hook's business only when it changes one of its sides; libvirt's
         // `mode="custom"` is its default.
         let sent = add("<synic state=\"on\"/>");

@@ -408,10 +408,13 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     }
     edits.extend(diff_disks(&t0.disks, &t1.disks)?);
     edits.extend(diff_nics(&t0.nics, &t1.nics)?);
+    // KubeVirt's domain type `qemu` is TCG (`DomainPlan::accel`).
+    let tcg = before.attrs.get("type").map(String::as_str) == Some("qemu");
     edits.extend(diff_features(
         &t0.features,
         &t1.features,
         (t0.clock.hypervclock(), t1.clock.hypervclock()),
+        tcg,
     )?);
     edits.extend(diff_clock(&t0.clock, &t1.clock)?);
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
