@@ -248,6 +248,31 @@ fn hook_xml_and_hook_diff_check_a_hook_without_a_cluster() {
     let (ok, out, _) = qlauncher(&["hook-diff", &b, &b]);
     assert!(ok);
     assert_eq!(out, "no change\n");
+    // A clock and Hyper-V hook: the tier-2 clock and feature edits, one a line.
+    let clocked = before.replacen(
+        "\t<features>",
+        "\t<clock offset=\"utc\" adjustment=\"3600\"><timer name=\"hpet\" present=\"no\"/></clock>\n\
+         \t<features><hyperv><spinlocks state=\"on\" retries=\"8191\"/>\
+         <vendor_id state=\"on\" value=\"MyVendor\"/></hyperv>",
+        1,
+    );
+    let (ok, out, err) = qlauncher(&["hook-diff", &b, &write("clock.xml", &clocked)]);
+    assert!(ok, "{out}{err}");
+    assert_eq!(
+        out,
+        "hyperv hv-spinlocks retries=8191\nhyperv hv-vendor-id \"MyVendor\"\n\
+         clock offset utc adjustment=3600\nclock timer hpet present=no tickpolicy=- track=-\n"
+    );
+    let (ok, out, _) = qlauncher(&[
+        "hook-diff",
+        &b,
+        &write("vendor.xml", &clocked.replace("MyVendor", "My,Vendor")),
+    ]);
+    assert!(!ok);
+    assert!(
+        out.starts_with("refused: domain/features/hyperv/vendor_id@value: "),
+        "{out}"
+    );
     let renamed = before.replace("<name>demo_basic</name>", "<name>x</name>");
     let (ok, out, _) = qlauncher(&["hook-diff", &b, &write("bad.xml", &renamed)]);
     assert!(!ok);

@@ -477,11 +477,14 @@ fn virtiofs_filesystems_connect_to_real_virtiofsd() {
 /// A hook's tier-2 NIC and disk edits (`compat/libvirt-xml/src/hooks/edits/`) as QEMU 7.2 takes
 /// them: the NIC's MTU, queue sizes and ROM read back with `qom-get`, the disk's `<iotune>`
 /// through the QMP plan's `block_set_io_throttle` read back with `query-block`, the features'
-/// `kvm=off` and `hv-relaxed` with `qom-get` of the vCPU.
+/// `kvm=off`, `hv-relaxed`, spinlocks, vendor id, stimer and TLB flush with `qom-get` of the
+/// vCPU, and the clock's shifted RTC start (`rtc-time`) and HPET off (`hpet`) with `qom-get` of
+/// the machine.
 #[test]
 fn qemu_takes_hooked_nic_and_disk_properties() {
+    use qlauncher::cmdline::plan::{ClockOffset, TimerName, TimerPlan};
     use qlauncher::cmdline::qemu::IoThrottle;
-    use qlauncher_libvirt_xml::hooks::{self, DiskEdit, FeatureEdit, HookEdit, NicEdit};
+    use qlauncher_libvirt_xml::hooks::{self, ClockEdit, DiskEdit, FeatureEdit, HookEdit, NicEdit};
     let (name, vmi, facts) = testkit::cmdline::fixtures()
         .into_iter()
         .find(|(n, _, _)| n == "basic")
@@ -532,6 +535,38 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
                 flag: "hv-relaxed",
                 on: true,
             }),
+            HookEdit::Feature(FeatureEdit::Spinlocks(Some(8191))),
+            HookEdit::Feature(FeatureEdit::VendorId(Some("MyVendor".into()))),
+            HookEdit::Feature(FeatureEdit::Stimer {
+                on: true,
+                direct: true,
+            }),
+            HookEdit::Feature(FeatureEdit::TlbFlush {
+                on: true,
+                direct: true,
+                extended: true,
+            }),
+            HookEdit::Clock(ClockEdit::Offset(ClockOffset::Utc {
+                adjustment: Some(7200),
+            })),
+            HookEdit::Clock(ClockEdit::Timer {
+                name: TimerName::Hpet,
+                timer: Some(TimerPlan {
+                    name: TimerName::Hpet,
+                    present: Some(false),
+                    tick_policy: None,
+                    track: None,
+                }),
+            }),
+            HookEdit::Clock(ClockEdit::Timer {
+                name: TimerName::Hypervclock,
+                timer: Some(TimerPlan {
+                    name: TimerName::Hypervclock,
+                    present: Some(true),
+                    tick_policy: None,
+                    track: None,
+                }),
+            }),
         ],
         &mut plan,
     );
@@ -569,9 +604,54 @@ fn qemu_takes_hooked_nic_and_disk_properties() {
     );
     let cpus = qmp.cmd("query-cpus-fast", json!({}));
     let vcpu = cpus[0]["qom-path"].as_str().expect("a vCPU").to_string();
-    let got = ["kvm", "hv-relaxed"]
-        .map(|p| qmp.cmd("qom-get", json!({"path": vcpu.clone(), "property": p})));
-    assert_eq!(got, [json!(false), json!(true)]);
+    let got = [
+        "kvm",
+        "hv-relaxed",
+        "hv-spinlocks",
+        "hv-vendor-id",
+        "hv-stimer",
+        "hv-stimer-direct",
+        "hv-tlbflush",
+        "hv-tlbflush-direct",
+        "hv-tlbflush-ext",
+        "hv-time",
+    ]
+    .map(|p| qmp.cmd("qom-get", json!({"path": vcpu.clone(), "property": p})));
+    assert_eq!(
+        got,
+        [
+            json!(false),
+            json!(true),
+            json!(8191),
+            json!("MyVendor"),
+            json!(true),
+            json!(true),
+            json!(true),
+            json!(true),
+            json!(true),
+            json!(true)
+        ]
+    );
+    // The hooked clock: the RTC starts two hours after the plan's time, HPET is gone.
+    let tm = qmp.cmd(
+        "qom-get",
+        json!({"path": "/machine", "property": "rtc-time"}),
+    );
+    let base = qlauncher::cmdline::devices::clock::format_utc(plan.clock.now_unix + 7200);
+    let rtc = format!(
+        "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}",
+        tm["tm_year"].as_i64().unwrap() + 1900,
+        tm["tm_mon"].as_i64().unwrap() + 1,
+        tm["tm_mday"].as_i64().unwrap(),
+        tm["tm_hour"].as_i64().unwrap(),
+        tm["tm_min"].as_i64().unwrap(),
+        tm["tm_sec"].as_i64().unwrap()
+    );
+    assert_eq!(rtc, base);
+    assert_eq!(
+        qmp.cmd("qom-get", json!({"path": "/machine", "property": "hpet"})),
+        json!(false)
+    );
     for step in &render::qmp_plan(&plan).startup {
         let step = json(step);
         if step["execute"] == "block_set_io_throttle" {

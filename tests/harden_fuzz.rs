@@ -529,6 +529,10 @@ const HOOK_TOKENS: &[&[u8]] = &[
     b"<entry name=\"uuid\">u</entry>",
     b"<oemStrings><entry>o</entry></oemStrings>",
     b"<smbios mode=\"host\"/>",
+    b"<timer name=\"rtc\" tickpolicy=\"catchup\" track=\"guest\"/>",
+    b"<timer name=\"pit\" tickpolicy=\"discard\"/>",
+    b" adjustment=\"-3600\"",
+    b"<vendor_id state=\"on\" value=\"a=b\"/>",
     b"</sysinfo>",
     b"/>",
     b"\"",
@@ -550,6 +554,7 @@ fn hook_answer_seeds_are_edits_and_a_refusal() {
     assert_eq!(diff(&seeds[1]).unwrap().len(), 1);
     assert_eq!(diff(&seeds[2]).unwrap().len(), 2);
     assert_eq!(diff(&seeds[3]).unwrap_err().path, "domain/name#text");
+    assert_eq!(diff(&seeds[4]).unwrap().len(), 3);
     for s in &seeds {
         fuzz::hook_answer(s);
     }

@@ -8,7 +8,8 @@
 //! what the target's domain reports, also after a later sync. The hook's disk I/O limits
 //! (`<iotune>`), which QEMU does not migrate, are set on the target's QEMU before
 //! `migrate-incoming` as libvirt sets them (QEMU refusing them would fail the migration), and so
-//! is the balloon's stats polling interval; both are read back from the target's QEMU.
+//! is the balloon's stats polling interval; both are read back from the target's QEMU. The
+//! hook's shifted RTC (`<clock adjustment>`) starts the target from the source's date.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -29,13 +30,22 @@ const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(240);
 const VENDOR: &str = "cat /sys/class/dmi/id/board_vendor";
 
-/// KubeVirt's e2e SMBIOS edit and I/O limits on the root disk.
+/// KubeVirt's e2e SMBIOS edit, I/O limits on the root disk, and an RTC a day ahead that
+/// catches up (`-rtc base=<date>,driftfix=slew`: each launcher computes the date from its own
+/// time, the target takes the source's).
 fn source_edit(xml: &str) -> String {
-    kubevirt_e2e_smbios(xml).replacen(
-        "<alias name=\"ua-rootdisk\"></alias>",
-        "<iotune><total_iops_sec>5000</total_iops_sec></iotune><alias name=\"ua-rootdisk\"></alias>",
-        1,
-    )
+    kubevirt_e2e_smbios(xml)
+        .replacen(
+            "<alias name=\"ua-rootdisk\"></alias>",
+            "<iotune><total_iops_sec>5000</total_iops_sec></iotune><alias name=\"ua-rootdisk\"></alias>",
+            1,
+        )
+        .replacen(
+            "\t<features>",
+            "\t<clock offset=\"utc\" adjustment=\"86400\"><timer name=\"rtc\" tickpolicy=\"catchup\">\
+             </timer></clock>\n\t<features>",
+            1,
+        )
 }
 
 /// The pod's sidecar, its socket open to the launcher's user (in a pod the sidecar runs as 107
@@ -110,6 +120,16 @@ async fn a_hooked_domain_migrates_with_its_edits() {
             .any(|w| w.starts_with("type=2,") && w.contains("manufacturer=Radical Edward")),
         "{argv:?}"
     );
+    // The hooked clock: a start date (not base=utc) that catches up.
+    let rtc: Vec<&str> = argv
+        .split('\0')
+        .skip_while(|w| *w != "-rtc")
+        .take(2)
+        .collect();
+    assert!(
+        rtc.len() == 2 && !rtc[1].starts_with("base=utc") && rtc[1].ends_with(",driftfix=slew"),
+        "{rtc:?}"
+    );
     assert_eq!(
         exec_until_ok(&mut tc, VENDOR, Duration::from_secs(30))
             .await
@@ -137,6 +157,8 @@ async fn a_hooked_domain_migrates_with_its_edits() {
     let sysinfo = serde_json::to_value(&after.spec).unwrap()["SysInfo"].to_string();
     assert!(sysinfo.contains("Radical Edward"), "{sysinfo}");
     assert!(!sysinfo.contains("Target Pod"), "{sysinfo}");
+    let clock = serde_json::to_value(&after.spec).unwrap()["Clock"].to_string();
+    assert!(clock.contains("86400"), "{clock}");
     assert_eq!(source_hook.methods(), ["Info", "OnDefineDomain"]);
     // Called, for its side effects only.
     assert_eq!(target_hook.methods(), ["Info", "OnDefineDomain"]);

@@ -10,6 +10,10 @@
 //!   QEMU's virtio-blk device holds them (`qom-get`) and the guest reads the serial
 //!   (`/sys/block/vda/serial`); its `<iotune>` limits (`query-block`) and a SCSI disk's `<wwn>`
 //!   (`qom-get` of scsi-hd);
+//! - a clock and Hyper-V hook: the RTC starts three days ahead (QEMU's `rtc-time`, the guest's
+//!   `/sys/class/rtc/rtc0/since_epoch`), HPET is gone (QEMU's machine `hpet`, no `PNP0103` among
+//!   the guest's ACPI devices), the vCPU holds the hooked spinlock retries and vendor id
+//!   (`qom-get`), and GetDomain shows the clock's adjustment;
 //! - a hook that changes what qlauncher cannot take (a disk's driver name) fails the sync with
 //!   the sidecar's socket and the element path, and no QEMU starts.
 //!
@@ -27,6 +31,19 @@ use testkit::handler::{self, get_domain};
 use testkit::hook_sidecar::{kubevirt_e2e_smbios, FakeSidecar, Script};
 use testkit::in_process::{InProcess, LauncherRoot};
 use testkit::migration::exec_in;
+
+/// The RTC shift the hook sets (libvirt's `<clock offset="utc" adjustment>`): three days.
+const RTC_SHIFT: i64 = 3 * 86400;
+
+/// The hook's `<clock>` (the VMI has none): the RTC three days ahead, no HPET.
+const CLOCK: &str = "<clock offset=\"utc\" adjustment=\"259200\">\
+    <timer name=\"hpet\" present=\"no\"></timer></clock>";
+
+/// The hook's Hyper-V enlightenments with values (the VMI has none). Under TCG QEMU takes no
+/// `hv-vpindex` ("kernel doesn't allow setting HyperV VP_INDEX"), which `tlbflush`, `synic` and
+/// `stimer` need: those are read back in `cmdline_qemu_acceptance`.
+const HYPERV: &str = "<hyperv><spinlocks state=\"on\" retries=\"8191\"></spinlocks>\
+    <vendor_id state=\"on\" value=\"QLauncherHv\"></vendor_id></hyperv>";
 
 /// The root disk's serial the hook sets.
 const DISK_SERIAL: &str = "hooked-disk-1";
@@ -76,9 +93,9 @@ async fn root_with_sidecar(uid: &str, script: Script) -> (LauncherRoot, FakeSide
     (root, sidecar)
 }
 
-/// KubeVirt's e2e SMBIOS edit ([`kubevirt_e2e_smbios`]), plus a system serial and the first
-/// disk's (the root disk's) driver and serial (cache mode, error policies, queues), all as text
-/// edits of the domain XML.
+/// KubeVirt's e2e SMBIOS edit ([`kubevirt_e2e_smbios`]), plus a system serial, the first
+/// disk's (the root disk's) driver and serial (cache mode, error policies, queues), a
+/// `<clock>` ([`CLOCK`]) and Hyper-V values ([`HYPERV`]), all as text edits of the domain XML.
 fn smbios_hook(xml: &str) -> String {
     let xml = match xml.split_once("<driver cache=\"") {
         Some((head, rest)) => {
@@ -103,6 +120,11 @@ fn smbios_hook(xml: &str) -> String {
             "<wwn>0x5000C50015EA71AC</wwn><alias name=\"ua-scratch\"></alias>",
             1,
         );
+    let xml = xml.replacen(
+        "\t<features>",
+        &format!("\t{CLOCK}\n\t<features>{HYPERV}"),
+        1,
+    );
     kubevirt_e2e_smbios(&xml).replacen(
         "<system>",
         "<system>\n\t\t\t<entry name=\"serial\">hooked-serial-1</entry>",
@@ -280,10 +302,53 @@ async fn smbios() {
         ],
         "{inserted}"
     );
+    // The hooked clock and Hyper-V values as QEMU holds them: the RTC's start (`rtc-time` of
+    // the machine, from `-rtc base=<now + 3 days>`), HPET off, the vCPU's `hv-*` properties.
+    let qmp_socket = root.path().join("operator-qmp.sock");
+    let (rtc, hpet, hv) = tokio::task::spawn_blocking(move || {
+        let mut qmp = guest::Qmp::connect(&qmp_socket, Duration::from_secs(10)).unwrap();
+        let rtc = qmp
+            .execute(
+                "qom-get",
+                json!({"path": "/machine", "property": "rtc-time"}),
+            )
+            .unwrap();
+        let hpet = qmp
+            .execute("qom-get", json!({"path": "/machine", "property": "hpet"}))
+            .unwrap();
+        let cpus = qmp.execute("query-cpus-fast", json!({})).unwrap();
+        let vcpu = cpus[0]["qom-path"].as_str().expect("a vCPU").to_string();
+        let hv = ["hv-spinlocks", "hv-vendor-id"].map(|p| {
+            qmp.execute("qom-get", json!({"path": vcpu.clone(), "property": p}))
+                .unwrap()
+        });
+        (rtc, hpet, hv)
+    })
+    .await
+    .unwrap();
+    assert_eq!(hpet, json!(false));
+    assert_eq!(hv, [json!(8191), json!("QLauncherHv")]);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let rtc_year = rtc["tm_year"].as_i64().unwrap() + 1900;
+    let shifted = qlauncher::cmdline::devices::clock::format_utc(now + RTC_SHIFT);
+    assert!(
+        shifted.starts_with(&rtc_year.to_string()),
+        "rtc-time {rtc}, expected about {shifted}"
+    );
+    assert!(
+        spec["Clock"].to_string().contains("259200"),
+        "{}",
+        spec["Clock"]
+    );
+
     let serial = private.join(&uid).join("virt-serial0-log");
     wait_log_marker(&serial, "QLG: agent ready", guest::BOOT_TIMEOUT).await;
     let read = "cat /sys/class/dmi/id/board_vendor /sys/class/dmi/id/product_serial; \
-                echo \"vda=$(cat /sys/block/vda/serial)\"";
+                echo \"vda=$(cat /sys/block/vda/serial)\"; cat /sys/class/rtc/rtc0/since_epoch; \
+                echo $(ls /sys/bus/acpi/devices)";
     let mut out = None;
     for _ in 0..100 {
         if let Some((0, text)) = exec_in(&mut client, "default_hooked", read).await {
@@ -293,12 +358,29 @@ async fn smbios() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let out = out.expect("the guest agent answers");
+    let lines: Vec<&str> = out.lines().collect();
     assert_eq!(
-        out.lines().collect::<Vec<_>>(),
+        lines[..3],
         [
             "Radical Edward",
             "hooked-serial-1",
             &format!("vda={DISK_SERIAL}")
         ]
+    );
+    // The guest's RTC runs three days ahead of the host (within the boot's hour); its ACPI
+    // tables have the CMOS RTC (PNP0B00) and no HPET (PNP0103).
+    let since_epoch: i64 = lines[3].trim().parse().expect("rtc0 since_epoch");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    assert!(
+        (since_epoch - (now + RTC_SHIFT)).abs() < 3600,
+        "guest RTC {since_epoch}, host {now}"
+    );
+    let acpi = lines[4];
+    assert!(
+        acpi.contains("PNP0B00") && !acpi.contains("PNP0103"),
+        "{acpi}"
     );
 }

@@ -889,8 +889,18 @@ pub fn hook_answer(data: &[u8]) {
             let ours: Vec<&String> = argv[..start].iter().chain(&argv[sandbox..]).collect();
             let mut i = 0;
             while i < ours.len() {
-                if ours[i] == "-smbios" {
+                // SMBIOS tables, and the words the tier-2 features and clock rows change (the
+                // -cpu flags, -rtc, the HPET machine option, the kvm-pit global, -no-hpet).
+                let kvm_pit = ours[i] == "-global"
+                    && ours
+                        .get(i + 1)
+                        .is_some_and(|w| w.contains("driver=kvm-pit,"));
+                if ["-smbios", "-cpu", "-rtc", "-machine"].contains(&ours[i].as_str()) || kvm_pit {
                     i += 2;
+                    continue;
+                }
+                if ours[i] == "-no-hpet" {
+                    i += 1;
                     continue;
                 }
                 let word = without_cache(ours[i]);
@@ -902,8 +912,8 @@ pub fn hook_answer(data: &[u8]) {
 }
 
 /// Seeds of [`hook_answer`]: the hook input itself (no change), KubeVirt's e2e `sed` on
-/// `<baseBoard></baseBoard>`, an added `<qemu:commandline>` with an ElementTree prefix, and a
-/// refused change.
+/// `<baseBoard></baseBoard>`, an added `<qemu:commandline>` with an ElementTree prefix, a
+/// refused change, and an added `<clock>` (a shifted RTC, no HPET) with Hyper-V spinlocks.
 pub fn hook_seeds() -> Vec<Vec<u8>> {
     let sent = local_hook_input();
     let sed = sent.replace(
@@ -920,7 +930,13 @@ pub fn hook_seeds() -> Vec<Vec<u8>> {
             "<ns0:commandline><ns0:arg value=\"-device\"/><ns0:arg value=\"isa-debugcon,iobase=0x402\"/><ns0:env name=\"G_MESSAGES_DEBUG\" value=\"all\"/></ns0:commandline></domain>",
         );
     let refused = sent.replace("<name>", "<name>x");
-    [sent.to_owned(), sed, args, refused]
+    let clock = sent.replacen(
+        "\t<features>",
+        "\t<clock offset=\"utc\" adjustment=\"60\"><timer name=\"hpet\" present=\"no\"></timer></clock>\n\
+         \t<features><hyperv><spinlocks state=\"on\" retries=\"8191\"></spinlocks></hyperv>",
+        1,
+    );
+    [sent.to_owned(), sed, args, refused, clock]
         .into_iter()
         .map(String::into_bytes)
         .collect()

@@ -253,12 +253,36 @@ impl Drop for EmbedRoot {
 /// know yet, as (element, attribute): removed by [`for_libvirt9`] before validating here.
 pub const NEWER_THAN_LIBVIRT9: &[(&str, &str)] = &[("blockio", "discard_granularity")];
 
+/// Children KubeVirt v1.9 (libvirt 11.10) writes that Debian 12's libvirt 9.0 schema does not
+/// know yet, as (parent, child): removed by [`for_libvirt9`] before validating here (the
+/// Hyper-V TLB flush's `direct` and `extended`, `hv-tlbflush-direct`/`-ext`).
+pub const NEWER_CHILDREN_THAN_LIBVIRT9: &[(&str, &str)] =
+    &[("tlbflush", "direct"), ("tlbflush", "extended")];
+
 /// `xml` adapted to Debian 12's libvirt 9.0, for its schema check and domxml-to-native: without
-/// the [`NEWER_THAN_LIBVIRT9`] attributes, and `<maxMemory slots="0">` (virtio-mem only, which
+/// the [`NEWER_THAN_LIBVIRT9`] attributes and [`NEWER_CHILDREN_THAN_LIBVIRT9`] elements (one a
+/// line, as [`crate::to_xml`] writes them), and `<maxMemory slots="0">` (virtio-mem only, which
 /// libvirt 11 accepts) as `slots="1"` (libvirt 9.0 insists on DIMM slots).
 pub fn for_libvirt9(xml: &str) -> String {
     let mut out = String::with_capacity(xml.len());
+    let mut parent: Option<&str> = None;
     for line in xml.split_inclusive('\n') {
+        let trimmed = line.trim_start();
+        if let Some(p) = parent {
+            if trimmed.starts_with(&format!("</{p}>")) {
+                parent = None;
+            } else if NEWER_CHILDREN_THAN_LIBVIRT9
+                .iter()
+                .any(|(q, c)| *q == p && trimmed.starts_with(&format!("<{c} ")))
+            {
+                continue;
+            }
+        }
+        if let Some((p, _)) = NEWER_CHILDREN_THAN_LIBVIRT9.iter().find(|(p, _)| {
+            trimmed.starts_with(&format!("<{p} ")) && !trimmed.trim_end().ends_with("/>")
+        }) {
+            parent = Some(p);
+        }
         let mut line = line.to_string();
         if line.trim_start().starts_with("<maxMemory ") {
             line = line.replace(" slots=\"0\"", " slots=\"1\"");

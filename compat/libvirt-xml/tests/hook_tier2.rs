@@ -5,7 +5,10 @@
 //! nothing.
 //!
 //! Rows: a disk's `driver@error_policy`/`@rerror_policy`, `@queues`, `<serial>` (virtio-blk),
-//! `<iotune>` (`block_set_io_throttle` before the guest runs), `<wwn>` (scsi-hd).
+//! `<iotune>` (`block_set_io_throttle` before the guest runs), `<wwn>` (scsi-hd); an interface's
+//! MTU, queue sizes, ROM and model; `<features>` as `-cpu` flags (KVM hidden, Hyper-V on/off
+//! states, spinlocks, stimer, vendor id, TLB flush); `<clock>` offset and timers (`-rtc`, the
+//! `kvm-pit` global, HPET on QEMU 7.2 and 10, `kvmclock`/`hv-time`, `TZ`).
 
 mod support;
 
@@ -282,6 +285,205 @@ fn hooked_exports_pass_libvirts_schema() {
                 )
             }),
         ),
+    ] {
+        let (_, plan) = hooked(name, answer);
+        let f = load(name);
+        let xml = qlauncher_libvirt_xml::to_xml(&export(&f.vmi, &f.ctx, &plan).unwrap()).unwrap();
+        if let Err(e) = libvirt::validate(&libvirt::for_libvirt9(&xml)) {
+            panic!("{name}: {e}\n{xml}");
+        }
+    }
+}
+
+/// The `-cpu` value of the plan's argv.
+fn cpu(plan: &DomainPlan) -> Vec<String> {
+    render::argv(plan)
+        .windows(2)
+        .find(|w| w[0] == "-cpu")
+        .map(|w| w[1].split(',').map(str::to_string).collect())
+        .unwrap()
+}
+
+/// The value after each `switch` in the plan's argv.
+fn switches(plan: &DomainPlan, switch: &str) -> Vec<String> {
+    render::argv(plan)
+        .windows(2)
+        .filter(|w| w[0] == switch)
+        .map(|w| w[1].clone())
+        .collect()
+}
+
+/// Whether the plan's argv turns HPET off (`-no-hpet` on QEMU 7.2, `hpet=off` on 8 and later).
+fn hpet_off(plan: &DomainPlan) -> bool {
+    render::argv(plan)
+        .iter()
+        .any(|a| a == "-no-hpet" || a.split(',').any(|p| p == "hpet=off"))
+}
+
+/// The clock-offset-timers fixture's clock as a hook changes it: the shift, the RTC's tick
+/// policy and track, the PIT's tick policy, HPET back on, kvmclock off.
+fn clock_hook(sent: &str) -> String {
+    sent.replacen("adjustment=\"3600\"", "adjustment=\"7200\"", 1)
+        .replacen(
+            "<timer name=\"pit\" tickpolicy=\"delay\"",
+            "<timer name=\"pit\" tickpolicy=\"discard\"",
+            1,
+        )
+        .replacen("tickpolicy=\"catchup\"", "tickpolicy=\"delay\"", 1)
+        .replacen("track=\"guest\"", "track=\"wall\"", 1)
+        .replacen(
+            "<timer name=\"hpet\" present=\"no\">",
+            "<timer name=\"hpet\" present=\"yes\">",
+            1,
+        )
+        .replacen(
+            "<timer name=\"kvmclock\" present=\"yes\">",
+            "<timer name=\"kvmclock\" present=\"no\">",
+            1,
+        )
+}
+
+#[test]
+fn clock_offset_and_timers_are_rtc_pit_hpet_and_cpu_flags() {
+    let f = load("clock-offset-timers");
+    assert!(hpet_off(&f.plan));
+    let (edits, plan) = hooked("clock-offset-timers", clock_hook);
+    assert_eq!(edits.len(), 5, "{edits:?}");
+    let base = qlauncher_core::cmdline::devices::clock::format_utc(f.ctx.now_unix + 7200);
+    assert_eq!(switches(&plan, "-rtc"), [format!("base={base},clock=host")]);
+    assert_eq!(
+        switches(&plan, "-global")
+            .into_iter()
+            .filter(|g| g.contains("kvm-pit"))
+            .collect::<Vec<_>>(),
+        ["driver=kvm-pit,property=lost_tick_policy,value=discard"]
+    );
+    assert!(!hpet_off(&plan));
+    let cpu = cpu(&plan);
+    for prop in ["kvmclock=off", "hv-time=on"] {
+        assert!(cpu.iter().any(|p| p == prop), "{prop} not in -cpu {cpu:?}");
+    }
+}
+
+#[test]
+fn a_hooked_hpet_is_no_hpet_on_qemu_7_2_and_a_machine_option_on_10() {
+    // The VMI turns HPET off; the hook turns it on again, on either QEMU.
+    for (name, off) in [("acpi-off", "-no-hpet"), ("acpi-off-qemu10", "hpet=off")] {
+        let f = load(name);
+        let has = |plan: &DomainPlan| {
+            render::argv(plan)
+                .iter()
+                .any(|a| a == off || a.split(',').any(|p| p == off))
+        };
+        assert!(has(&f.plan), "{name}: no {off}");
+        let (edits, plan) = hooked(name, |sent| {
+            sent.replacen(
+                "<timer name=\"hpet\" present=\"no\">",
+                "<timer name=\"hpet\" present=\"yes\">",
+                1,
+            )
+        });
+        assert_eq!(edits.len(), 1, "{edits:?}");
+        assert!(!has(&plan), "{name}: {off} left");
+    }
+    // A domain without a <clock> gets one from the hook.
+    let (edits, plan) = hooked("basic", |sent| {
+        sent.replacen(
+            "\t<features>",
+            "\t<clock offset=\"utc\"><timer name=\"hpet\" present=\"no\"></timer></clock>\n\t<features>",
+            1,
+        )
+    });
+    assert_eq!(edits.len(), 1, "{edits:?}");
+    assert!(hpet_off(&plan));
+}
+
+#[test]
+fn a_hooked_time_zone_is_qemus_tz() {
+    let (edits, plan) = hooked("clock-timezone", |sent| {
+        let (head, tail) = sent.split_once("timezone=\"").unwrap();
+        let (_, tail) = tail.split_once('"').unwrap();
+        format!("{head}timezone=\"America/New_York\"{tail}")
+    });
+    assert_eq!(edits.len(), 1, "{edits:?}");
+    assert_eq!(
+        plan.env,
+        vec![("TZ".to_string(), "America/New_York".to_string())]
+    );
+    assert_eq!(switches(&plan, "-rtc"), ["base=localtime"]);
+}
+
+/// The hyperv fixture's enlightenments with values as a hook changes them (with the
+/// hypervclock timer libvirt wants beside `stimer`).
+fn hyperv_hook(sent: &str) -> String {
+    sent.replacen("retries=\"8191\"", "retries=\"4096\"", 1)
+        .replacen("value=\"KubeVirt\"", "value=\"MyVendor\"", 1)
+        .replacen(
+            "<tlbflush state=\"on\"></tlbflush>",
+            "<tlbflush state=\"on\"><direct state=\"on\"></direct><extended state=\"on\"></extended></tlbflush>",
+            1,
+        )
+        .replacen(
+            "<stimer state=\"on\">\n\t\t\t\t<direct state=\"on\">",
+            "<stimer state=\"on\">\n\t\t\t\t<direct state=\"off\">",
+            1,
+        )
+        .replacen(
+            "\t<features>",
+            "\t<clock offset=\"utc\"><timer name=\"hypervclock\" present=\"yes\"></timer></clock>\n\t<features>",
+            1,
+        )
+}
+
+#[test]
+fn hyperv_spinlocks_stimer_vendor_id_and_tlbflush_are_cpu_flags() {
+    let f = load("hyperv");
+    let before = cpu(&f.plan);
+    for prop in [
+        "hv-spinlocks=0x1fff",
+        "hv-vendor-id=KubeVirt",
+        "hv-stimer-direct=on",
+    ] {
+        assert!(before.iter().any(|p| p == prop), "{prop} not in {before:?}");
+    }
+    let (edits, plan) = hooked("hyperv", hyperv_hook);
+    assert_eq!(edits.len(), 5, "{edits:?}");
+    let cpu = cpu(&plan);
+    for prop in [
+        "hv-spinlocks=0x1000",
+        "hv-vendor-id=MyVendor",
+        "hv-stimer=on",
+        "hv-tlbflush=on",
+        "hv-tlbflush-direct=on",
+        "hv-tlbflush-ext=on",
+        "hv-time=on",
+    ] {
+        assert!(cpu.iter().any(|p| p == prop), "{prop} not in -cpu {cpu:?}");
+    }
+    assert!(
+        !cpu.iter().any(|p| p.starts_with("hv-stimer-direct")),
+        "{cpu:?}"
+    );
+    // A vendor id is one -cpu property value: no comma, at most 12 bytes.
+    let sent = input(&f, &f.plan);
+    for bad in ["My,Vendor", "ThirteenChars"] {
+        let answer = sent.replacen("value=\"KubeVirt\"", &format!("value=\"{bad}\""), 1);
+        assert_eq!(
+            hooks::diff_answer(&sent, &answer).unwrap_err().path,
+            "domain/features/hyperv/vendor_id@value",
+            "{bad}"
+        );
+    }
+}
+
+/// The libvirt XML of the hooked clock and Hyper-V rows passes libvirt's schema.
+#[test]
+fn hooked_clock_and_hyperv_exports_pass_libvirts_schema() {
+    use qlauncher_libvirt_xml::libvirt;
+    support::ensure_libvirt_tools();
+    for (name, answer) in [
+        ("clock-offset-timers", clock_hook as fn(&str) -> String),
+        ("hyperv", hyperv_hook),
     ] {
         let (_, plan) = hooked(name, answer);
         let f = load(name);

@@ -186,15 +186,195 @@ pub struct SmbiosTable {
     pub fields: Vec<(&'static str, String)>,
 }
 
-/// `-rtc` options.
+/// `-rtc` options, derived from the [`ClockPlan`] ([`super::devices::clock::lower_clock`]).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RtcPlan {
     /// `utc`, `localtime`, or a start date `YYYY-MM-DDTHH:MM:SS`.
     pub base: String,
-    /// `vm` when the RTC tracks the guest.
+    /// `vm` when the RTC tracks the guest, `host` the wall clock, `rt` the host's monotonic
+    /// clock.
     pub clock: Option<&'static str>,
     /// `slew` for tickpolicy catchup.
     pub driftfix: Option<&'static str>,
+}
+
+/// Where the guest's RTC starts (libvirt's `<clock offset>`, `qemuBuildClockArgStr`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClockOffset {
+    /// UTC (`offset="utc"`), shifted by `adjustment` seconds (libvirt's `adjustment`, KubeVirt's
+    /// `utc.offsetSeconds`; a shift makes libvirt's `variable` clock with basis `utc`): `-rtc
+    /// base=utc`, or `base=<now + adjustment>` as `YYYY-MM-DDTHH:MM:SS`. `None` is libvirt's
+    /// `reset`.
+    Utc {
+        /// Seconds; `None`: no shift.
+        adjustment: Option<i64>,
+    },
+    /// The host's local time (`offset="localtime"`): `-rtc base=localtime`.
+    Localtime,
+    /// The local time of a zone (`offset="timezone"`): `-rtc base=localtime` with `TZ=<zone>` in
+    /// QEMU's environment.
+    Timezone(String),
+}
+
+impl Default for ClockOffset {
+    fn default() -> Self {
+        ClockOffset::Utc { adjustment: None }
+    }
+}
+
+/// A guest timer libvirt's `<timer name>` names, as KubeVirt's converter emits them
+/// (`converter/compute/clock.go`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum TimerName {
+    /// `rtc`: the `-rtc` options.
+    Rtc,
+    /// `pit`: `-global kvm-pit.lost_tick_policy` (KVM only).
+    Pit,
+    /// `kvmclock`: the `kvmclock` CPU flag.
+    Kvmclock,
+    /// `hpet`: `-no-hpet` (QEMU 7.2) or `-machine hpet=off` (QEMU 8 and later) when absent.
+    Hpet,
+    /// `hypervclock`: the `hv-time` CPU flag.
+    Hypervclock,
+}
+
+impl TimerName {
+    /// Every name, in KubeVirt's order.
+    pub const ALL: [TimerName; 5] = [
+        TimerName::Rtc,
+        TimerName::Pit,
+        TimerName::Kvmclock,
+        TimerName::Hpet,
+        TimerName::Hypervclock,
+    ];
+
+    /// libvirt's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimerName::Rtc => "rtc",
+            TimerName::Pit => "pit",
+            TimerName::Kvmclock => "kvmclock",
+            TimerName::Hpet => "hpet",
+            TimerName::Hypervclock => "hypervclock",
+        }
+    }
+
+    /// The timer of a libvirt name.
+    pub fn from_name(name: &str) -> Option<TimerName> {
+        TimerName::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// libvirt's `<timer tickpolicy>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TickPolicy {
+    /// `delay`: missed ticks delivered late, at the normal rate (QEMU's default).
+    Delay,
+    /// `catchup`: missed ticks delivered faster until caught up (rtc: `driftfix=slew`).
+    Catchup,
+    /// `merge`.
+    Merge,
+    /// `discard`: missed ticks dropped (pit: `lost_tick_policy=discard`).
+    Discard,
+}
+
+impl TickPolicy {
+    /// Every policy.
+    pub const ALL: [TickPolicy; 4] = [
+        TickPolicy::Delay,
+        TickPolicy::Catchup,
+        TickPolicy::Merge,
+        TickPolicy::Discard,
+    ];
+
+    /// libvirt's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            TickPolicy::Delay => "delay",
+            TickPolicy::Catchup => "catchup",
+            TickPolicy::Merge => "merge",
+            TickPolicy::Discard => "discard",
+        }
+    }
+
+    /// The policy of a libvirt word.
+    pub fn from_name(name: &str) -> Option<TickPolicy> {
+        TickPolicy::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// libvirt's `<timer name="rtc" track>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TimerTrack {
+    /// `boot` (libvirt refuses it for QEMU).
+    Boot,
+    /// `guest`: `-rtc clock=vm`.
+    Guest,
+    /// `wall`: `-rtc clock=host`.
+    Wall,
+    /// `realtime`: `-rtc clock=rt`.
+    Realtime,
+}
+
+impl TimerTrack {
+    /// Every track.
+    pub const ALL: [TimerTrack; 4] = [
+        TimerTrack::Boot,
+        TimerTrack::Guest,
+        TimerTrack::Wall,
+        TimerTrack::Realtime,
+    ];
+
+    /// libvirt's word.
+    pub fn name(self) -> &'static str {
+        match self {
+            TimerTrack::Boot => "boot",
+            TimerTrack::Guest => "guest",
+            TimerTrack::Wall => "wall",
+            TimerTrack::Realtime => "realtime",
+        }
+    }
+
+    /// The track of a libvirt word.
+    pub fn from_name(name: &str) -> Option<TimerTrack> {
+        TimerTrack::ALL.into_iter().find(|t| t.name() == name)
+    }
+}
+
+/// One `<timer>`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TimerPlan {
+    /// Which timer.
+    pub name: TimerName,
+    /// `present` (`None`: not written).
+    pub present: Option<bool>,
+    /// `tickpolicy`.
+    pub tick_policy: Option<TickPolicy>,
+    /// `track` (rtc only).
+    pub track: Option<TimerTrack>,
+}
+
+/// The domain's clock as libvirt's `<clock>` has it (the offset and the listed timers); the
+/// `-rtc` options, `TZ`, the PIT global, HPET and the timer CPU flags are derived from it
+/// ([`super::devices::clock::lower_clock`]), and the libvirt export shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ClockPlan {
+    /// The domain has a `<clock>` (KubeVirt writes one only for `spec.domain.clock`).
+    pub listed: bool,
+    /// Where the RTC starts.
+    pub offset: ClockOffset,
+    /// The timers, in order.
+    pub timers: Vec<TimerPlan>,
+    /// The time (Unix seconds) a shifted start date is computed from (the converter context's
+    /// `now_unix`).
+    pub now_unix: i64,
+}
+
+impl ClockPlan {
+    /// The timer `name`, if listed.
+    pub fn timer(&self, name: TimerName) -> Option<&TimerPlan> {
+        self.timers.iter().find(|t| t.name == name)
+    }
 }
 
 /// A `-global driver.property=value`.
@@ -412,6 +592,8 @@ pub struct DomainPlan {
     pub kernel_boot: Option<KernelBootPlan>,
     /// SMBIOS tables.
     pub smbios: Vec<SmbiosTable>,
+    /// The clock (offset and timers) the RTC, `TZ`, PIT, HPET and timer CPU flags come from.
+    pub clock: ClockPlan,
     /// RTC.
     pub rtc: RtcPlan,
     /// Environment for QEMU (`TZ` for a timezone clock).

@@ -459,7 +459,7 @@ pub fn incoming_argv(
         }
         out
     };
-    let mut argv = with_machine(local);
+    let mut argv = with_source_rtc(&with_machine(local), &domain.argv);
     if argv.iter().any(|w| w == "-incoming") {
         return Err(MigrationError::Peer(
             "the local argv already has -incoming".into(),
@@ -479,6 +479,39 @@ pub fn incoming_argv(
     }
     argv.extend(["-incoming".to_owned(), "defer".to_owned()]);
     Ok(argv)
+}
+
+/// `local` with the source's `-rtc` value when the two differ only in their start date
+/// (`base=YYYY-MM-DDTHH:MM:SS`, a clock shifted by `utc.offsetSeconds` or a hook's
+/// `adjustment`): each launcher computes that date from the time it converted the VMI, and
+/// QEMU migrates the RTC's state, so the target starts from the source's date, as the rest of
+/// its definition is the source's. Other `-rtc` differences stay differences.
+fn with_source_rtc(local: &[String], theirs: &[String]) -> Vec<String> {
+    let rtc = |argv: &[String]| {
+        argv.windows(2)
+            .position(|w| w[0] == "-rtc")
+            .map(|i| (i + 1, argv[i + 1].clone()))
+    };
+    // The start date and the options after it.
+    let split = |v: &str| -> Option<(String, String)> {
+        let rest = v.strip_prefix("base=")?;
+        let (date, opts) = rest.split_once(',').unwrap_or((rest, ""));
+        let dated = date.len() == 19
+            && date.as_bytes()[10] == b'T'
+            && date
+                .bytes()
+                .all(|b| b.is_ascii_digit() || b"-:T".contains(&b));
+        dated.then(|| (date.to_owned(), opts.to_owned()))
+    };
+    let mut out = local.to_vec();
+    if let (Some((i, ours)), Some((_, source))) = (rtc(local), rtc(theirs)) {
+        if let (Some((_, a)), Some((_, b))) = (split(&ours), split(&source)) {
+            if a == b {
+                out[i] = source;
+            }
+        }
+    }
+    out
 }
 
 /// `argv` without its `-qmp <chardev>` pairs: the launcher's own monitor is a `-chardev` and
@@ -545,6 +578,29 @@ mod tests {
             paused: false,
             cpu: None,
             hooked: None,
+        }
+    }
+
+    /// A shifted RTC's start date is the source's; any other `-rtc` difference is refused.
+    #[test]
+    fn a_shifted_rtc_starts_from_the_sources_date() {
+        let local = words("-machine q35 -rtc base=2026-12-01T01:00:05,clock=vm -m 128");
+        let source = domain(
+            "q35",
+            "-machine q35 -rtc base=2026-12-01T01:00:00,clock=vm -m 128",
+        );
+        assert_eq!(
+            incoming_argv(&local, &source).unwrap(),
+            words("-machine q35 -rtc base=2026-12-01T01:00:00,clock=vm -m 128 -incoming defer")
+        );
+        for other in [
+            "-machine q35 -rtc base=2026-12-01T01:00:00 -m 128",
+            "-machine q35 -rtc base=utc,clock=vm -m 128",
+        ] {
+            assert!(
+                incoming_argv(&local, &domain("q35", other)).is_err(),
+                "{other}"
+            );
         }
     }
 

@@ -44,8 +44,10 @@ pub(super) fn domain_features(
             }),
             frequencies: state(&h.frequencies),
             reenlightenment: state(&h.reenlightenment),
-            tlbflush: h.tlbflush.as_ref().map(|t| State {
+            tlbflush: h.tlbflush.as_ref().map(|t| TlbFlush {
                 state: on_off(t.enabled != Some(false)),
+                direct: state(&t.direct),
+                extended: state(&t.extended),
             }),
             ipi: state(&h.ipi),
             evmcs: state(&h.evmcs),
@@ -90,6 +92,9 @@ pub(super) fn domain_features(
                 (false, false) => {}
             }
         }
+    }
+    if !passthrough {
+        hyperv_values(&mut hyperv, plan);
     }
     let hidden = flag_on("kvm", "off");
     let kvm = match f.kvm.as_ref() {
@@ -180,4 +185,86 @@ pub(super) fn vcpus(plan: &DomainPlan) -> Option<Vcpus> {
             })
             .collect(),
     })
+}
+
+/// The Hyper-V enlightenments with values or sub-features as the plan's `-cpu` flags have them
+/// (a hook's [`crate::hooks::FeatureEdit`]s show): `hv-spinlocks=0x<retries>`, `hv-stimer`
+/// (+`hv-stimer-direct`), `hv-vendor-id=<value>`, `hv-tlbflush` (+`hv-tlbflush-direct`,
+/// `hv-tlbflush-ext`). A flag that is not there turns a listed element's state off (its other
+/// attributes and, under an off element, its children stay as the VMI has them: libvirt reads
+/// them only when on).
+fn hyperv_values(hyperv: &mut Option<HyperV>, plan: &DomainPlan) {
+    let flag = |name: &str| {
+        plan.cpu
+            .flags
+            .iter()
+            .find(|f| f.name == name)
+            .map(|f| f.value.as_str())
+    };
+    let on = |name: &str| flag(name) == Some("on");
+    let off = || "off".to_string();
+    let sub = |slot: &mut Option<State>, is_on: bool| match (is_on, slot.is_some()) {
+        (true, _) => *slot = Some(State { state: "on".into() }),
+        (false, true) => *slot = Some(State { state: off() }),
+        (false, false) => {}
+    };
+    let retries = flag("hv-spinlocks")
+        .and_then(|v| v.strip_prefix("0x"))
+        .and_then(|h| u32::from_str_radix(h, 16).ok());
+    let wanted =
+        retries.is_some() || on("hv-stimer") || flag("hv-vendor-id").is_some() || on("hv-tlbflush");
+    let h = match hyperv {
+        Some(h) => h,
+        None if wanted => hyperv.insert(HyperV::default()),
+        None => return,
+    };
+    match (retries, &mut h.spinlocks) {
+        (Some(r), s) => {
+            *s = Some(Spinlocks {
+                state: "on".into(),
+                retries: Some(r),
+            })
+        }
+        (None, Some(s)) => s.state = off(),
+        (None, None) => {}
+    }
+    match (on("hv-stimer"), &mut h.stimer) {
+        (true, s) => {
+            let mut direct = s.as_ref().and_then(|s| s.direct.clone());
+            sub(&mut direct, on("hv-stimer-direct"));
+            *s = Some(Stimer {
+                state: "on".into(),
+                direct,
+            });
+        }
+        (false, Some(s)) => s.state = off(),
+        (false, None) => {}
+    }
+    match (flag("hv-vendor-id"), &mut h.vendor_id) {
+        (Some(v), s) => {
+            *s = Some(VendorId {
+                state: "on".into(),
+                value: Some(v.to_string()),
+            })
+        }
+        (None, Some(s)) => s.state = off(),
+        (None, None) => {}
+    }
+    match (on("hv-tlbflush"), &mut h.tlbflush) {
+        (true, t) => {
+            let (mut direct, mut extended) = t
+                .as_ref()
+                .map(|t| (t.direct.clone(), t.extended.clone()))
+                .unwrap_or_default();
+            sub(&mut direct, on("hv-tlbflush-direct"));
+            sub(&mut extended, on("hv-tlbflush-ext"));
+            *t = Some(TlbFlush {
+                state: "on".into(),
+                direct,
+                extended,
+            });
+        }
+        (false, Some(t)) => t.state = off(),
+        (false, None) => {}
+    }
 }

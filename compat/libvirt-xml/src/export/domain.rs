@@ -136,64 +136,37 @@ pub(super) fn sysinfo(plan: &DomainPlan) -> SysInfo {
     }
 }
 
-pub(super) fn clock(vmi: &Vmi) -> Option<Clock> {
-    let c = vmi.spec.domain.clock.as_ref()?;
-    let present = |e: Option<bool>| Some(yes_no(e != Some(false)));
-    let mut timer = Vec::new();
-    if let Some(t) = &c.timer {
-        if let Some(rtc) = &t.rtc {
-            timer.push(Timer {
-                name: "rtc".into(),
-                tickpolicy: rtc.tick_policy.clone(),
-                present: present(rtc.enabled),
-                track: rtc.track.clone(),
-            });
-        }
-        if let Some(pit) = &t.pit {
-            timer.push(Timer {
-                name: "pit".into(),
-                tickpolicy: pit.tick_policy.clone(),
-                present: present(pit.enabled),
-                track: None,
-            });
-        }
-        if let Some(k) = &t.kvm {
-            timer.push(Timer {
-                name: "kvmclock".into(),
-                tickpolicy: None,
-                present: present(k.enabled),
-                track: None,
-            });
-        }
-        if let Some(h) = &t.hpet {
-            timer.push(Timer {
-                name: "hpet".into(),
-                tickpolicy: h.tick_policy.clone(),
-                present: present(h.enabled),
-                track: None,
-            });
-        }
-        if let Some(h) = &t.hyperv {
-            timer.push(Timer {
-                name: "hypervclock".into(),
-                tickpolicy: None,
-                present: present(h.enabled),
-                track: None,
-            });
-        }
+/// `<clock>` from the plan's clock (KubeVirt's `convert_v1_Clock_To_api_Clock` form: `utc` with
+/// an `adjustment` of seconds or `reset`, or `timezone`; the timers with `present`), so a hook's
+/// clock edits ([`crate::hooks::ClockEdit`]) show; none when KubeVirt writes none.
+pub(super) fn clock(plan: &DomainPlan) -> Option<Clock> {
+    use qlauncher_core::cmdline::plan::ClockOffset;
+    let c = &plan.clock;
+    if !c.listed {
+        return None;
     }
-    let (offset, adjustment, timezone) = match (&c.timezone, &c.utc) {
-        (Some(tz), _) => ("timezone", None, Some(tz.clone())),
-        (None, Some(u)) => (
+    let timer = c
+        .timers
+        .iter()
+        .map(|t| Timer {
+            name: t.name.name().into(),
+            tickpolicy: t.tick_policy.map(|p| p.name().into()),
+            present: t.present.map(yes_no),
+            track: t.track.map(|k| k.name().into()),
+        })
+        .collect();
+    let (offset, adjustment, timezone) = match &c.offset {
+        ClockOffset::Timezone(tz) => ("timezone", None, Some(tz.clone())),
+        ClockOffset::Utc { adjustment } => (
             "utc",
             Some(
-                u.offset_seconds
+                adjustment
                     .map(|s| s.to_string())
                     .unwrap_or_else(|| "reset".into()),
             ),
             None,
         ),
-        (None, None) => ("utc", Some("reset".to_string()), None),
+        ClockOffset::Localtime => ("localtime", None, None),
     };
     Some(Clock {
         offset: offset.into(),

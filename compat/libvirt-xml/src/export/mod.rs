@@ -127,7 +127,7 @@ pub fn export(vmi: &Vmi, ctx: &ConverterContext, plan: &DomainPlan) -> Result<Do
         os: os(vmi, plan),
         sysinfo: Some(sysinfo(plan)),
         devices: Devices { items: devices },
-        clock: clock(vmi),
+        clock: clock(plan),
         commandline: commandline(plan),
         metadata: Metadata {
             kubevirt: KubevirtMetadata {

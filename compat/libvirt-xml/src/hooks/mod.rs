@@ -16,7 +16,8 @@
 //! (`../shared/reference/kubevirt-hook-sidecars.md` §4.5): `qemu:commandline` args and env,
 //! SMBIOS `sysinfo` types 0, 1, 2, 3, 11, `os/smbios@mode` `sysinfo`/`emulate`; of tier 2, a
 //! disk's driver, serial, `<iotune>` and `<wwn>` ([`DiskEdit`]), an interface's model, MTU,
-//! queue sizes and ROM ([`NicEdit`]), `<features>` that are `-cpu` flags ([`FeatureEdit`]).
+//! queue sizes and ROM ([`NicEdit`]), `<features>` that are `-cpu` flags ([`FeatureEdit`]),
+//! `<clock>` offset and timers ([`ClockEdit`]).
 //! Everything else that differs is refused.
 
 use std::collections::BTreeMap;

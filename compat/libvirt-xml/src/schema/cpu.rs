@@ -54,8 +54,8 @@ pub struct HyperV {
     pub frequencies: Option<State>,
     /// reenlightenment.
     pub reenlightenment: Option<State>,
-    /// tlbflush.
-    pub tlbflush: Option<State>,
+    /// tlbflush (+direct, +extended).
+    pub tlbflush: Option<TlbFlush>,
     /// ipi.
     pub ipi: Option<State>,
     /// evmcs.
@@ -83,6 +83,19 @@ pub struct Stimer {
     pub state: String,
     /// Direct mode.
     pub direct: Option<State>,
+}
+
+/// `<tlbflush state="on"><direct state="on"/><extended state="on"/></tlbflush>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TlbFlush {
+    /// on/off.
+    #[serde(rename = "@state")]
+    pub state: String,
+    /// Direct flushes (`hv-tlbflush-direct`).
+    pub direct: Option<State>,
+    /// Extended flushes (`hv-tlbflush-ext`).
+    pub extended: Option<State>,
 }
 
 /// `<vendor_id state="on" value=".."/>`.

@@ -1,19 +1,27 @@
-//! Clock (`converter/compute/clock.go`, libvirt's `-rtc` rendering): `-rtc base=utc` by default;
-//! `utc.offsetSeconds` becomes a start date computed from `ctx.now_unix` (libvirt's
-//! `adjustment`); `timezone` becomes `base=localtime` with `TZ` in QEMU's environment. Timers:
-//! rtc `tickPolicy: catchup` -> `driftfix=slew`, `track: guest` -> `clock=vm`; pit tickPolicy ->
-//! `-global kvm-pit.lost_tick_policy` (KVM only); hpet `present: false` -> HPET off.
-//! `kvm`/`hyperv` timers are CPU flags (see `cpu.rs`).
+//! Clock (`converter/compute/clock.go`, libvirt's `-rtc` rendering): the VMI's clock becomes the
+//! plan's [`ClockPlan`] (libvirt's `<clock>`: offset and timers), and [`lower_clock`] derives the
+//! QEMU options from it, as libvirt's `qemuBuildClockArgStr`, `qemuBuildClockCommandLine` and
+//! `qemuBuildCpuCommandLine` do: `-rtc base=utc` by default; `utc.offsetSeconds` becomes a start
+//! date computed from `ctx.now_unix` (libvirt's `adjustment`); `timezone` becomes
+//! `base=localtime` with `TZ` in QEMU's environment. Timers: rtc `tickPolicy: catchup` ->
+//! `driftfix=slew`, `track: guest` -> `clock=vm`; pit tickPolicy ->
+//! `-global kvm-pit.lost_tick_policy` (KVM only); hpet `present: false` -> HPET off; the `kvm`
+//! timer the `kvmclock` CPU flag, the `hyperv` one `hv-time`. A hook's clock edits change the
+//! [`ClockPlan`] and call [`lower_clock`] again.
 //!
 //! Reads: `ctx.now_unix`, `ctx.kvm`, `ctx.allow_emulation`.
 
 use super::super::context::ConverterContext;
 use super::super::error::{ConvertError, FieldPath};
-use super::super::plan::{Accel, DomainPlan, GlobalProp, RtcPlan};
+use super::super::plan::{
+    Accel, ClockOffset, ClockPlan, CpuFlag, DomainPlan, GlobalProp, RtcPlan, TickPolicy, TimerName,
+    TimerPlan, TimerTrack,
+};
 use super::accel;
 use crate::vmi::Vmi;
 
-/// Sets `rtc`, `env` (TZ), HPET and PIT globals.
+/// Sets `clock`, then (through [`lower_clock`]) `rtc`, `env` (TZ), HPET, the PIT global and the
+/// timer CPU flags. Runs after the CPU configurator (it adds to the `-cpu` flags).
 pub struct ClockConfigurator;
 
 /// `YYYY-MM-DDTHH:MM:SS` (UTC) for a Unix time (Howard Hinnant's civil-from-days).
@@ -38,6 +46,95 @@ pub fn format_utc(t: i64) -> String {
     )
 }
 
+/// The largest clock shift taken (seconds): 100 years either way.
+pub const MAX_CLOCK_ADJUSTMENT: i64 = 100 * 365 * 86400;
+
+/// Whether `tz` is a time zone name qlauncher passes as QEMU's `TZ`: 1 to 64 letters, digits and
+/// `/_+-`, relative, without `..` (no path outside the zoneinfo tree, no option separator).
+pub fn is_time_zone_name(tz: &str) -> bool {
+    !tz.is_empty()
+        && tz.len() <= 64
+        && !tz.starts_with('/')
+        && !tz.contains("..")
+        && tz
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"/_+-".contains(&b))
+}
+
+/// Derives the QEMU options of `plan.clock` (idempotent: a hook's edit calls it again):
+/// `rtc` (base from the offset, `clock=` from the rtc timer's track, `driftfix=slew` for its
+/// `catchup`), `TZ` for a timezone clock, `-global kvm-pit.lost_tick_policy` for a pit
+/// `delay`/`discard` under KVM, `machine.hpet` from the hpet timer's `present`, and the
+/// `kvmclock`/`hv-time` CPU flags (libvirt: `kvmclock=on|off` when `present` is written,
+/// `hv-time=on` when present). Values QEMU has no form for (rtc track `boot`, rtc `merge` or
+/// `discard`, pit `catchup` or `merge`) add nothing: the converter and the hook diff refuse them
+/// first.
+pub fn lower_clock(plan: &mut DomainPlan) {
+    let c = &plan.clock;
+    let mut rtc = RtcPlan {
+        base: "utc".into(),
+        ..Default::default()
+    };
+    match &c.offset {
+        ClockOffset::Utc {
+            adjustment: Some(a),
+        } if *a != 0 => rtc.base = format_utc(c.now_unix.saturating_add(*a)),
+        ClockOffset::Utc { .. } => {}
+        ClockOffset::Localtime | ClockOffset::Timezone(_) => rtc.base = "localtime".into(),
+    }
+    if let Some(t) = c.timer(TimerName::Rtc) {
+        rtc.clock = match t.track {
+            Some(TimerTrack::Guest) => Some("vm"),
+            Some(TimerTrack::Wall) => Some("host"),
+            Some(TimerTrack::Realtime) => Some("rt"),
+            Some(TimerTrack::Boot) | None => None,
+        };
+        if t.tick_policy == Some(TickPolicy::Catchup) {
+            rtc.driftfix = Some("slew");
+        }
+    }
+    plan.env.retain(|(k, _)| k != "TZ");
+    if let ClockOffset::Timezone(tz) = &c.offset {
+        plan.env.push(("TZ".into(), tz.clone()));
+    }
+    plan.globals
+        .retain(|g| !(g.driver == "kvm-pit" && g.property == "lost_tick_policy"));
+    let pit = c.timer(TimerName::Pit).and_then(|t| t.tick_policy);
+    if let (Some(p @ (TickPolicy::Delay | TickPolicy::Discard)), Accel::Kvm) = (pit, plan.accel) {
+        plan.globals.push(GlobalProp {
+            driver: "kvm-pit",
+            property: "lost_tick_policy",
+            value: p.name().into(),
+        });
+    }
+    plan.machine.hpet = c.timer(TimerName::Hpet).and_then(|t| t.present);
+    let on_off = |b: bool| if b { "on" } else { "off" };
+    let kvmclock = c
+        .timer(TimerName::Kvmclock)
+        .and_then(|t| t.present)
+        .map(on_off);
+    let hv_time = c
+        .timer(TimerName::Hypervclock)
+        .and_then(|t| t.present)
+        .map(on_off);
+    set_cpu_flag(plan, "kvmclock", kvmclock);
+    set_cpu_flag(plan, "hv-time", hv_time);
+    plan.rtc = rtc;
+}
+
+/// Sets the `-cpu` flag `name` to `value` in place (or last, when new), or removes it.
+fn set_cpu_flag(plan: &mut DomainPlan, name: &str, value: Option<&str>) {
+    let flags = &mut plan.cpu.flags;
+    match (flags.iter_mut().find(|f| f.name == name), value) {
+        (Some(f), Some(v)) => f.value = v.into(),
+        (None, Some(v)) => flags.push(CpuFlag {
+            name: name.into(),
+            value: v.into(),
+        }),
+        (_, None) => flags.retain(|f| f.name != name),
+    }
+}
+
 impl super::super::convert::Configurator for ClockConfigurator {
     fn configure(
         &self,
@@ -46,100 +143,132 @@ impl super::super::convert::Configurator for ClockConfigurator {
         plan: &mut DomainPlan,
     ) -> Result<(), ConvertError> {
         let base = FieldPath::new("spec.domain.clock");
-        let mut rtc = RtcPlan {
-            base: "utc".into(),
+        plan.accel = accel(ctx)?;
+        let mut clock = ClockPlan {
+            now_unix: ctx.now_unix,
             ..Default::default()
         };
-        let Some(clock) = vmi.spec.domain.clock.as_ref() else {
-            plan.rtc = rtc;
-            return Ok(());
-        };
-        if clock.utc.is_some() && clock.timezone.is_some() {
-            return Err(ConvertError::invalid(
-                base,
-                "utc and timezone are mutually exclusive",
-            ));
-        }
-        if let Some(off) = clock.utc.as_ref().and_then(|u| u.offset_seconds) {
-            if off.abs() > 100 * 365 * 86400 {
+        if let Some(c) = vmi.spec.domain.clock.as_ref() {
+            clock.listed = true;
+            if c.utc.is_some() && c.timezone.is_some() {
                 return Err(ConvertError::invalid(
-                    base.key("utc").key("offsetSeconds"),
-                    "offset beyond 100 years",
+                    base,
+                    "utc and timezone are mutually exclusive",
                 ));
             }
-            if off != 0 {
-                rtc.base = format_utc(ctx.now_unix + off);
-            }
-        }
-        if let Some(tz) = &clock.timezone {
-            let p = base.key("timezone");
-            if tz.is_empty()
-                || tz.len() > 64
-                || tz.starts_with('/')
-                || tz.contains("..")
-                || !tz
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b"/_+-".contains(&b))
-            {
-                return Err(ConvertError::invalid(
-                    p,
-                    format!("{tz:?} is not a time zone name"),
-                ));
-            }
-            rtc.base = "localtime".into();
-            plan.env.push(("TZ".into(), tz.clone()));
-        }
-        if let Some(t) = &clock.timer {
-            let tp = base.key("timer");
-            if let Some(r) = &t.rtc {
-                match r.tick_policy.as_deref() {
-                    None | Some("delay") => {}
-                    Some("catchup") => rtc.driftfix = Some("slew"),
-                    Some(o) => {
-                        return Err(ConvertError::unsupported(
-                            tp.key("rtc").key("tickPolicy"),
-                            format!("rtc tick policy {o:?}"),
-                        ))
+            if let Some(u) = &c.utc {
+                if let Some(off) = u.offset_seconds {
+                    if off.abs() > MAX_CLOCK_ADJUSTMENT {
+                        return Err(ConvertError::invalid(
+                            base.key("utc").key("offsetSeconds"),
+                            "offset beyond 100 years",
+                        ));
                     }
                 }
-                match r.track.as_deref() {
-                    None => {}
-                    Some("guest") => rtc.clock = Some("vm"),
-                    Some("wall") => rtc.clock = Some("host"),
-                    Some(o) => {
-                        return Err(ConvertError::unsupported(
-                            tp.key("rtc").key("track"),
-                            format!("rtc track {o:?}"),
-                        ))
-                    }
-                }
-            }
-            if let Some(p) = &t.pit {
-                let policy = match p.tick_policy.as_deref() {
-                    None => None,
-                    Some(v @ ("delay" | "discard")) => Some(v),
-                    Some(o) => {
-                        return Err(ConvertError::unsupported(
-                            tp.key("pit").key("tickPolicy"),
-                            format!("pit tick policy {o:?}"),
-                        ))
-                    }
+                clock.offset = ClockOffset::Utc {
+                    adjustment: u.offset_seconds,
                 };
-                if let (Some(v), Accel::Kvm) = (policy, accel(ctx)?) {
-                    plan.globals.push(GlobalProp {
-                        driver: "kvm-pit",
-                        property: "lost_tick_policy",
-                        value: v.into(),
-                    });
-                }
             }
-            if let Some(h) = &t.hpet {
-                plan.machine.hpet = Some(h.enabled.unwrap_or(true));
+            if let Some(tz) = &c.timezone {
+                if !is_time_zone_name(tz) {
+                    return Err(ConvertError::invalid(
+                        base.key("timezone"),
+                        format!("{tz:?} is not a time zone name"),
+                    ));
+                }
+                clock.offset = ClockOffset::Timezone(tz.clone());
+            }
+            if let Some(t) = &c.timer {
+                clock.timers = timers(t, &base.key("timer"))?;
             }
         }
-        plan.rtc = rtc;
+        plan.clock = clock;
+        lower_clock(plan);
         Ok(())
     }
+}
+
+/// The VMI's timers as libvirt's, in KubeVirt's order (rtc, pit, kvmclock, hpet, hypervclock),
+/// `present` written for each (KubeVirt's `boolToYesNo`, default yes); tick policies and tracks
+/// QEMU cannot run are refused with their field.
+fn timers(t: &crate::vmi::domain::Timer, tp: &FieldPath) -> Result<Vec<TimerPlan>, ConvertError> {
+    let present = |e: Option<bool>| Some(e != Some(false));
+    let policy = |v: &Option<String>,
+                  ok: &[TickPolicy],
+                  timer: &str|
+     -> Result<Option<TickPolicy>, ConvertError> {
+        let Some(v) = v.as_deref() else {
+            return Ok(None);
+        };
+        match TickPolicy::from_name(v).filter(|p| ok.contains(p)) {
+            Some(p) => Ok(Some(p)),
+            None => Err(ConvertError::unsupported(
+                tp.key(timer).key("tickPolicy"),
+                format!("{timer} tick policy {v:?}"),
+            )),
+        }
+    };
+    let mut out = Vec::new();
+    if let Some(r) = &t.rtc {
+        let track = match r.track.as_deref() {
+            None => None,
+            Some("guest") => Some(TimerTrack::Guest),
+            Some("wall") => Some(TimerTrack::Wall),
+            Some(o) => {
+                return Err(ConvertError::unsupported(
+                    tp.key("rtc").key("track"),
+                    format!("rtc track {o:?}"),
+                ))
+            }
+        };
+        out.push(TimerPlan {
+            name: TimerName::Rtc,
+            present: present(r.enabled),
+            tick_policy: policy(
+                &r.tick_policy,
+                &[TickPolicy::Delay, TickPolicy::Catchup],
+                "rtc",
+            )?,
+            track,
+        });
+    }
+    if let Some(p) = &t.pit {
+        out.push(TimerPlan {
+            name: TimerName::Pit,
+            present: present(p.enabled),
+            tick_policy: policy(
+                &p.tick_policy,
+                &[TickPolicy::Delay, TickPolicy::Discard],
+                "pit",
+            )?,
+            track: None,
+        });
+    }
+    if let Some(k) = &t.kvm {
+        out.push(TimerPlan {
+            name: TimerName::Kvmclock,
+            present: present(k.enabled),
+            tick_policy: None,
+            track: None,
+        });
+    }
+    if let Some(h) = &t.hpet {
+        out.push(TimerPlan {
+            name: TimerName::Hpet,
+            present: present(h.enabled),
+            tick_policy: policy(&h.tick_policy, &TickPolicy::ALL, "hpet")?,
+            track: None,
+        });
+    }
+    if let Some(h) = &t.hyperv {
+        out.push(TimerPlan {
+            name: TimerName::Hypervclock,
+            present: present(h.enabled),
+            tick_policy: None,
+            track: None,
+        });
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -254,6 +383,45 @@ mod tests {
                 "{clock}"
             );
         }
+    }
+
+    #[test]
+    fn lowering_a_changed_clock_replaces_what_the_old_one_set() {
+        let ctx = ConverterContext {
+            now_unix: 1796083200,
+            ..Default::default()
+        };
+        let mut plan = configure(
+            &ClockConfigurator,
+            json!({"clock": {"timezone": "Europe/Berlin", "timer": {"pit": {"tickPolicy": "discard"}, "kvm": {}, "hpet": {"present": false}}}}),
+            &ctx,
+        )
+        .unwrap();
+        let once = plan.clone();
+        lower_clock(&mut plan);
+        assert_eq!(plan, once, "lowering twice changes nothing");
+        plan.clock.offset = ClockOffset::Utc {
+            adjustment: Some(-60),
+        };
+        plan.clock.timers = vec![TimerPlan {
+            name: TimerName::Rtc,
+            present: Some(true),
+            tick_policy: Some(TickPolicy::Catchup),
+            track: Some(TimerTrack::Realtime),
+        }];
+        lower_clock(&mut plan);
+        assert_eq!(
+            (
+                plan.rtc.base.as_str(),
+                plan.rtc.clock,
+                plan.rtc.driftfix,
+                plan.machine.hpet
+            ),
+            ("2026-11-30T23:59:00", Some("rt"), Some("slew"), None)
+        );
+        assert_eq!(plan.env, vec![]);
+        assert_eq!(plan.globals, vec![]);
+        assert_eq!(plan.cpu.flags, vec![]);
     }
 
     #[test]

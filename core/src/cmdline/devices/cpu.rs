@@ -7,7 +7,7 @@
 //! * A named model is passed through, with `mpx=off` on amd64 unless the user listed `mpx`.
 //! * Features: `require`/`force`/`optional` -> `on`, `disable`/`forbid` -> `off`.
 //! * Hyper-V enlightenments become `hv-*` flags, `features.kvm.hidden` `kvm=off`,
-//!   `pvspinlock` `kvm-pv-unhalt`, timers `kvmclock`/`hv-time`.
+//!   `pvspinlock` `kvm-pv-unhalt` (the timers' `kvmclock`/`hv-time` are the clock's, `clock.rs`).
 //! * CPU hotplug (`maxSockets`): `-smp <boot vCPUs>,maxcpus=<maxSockets*cores*threads>`.
 //! * Migration of a host-model CPU ([`expansion_request`], [`source_definition`],
 //!   [`adopted_cpu_plan`]): the source sends the static expansion of the CPU it runs (libvirt's
@@ -56,7 +56,6 @@ impl super::super::convert::Configurator for CpuConfigurator {
         if let Some(feat) = vmi.spec.domain.features.as_ref() {
             hypervisor_features(feat, acc, &mut flags)?;
         }
-        timers(vmi, &mut flags);
         plan.cpu = CpuPlan {
             model,
             flags,
@@ -225,25 +224,6 @@ fn hyperv(h: &FeatureHyperv, acc: Accel, flags: &mut Vec<CpuFlag>) -> Result<(),
         flags.push(flag("hv-evmcs", true));
     }
     Ok(())
-}
-
-/// The clock's timers that are CPU flags: `kvmclock` for the KVM timer, `hv-time` for the
-/// Hyper-V one (`spec.domain.clock.timer`).
-fn timers(vmi: &Vmi, flags: &mut Vec<CpuFlag>) {
-    if let Some(t) = vmi
-        .spec
-        .domain
-        .clock
-        .as_ref()
-        .and_then(|c| c.timer.as_ref())
-    {
-        if let Some(k) = &t.kvm {
-            flags.push(flag("kvmclock", k.enabled.unwrap_or(true)));
-        }
-        if let Some(h) = &t.hyperv {
-            flags.push(flag("hv-time", h.enabled.unwrap_or(true)));
-        }
-    }
 }
 
 /// `-smp` (KubeVirt's `vcpu.GetCPUTopology`): the topology's vCPUs; with CPU hotplug

@@ -286,7 +286,7 @@ pub(in crate::hooks) fn take_disks(d: &mut Node) -> BTreeMap<String, DiskView> {
     out
 }
 
-/// A refusal of the disk `alias`'s `what` (`driver@io`, `serial`).
+/// A refusal of the disk `alias`'s `what` ([`device_refusal`]).
 fn refuse(
     alias: &str,
     what: &str,
@@ -294,12 +294,7 @@ fn refuse(
     answered: Option<&str>,
     why: &str,
 ) -> Refusal {
-    Refusal {
-        path: format!("domain/devices/disk[{alias}]/{what}"),
-        sent: sent.unwrap_or("-").into(),
-        answered: answered.unwrap_or("-").into(),
-        reason: why.into(),
-    }
+    device_refusal("disk", alias, what, sent, answered, why)
 }
 
 /// The edits between the disks `sent` and `answered` (a disk only one side has is the device
@@ -308,17 +303,18 @@ pub(in crate::hooks) fn diff_disks(
     sent: &BTreeMap<String, DiskView>,
     answered: &BTreeMap<String, DiskView>,
 ) -> Result<Vec<HookEdit>, Refusal> {
-    let mut edits = Vec::new();
-    for (alias, b) in answered {
-        let Some(a) = sent.get(alias) else { continue };
-        for e in diff_disk(alias, a, b)? {
-            edits.push(HookEdit::Disk {
+    keyed_diff(sent, answered, Keys::Both, |alias, a, b| {
+        let (Some(a), Some(b)) = (a, b) else {
+            return Ok(vec![]);
+        };
+        Ok(diff_disk(alias, a, b)?
+            .into_iter()
+            .map(|edit| HookEdit::Disk {
                 alias: alias.clone(),
-                edit: e,
-            });
-        }
-    }
-    Ok(edits)
+                edit,
+            })
+            .collect())
+    })
 }
 
 /// The `driver@k` of `v`.

@@ -1,14 +1,68 @@
 //! What an answer may change: the tier-1 differences and the tier-2 ones of each room
-//! ([`disk`], [`nic`], [`features`]) as typed [`HookEdit`]s ([`diff_answer`]), applied to a plan ([`apply`]).
+//! ([`disk`], [`nic`], [`features`], [`clock`]) as typed [`HookEdit`]s ([`diff_answer`]),
+//! applied to a plan ([`apply`]).
 
 use super::*;
 
+mod clock;
 mod disk;
 mod features;
 mod nic;
+pub use clock::*;
 pub use disk::*;
 pub use features::*;
 pub use nic::*;
+
+/// Which keys of two keyed views [`keyed_diff`] compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Keys {
+    /// Keys both views have (a device only one side has is the device diff's business).
+    Both,
+    /// Keys either view has (a timer the answer adds or removes is an edit).
+    Either,
+}
+
+/// A refusal of the `what` (`driver@io`, `mtu@size`) of the device `element` (`disk`,
+/// `interface`) with alias `alias`: path `domain/devices/<element>[<alias>]/<what>`, an absent
+/// value shown as `-`.
+pub(super) fn device_refusal(
+    element: &str,
+    alias: &str,
+    what: &str,
+    sent: Option<&str>,
+    answered: Option<&str>,
+    why: &str,
+) -> Refusal {
+    Refusal {
+        path: format!("domain/devices/{element}[{alias}]/{what}"),
+        sent: sent.unwrap_or("-").into(),
+        answered: answered.unwrap_or("-").into(),
+        reason: why.into(),
+    }
+}
+
+/// The edits between two views keyed alike (disks and interfaces by alias, timers by name):
+/// `edit(key, sent, answered)` for each key of `keys` whose values differ, in key order; the
+/// first refusal stops it.
+pub(super) fn keyed_diff<K: Ord, V: PartialEq, E>(
+    sent: &BTreeMap<K, V>,
+    answered: &BTreeMap<K, V>,
+    keys: Keys,
+    mut edit: impl FnMut(&K, Option<&V>, Option<&V>) -> Result<Vec<E>, Refusal>,
+) -> Result<Vec<E>, Refusal> {
+    let all: std::collections::BTreeSet<&K> = match keys {
+        Keys::Both => answered.keys().filter(|k| sent.contains_key(k)).collect(),
+        Keys::Either => sent.keys().chain(answered.keys()).collect(),
+    };
+    let mut out = Vec::new();
+    for k in all {
+        let (a, b) = (sent.get(k), answered.get(k));
+        if a != b {
+            out.extend(edit(k, a, b)?);
+        }
+    }
+    Ok(out)
+}
 
 /// SMBIOS mode (`<os><smbios mode=..>`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -55,6 +109,8 @@ pub enum HookEdit {
     /// A change of `<features>` that is a `-cpu` property (tier 2: KVM hidden, Hyper-V
     /// enlightenments).
     Feature(FeatureEdit),
+    /// A change of `<clock>` (tier 2: offset, timers).
+    Clock(ClockEdit),
 }
 
 impl std::fmt::Display for HookEdit {
@@ -67,6 +123,7 @@ impl std::fmt::Display for HookEdit {
             HookEdit::Disk { alias, edit } => write!(f, "disk {alias} {edit}"),
             HookEdit::Nic { alias, edit } => write!(f, "interface {alias} {edit}"),
             HookEdit::Feature(e) => write!(f, "{e}"),
+            HookEdit::Clock(e) => write!(f, "{e}"),
         }
     }
 }
@@ -135,6 +192,8 @@ pub(super) struct Tier1 {
     nics: BTreeMap<String, NicView>,
     /// The tier-2 states of `<features>`.
     features: FeaturesView,
+    /// The tier-2 offset and timers of `<clock>`.
+    clock: ClockView,
 }
 
 /// Takes the tier-1 elements out of `d` (so the rest can be compared as a whole).
@@ -167,6 +226,7 @@ pub(super) fn take_tier1(d: &mut Node) -> Tier1 {
     t.disks = take_disks(d);
     t.nics = take_nics(d);
     t.features = take_features(d);
+    t.clock = take_clock(d);
     if let Some(s) = d.children.iter_mut().find(|c| c.name == "sysinfo") {
         s.children.retain(|sec| {
             let known = matches!(
@@ -348,7 +408,15 @@ pub fn diff_answer(sent: &str, answer: &str) -> Result<Vec<HookEdit>, Refusal> {
     }
     edits.extend(diff_disks(&t0.disks, &t1.disks)?);
     edits.extend(diff_nics(&t0.nics, &t1.nics)?);
-    edits.extend(diff_features(&t0.features, &t1.features)?);
+    // KubeVirt's domain type `qemu` is TCG (`DomainPlan::accel`).
+    let tcg = before.attrs.get("type").map(String::as_str) == Some("qemu");
+    edits.extend(diff_features(
+        &t0.features,
+        &t1.features,
+        (t0.clock.hypervclock(), t1.clock.hypervclock()),
+        tcg,
+    )?);
+    edits.extend(diff_clock(&t0.clock, &t1.clock)?);
     let (a, b) = (t0.sections.get("oemStrings"), t1.sections.get("oemStrings"));
     if a != b {
         let mut fields = Vec::new();
@@ -428,6 +496,7 @@ pub fn apply(edits: &[HookEdit], plan: &mut DomainPlan) {
             HookEdit::Disk { alias, edit } => apply_disk(plan, alias, edit),
             HookEdit::Nic { alias, edit } => apply_nic(plan, alias, edit),
             HookEdit::Feature(e) => apply_feature(plan, e),
+            HookEdit::Clock(e) => apply_clock(plan, e),
             HookEdit::Smbios { table, fields } => {
                 let mut fields = fields.clone();
                 if *table == 1 {

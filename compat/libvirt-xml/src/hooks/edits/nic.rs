@@ -153,6 +153,7 @@ pub(in crate::hooks) fn take_nics(d: &mut Node) -> BTreeMap<String, NicView> {
     out
 }
 
+/// A refusal of the interface `alias`'s `what` ([`device_refusal`]).
 fn refuse(
     alias: &str,
     what: &str,
@@ -160,12 +161,7 @@ fn refuse(
     answered: Option<&str>,
     why: &str,
 ) -> Refusal {
-    Refusal {
-        path: format!("domain/devices/interface[{alias}]/{what}"),
-        sent: sent.unwrap_or("-").into(),
-        answered: answered.unwrap_or("-").into(),
-        reason: why.into(),
-    }
+    device_refusal("interface", alias, what, sent, answered, why)
 }
 
 /// The edits between the interfaces `sent` and `answered`.
@@ -173,17 +169,18 @@ pub(in crate::hooks) fn diff_nics(
     sent: &BTreeMap<String, NicView>,
     answered: &BTreeMap<String, NicView>,
 ) -> Result<Vec<HookEdit>, Refusal> {
-    let mut edits = Vec::new();
-    for (alias, b) in answered {
-        let Some(a) = sent.get(alias) else { continue };
-        for e in diff_nic(alias, a, b)? {
-            edits.push(HookEdit::Nic {
+    keyed_diff(sent, answered, Keys::Both, |alias, a, b| {
+        let (Some(a), Some(b)) = (a, b) else {
+            return Ok(vec![]);
+        };
+        Ok(diff_nic(alias, a, b)?
+            .into_iter()
+            .map(|edit| HookEdit::Nic {
                 alias: alias.clone(),
-                edit: e,
-            });
-        }
-    }
-    Ok(edits)
+                edit,
+            })
+            .collect())
+    })
 }
 
 /// Whether a libvirt model is one of virtio's.
