@@ -1,7 +1,7 @@
 //! Tier 2, clock: what an answer may change in `<clock>`: the offset (`@offset`, `@adjustment`,
 //! `@basis`, `@timezone`) and the `<timer name present tickpolicy track>` of the timers KubeVirt's
 //! converter writes (rtc, pit, kvmclock, hpet, hypervclock), as typed [`ClockEdit`]s on the
-//! plan's [`ClockPlan`], from which the `-rtc` options, `TZ`, the PIT global, HPET and the
+//! plan's [`ClockPlan`](qlauncher_core::cmdline::plan::ClockPlan), from which the `-rtc` options, `TZ`, the PIT global, HPET and the
 //! `kvmclock`/`hv-time` CPU flags are derived again (`qlauncher_core::cmdline::devices::clock::lower_clock`),
 //! as libvirt renders them (`qemu_command.c` `qemuBuildClockArgStr`, `qemuBuildClockCommandLine`,
 //! `qemuBuildCpuCommandLine`; checks of `qemu_validate.c` `qemuValidateDomainDefClockTimers`).
