@@ -428,6 +428,22 @@ async fn begin(
         None => None,
         Some(p) => Some(incremental_sources(d, p, &disks, &found)?),
     };
+    if from.is_some() {
+        // A temporary bitmap an earlier backup could not remove (its QMP failed) would make the
+        // transaction fail on every later incremental backup: drop it (no backup runs now).
+        for (disk, node) in disks.iter().zip(&found) {
+            let name = temporary_bitmap(&disk.target_dev);
+            if node.dirty_bitmaps.iter().any(|b| b.name == name && !b.busy) {
+                let remove = BlockDirtyBitmapRemove {
+                    node: node.node_name.clone(),
+                    name: name.clone(),
+                };
+                if let Err(e) = client.run_timeout(&remove, QMP_TIMEOUT).await {
+                    warn!(bitmap = %name, error = %e, "cannot remove a stale temporary bitmap");
+                }
+            }
+        }
+    }
 
     // The metadata the backup shows while it runs.
     let volumes: Vec<BackupVolumeInfo> = disks
