@@ -89,6 +89,8 @@ pub const PULL_UNSUPPORTED: &str = "pull mode backups are not supported by qlaun
 /// How long the guest's freeze may take before the backup goes on unquiesced (the Start must
 /// answer within virt-handler's 20 s).
 pub const FREEZE_BUDGET: Duration = Duration::from_secs(10);
+/// How long a Start waits for the sync lock (to number the target nodes).
+const LOCK_BUDGET: Duration = Duration::from_secs(5);
 /// How long one QMP command of a backup may take.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 /// libvirt's `errmsg` of a cancelled job.
@@ -469,7 +471,11 @@ async fn begin(
     })?;
     *made_dir = true;
     let first_index = {
-        let mut r = running.lock().await;
+        // The sync lock (a hotplug may hold it for long): the Start must answer within 20 s,
+        // and virt-controller retries a refused one.
+        let mut r = tokio::time::timeout(LOCK_BUDGET, running.lock())
+            .await
+            .map_err(|_| refused("the domain is being changed by a sync, retry the backup"))?;
         let r = r.as_mut().ok_or(SyncError::NoDomain)?;
         let first = r.next_node;
         r.next_node += u32::try_from(disks.len()).unwrap_or(u32::MAX);
