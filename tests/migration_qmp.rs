@@ -213,6 +213,15 @@ async fn target(
 #[tokio::test]
 async fn block_migration_moves_the_overlay_and_the_vm_runs_on_the_target() {
     let pair = source_vm().await;
+    // A CBT checkpoint on the source's disk: it travels with the migration (`dirty-bitmaps`)
+    // to the target's fresh overlay, which without it would have no bitmap at all.
+    let c = pair.source.client();
+    c.execute(
+        "block-dirty-bitmap-add",
+        Some(json!({"node": NODE, "name": "c1", "persistent": true})),
+    )
+    .await
+    .unwrap();
     let sock_dir = tempfile::tempdir().unwrap();
     let control = sock_dir.path().join("control.sock");
     let sockets = target_sockets(sock_dir.path());
@@ -256,6 +265,21 @@ async fn block_migration_moves_the_overlay_and_the_vm_runs_on_the_target() {
     assert_eq!(status(t_vm.client()).await, "running");
     // The data written on the source is in the target's overlay (stopping flushes QEMU's qcow2
     // metadata), and the shared base shows through elsewhere.
+    let nodes = t_vm
+        .client()
+        .execute("query-named-block-nodes", None)
+        .await
+        .unwrap();
+    let bitmaps = nodes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node-name"] == NODE)
+        .map(|n| n["dirty-bitmaps"].clone())
+        .unwrap_or_default();
+    assert_eq!(bitmaps[0]["name"], "c1", "{nodes}");
+    assert_eq!(bitmaps[0]["persistent"], true, "{bitmaps}");
+    assert_eq!(bitmaps[0]["recording"], true, "{bitmaps}");
     t_vm.client().execute("stop", None).await.unwrap();
     let t_overlay = pair.target_dir.path().join("disk.qcow2");
     qemu_io(&t_overlay, "read -P 0xab 1M 64k", "read 65536/65536");

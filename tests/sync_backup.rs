@@ -14,7 +14,8 @@
 //!   aborted: Operation canceled` and no target file;
 //! - after the guest powers off and a new launcher boots the VM, `RedefineCheckpoint` of the
 //!   last checkpoint is valid and an incremental from it restores correctly; after QEMU is
-//!   SIGKILLed, the bitmap is inconsistent: `checkpointInvalid`, and the next backup is full.
+//!   SIGKILLed, the bitmap is inconsistent: `checkpointInvalid`, and the next backup is full;
+//! - a Start that cannot begin clears the metadata to `{}` and removes its directory.
 //!
 //! Needs root and the test guest (`scripts/build-guest`).
 
@@ -675,6 +676,39 @@ async fn scenario() {
     assert!(!b6.failed, "{b6:?}");
     let f6 = scene.target_file("b6", &checkpoint("b6", t6));
     assert_eq!(restore(&f6, None, &scratch), at_t6);
+
+    // A Start that cannot begin (a file already at the target path, libvirt's refusal) clears
+    // the metadata to {} (with an event) and removes the backup directory, so a retry starts
+    // fresh.
+    let t7 = "2026-12-03T10:00:08Z";
+    let f7 = scene.target_file("b7", &checkpoint("b7", t7));
+    std::fs::create_dir_all(f7.parent().unwrap()).unwrap();
+    std::fs::write(&f7, b"not a backup").unwrap();
+    let answer = backup(&mut client, &enabled, start_options(&scene, "b7", t7, None)).await;
+    assert!(!answer.success);
+    assert!(
+        answer.message.ends_with(&format!(
+            "store '{}' for backup of 'vdb' exists",
+            f7.display()
+        )),
+        "{}",
+        answer.message
+    );
+    assert!(!f7.parent().unwrap().exists(), "the directory is removed");
+    // The events arrive in order, the reset last.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let last = received
+            .lock()
+            .unwrap()
+            .last()
+            .and_then(|(_, d)| d.spec.metadata.kubevirt.backup.clone());
+        if last == Some(BackupMetadata::default()) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no reset metadata: {last:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     drop(launcher);
 }
 

@@ -30,6 +30,9 @@ pub enum Capability {
     PauseBeforeSwitchover,
     /// Activate block nodes on the target only at `cont` (target).
     LateBlockActivate,
+    /// Send the block nodes' dirty bitmaps in the stream, paired by node name (both): the
+    /// checkpoints of changed block tracking reach a target whose overlay is new.
+    DirtyBitmaps,
 }
 
 /// One capability and its state.

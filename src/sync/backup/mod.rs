@@ -89,6 +89,8 @@ pub const PULL_UNSUPPORTED: &str = "pull mode backups are not supported by qlaun
 /// How long the guest's freeze may take before the backup goes on unquiesced (the Start must
 /// answer within virt-handler's 20 s).
 pub const FREEZE_BUDGET: Duration = Duration::from_secs(10);
+/// How long a Start waits for the sync lock (to number the target nodes).
+const LOCK_BUDGET: Duration = Duration::from_secs(5);
 /// How long one QMP command of a backup may take.
 const QMP_TIMEOUT: Duration = Duration::from_secs(10);
 /// libvirt's `errmsg` of a cancelled job.
@@ -428,6 +430,22 @@ async fn begin(
         None => None,
         Some(p) => Some(incremental_sources(d, p, &disks, &found)?),
     };
+    if from.is_some() {
+        // A temporary bitmap an earlier backup could not remove (its QMP failed) would make the
+        // transaction fail on every later incremental backup: drop it (no backup runs now).
+        for (disk, node) in disks.iter().zip(&found) {
+            let name = temporary_bitmap(&disk.target_dev);
+            if node.dirty_bitmaps.iter().any(|b| b.name == name && !b.busy) {
+                let remove = BlockDirtyBitmapRemove {
+                    node: node.node_name.clone(),
+                    name: name.clone(),
+                };
+                if let Err(e) = client.run_timeout(&remove, QMP_TIMEOUT).await {
+                    warn!(bitmap = %name, error = %e, "cannot remove a stale temporary bitmap");
+                }
+            }
+        }
+    }
 
     // The metadata the backup shows while it runs.
     let volumes: Vec<BackupVolumeInfo> = disks
@@ -453,7 +471,11 @@ async fn begin(
     })?;
     *made_dir = true;
     let first_index = {
-        let mut r = running.lock().await;
+        // The sync lock (a hotplug may hold it for long): the Start must answer within 20 s,
+        // and virt-controller retries a refused one.
+        let mut r = tokio::time::timeout(LOCK_BUDGET, running.lock())
+            .await
+            .map_err(|_| refused("the domain is being changed by a sync, retry the backup"))?;
         let r = r.as_mut().ok_or(SyncError::NoDomain)?;
         let first = r.next_node;
         r.next_node += u32::try_from(disks.len()).unwrap_or(u32::MAX);

@@ -397,7 +397,12 @@ async fn resume_at_postcopy(qmp: QmpClient) {
 fn target_capability(name: &str) -> Option<Capability> {
     serde_json::from_value::<Capability>(serde_json::Value::String(name.to_owned()))
         .ok()
-        .filter(|c| matches!(c, Capability::Multifd | Capability::PostcopyRam))
+        .filter(|c| {
+            matches!(
+                c,
+                Capability::Multifd | Capability::PostcopyRam | Capability::DirtyBitmaps
+            )
+        })
 }
 
 async fn wait_incoming_completed(qmp: &QmpClient) -> Result<(), MigrationError> {

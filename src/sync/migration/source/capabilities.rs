@@ -1,6 +1,10 @@
 //! The migration capabilities of the source, and the ones the target must enable too: what
 //! KubeVirt's options turn on (libvirt's `qemuMigrationParamsApply` sets each one it knows on
-//! every migration), and the post-copy + multifd pair an older QEMU cannot run.
+//! every migration), the post-copy + multifd pair an older QEMU cannot run, and `dirty-bitmaps`
+//! when a block node has a persistent dirty bitmap (a checkpoint of changed block tracking):
+//! KubeVirt v1.9's libvirt 11.10.0-12 always migrates them, also to a target whose CBT overlay
+//! is new (RWO backend storage); on a shared overlay the bitmaps arrive with their counts too
+//! (QEMU 7.2, checked with two QEMUs on one overlay).
 
 use crate::qmp::migration::{Capability, CapabilityState, MigrateSetCapabilities};
 use crate::qmp::QmpClient;
@@ -38,7 +42,7 @@ pub fn capabilities(options: &MigrationOptions) -> (Vec<Capability>, Vec<String>
 /// post-copy makes a target without it fail the incoming stream. libvirt likewise sets each
 /// capability it knows on every migration (`qemuMigrationParamsApply`).
 pub fn set_capabilities(on: &[Capability]) -> MigrateSetCapabilities {
-    const MANAGED: [Capability; 7] = [
+    const MANAGED: [Capability; 8] = [
         Capability::Events,
         Capability::ReturnPath,
         Capability::PauseBeforeSwitchover,
@@ -46,6 +50,7 @@ pub fn set_capabilities(on: &[Capability]) -> MigrateSetCapabilities {
         Capability::PostcopyRam,
         Capability::Multifd,
         Capability::LateBlockActivate,
+        Capability::DirtyBitmaps,
     ];
     MigrateSetCapabilities {
         capabilities: MANAGED
@@ -73,6 +78,10 @@ pub(super) async fn negotiate(
         // stopped; without mirrors it would only add a QMP round trip to the downtime.
         caps.retain(|&c| c != Capability::PauseBeforeSwitchover);
     }
+    if has_persistent_bitmaps(qmp).await {
+        caps.push(Capability::DirtyBitmaps);
+        shared.push("dirty-bitmaps".to_owned());
+    }
     domain.multifd_channels = options.parallel_migration_threads.filter(|&n| n > 0);
     let both = caps.contains(&Capability::PostcopyRam) && caps.contains(&Capability::Multifd);
     let mut one_channel = |caps: &mut Vec<Capability>, domain: &mut RunningDomain| {
@@ -83,6 +92,7 @@ pub(super) async fn negotiate(
     if both && qmp.greeting().version < (10, 0, 0) {
         one_channel(&mut caps, domain);
     }
+
     if let Err(e) = qmp.run(&set_capabilities(&caps)).await {
         if !caps.contains(&Capability::Multifd) || !caps.contains(&Capability::PostcopyRam) {
             return Err(e.into());
@@ -92,6 +102,21 @@ pub(super) async fn negotiate(
     }
     domain.capabilities = shared;
     Ok(())
+}
+
+/// Whether a block node carries a persistent dirty bitmap (a CBT checkpoint); a failed query
+/// counts as none (the migration then goes on without the bitmaps, as upstream libvirt's does
+/// for shared disks).
+async fn has_persistent_bitmaps(qmp: &QmpClient) -> bool {
+    match qmp.run(&crate::qmp::commands::QueryNamedBlockNodes).await {
+        Ok(nodes) => nodes
+            .iter()
+            .any(|n| n.dirty_bitmaps.iter().any(|b| b.persistent)),
+        Err(e) => {
+            tracing::warn!(error = %e, "query-named-block-nodes failed: no dirty bitmaps migrate");
+            false
+        }
+    }
 }
 
 #[cfg(test)]
@@ -115,5 +140,6 @@ mod tests {
         assert_eq!(state(Capability::LateBlockActivate), Some(false));
         assert_eq!(state(Capability::AutoConverge), Some(false));
         assert_eq!(state(Capability::PauseBeforeSwitchover), Some(false));
+        assert_eq!(state(Capability::DirtyBitmaps), Some(false));
     }
 }
