@@ -67,5 +67,11 @@ async fn a_sidecar_failing_info_stops_the_launcher_naming_its_socket() {
         log.contains("hook-sidecar-0/shim.sock") && log.contains("Info"),
         "log:\n{log}"
     );
+    // The launcher's own step failed; no QEMU ever ran, and the log does not say one exited.
+    assert!(
+        log.contains("the launcher failed: collecting the hook sidecars")
+            && !log.contains("QEMU exited"),
+        "log:\n{log}"
+    );
     assert_eq!(pod.qemu_pids(), Vec::<i32>::new());
 }

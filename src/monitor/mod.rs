@@ -99,6 +99,13 @@ pub enum MonitorError {
     /// The ACPI power button request failed.
     #[error("pressing the ACPI power button")]
     PowerButton(#[source] std::io::Error),
+    /// A step of the launcher itself failed (collecting the hook sidecars, the command server,
+    /// a standalone VMI), whether or not QEMU ever ran.
+    #[error("the launcher failed: {reason}")]
+    LauncherFailed {
+        /// The step and its error chain, e.g. `collecting the hook sidecars: ...`.
+        reason: String,
+    },
     /// QEMU ended without a shutdown request (crash or unexpected exit).
     #[error("QEMU exited unexpectedly: {reason}")]
     QemuExited {

@@ -88,7 +88,7 @@ async fn run_sync(
         .map_err(|e| failed("marking the command server ready", &e))?;
     let (sync_err_tx, mut sync_err_rx) = tokio::sync::mpsc::channel::<String>(1);
     if let Some(value) = standalone {
-        let vmi: Vmi = serde_json::from_value(value).map_err(|e| MonitorError::QemuExited {
+        let vmi: Vmi = serde_json::from_value(value).map_err(|e| MonitorError::LauncherFailed {
             reason: format!("STANDALONE_VMI is not a VMI: {e}"),
         })?;
         let m = manager.clone();
@@ -100,7 +100,7 @@ async fn run_sync(
     }
     let result = tokio::select! {
         r = launcher::run(config, &*manager, stop) => r.map(drop),
-        Some(reason) = sync_err_rx.recv() => Err(MonitorError::QemuExited {
+        Some(reason) = sync_err_rx.recv() => Err(MonitorError::LauncherFailed {
             reason: format!("standalone VMI sync failed: {reason}"),
         }),
     };
@@ -143,7 +143,7 @@ async fn run_sync(
 use crate::sys::error::error_chain;
 
 fn failed(step: &str, e: &dyn std::error::Error) -> MonitorError {
-    MonitorError::QemuExited {
+    MonitorError::LauncherFailed {
         reason: format!("{step}: {}", error_chain(e)),
     }
 }
