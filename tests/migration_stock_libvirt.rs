@@ -13,11 +13,16 @@
 //! on in order (virt-handler's proxy), and libvirt's QEMU streams to the socket the target's
 //! answer names.
 //!
-//! First a device qlauncher's conversion of the VMI does not have (a SCSI disk hot-plugged into
-//! the source with a `ua-` alias) is refused in Prepare, naming the disk, and the source runs on
-//! with the same boot; with the disk unplugged the migration completes and the guest runs on
-//! qlauncher's QEMU with the same boot id (read by qlauncher's guest agent client), and the
-//! file it wrote to its disk on the source. Needs root, libvirtd (`scripts/install-deps`) and
+//! One boot of the source serves every step. First a device qlauncher's conversion of the VMI
+//! does not have (a SCSI disk hot-plugged into the source with a `ua-` alias) is refused in
+//! Prepare, naming the disk, and the source runs on with the same boot. With the disk unplugged,
+//! a slow migration (1 MiB/s) is cancelled mid-stream (`virsh domjobabort`): libvirt's Finish
+//! says cancelled, the target's QEMU stops, the source runs on. Then a second target pod takes
+//! the domain with KubeVirt's default 8 multifd channels (`--parallel`, put in order for QEMU
+//! 7.2 by the target): the guest runs on qlauncher's QEMU with the same boot id (read through
+//! the launcher's guest agent), the file it wrote to its disk under libvirt, the source's domain
+//! stopped. Not covered: the pod network (the source has no NIC here), a copied (non-shared)
+//! disk. Needs root, libvirtd (`scripts/install-deps`) and
 //! the test guest (`scripts/build-guest`).
 
 use std::path::{Path, PathBuf};
@@ -102,6 +107,19 @@ exec /usr/sbin/libvirtd --timeout 0"#
             .args(["-m", "virsh", "-q", "-c", "qemu:///system"])
             .args(args)
             .output()
+            .expect("nsenter virsh")
+    }
+
+    /// [`Self::virsh`] running in the background.
+    fn virsh_spawn(&self, args: &[&str]) -> Child {
+        Command::new("nsenter")
+            .arg("-t")
+            .arg(self.child.id().to_string())
+            .args(["-m", "virsh", "-q", "-c", "qemu:///system"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .expect("nsenter virsh")
     }
 
@@ -209,6 +227,44 @@ async fn relay(listen: UnixListener, dial: PathBuf) {
     }
 }
 
+/// Starts a launcher in `pod`, sends it `SyncMigrationTarget` for `json` and relays
+/// `<work>/proxy-<tag>.sock` to its role-0 socket. Returns the launcher's index, its client,
+/// the libvirt URI of the relay and the relay's task.
+async fn prepare_target(
+    pod: &mut Pod,
+    json: &serde_json::Value,
+    work: &Path,
+    tag: &str,
+) -> (
+    usize,
+    testkit::handler::Client,
+    String,
+    tokio::task::JoinHandle<()>,
+) {
+    let n = pod.start_launcher();
+    let mut c = pod.client(n).await;
+    assert_eq!(Rpc::sync_target(&mut c, json).await, (true, String::new()));
+    let sock = work.join(format!("proxy-{tag}.sock"));
+    let listener = UnixListener::bind(&sock).unwrap();
+    let proxy = tokio::spawn(relay(
+        listener,
+        pod.root.join("var/run/libvirt/virtqemud-sock"),
+    ));
+    let dest = format!("qemu+unix:///system?socket={}", sock.display());
+    (n, c, dest, proxy)
+}
+
+/// `virsh migrate` with KubeVirt's flags to `dest`, and `extra`. `--unsafe` (KubeVirt's
+/// UnsafeMigration): the PVC is shared between the pods, but on a local file system here, which
+/// libvirt cannot tell from an unshared one (`qemuMigrationSrcIsSafe` wants NFS, Ceph or a
+/// cluster file system).
+fn migrate_args<'a>(dest: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec!["migrate", "--live", "--p2p", "--persistent", "--unsafe"];
+    args.extend_from_slice(extra);
+    args.extend([DOMAIN, dest]);
+    args
+}
+
 fn boot_id(console: &mut Console) -> String {
     let (rc, out) = console
         .run(
@@ -278,35 +334,8 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
         .unwrap();
     assert_eq!(rc, 0, "{out}");
 
-    // The target pod, prepared by "virt-handler", and its proxy.
-    let n = target.start_launcher();
-    let mut tc = target.client(n).await;
-    assert_eq!(
-        Rpc::sync_target(&mut tc, &json).await,
-        (true, String::new())
-    );
-    let relay_sock = work.join("proxy.sock");
-    let listener = UnixListener::bind(&relay_sock).unwrap();
-    let proxy = tokio::spawn(relay(
-        listener,
-        target.root.join("var/run/libvirt/virtqemud-sock"),
-    ));
-    let dest = format!("qemu+unix:///system?socket={}", relay_sock.display());
-    let migrate = |ld: &Libvirtd| {
-        // `--unsafe` (KubeVirt's UnsafeMigration): the PVC is shared between the pods, but on a
-        // local file system here, which libvirt cannot tell from an unshared one
-        // (`qemuMigrationSrcIsSafe` wants NFS, Ceph or a cluster file system).
-        ld.virsh(&[
-            "migrate",
-            "--live",
-            "--p2p",
-            "--persistent",
-            "--unsafe",
-            DOMAIN,
-            &dest,
-        ])
-    };
-
+    // The first target pod, prepared by "virt-handler", and its proxy.
+    let (a_n, _a_client, a_dest, a_proxy) = prepare_target(&mut target, &json, work, "a").await;
     // A device qlauncher's conversion does not have: refused in Prepare, the source runs on.
     let extra = work.join("extra.img");
     std::fs::File::create(&extra)
@@ -326,7 +355,7 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     .unwrap();
     let disk_xml = disk_xml.display().to_string();
     ld.virsh_ok(&["attach-device", DOMAIN, &disk_xml, "--live"]);
-    let refused = migrate(&ld);
+    let refused = ld.virsh(&migrate_args(&a_dest, &[]));
     let err = String::from_utf8_lossy(&refused.stderr).into_owned();
     assert!(!refused.status.success(), "the migration was not refused");
     assert!(
@@ -337,18 +366,71 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     assert_eq!(boot_id(&mut console), boot, "the source runs on, same boot");
     ld.virsh_ok(&["detach-device", DOMAIN, &disk_xml, "--live"]);
 
-    // The migration.
-    let moved = migrate(&ld);
+    // A cancel mid-stream (virsh domjobabort, KubeVirt's CancelVirtualMachineMigration):
+    // libvirt's Finish says cancelled, the target's QEMU stops, the source runs on.
+    let slow = ld.virsh_spawn(&migrate_args(&a_dest, &["--bandwidth", "1"]));
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while target.qemu_pids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no incoming QEMU:\n{}",
+            target.log(a_n)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ld.virsh_ok(&["domjobabort", DOMAIN]);
+    let cancelled = slow.wait_with_output().unwrap();
+    assert!(
+        !cancelled.status.success(),
+        "the migration was not cancelled"
+    );
+    assert_eq!(ld.domstate(), "running");
+    assert_eq!(boot_id(&mut console), boot, "the source runs on, same boot");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !target.qemu_pids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cancelled target's QEMU still runs:\n{}",
+            target.log(a_n)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        target
+            .log(a_n)
+            .contains("the libvirt source's Perform failed: stopping the target's QEMU"),
+        "Finish said cancelled:\n{}",
+        target.log(a_n)
+    );
+    a_proxy.abort();
+
+    // The migration, to a second target pod, with KubeVirt's default options: 8 multifd
+    // channels (`ParallelMigrationThreads`, VIR_MIGRATE_PARALLEL).
+    let mut second = Pod::new(&guest.disk_qcow2, false);
+    second.uid = uid.clone();
+    link_pvc(&second.private(), &image);
+    let json = vmi_json(&uid, &migration_uid, &second.pod_name());
+    let (n, mut tc, dest, proxy) = prepare_target(&mut second, &json, work, "b").await;
+    let moved = ld.virsh(&migrate_args(
+        &dest,
+        &["--parallel", "--parallel-connections", "8"],
+    ));
     assert!(
         moved.status.success(),
         "virsh migrate: {}\nlibvirtd:\n{}\ntarget launcher:\n{}",
         String::from_utf8_lossy(&moved.stderr),
         ld.log(),
-        target.log(n)
+        second.log(n)
+    );
+    assert!(
+        second.log(n).contains("orders the multifd channels"),
+        "the stream came in 8 multifd channels, put in order for QEMU 7.2:\n{}",
+        second.log(n)
     );
     drop(console);
     wait_notified(
-        &target,
+        &second,
         "target Running with EndTimestamp",
         MIGRATION,
         |d| {
