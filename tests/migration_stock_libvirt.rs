@@ -76,7 +76,8 @@ for db in passwd group; do
 done
 printf 'user = "root"\ngroup = "root"\ndynamic_ownership = 0\nsecurity_driver = "none"\nnamespaces = []\ncgroup_controllers = []\nstdio_handler = "file"\nremember_owner = 0\n' >/etc/libvirt/qemu.conf
 printf 'listen_tls = 0\nlisten_tcp = 0\nlog_outputs = "3:stderr"\n' >/etc/libvirt/libvirtd.conf
-exec /usr/sbin/libvirtd --timeout 0"#
+# /run itself is the host's: the pid file goes to the private /run/libvirt (parallel daemons).
+exec /usr/sbin/libvirtd --timeout 0 --pid-file /run/libvirt/libvirtd.pid"#
         );
         let child = Command::new("unshare")
             .args(["-m", "--propagation", "private", "sh", "-c", &script])
@@ -265,6 +266,74 @@ fn migrate_args<'a>(dest: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
+/// The stock side: libvirtd (in `work`) running the domain defined from qlauncher's export of
+/// the VMI `json` in a pod root of its own, its disk the PVC `image`, booted to the guest's
+/// prompt. Returns the daemon, the guest's serial console and its boot id.
+fn boot_source(work: &Path, json: &serde_json::Value, image: &Path) -> (Libvirtd, Console, String) {
+    let src_root = work.join("src");
+    let mut vmi = Vmi::from_json_or_yaml(&json.to_string()).unwrap();
+    vmi.apply_defaults(&DefaultsConfig::for_manifest(&vmi, "hv"));
+    let mut ctx =
+        testkit::cmdline::acceptance_context(&vmi, &FactsFile::default(), &src_root, "qlstk");
+    ctx.qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
+    // The PVC as the target's launcher finds it (a preallocated raw file with O_DIRECT).
+    ctx.volumes.insert(
+        "rootdisk".into(),
+        VolumeFacts {
+            kind: StorageKind::File,
+            format: ImageFormat::Raw,
+            virtual_size: Some(std::fs::metadata(image).unwrap().len()),
+            direct_io: true,
+            preallocated: true,
+            cbt_overlay: false,
+        },
+    );
+    let plan = convert(&vmi, &ctx).unwrap();
+    create_pod_dirs(&src_root);
+    chardev_dirs_and_blockdevs(&plan);
+    link_pvc(Path::new(&ctx.paths.private_dir), image);
+    let xml = libvirt::for_libvirt9(&to_xml(&export(&vmi, &ctx, &plan).unwrap()).unwrap());
+    std::fs::write(work.join("domain.xml"), &xml).unwrap();
+    let ld = Libvirtd::start(work);
+    let domain_xml = work.join("domain.xml").display().to_string();
+    ld.virsh_ok(&["define", &domain_xml]);
+    ld.virsh_ok(&["start", DOMAIN]);
+    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
+    let mut console = Console::connect(&serial_path(&live), Duration::from_secs(30)).unwrap();
+    console
+        .wait_for_marker("boot ok", BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\nlibvirtd:\n{}", ld.log()));
+    console.wait_for_prompt(BOOT_TIMEOUT).unwrap();
+    let boot = boot_id(&mut console);
+    (ld, console, boot)
+}
+
+/// Waits (up to 60 s) until `pod` has a QEMU.
+async fn wait_incoming_qemu(pod: &Pod, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while pod.qemu_pids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no incoming QEMU:\n{}",
+            pod.log(n)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits (up to 30 s) until `pod` has no QEMU left.
+async fn wait_no_qemu(pod: &Pod, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !pod.qemu_pids().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the target's QEMU still runs:\n{}",
+            pod.log(n)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 fn boot_id(console: &mut Console) -> String {
     let (rc, out) = console
         .run(
@@ -290,42 +359,7 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     let json = vmi_json(&uid, &migration_uid, &target.pod_name());
     link_pvc(&target.private(), &image);
 
-    // The stock side: libvirt's domain from qlauncher's export of the VMI in a pod of its own.
-    let src_root = work.join("src");
-    let mut vmi = Vmi::from_json_or_yaml(&json.to_string()).unwrap();
-    vmi.apply_defaults(&DefaultsConfig::for_manifest(&vmi, "hv"));
-    let mut ctx =
-        testkit::cmdline::acceptance_context(&vmi, &FactsFile::default(), &src_root, "qlstk");
-    ctx.qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
-    // The PVC as the target's launcher finds it (a preallocated raw file with O_DIRECT).
-    ctx.volumes.insert(
-        "rootdisk".into(),
-        VolumeFacts {
-            kind: StorageKind::File,
-            format: ImageFormat::Raw,
-            virtual_size: Some(std::fs::metadata(&image).unwrap().len()),
-            direct_io: true,
-            preallocated: true,
-            cbt_overlay: false,
-        },
-    );
-    let plan = convert(&vmi, &ctx).unwrap();
-    create_pod_dirs(&src_root);
-    chardev_dirs_and_blockdevs(&plan);
-    link_pvc(Path::new(&ctx.paths.private_dir), &image);
-    let xml = libvirt::for_libvirt9(&to_xml(&export(&vmi, &ctx, &plan).unwrap()).unwrap());
-    std::fs::write(work.join("domain.xml"), &xml).unwrap();
-    let ld = Libvirtd::start(work);
-    let domain_xml = work.join("domain.xml").display().to_string();
-    ld.virsh_ok(&["define", &domain_xml]);
-    ld.virsh_ok(&["start", DOMAIN]);
-    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
-    let mut console = Console::connect(&serial_path(&live), Duration::from_secs(30)).unwrap();
-    console
-        .wait_for_marker("boot ok", BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}\nlibvirtd:\n{}", ld.log()));
-    console.wait_for_prompt(BOOT_TIMEOUT).unwrap();
-    let boot = boot_id(&mut console);
+    let (ld, mut console, boot) = boot_source(work, &json, &image);
     let (rc, out) = console
         .run(
             "echo written-under-libvirt >/data/stock && sync",
@@ -369,15 +403,7 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     // A cancel mid-stream (virsh domjobabort, KubeVirt's CancelVirtualMachineMigration):
     // libvirt's Finish says cancelled, the target's QEMU stops, the source runs on.
     let slow = ld.virsh_spawn(&migrate_args(&a_dest, &["--bandwidth", "1"]));
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while target.qemu_pids().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no incoming QEMU:\n{}",
-            target.log(a_n)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_incoming_qemu(&target, a_n).await;
     tokio::time::sleep(Duration::from_secs(2)).await;
     ld.virsh_ok(&["domjobabort", DOMAIN]);
     let cancelled = slow.wait_with_output().unwrap();
@@ -387,15 +413,7 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     );
     assert_eq!(ld.domstate(), "running");
     assert_eq!(boot_id(&mut console), boot, "the source runs on, same boot");
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while !target.qemu_pids().is_empty() {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cancelled target's QEMU still runs:\n{}",
-            target.log(a_n)
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_no_qemu(&target, a_n).await;
     assert!(
         target
             .log(a_n)
@@ -450,5 +468,42 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     assert_eq!(id.trim(), boot, "the same boot runs on qlauncher");
     let data = exec_until_ok(&mut tc, "cat /data/stock", Duration::from_secs(30)).await;
     assert_eq!(data.trim(), "written-under-libvirt");
+    proxy.abort();
+}
+
+/// The source's libvirt dies mid-stream (killed while a slow migration runs): the control
+/// connection drops, and the target stops its incoming QEMU (libvirt's auto-destroy of an
+/// incoming domain whose connection went away); the launcher's migration failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_target_is_clean_when_the_stock_source_dies_mid_stream() {
+    let guest = GuestImages::locate();
+    let work = tempfile::Builder::new().prefix("qlstd").tempdir().unwrap();
+    let work = work.path();
+    let image = work.join("shared.img");
+    std::fs::copy(&guest.disk_raw, &image).unwrap();
+    let mut target = Pod::new(&guest.disk_qcow2, false);
+    let uid = target.uid.clone();
+    let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
+    let json = vmi_json(&uid, &migration_uid, &target.pod_name());
+    link_pvc(&target.private(), &image);
+    let (mut ld, _console, _) = boot_source(work, &json, &image);
+    let (n, _c, dest, proxy) = prepare_target(&mut target, &json, work, "a").await;
+    let slow = ld.virsh_spawn(&migrate_args(&dest, &["--bandwidth", "1"]));
+    wait_incoming_qemu(&target, n).await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let qemu = ld.qemu_pid();
+    ld.child.kill().unwrap();
+    ld.child.wait().unwrap();
+    let _ = slow.wait_with_output();
+    wait_no_qemu(&target, n).await;
+    assert!(
+        target.log(n).contains("stopping the target's QEMU"),
+        "{}",
+        target.log(n)
+    );
+    if let Some(pid) = qemu {
+        // SAFETY: kill(2) of the orphaned source QEMU this test's libvirtd started.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
     proxy.abort();
 }
