@@ -21,8 +21,9 @@
 //! the domain with KubeVirt's default 8 multifd channels (`--parallel`, put in order for QEMU
 //! 7.2 by the target): the guest runs on qlauncher's QEMU with the same boot id (read through
 //! the launcher's guest agent), the file it wrote to its disk under libvirt, the source's domain
-//! stopped. Not covered: the pod network (the source has no NIC here), a copied (non-shared)
-//! disk. Needs root, libvirtd (`scripts/install-deps`) and
+//! stopped. A containerDisk VMI moves its overlay as KubeVirt's block migration does (libvirt's NBD
+//! mirror to the target's export). A source whose libvirt dies mid-stream leaves the target
+//! clean. Not covered: the pod network (the source has no NIC here). Needs root, libvirtd (`scripts/install-deps`) and
 //! the test guest (`scripts/build-guest`).
 
 use std::path::{Path, PathBuf};
@@ -30,12 +31,13 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
 use qlauncher::cmdline::context::{ImageFormat, StorageKind, VolumeFacts};
+use qlauncher::cmdline::qemu::FormatDriver;
 use qlauncher::cmdline::{convert, FactsFile};
 use qlauncher::sync::domain::LifeCycle;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt;
 use qlauncher_libvirt_xml::{export, to_xml};
-use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs};
+use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs, missing_images};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
 use testkit::launcher::Pod;
 use testkit::migration::{exec_until_ok, metadata, wait_notified, Rpc};
@@ -167,6 +169,15 @@ impl Drop for Libvirtd {
 /// devices (serial console, guest agent channel, balloon, VNC), no pod network, as
 /// virt-handler sends it to the target during the migration `migration_uid`.
 fn vmi_json(uid: &str, migration_uid: &str, target_pod: &str) -> serde_json::Value {
+    let mut v = container_disk_vmi_json(uid, migration_uid, target_pod);
+    v["spec"]["domain"]["devices"]["disks"][0]["cache"] = "none".into();
+    v["spec"]["volumes"][0] =
+        serde_json::json!({"name": "rootdisk", "persistentVolumeClaim": {"claimName": "shared"}});
+    v
+}
+
+/// [`vmi_json`] with the test guest as a containerDisk (pod-local: copied over NBD).
+fn container_disk_vmi_json(uid: &str, migration_uid: &str, target_pod: &str) -> serde_json::Value {
     serde_json::json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
@@ -178,10 +189,11 @@ fn vmi_json(uid: &str, migration_uid: &str, target_pod: &str) -> serde_json::Val
                 "resources": {"requests": {"memory": "128Mi"}},
                 "devices": {
                     "autoattachPodInterface": false,
-                    "disks": [{"name": "rootdisk", "cache": "none", "disk": {"bus": "virtio"}}]
+                    "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]
                 }
             },
-            "volumes": [{"name": "rootdisk", "persistentVolumeClaim": {"claimName": "shared"}}]
+            "volumes": [{"name": "rootdisk",
+                         "containerDisk": {"image": "qlauncher/test-guest:latest"}}]
         },
         "status": {
             "migrationTransport": "Unix",
@@ -269,29 +281,57 @@ fn migrate_args<'a>(dest: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
 /// The stock side: libvirtd (in `work`) running the domain defined from qlauncher's export of
 /// the VMI `json` in a pod root of its own, its disk the PVC `image`, booted to the guest's
 /// prompt. Returns the daemon, the guest's serial console and its boot id.
-fn boot_source(work: &Path, json: &serde_json::Value, image: &Path) -> (Libvirtd, Console, String) {
+fn boot_source(
+    work: &Path,
+    json: &serde_json::Value,
+    image: Option<&Path>,
+    guest: &GuestImages,
+) -> (Libvirtd, Console, String) {
     let src_root = work.join("src");
     let mut vmi = Vmi::from_json_or_yaml(&json.to_string()).unwrap();
     vmi.apply_defaults(&DefaultsConfig::for_manifest(&vmi, "hv"));
     let mut ctx =
         testkit::cmdline::acceptance_context(&vmi, &FactsFile::default(), &src_root, "qlstk");
     ctx.qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
-    // The PVC as the target's launcher finds it (a preallocated raw file with O_DIRECT).
-    ctx.volumes.insert(
-        "rootdisk".into(),
-        VolumeFacts {
-            kind: StorageKind::File,
-            format: ImageFormat::Raw,
-            virtual_size: Some(std::fs::metadata(image).unwrap().len()),
-            direct_io: true,
-            preallocated: true,
-            cbt_overlay: false,
-        },
-    );
+    if let Some(image) = image {
+        // The PVC as the target's launcher finds it (a preallocated raw file with O_DIRECT).
+        ctx.volumes.insert(
+            "rootdisk".into(),
+            VolumeFacts {
+                kind: StorageKind::File,
+                format: ImageFormat::Raw,
+                virtual_size: Some(std::fs::metadata(image).unwrap().len()),
+                direct_io: true,
+                preallocated: true,
+                cbt_overlay: false,
+            },
+        );
+    }
     let plan = convert(&vmi, &ctx).unwrap();
     create_pod_dirs(&src_root);
-    chardev_dirs_and_blockdevs(&plan);
-    link_pvc(Path::new(&ctx.paths.private_dir), image);
+    let blockdevs = chardev_dirs_and_blockdevs(&plan);
+    match image {
+        Some(image) => {
+            link_pvc(Path::new(&ctx.paths.private_dir), image);
+        }
+        None => {
+            // The containerDisk: the image (raw) and the pod's own overlay on it.
+            for (path, fmt) in missing_images(&blockdevs) {
+                std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+                let ok = match fmt {
+                    Some(FormatDriver::Qcow2) => Command::new("qemu-img")
+                        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-b"])
+                        .arg(&guest.disk_raw)
+                        .arg(path)
+                        .status()
+                        .unwrap()
+                        .success(),
+                    _ => std::fs::copy(&guest.disk_raw, path).is_ok(),
+                };
+                assert!(ok, "image {}", path.display());
+            }
+        }
+    }
     let xml = libvirt::for_libvirt9(&to_xml(&export(&vmi, &ctx, &plan).unwrap()).unwrap());
     std::fs::write(work.join("domain.xml"), &xml).unwrap();
     let ld = Libvirtd::start(work);
@@ -359,7 +399,7 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     let json = vmi_json(&uid, &migration_uid, &target.pod_name());
     link_pvc(&target.private(), &image);
 
-    let (ld, mut console, boot) = boot_source(work, &json, &image);
+    let (ld, mut console, boot) = boot_source(work, &json, Some(&image), &guest);
     let (rc, out) = console
         .run(
             "echo written-under-libvirt >/data/stock && sync",
@@ -486,7 +526,7 @@ async fn the_target_is_clean_when_the_stock_source_dies_mid_stream() {
     let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
     let json = vmi_json(&uid, &migration_uid, &target.pod_name());
     link_pvc(&target.private(), &image);
-    let (mut ld, _console, _) = boot_source(work, &json, &image);
+    let (mut ld, _console, _) = boot_source(work, &json, Some(&image), &guest);
     let (n, _c, dest, proxy) = prepare_target(&mut target, &json, work, "a").await;
     let slow = ld.virsh_spawn(&migrate_args(&dest, &["--bandwidth", "1"]));
     wait_incoming_qemu(&target, n).await;
@@ -505,5 +545,79 @@ async fn the_target_is_clean_when_the_stock_source_dies_mid_stream() {
         // SAFETY: kill(2) of the orphaned source QEMU this test's libvirtd started.
         unsafe { libc::kill(pid, libc::SIGKILL) };
     }
+    proxy.abort();
+}
+
+/// KubeVirt's block migration of a pod-local disk (a containerDisk's overlay): libvirt's source
+/// mirrors it (`--copy-storage-inc`, `migrate_disks`, `disks_uri` on the proxy's NBD socket) to
+/// the NBD export the target's Prepare made of its own overlay, and the file the guest wrote
+/// under libvirt is on qlauncher's side after the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
+    let guest = GuestImages::locate();
+    let work = tempfile::Builder::new().prefix("qlstn").tempdir().unwrap();
+    let work = work.path();
+    let mut target = Pod::new(&guest.disk_qcow2, false);
+    let uid = target.uid.clone();
+    let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
+    let json = container_disk_vmi_json(&uid, &migration_uid, &target.pod_name());
+    let (ld, mut console, boot) = boot_source(work, &json, None, &guest);
+    let (rc, out) = console
+        .run(
+            "echo copied-from-libvirt >/data/nbd && sync",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(rc, 0, "{out}");
+    let (n, mut tc, dest, proxy) = prepare_target(&mut target, &json, work, "a").await;
+    let nbd = format!(
+        "unix://{}",
+        target
+            .share()
+            .join(format!("migrationproxy/{uid}-49153-source.sock"))
+            .display()
+    );
+    let moved = ld.virsh(&migrate_args(
+        &dest,
+        &[
+            "--copy-storage-inc",
+            "--migrate-disks",
+            "vda",
+            "--disks-uri",
+            &nbd,
+        ],
+    ));
+    assert!(
+        moved.status.success(),
+        "virsh migrate: {}\nlibvirtd:\n{}\ntarget launcher:\n{}",
+        String::from_utf8_lossy(&moved.stderr),
+        ld.log(),
+        target.log(n)
+    );
+    drop(console);
+    wait_notified(
+        &target,
+        "target Running with EndTimestamp",
+        MIGRATION,
+        |d| {
+            d.status.status == LifeCycle::Running
+                && metadata(d).is_some_and(|m| m.uid == migration_uid && m.end_timestamp.is_some())
+        },
+    )
+    .await;
+    let id = exec_until_ok(
+        &mut tc,
+        "cat /proc/sys/kernel/random/boot_id",
+        Duration::from_secs(120),
+    )
+    .await;
+    assert_eq!(id.trim(), boot, "the same boot runs on qlauncher");
+    let data = exec_until_ok(
+        &mut tc,
+        "echo 3 >/proc/sys/vm/drop_caches; cat /data/nbd",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(data.trim(), "copied-from-libvirt");
     proxy.abort();
 }

@@ -43,9 +43,9 @@ pub mod flags {
     pub const TUNNELLED: u32 = 1 << 2;
     /// `VIR_MIGRATE_PAUSED`: the domain stays paused on the target.
     pub const PAUSED: u32 = 1 << 5;
-    /// `VIR_MIGRATE_NON_SHARED_DISK`: full copy of local disks over NBD; not served yet.
+    /// `VIR_MIGRATE_NON_SHARED_DISK`: full copy of local disks over NBD.
     pub const NON_SHARED_DISK: u32 = 1 << 6;
-    /// `VIR_MIGRATE_NON_SHARED_INC`: incremental copy of local disks over NBD; not served yet.
+    /// `VIR_MIGRATE_NON_SHARED_INC`: incremental copy of local disks over NBD (KubeVirt's).
     pub const NON_SHARED_INC: u32 = 1 << 7;
     /// `VIR_MIGRATE_OFFLINE`: no running domain; not served.
     pub const OFFLINE: u32 = 1 << 10;
@@ -400,41 +400,54 @@ pub fn compare_devices(theirs: &Node, ours: &Node) -> Result<(), String> {
 }
 
 /// The `<qemu-migration>` cookie of this target (NUL-terminated, as libvirt sends and checks
-/// cookies): the domain's name and UUID and this host's name and UUID. The host UUID is a random
+/// cookies): the domain's name and UUID, this host's name and UUID, and with `nbd` an `<nbd/>`
+/// (the target's NBD server for copied disks listens on the `disks_uri` the source has, so no
+/// port; libvirt's source mirrors only to a target whose cookie has it). The host UUID is a random
 /// one per connection, so never the source's (libvirt refuses a migration to its own host,
 /// `qemuMigrationCookieXMLParse`); the source's cookie (its capabilities, `lockstate`) asks
 /// nothing of a target that answers without features.
-pub fn target_cookie(identity: &Identity, hostname: &str, host_uuid: &uuid::Uuid) -> Vec<u8> {
+pub fn target_cookie(
+    identity: &Identity,
+    hostname: &str,
+    host_uuid: &uuid::Uuid,
+    nbd: bool,
+) -> Vec<u8> {
     let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
     let xml = format!(
         "<qemu-migration>\n  <name>{}</name>\n  <uuid>{}</uuid>\n  <hostname>{}</hostname>\n  \
-         <hostuuid>{}</hostuuid>\n</qemu-migration>\n",
+         <hostuuid>{}</hostuuid>\n{}</qemu-migration>\n",
         esc(&identity.name),
         identity.uuid.hyphenated(),
         esc(hostname),
-        host_uuid.hyphenated()
+        host_uuid.hyphenated(),
+        if nbd { "  <nbd/>\n" } else { "" }
     );
     let mut out = xml.into_bytes();
     out.push(0);
     out
 }
 
-/// The multifd and post-copy settings of a Prepare's `flags` and `params`; other flags a
-/// target here cannot honour are refused naming them.
-fn stream_settings(
-    flags: u32,
-    params: &[TypedParam],
-) -> Result<(Vec<String>, Option<u32>, bool), String> {
+/// How the source's libvirt sends the domain ([`stream_settings`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StreamSettings {
+    /// Migration capabilities the target enables too (`multifd`, `postcopy-ram`).
+    pub capabilities: Vec<String>,
+    /// `multifd-channels` with `VIR_MIGRATE_PARALLEL`.
+    pub multifd_channels: Option<u32>,
+    /// `VIR_MIGRATE_PAUSED`.
+    pub paused: bool,
+    /// With `VIR_MIGRATE_NON_SHARED_DISK`/`_INC`: the source mirrors these disks (target device
+    /// names, the `migrate_disks` parameters; empty: every writable disk) to the NBD server at
+    /// `disks_uri`'s path.
+    pub copy_storage: Option<(Vec<String>, std::path::PathBuf)>,
+}
+
+/// The settings of a Prepare's `flags` and `params`; other flags a target here cannot honour
+/// are refused naming them. A storage copy needs a `unix://` `disks_uri` (KubeVirt's
+/// `<uid>-49153-source.sock`): the target's NBD server listens on the proxy's socket.
+fn stream_settings(flags: u32, params: &[TypedParam]) -> Result<StreamSettings, String> {
     let unserved = [
         (flags::TUNNELLED, "VIR_MIGRATE_TUNNELLED"),
-        (
-            flags::NON_SHARED_DISK,
-            "VIR_MIGRATE_NON_SHARED_DISK (copying local disks over libvirt's NBD)",
-        ),
-        (
-            flags::NON_SHARED_INC,
-            "VIR_MIGRATE_NON_SHARED_INC (copying local disks over libvirt's NBD)",
-        ),
         (flags::OFFLINE, "VIR_MIGRATE_OFFLINE"),
         (flags::COMPRESSED, "VIR_MIGRATE_COMPRESSED"),
         (flags::RDMA_PIN_ALL, "VIR_MIGRATE_RDMA_PIN_ALL"),
@@ -464,7 +477,109 @@ fn stream_settings(
     if flags & flags::POSTCOPY != 0 {
         caps.push("postcopy-ram".to_owned());
     }
-    Ok((caps, channels, flags & flags::PAUSED != 0))
+    let copy_storage = if flags & (flags::NON_SHARED_DISK | flags::NON_SHARED_INC) != 0 {
+        let uri = param_string(params, "disks_uri").ok_or(
+            "copying local disks needs a unix:// disks_uri (the migration proxy's NBD socket)",
+        )?;
+        let path = uri
+            .strip_prefix("unix://")
+            .or_else(|| uri.strip_prefix("unix:"))
+            .filter(|p| p.starts_with('/'))
+            .ok_or_else(|| format!("disks_uri {uri:?} is not a unix:// socket path"))?;
+        let disks = crate::libvirt_rpc::remote::param_strings(params, "migrate_disks")
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        Some((disks, std::path::PathBuf::from(path)))
+    } else {
+        None
+    };
+    Ok(StreamSettings {
+        capabilities: caps,
+        multifd_channels: channels,
+        paused: flags & flags::PAUSED != 0,
+        copy_storage,
+    })
+}
+
+/// The aliases of the disks the source copies: those named in `devs` (target device names,
+/// `vda`), or with none named every writable, unshared disk with a source (libvirt's default,
+/// `qemuMigrationAnyCopyDisk`). Errors name a device the domain does not have.
+fn copied_aliases(tree: &Node, devs: &[String]) -> Result<Vec<String>, String> {
+    let disks: Vec<&Node> = child(tree, "devices")
+        .map(|d| d.children.iter().filter(|c| c.name == "disk").collect())
+        .unwrap_or_default();
+    let dev = |d: &Node| {
+        child(d, "target")
+            .and_then(|t| t.attrs.get("dev"))
+            .cloned()
+            .unwrap_or_default()
+    };
+    let alias = |d: &Node| {
+        child(d, "alias")
+            .and_then(|a| a.attrs.get("name"))
+            .cloned()
+            .filter(|a| !a.is_empty())
+            .ok_or_else(|| format!("domain/devices/disk[{}] has no alias", dev(d)))
+    };
+    if devs.is_empty() {
+        return disks
+            .iter()
+            .filter(|d| {
+                d.attrs.get("device").map(String::as_str) != Some("cdrom")
+                    && child(d, "readonly").is_none()
+                    && child(d, "shareable").is_none()
+                    && child(d, "source").is_some()
+            })
+            .map(|d| alias(d))
+            .collect();
+    }
+    devs.iter()
+        .map(|want| {
+            let d = disks
+                .iter()
+                .find(|d| dev(d) == *want)
+                .ok_or_else(|| format!("migrate_disks names {want:?}, which the domain lacks"))?;
+            alias(d)
+        })
+        .collect()
+}
+
+/// The target QEMU's disks for `aliases`, as NBD exports libvirt's source mirrors to: each
+/// device's top format node, export `drive-<alias>` (`qemuAliasDiskDriveFromDisk`).
+async fn nbd_exports(
+    qmp: &crate::qmp::QmpClient,
+    aliases: &[String],
+) -> Result<Vec<crate::sync::migration::protocol::CopiedDisk>, MigrationError> {
+    let blocks = qmp.run(&crate::qmp::commands::QueryBlock).await?;
+    let mut out = Vec::new();
+    for alias in aliases {
+        let found = blocks.iter().find_map(|b| {
+            let qdev = b.qdev.as_deref()?;
+            let id = qdev
+                .strip_prefix("/machine/peripheral/")
+                .map_or(qdev, |rest| rest.split('/').next().unwrap_or(rest));
+            let ins = b.inserted.as_ref()?;
+            (id == alias).then(|| {
+                (
+                    ins.node_name.clone(),
+                    ins.image.as_ref().and_then(|i| i.virtual_size),
+                )
+            })
+        });
+        let Some((Some(node), size)) = found else {
+            return Err(MigrationError::Peer(format!(
+                "domain/devices/disk[{alias}]: the source copies it, the target's QEMU has no \
+                 such disk"
+            )));
+        };
+        out.push(crate::sync::migration::protocol::CopiedDisk {
+            node,
+            export: format!("drive-{alias}"),
+            size: size.unwrap_or(0),
+        });
+    }
+    Ok(out)
 }
 
 impl LibvirtPeer {
@@ -485,7 +600,7 @@ impl LibvirtPeer {
             ));
         };
         let checked = self.check_source(&a, &target);
-        let (source, domain) = match checked {
+        let (source, mut domain, copied) = match checked {
             Ok(v) => v,
             Err(e) => {
                 warn!(reason = %e, "libvirt source refused in Prepare");
@@ -507,6 +622,15 @@ impl LibvirtPeer {
             }
         };
         let sockets = self.m.target_sockets(&started.proxy_key);
+        if let Some(aliases) = &copied {
+            match nbd_exports(&started.client, aliases).await {
+                Ok(d) => domain.copied_disks = d,
+                Err(e) => {
+                    let _ = started.client.run(&Quit).await;
+                    return Err(refuse(e.failure_reason()));
+                }
+            }
+        }
         let order = match prepare_incoming_qemu(&started.client, &domain, &sockets).await {
             Ok((_, order)) => order,
             Err(e) => {
@@ -518,7 +642,12 @@ impl LibvirtPeer {
             .ok()
             .and_then(|h| h.into_string().ok())
             .unwrap_or_else(|| "qlauncher".into());
-        let cookie = target_cookie(&source.identity, &hostname, &self.host_uuid);
+        let cookie = target_cookie(
+            &source.identity,
+            &hostname,
+            &self.host_uuid,
+            copied.is_some(),
+        );
         let uri = format!("unix://{}", sockets.stream.display());
         info!(uri = %uri, "incoming QEMU waits for the libvirt source's stream");
         self.run = Some(Run {
@@ -540,11 +669,25 @@ impl LibvirtPeer {
         &self,
         a: &Prepare3ParamsArgs,
         target: &PreparedTarget,
-    ) -> Result<(SourceDomain, RunningDomain), String> {
+    ) -> Result<(SourceDomain, RunningDomain, Option<Vec<String>>), String> {
         let xml = param_string(&a.params, "destination_xml")
             .ok_or("the Prepare has no destination_xml parameter")?;
         let source = source_domain(xml, param_string(&a.params, "destination_name"))?;
-        let (capabilities, multifd_channels, paused) = stream_settings(a.flags, &a.params)?;
+        let settings = stream_settings(a.flags, &a.params)?;
+        let copied = match &settings.copy_storage {
+            Some((devs, path)) => {
+                let ours = self.m.target_sockets(&target.proxy_key).nbd;
+                if *path != ours {
+                    return Err(format!(
+                        "disks_uri names {}, the target's NBD socket is {}",
+                        path.display(),
+                        ours.display()
+                    ));
+                }
+                Some(copied_aliases(&source.tree, devs)?)
+            }
+            None => None,
+        };
         let p = &target.prepared;
         let ours = qlauncher_libvirt_xml::export(&target.view, &p.running.ctx, &p.plan)
             .and_then(|d| qlauncher_libvirt_xml::to_xml(&d))
@@ -576,13 +719,13 @@ impl LibvirtPeer {
             argv: Vec::new(),
             hotplugged: Vec::new(),
             copied_disks: Vec::new(),
-            capabilities,
-            multifd_channels,
-            paused,
+            capabilities: settings.capabilities,
+            multifd_channels: settings.multifd_channels,
+            paused: settings.paused,
             cpu,
             hooked: None,
         };
-        Ok((source, domain))
+        Ok((source, domain, copied))
     }
 
     async fn finish_inner(
@@ -727,22 +870,64 @@ mod tests {
     }
 
     #[test]
+    fn the_copied_disks_are_the_named_or_every_writable_one() {
+        let tree = qlauncher_libvirt_xml::hooks::parse(
+            "<domain><devices>\
+             <disk device='disk'><source file='/a'/><target dev='vda'/><alias name='ua-root'/></disk>\
+             <disk device='disk'><source file='/b'/><target dev='vdb'/><readonly/>\
+             <alias name='ua-ro'/></disk>\
+             <disk device='cdrom'><source file='/c'/><target dev='sda'/><alias name='ua-cd'/></disk>\
+             <disk device='disk'><source file='/d'/><target dev='vdc'/></disk>\
+             </devices></domain>",
+        )
+        .unwrap();
+        assert_eq!(
+            copied_aliases(&tree, &["vda".into()]).unwrap(),
+            vec!["ua-root".to_owned()]
+        );
+        let e = copied_aliases(&tree, &["vdz".into()]).unwrap_err();
+        assert!(e.contains("vdz"), "{e}");
+        // Every writable disk: vdc has no alias, which names it.
+        let e = copied_aliases(&tree, &[]).unwrap_err();
+        assert!(e.contains("disk[vdc]"), "{e}");
+    }
+
+    #[test]
     fn flags_qlauncher_cannot_honour_are_refused() {
         let live_p2p = 1 | 2 | 8;
+        let plain = stream_settings(live_p2p, &[]).unwrap();
         assert_eq!(
-            stream_settings(live_p2p, &[]).unwrap(),
+            (plain.capabilities, plain.multifd_channels, plain.paused),
             (vec![], None, false)
         );
         let par = [TypedParam {
             field: "parallel.connections".into(),
             value: TypedValue::Int(8),
         }];
+        let multifd = stream_settings(live_p2p | flags::PARALLEL, &par).unwrap();
         assert_eq!(
-            stream_settings(live_p2p | flags::PARALLEL, &par).unwrap(),
-            (vec!["multifd".to_owned()], Some(8), false)
+            (multifd.capabilities, multifd.multifd_channels),
+            (vec!["multifd".to_owned()], Some(8))
         );
         let e = stream_settings(live_p2p | flags::NON_SHARED_INC, &[]).unwrap_err();
-        assert!(e.contains("VIR_MIGRATE_NON_SHARED_INC"), "{e}");
+        assert!(e.contains("disks_uri"), "{e}");
+        let nbd = [
+            TypedParam {
+                field: "disks_uri".into(),
+                value: TypedValue::String("unix:///run/m/u-49153-source.sock".into()),
+            },
+            TypedParam {
+                field: "migrate_disks".into(),
+                value: TypedValue::String("vda".into()),
+            },
+        ];
+        let s = stream_settings(live_p2p | flags::NON_SHARED_INC, &nbd).unwrap();
+        assert_eq!(
+            s.copy_storage,
+            Some((vec!["vda".to_owned()], "/run/m/u-49153-source.sock".into()))
+        );
+        let e = stream_settings(live_p2p | flags::TLS, &[]).unwrap_err();
+        assert!(e.contains("VIR_MIGRATE_TLS"), "{e}");
         let zero = [TypedParam {
             field: "parallel.connections".into(),
             value: TypedValue::Int(0),
@@ -757,7 +942,7 @@ mod tests {
             uuid: uuid::Uuid::nil(),
         };
         let host = uuid::Uuid::new_v4();
-        let c = target_cookie(&id, "node", &host);
+        let c = target_cookie(&id, "node", &host, true);
         assert_eq!(c.last(), Some(&0));
         let text = std::str::from_utf8(&c[..c.len() - 1]).unwrap();
         assert!(text.contains("<name>default_&lt;hv&gt;</name>"), "{text}");
