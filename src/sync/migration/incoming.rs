@@ -223,12 +223,18 @@ impl MigrationCtx {
         conn: UnixStream,
         target: PreparedTarget,
     ) -> Result<(), (Option<PreparedTarget>, MigrationError)> {
-        match super::libvirt_peer::speaks_libvirt(&conn).await {
-            Ok(true) => super::libvirt_peer::serve(self, conn, target).await,
-            Ok(false) => self.incoming(conn, target).await,
-            Err(e) => Err((
+        let peeked =
+            tokio::time::timeout(ACCEPT_TIMEOUT, super::libvirt_peer::speaks_libvirt(&conn));
+        match peeked.await {
+            Ok(Ok(true)) => super::libvirt_peer::serve(self, conn, target, ACCEPT_TIMEOUT).await,
+            Ok(Ok(false)) => self.incoming(conn, target).await,
+            Ok(Err(e)) => Err((
                 Some(target),
                 MigrationError::Peer(format!("the migration control connection failed: {e}")),
+            )),
+            Err(_) => Err((
+                Some(target),
+                MigrationError::Timeout("the source sent no first frame".into()),
             )),
         }
     }

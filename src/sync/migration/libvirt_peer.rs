@@ -103,20 +103,38 @@ pub fn is_libvirt_head(head: &[u8; 8]) -> bool {
 }
 
 /// Serves one libvirt connection with the prepared `target` ([`LibvirtPeer`]). Ok once the
-/// domain runs here; an error hands the prepared target back when QEMU never started.
+/// domain runs here; an error hands the prepared target back when QEMU never started. A
+/// connection that calls no Prepare within `prepare_within` is dropped, so that an idle peer
+/// cannot hold the target's only control socket (qlauncher's own protocol has the same bound
+/// for its definition).
 pub(super) async fn serve(
     m: &MigrationCtx,
     conn: UnixStream,
     target: PreparedTarget,
+    prepare_within: std::time::Duration,
 ) -> Result<(), (Option<PreparedTarget>, MigrationError)> {
+    let prepared = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut peer = LibvirtPeer {
         m: m.clone(),
         target: Some(target),
         run: None,
         completed: false,
         host_uuid: uuid::Uuid::new_v4(),
+        prepared: prepared.clone(),
     };
-    let served = crate::libvirt_rpc::server::serve(conn, &mut peer).await;
+    let idle = async {
+        tokio::time::sleep(prepare_within).await;
+        if prepared.load(std::sync::atomic::Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    };
+    let served = tokio::select! {
+        served = crate::libvirt_rpc::server::serve(conn, &mut peer) => served,
+        () = idle => {
+            warn!("the libvirt source called no Prepare in time: connection dropped");
+            Ok(Vec::new())
+        }
+    };
     if peer.completed {
         return Ok(());
     }
@@ -152,6 +170,8 @@ pub(super) struct LibvirtPeer {
     run: Option<Run>,
     completed: bool,
     host_uuid: uuid::Uuid,
+    /// Set when the first Prepare arrives.
+    prepared: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 fn refuse(message: impl Into<String>) -> RemoteError {
@@ -587,6 +607,8 @@ impl LibvirtPeer {
         &mut self,
         a: Prepare3ParamsArgs,
     ) -> Result<Prepare3ParamsRet, RemoteError> {
+        self.prepared
+            .store(true, std::sync::atomic::Ordering::SeqCst);
         if self.run.is_some() {
             return Err(RemoteError::qemu(
                 ErrorCode::OperationInvalid,
