@@ -981,7 +981,19 @@ pub fn libvirt_rpc(rt: &tokio::runtime::Runtime, data: &[u8]) {
     if let Ok(p) = packet::decode_frame(data) {
         let _ = remote::OpenArgs::decode(&p.body);
         let _ = remote::decode_supports_feature(&p.body);
-        let _ = remote::Prepare3ParamsArgs::decode(&p.body);
+        if let Ok(a) = remote::Prepare3ParamsArgs::decode(&p.body) {
+            // What the target takes from a Prepare: the domain XML, its CPU as a -cpu.
+            use qlauncher::sync::migration::libvirt_peer;
+            if let Some(xml) = remote::param_string(&a.params, "destination_xml") {
+                let dname = remote::param_string(&a.params, "destination_name");
+                if let Ok(d) = libvirt_peer::source_domain(xml, dname) {
+                    let _ = libvirt_peer::compare_devices(&d.tree, &d.tree);
+                    if let Some(cpu) = &d.cpu {
+                        let _ = qlauncher::cmdline::devices::cpu::adopted_cpu_plan(cpu);
+                    }
+                }
+            }
+        }
         let _ = remote::Finish3ParamsArgs::decode(&p.body);
     }
     let stream = tokio::io::join(std::io::Cursor::new(data.to_vec()), tokio::io::sink());
@@ -1036,7 +1048,17 @@ pub fn libvirt_rpc_seeds() -> Vec<Vec<u8>> {
         .u32(2)
         .string("destination_xml")
         .i32(7)
-        .string("<domain type='kvm'><name>default_vmi</name></domain>")
+        .string(
+            "<domain type='kvm'><name>default_vmi</name>\
+             <uuid>5a5a5a5a-1111-4000-8000-0000000000aa</uuid>\
+             <os><type arch='x86_64' machine='pc-q35-7.2'>hvm</type></os>\
+             <cpu mode='custom' match='exact'><model>EPYC</model>\
+             <feature policy='require' name='x2apic'/><feature policy='disable' name='svm'/></cpu>\
+             <devices><disk type='file' device='disk'><alias name='ua-rootdisk'/>\
+             <address type='pci' domain='0x0000' bus='0x03' slot='0x00' function='0x0'/></disk>\
+             <controller type='pci' index='1' model='pcie-root-port'/>\
+             <input type='mouse' bus='ps2'/></devices></domain>",
+        )
         .string("migrate_uri")
         .i32(7)
         .string("unix:///var/run/kubevirt/migrationproxy/x.sock");

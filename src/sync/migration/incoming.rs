@@ -24,6 +24,7 @@ use crate::sync::migration::launcher::{
     Incoming, MigrationCtx, PreparedTarget, VmiMigrationState, BLOCK_TARGET_ANNOTATION,
 };
 use crate::sync::migration::metadata;
+use crate::sync::migration::protocol::RunningDomain;
 use crate::sync::migration::target::{TargetEnd, TargetSession, TargetSockets};
 use crate::sync::migration::MigrationError;
 use crate::sync::rpc::proto::cmd::v1::VirtualMachineOptions;
@@ -61,6 +62,16 @@ fn keep_guest_macs(vmi: &mut Vmi) {
             iface.mac_address = Some(mac.clone());
         }
     }
+}
+
+/// The target's QEMU once started for an incoming migration ([`MigrationCtx::start_incoming`]).
+pub(super) struct StartedTarget {
+    /// Its QMP client.
+    pub(super) client: crate::qmp::client::QmpClient,
+    /// The prepared domain it runs.
+    pub(super) prepared: Prepared,
+    /// The UID the proxy's stream and NBD sockets are named after.
+    pub(super) proxy_key: String,
 }
 
 /// The source's hello and definition on `conn`, within [`ACCEPT_TIMEOUT`].
@@ -186,7 +197,7 @@ impl MigrationCtx {
             let Some(target) = self.ctl.target.lock().await.take() else {
                 return;
             };
-            match self.incoming(conn, target).await {
+            match self.incoming_any(conn, target).await {
                 Ok(()) => {
                     self.ctl.set_incoming(Incoming::Completed);
                     return;
@@ -204,6 +215,30 @@ impl MigrationCtx {
         }
     }
 
+    /// Accepts one connection of the role-0 socket: libvirt's remote protocol (a stock
+    /// virt-launcher's libvirt migrating peer-to-peer, [`super::libvirt_peer`]) when its first
+    /// frame is a call of libvirt's remote program, else qlauncher's own control protocol.
+    async fn incoming_any(
+        &self,
+        conn: UnixStream,
+        target: PreparedTarget,
+    ) -> Result<(), (Option<PreparedTarget>, MigrationError)> {
+        let peeked =
+            tokio::time::timeout(ACCEPT_TIMEOUT, super::libvirt_peer::speaks_libvirt(&conn));
+        match peeked.await {
+            Ok(Ok(true)) => super::libvirt_peer::serve(self, conn, target, ACCEPT_TIMEOUT).await,
+            Ok(Ok(false)) => self.incoming(conn, target).await,
+            Ok(Err(e)) => Err((
+                Some(target),
+                MigrationError::Peer(format!("the migration control connection failed: {e}")),
+            )),
+            Err(_) => Err((
+                Some(target),
+                MigrationError::Timeout("the source sent no first frame".into()),
+            )),
+        }
+    }
+
     /// One incoming migration: the source's definition, QEMU `-incoming defer`, ready, finish.
     /// An error before QEMU started hands the prepared target back.
     async fn incoming(
@@ -215,70 +250,18 @@ impl MigrationCtx {
             Ok(s) => s,
             Err(e) => return Err((Some(target), e)),
         };
-        let mut boot = match incoming_definition(&self.ctx, &target, &session.domain) {
-            Ok(b) => b,
-            Err(e) => {
-                session.fail(&e.failure_reason()).await;
-                return Err((Some(target), e));
-            }
-        };
-        let PreparedTarget {
-            mut prepared,
-            proxy_key,
-            memory_total,
-            ..
-        } = target;
-        // The source's hook edits, from now on applied at every definition here; a later
-        // migration away from here carries the source's hooked domain on.
-        prepared.running.hook_edits = std::mem::take(&mut boot.edits);
-        prepared.running.hooked = session.domain.hooked.clone();
-        if let Some((defined, spec)) = boot.redefined.take() {
-            run_boot_plan(&mut prepared.running, &defined.plan, &[]);
-            prepared.domain = spec;
-            prepared.plan = defined.plan;
-            prepared.qmp_plan = defined.qmp_plan;
-            prepared.argv = defined.argv;
-        }
-        if let Some(cpu) = boot.cpu.take() {
-            prepared.running.cpu = cpu;
-        }
-        if let Some(plan) = &boot.plan {
-            run_boot_plan(&mut prepared.running, plan, &boot.placed);
-        }
-        let mut domain = prepared.domain.clone();
-        // No SR-IOV VFs here (see `incoming_definition`): the domain lists none until
-        // `HotplugHostDevices`.
-        domain.spec.devices.drop_sriov_host_devices();
-        domain.spec.metadata.kubevirt.migration = self.ctl.metadata();
-        let vsock = prepared.vsock.take();
-        let launched = start::launch_incoming(&self.ctx, domain, &prepared.plan, &boot.argv, vsock);
-        let client = match launched.await {
-            Ok(c) => c,
-            Err(e) => {
-                let reason = crate::sys::error::error_chain(&e);
+        let started = match self.start_incoming(target, &session.domain).await {
+            Ok(s) => s,
+            Err((target, reason, e)) => {
                 session.fail(&reason).await;
-                return Err((None, MigrationError::Peer(reason)));
+                return Err((target, e));
             }
         };
-        let plugged = self.plug_source_devices(
-            &client,
-            &mut prepared,
-            &boot.placed,
-            &boot.nics,
-            memory_total,
-        );
-        if let Err(e) = plugged.await {
-            session.fail(&e.failure_reason()).await;
-            let _ = client.run(&Quit).await;
-            return Err((None, e));
-        }
-        // What a later migration away from here sends: this QEMU's argv without `-incoming`.
-        let argv = &boot.argv;
-        let boot_argv: Vec<String> = argv
-            .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
-            .unwrap_or(argv)
-            .to_vec();
-        self.ctl.set_boot_argv(boot_argv);
+        let StartedTarget {
+            client,
+            prepared,
+            proxy_key,
+        } = started;
         if let Err(e) = session
             .incoming(&client, &self.target_sockets(&proxy_key))
             .await
@@ -300,6 +283,83 @@ impl MigrationCtx {
                 Err((None, e))
             }
         }
+    }
+
+    /// The target's QEMU for the source's `domain`, started `-S -incoming defer` from this
+    /// pod's own conversion ([`incoming_definition`]: refused unless it reproduces the source)
+    /// with what the source runs beyond its boot definition plugged
+    /// ([`Self::plug_source_devices`]); the argv a later migration away from here sends is
+    /// recorded. Errors carry the prepared target when QEMU never started (the source may try
+    /// again), the reason to tell the source, and the error; a QEMU that started is stopped.
+    pub(super) async fn start_incoming(
+        &self,
+        target: PreparedTarget,
+        domain: &RunningDomain,
+    ) -> Result<StartedTarget, (Option<PreparedTarget>, String, MigrationError)> {
+        let mut boot = match incoming_definition(&self.ctx, &target, domain) {
+            Ok(b) => b,
+            Err(e) => return Err((Some(target), e.failure_reason(), e)),
+        };
+        let PreparedTarget {
+            mut prepared,
+            proxy_key,
+            memory_total,
+            ..
+        } = target;
+        // The source's hook edits, from now on applied at every definition here; a later
+        // migration away from here carries the source's hooked domain on.
+        prepared.running.hook_edits = std::mem::take(&mut boot.edits);
+        prepared.running.hooked = domain.hooked.clone();
+        if let Some((defined, spec)) = boot.redefined.take() {
+            run_boot_plan(&mut prepared.running, &defined.plan, &[]);
+            prepared.domain = spec;
+            prepared.plan = defined.plan;
+            prepared.qmp_plan = defined.qmp_plan;
+            prepared.argv = defined.argv;
+        }
+        if let Some(cpu) = boot.cpu.take() {
+            prepared.running.cpu = cpu;
+        }
+        if let Some(plan) = &boot.plan {
+            run_boot_plan(&mut prepared.running, plan, &boot.placed);
+        }
+        let mut api = prepared.domain.clone();
+        // No SR-IOV VFs here (see `incoming_definition`): the domain lists none until
+        // `HotplugHostDevices`.
+        api.spec.devices.drop_sriov_host_devices();
+        api.spec.metadata.kubevirt.migration = self.ctl.metadata();
+        let vsock = prepared.vsock.take();
+        let launched = start::launch_incoming(&self.ctx, api, &prepared.plan, &boot.argv, vsock);
+        let client = match launched.await {
+            Ok(c) => c,
+            Err(e) => {
+                let reason = crate::sys::error::error_chain(&e);
+                return Err((None, reason.clone(), MigrationError::Peer(reason)));
+            }
+        };
+        let plugged = self.plug_source_devices(
+            &client,
+            &mut prepared,
+            &boot.placed,
+            &boot.nics,
+            memory_total,
+        );
+        if let Err(e) = plugged.await {
+            let _ = client.run(&Quit).await;
+            return Err((None, e.failure_reason(), e));
+        }
+        // What a later migration away from here sends: this QEMU's argv without `-incoming`.
+        let argv = &boot.argv;
+        let boot_argv: Vec<String> = argv
+            .strip_suffix(&["-incoming".to_owned(), "defer".to_owned()])
+            .unwrap_or(argv)
+            .to_vec();
+        self.ctl.set_boot_argv(boot_argv);
+        Ok(StartedTarget {
+            client,
+            prepared,
+            proxy_key,
+        })
     }
 
     /// What the source runs beyond its boot definition, plugged into the target's QEMU before
@@ -368,7 +428,7 @@ impl MigrationCtx {
     /// after the source VMI's UID (`proxy_key`, virt-handler's migrationProxyKey), and QEMU's
     /// own stream socket when the launcher orders the multifd channels (beside its QMP socket,
     /// in the directory made for QEMU's user).
-    fn target_sockets(&self, proxy_key: &str) -> TargetSockets {
+    pub(super) fn target_sockets(&self, proxy_key: &str) -> TargetSockets {
         let (_, stream, nbd) = migration_proxy_sockets(&self.ctx.config, proxy_key);
         let ordered_stream = self
             .ctx
@@ -386,7 +446,7 @@ impl MigrationCtx {
     /// SUSPENDED/PAUSED after a paused migration, which virt-handler counts as active), the
     /// domain runs, and the migration metadata ends (KubeVirt's TargetMigrationMonitor: the end
     /// once no incoming job is left).
-    async fn incoming_completed(&self, paused: bool, running: Running) {
+    pub(super) async fn incoming_completed(&self, paused: bool, running: Running) {
         info!(paused, "incoming migration completed");
         if paused {
             let status =

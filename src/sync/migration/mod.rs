@@ -10,7 +10,9 @@
 //!   `HotplugHostDevices`), and the host devices that refuse it;
 //! - [`launcher`]: the five migration RPCs of the launcher over them and what both sides share;
 //!   [`outgoing`] the source's (`MigrateVirtualMachine`, cancel, job statistics),
-//!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize), and
+//!   [`incoming`] the target's (`SyncMigrationTarget`, pod cleanup, finalize), [`libvirt_peer`]
+//!   the target's answer to a stock launcher's libvirt (libvirt's remote protocol on the same
+//!   role-0 socket), and
 //!   [`boot_conversion`] the target's QEMU definition for the source's domain (hot-plugged
 //!   devices where the source runs them, the adopted CPU, the argv compared word for word);
 //! - this module: the sockets virt-handler's migration proxy connects
@@ -27,6 +29,7 @@ pub mod boot_conversion;
 pub mod hotplug;
 pub mod incoming;
 pub mod launcher;
+pub mod libvirt_peer;
 pub mod metadata;
 pub mod outgoing;
 pub mod protocol;

@@ -137,7 +137,7 @@ async fn forward_channel(conn: tokio::net::UnixStream, head: [u8; 4], qemu: &std
 }
 
 /// Aborts the task when dropped.
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+pub(super) struct AbortOnDrop(tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -251,72 +251,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
         qmp: &QmpClient,
         sockets: &TargetSockets,
     ) -> Result<Ready, MigrationError> {
-        let mut caps = vec![
-            Capability::Events,
-            Capability::ReturnPath,
-            Capability::LateBlockActivate,
-        ];
-        for c in &self.domain.capabilities {
-            let c = target_capability(c).ok_or_else(|| {
-                MigrationError::Peer(format!("the source asks for unknown capability {c:?}"))
-            })?;
-            if !caps.contains(&c) {
-                caps.push(c);
-            }
-        }
-        qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
-        if let Some(n) = self.domain.multifd_channels {
-            qmp.run(&MigrateSetParameters {
-                multifd_channels: Some(n),
-                ..Default::default()
-            })
-            .await?;
-        }
-        let mut exports = Vec::new();
-        if !self.domain.copied_disks.is_empty() {
-            let _ = std::fs::remove_file(&sockets.nbd);
-            qmp.run(&NbdServerStart {
-                addr: SocketAddressLegacy::Unix {
-                    path: sockets.nbd.display().to_string(),
-                },
-            })
-            .await?;
-            for d in &self.domain.copied_disks {
-                qmp.run(&BlockExportAddNbd::writable(&d.node, &d.export))
-                    .await?;
-                exports.push(d.export.clone());
-            }
-        }
-        let _ = std::fs::remove_file(&sockets.stream);
-        let order = needs_channel_order(qmp.greeting().version, self.domain.multifd_channels);
-        let listen = if order {
-            let _ = std::fs::remove_file(&sockets.ordered_stream);
-            &sockets.ordered_stream
-        } else {
-            &sockets.stream
-        };
-        qmp.run(&MigrateIncoming {
-            uri: format!("unix:{}", listen.display()),
-        })
-        .await?;
-        if order {
-            let listener = tokio::net::UnixListener::bind(&sockets.stream).map_err(|e| {
-                MigrationError::Peer(format!(
-                    "cannot listen for the migration stream on {}: {e}",
-                    sockets.stream.display()
-                ))
-            })?;
-            tracing::info!(
-                channels = self.domain.multifd_channels.unwrap_or(0),
-                "QEMU before 8.0 takes the first connection as the main channel: the launcher \
-                 orders the multifd channels"
-            );
-            let qemu = sockets.ordered_stream.clone();
-            self.channel_order = Some(AbortOnDrop(tokio::spawn(order_channels(listener, qemu))));
-        }
-        Ok(Ready {
-            nbd_exports: exports,
-        })
+        let (ready, order) = prepare_incoming_qemu(qmp, &self.domain, sockets).await?;
+        self.channel_order = order;
+        Ok(ready)
     }
 
     /// Waits for the source's outcome. On success: waits until the incoming side reports
@@ -337,13 +274,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
         }
         let end = match message? {
             Message::Outcome(o) if o.completed => {
-                wait_incoming_completed(qmp).await?;
-                if !self.domain.copied_disks.is_empty() {
-                    qmp.run(&NbdServerStop).await?;
-                }
-                if !self.domain.paused {
-                    crate::qmp::lifecycle::resume(qmp).await?;
-                }
+                complete_incoming(qmp, &self.domain).await?;
                 TargetEnd::Completed {
                     paused: self.domain.paused,
                 }
@@ -368,6 +299,108 @@ impl<S: AsyncRead + AsyncWrite + Unpin> TargetSession<S> {
         let _ = write_message(&mut self.control, &Message::Done).await;
         Ok(end)
     }
+}
+
+/// The incoming QEMU `qmp` (started `-S -incoming defer` from `domain`'s definition) made ready
+/// for the stream: capabilities (`events`, `return-path`, `late-block-activate` and the
+/// source's), `multifd-channels`, the NBD server with one writable export per copied disk, then
+/// `migrate-incoming unix:<stream>`. With multifd on a QEMU before 8.0 ([`needs_channel_order`])
+/// QEMU listens on `ordered_stream` and the launcher on `stream`, putting the main channel first
+/// ([`order_channels`]) for as long as the returned guard lives. Shared by qlauncher's own
+/// control protocol ([`TargetSession::incoming`]) and libvirt's (`super::libvirt_peer`).
+pub(super) async fn prepare_incoming_qemu(
+    qmp: &QmpClient,
+    domain: &RunningDomain,
+    sockets: &TargetSockets,
+) -> Result<(Ready, Option<AbortOnDrop>), MigrationError> {
+    let mut caps = vec![
+        Capability::Events,
+        Capability::ReturnPath,
+        Capability::LateBlockActivate,
+    ];
+    for c in &domain.capabilities {
+        let c = target_capability(c).ok_or_else(|| {
+            MigrationError::Peer(format!("the source asks for unknown capability {c:?}"))
+        })?;
+        if !caps.contains(&c) {
+            caps.push(c);
+        }
+    }
+    qmp.run(&MigrateSetCapabilities::enable(&caps)).await?;
+    if let Some(n) = domain.multifd_channels {
+        qmp.run(&MigrateSetParameters {
+            multifd_channels: Some(n),
+            ..Default::default()
+        })
+        .await?;
+    }
+    let mut exports = Vec::new();
+    if !domain.copied_disks.is_empty() {
+        let _ = std::fs::remove_file(&sockets.nbd);
+        qmp.run(&NbdServerStart {
+            addr: SocketAddressLegacy::Unix {
+                path: sockets.nbd.display().to_string(),
+            },
+        })
+        .await?;
+        for d in &domain.copied_disks {
+            qmp.run(&BlockExportAddNbd::writable(&d.node, &d.export))
+                .await?;
+            exports.push(d.export.clone());
+        }
+    }
+    let _ = std::fs::remove_file(&sockets.stream);
+    let ordered = needs_channel_order(qmp.greeting().version, domain.multifd_channels);
+    let listen = if ordered {
+        let _ = std::fs::remove_file(&sockets.ordered_stream);
+        &sockets.ordered_stream
+    } else {
+        &sockets.stream
+    };
+    qmp.run(&MigrateIncoming {
+        uri: format!("unix:{}", listen.display()),
+    })
+    .await?;
+    let mut guard = None;
+    if ordered {
+        let listener = tokio::net::UnixListener::bind(&sockets.stream).map_err(|e| {
+            MigrationError::Peer(format!(
+                "cannot listen for the migration stream on {}: {e}",
+                sockets.stream.display()
+            ))
+        })?;
+        tracing::info!(
+            channels = domain.multifd_channels.unwrap_or(0),
+            "QEMU before 8.0 takes the first connection as the main channel: the launcher \
+             orders the multifd channels"
+        );
+        let qemu = sockets.ordered_stream.clone();
+        guard = Some(AbortOnDrop(tokio::spawn(order_channels(listener, qemu))));
+    }
+    Ok((
+        Ready {
+            nbd_exports: exports,
+        },
+        guard,
+    ))
+}
+
+/// The end of a successful incoming migration of `domain` on `qmp`: waits until the incoming
+/// side reports `completed` (within [`INCOMING_COMPLETION_TIMEOUT`]), stops the NBD server when
+/// disks were copied, and `cont`s unless the domain was paused (libvirt's Finish,
+/// `qemuMigrationDstFinish`).
+pub(super) async fn complete_incoming(
+    qmp: &QmpClient,
+    domain: &RunningDomain,
+) -> Result<(), MigrationError> {
+    wait_incoming_completed(qmp).await?;
+    if !domain.copied_disks.is_empty() {
+        qmp.run(&NbdServerStop).await?;
+    }
+    if !domain.paused {
+        crate::qmp::lifecycle::resume(qmp).await?;
+    }
+    Ok(())
 }
 
 /// Polls the incoming side and `cont`s once it is in `postcopy-active` and the device state is
