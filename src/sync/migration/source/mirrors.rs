@@ -123,18 +123,33 @@ pub(super) async fn start_mirrors(
             job: disk.export.clone(),
             link: Some(link),
         });
-        qmp.run_timeout(
-            &BlockdevMirror {
-                job_id: disk.export.clone(),
-                device: disk.node.clone(),
-                target: node,
-                sync: "top",
-                speed,
-                auto_finalize: true,
-            },
-            limit,
-        )
-        .await?;
+        let mirror = BlockdevMirror {
+            job_id: disk.export.clone(),
+            device: disk.node.clone(),
+            target: node,
+            sync: "top",
+            speed,
+            auto_finalize: true,
+        };
+        // A mirror of an earlier, failed attempt leaves its filter above the disk's node until
+        // QEMU has finished tearing it down, after its job ended: QEMU refuses a new mirror of
+        // the node meanwhile ("Need a root block node"). Retried until `limit`.
+        let deadline = tokio::time::Instant::now() + limit;
+        loop {
+            match qmp.run_timeout(&mirror, limit).await {
+                Err(QmpError::Command { desc, .. })
+                    if desc.contains("Need a root block node")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    tracing::info!(disk = %disk.export, "the disk's node is not a root yet (an earlier mirror's filter): retrying");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                r => {
+                    r?;
+                    break;
+                }
+            }
+        }
     }
     Ok(())
 }
