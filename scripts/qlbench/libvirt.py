@@ -83,11 +83,14 @@ def libvirt_phase(params_path):
                               capture_output=True, check=check)
 
     try:
-        vl = subprocess.Popen(["/usr/sbin/virtlogd"], stdout=subprocess.DEVNULL,
+        # Pid files in the private /run/libvirt: the defaults (/run/libvirtd.pid, /run/virtlogd.pid)
+        # are the host's, whose lock a concurrent daemon (a test's, the host's own) may hold.
+        vl = subprocess.Popen(["/usr/sbin/virtlogd", "--pid-file", "/run/libvirt/virtlogd.pid"], stdout=subprocess.DEVNULL,
                               stderr=open(work / "virtlogd.log", "wb"))
         daemons.append(vl)
         t = time.monotonic()
-        ld = subprocess.Popen(["/usr/sbin/libvirtd", "--timeout", "0"], stdout=subprocess.DEVNULL,
+        ld = subprocess.Popen(["/usr/sbin/libvirtd", "--timeout", "0", "--pid-file",
+                               "/run/libvirt/libvirtd.pid"], stdout=subprocess.DEVNULL,
                               stderr=open(work / "libvirtd.log", "wb"))
         daemons.append(ld)
         wait_for(lambda: Path("/run/libvirt/libvirt-sock").exists() or ld.poll() is not None, 60,
