@@ -77,6 +77,8 @@ def options(doc):
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--skip-migration", action="store_true")
     ap.add_argument("--skip-labeller", action="store_true")
+    ap.add_argument("--skip-backup", action="store_true",
+                    help="skip the push backup section (scripts/bench-backup)")
     ap.add_argument("--skip-size", action="store_true",
                     help="skip the image size phase (the compute container's tree, `du -sb`)")
     ap.add_argument("--size-only", action="store_true",
@@ -337,8 +339,9 @@ def scaling(a, work, vms):
 
 
 def other_scripts(a, results):
-    """Phases 7 and 8: live migration (scripts/bench-migration) and the node labeller
-    (scripts/bench-labeller), each a markdown section of its own."""
+    """Phases 7, 7b and 8: live migration (scripts/bench-migration), push backups
+    (scripts/bench-backup) and the node labeller (scripts/bench-labeller), each a markdown
+    section of its own."""
     # 7. live migration (its own script; libvirt's side unless --skip-libvirt).
     if not a.skip_migration:
         log("live migration: scripts/bench-migration")
@@ -352,6 +355,16 @@ def other_scripts(a, results):
         else:
             results["migration_md"] = ("## Live migration\n\nscripts/bench-migration failed "
                                        f"(exit {mig.returncode}); see its log above.\n")
+
+    # 7b. push backups of a CBT overlay against qemu-img convert (its own script).
+    if not a.skip_backup:
+        log("push backups: scripts/bench-backup")
+        bk = subprocess.run([str(REPO / "scripts/bench-backup"), "--runs", str(a.runs),
+                             "--json", str(REPO / "target" / "bench-backup.json")],
+                            text=True, stdout=subprocess.PIPE)
+        results["backup_md"] = bk.stdout if bk.returncode == 0 else (
+            "## Backup (push, CBT overlay)\n\nscripts/bench-backup failed "
+            f"(exit {bk.returncode}); see its log above.\n")
 
     # 8. the node labeller (its own script; it needs libvirt's daemon).
     if not a.skip_labeller and not a.skip_libvirt:

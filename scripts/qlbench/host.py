@@ -155,4 +155,7 @@ def machine_info():
         "genisoimage": first_line(["genisoimage", "--version"]),
         "libvirt": first_line(["dpkg-query", "-W", "-f", "${Version}", "libvirt-daemon"]),
         "qlauncher": first_line(["git", "-C", str(REPO), "describe", "--always", "--dirty"]),
+        # The launchers inherit the environment: `QLAUNCHER_TRIM=fault-around scripts/bench`
+        # measures memory with fault-around kept (monitor/src/trim.rs).
+        "QLAUNCHER_TRIM": os.environ.get("QLAUNCHER_TRIM", "unset (trim on, fault-around off)"),
     }

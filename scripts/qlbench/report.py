@@ -241,6 +241,8 @@ def domain_xml(r, w):
     for libvirt and qlauncher's argv."""
     if r.get("migration_md"):
         w(r["migration_md"].rstrip() + "\n")
+    if r.get("backup_md"):
+        w(r["backup_md"].rstrip() + "\n")
     if r.get("labeller_md"):
         w(r["labeller_md"].rstrip() + "\n")
     w("## Where qlauncher is not ahead\n")

@@ -1,0 +1,381 @@
+//! A VM with 1,000 checkpoints still starts and backs up (KubeVirt never deletes a
+//! checkpoint, so every backup leaves a persistent dirty bitmap in the CBT overlay for good):
+//! the CBT overlay of the data disk is made before the launcher starts and given 1,000
+//! persistent bitmaps (one QMP `transaction` through `qemu-storage-daemon`, as 1,000 earlier
+//! backups would have left them); the launcher reuses it, the guest boots, `RedefineCheckpoint`
+//! of an old one is valid, and a full backup and an incremental one after more guest writes
+//! restore to the guest's disk block for block. No timing is asserted (the bench's backup
+//! section times the same path).
+//!
+//! Needs root and the test guest (`scripts/build-guest`).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use guest::{Console, GuestImages};
+use qlauncher::qmp::client::QmpClient;
+use qlauncher::sync::domain::BackupMetadata;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use serde_json::{json, Value};
+use testkit::guest;
+use testkit::handler::{self, Client};
+use testkit::in_process::{InProcess, LauncherRoot};
+use testkit::notify::Received;
+use testkit::storage::run;
+
+const MIB: usize = 1 << 20;
+const CLUSTER: usize = 64 << 10;
+/// The data disk's size.
+const DISK: usize = 16 * MIB;
+/// Checkpoints left by earlier backups.
+const OLD_CHECKPOINTS: usize = 1000;
+
+fn vmi(uid: &str, state: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "many", "namespace": "default", "uid": uid},
+        "spec": {
+            "domain": {
+                "resources": {"requests": {"memory": "128Mi"}},
+                "devices": {
+                    "autoattachPodInterface": false,
+                    "disks": [
+                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "data", "disk": {"bus": "virtio"}}
+                    ]
+                }
+            },
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
+            ]
+        },
+        "status": {
+            "changedBlockTracking": {"state": state},
+            "volumeStatus": [{
+                "name": "data",
+                "target": "vdb",
+                "persistentVolumeClaimInfo": {
+                    "claimName": "data-claim",
+                    "accessModes": ["ReadWriteOnce"],
+                    "volumeMode": "Filesystem",
+                    "capacity": {"storage": "16Mi"},
+                    "requests": {"storage": "16Mi"},
+                    "filesystemOverhead": "0"
+                }
+            }]
+        }
+    })
+}
+
+/// The name of old checkpoint `i` (KubeVirt's `<backupName>-<UTC time>` form).
+fn old_checkpoint(i: usize) -> String {
+    format!("old{i:04}-2026-01-01_00-00-00")
+}
+
+/// Makes the CBT overlay `overlay` over the raw `image` with `qemu-img` and gives it
+/// [`OLD_CHECKPOINTS`] persistent bitmaps in one transaction of a `qemu-storage-daemon`.
+async fn overlay_with_old_checkpoints(image: &Path, overlay: &Path, scratch: &Path) {
+    std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+    std::fs::create_dir_all(overlay.parent().unwrap()).unwrap();
+    std::fs::File::create(image)
+        .unwrap()
+        .set_len(DISK as u64)
+        .unwrap();
+    run(
+        "qemu-img",
+        &[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-o",
+            &format!("data_file={},data_file_raw=on", image.display()),
+            overlay.to_str().unwrap(),
+            &DISK.to_string(),
+        ],
+    );
+    let socket = scratch.join("qsd.sock");
+    let mut qsd = std::process::Command::new("qemu-storage-daemon")
+        .arg("--blockdev")
+        .arg(format!(
+            "driver=file,filename={},node-name=s",
+            overlay.display()
+        ))
+        .args(["--blockdev", "driver=qcow2,file=s,node-name=f"])
+        .arg("--chardev")
+        .arg(format!(
+            "socket,path={},server=on,wait=off,id=m",
+            socket.display()
+        ))
+        .args(["--monitor", "chardev=m"])
+        .spawn()
+        .expect("qemu-storage-daemon");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !socket.exists() {
+        assert!(
+            Instant::now() < deadline,
+            "no QMP socket of qemu-storage-daemon"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let client = QmpClient::connect(&socket, Duration::from_secs(10))
+        .await
+        .expect("QMP of qemu-storage-daemon");
+    let actions: Vec<Value> = (0..OLD_CHECKPOINTS)
+        .map(|i| {
+            json!({"type": "block-dirty-bitmap-add",
+                   "data": {"node": "f", "name": old_checkpoint(i), "persistent": true}})
+        })
+        .collect();
+    client
+        .execute_timeout(
+            "transaction",
+            Some(json!({"actions": actions})),
+            Duration::from_secs(60),
+        )
+        .await
+        .expect("1,000 bitmaps");
+    let _ = client.execute("quit", None).await;
+    assert!(qsd.wait().unwrap().success());
+    let info = run("qemu-img", &["info", "-U", overlay.to_str().unwrap()]);
+    assert_eq!(
+        info.matches("name: old").count(),
+        OLD_CHECKPOINTS,
+        "the overlay keeps the bitmaps"
+    );
+}
+
+async fn backup(client: &mut Client, vmi: &Value, options: Value) -> cmd::Response {
+    client
+        .backup_virtual_machine(cmd::BackupRequest {
+            vmi: Some(handler::vmi_message(vmi)),
+            options: options.to_string().into_bytes(),
+        })
+        .await
+        .expect("BackupVirtualMachine")
+        .into_inner()
+}
+
+fn start_options(target: &Path, name: &str, start: &str, incremental: Option<&str>) -> Value {
+    let mut o = json!({"backupName": name, "cmd": "Start", "mode": "Push", "skipQuiesce": true,
+        "backupStartTime": start, "targetPath": target.to_str().unwrap()});
+    if let Some(i) = incremental {
+        o["incremental"] = i.into();
+    }
+    o
+}
+
+/// Waits for the domain event that completes backup `name`.
+async fn completed(received: &Received, name: &str) -> BackupMetadata {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let done = received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter_map(|(_, d)| d.spec.metadata.kubevirt.backup.clone())
+            .find(|b| b.name == name && b.completed);
+        if let Some(b) = done {
+            return b;
+        }
+        assert!(Instant::now() < deadline, "backup {name} did not complete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Runs `command` on the guest's serial shell, expecting exit status 0.
+fn sh(console: &mut Console, command: &str) -> String {
+    let (status, out) = console
+        .run(command, guest::BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
+    assert_eq!(status, 0, "{command}: {out}");
+    out
+}
+
+/// Writes `len` bytes of `byte` at byte `offset` of `/dev/vdb` and syncs them to the disk.
+fn write(console: &mut Console, byte: char, offset: usize, len: usize) {
+    sh(
+        console,
+        &format!(
+            "dd if=/dev/zero bs=4096 count={} 2>/dev/null | tr '\\000' '{byte}' | \
+             dd of=/dev/vdb bs=4096 seek={} conv=fsync 2>/dev/null && sync",
+            len / 4096,
+            offset / 4096
+        ),
+    );
+}
+
+/// The raw content of a backup chain: `qemu-img convert -O raw` of `top`, rebased on `base`
+/// first when given.
+fn restore(top: &Path, base: Option<&Path>, scratch: &Path) -> Vec<u8> {
+    let copy = scratch.join("restore.qcow2");
+    std::fs::copy(top, &copy).unwrap();
+    if let Some(base) = base {
+        run(
+            "qemu-img",
+            &[
+                "rebase",
+                "-u",
+                "-F",
+                "qcow2",
+                "-b",
+                base.to_str().unwrap(),
+                copy.to_str().unwrap(),
+            ],
+        );
+    }
+    let raw = scratch.join("restore.raw");
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-O",
+            "raw",
+            copy.to_str().unwrap(),
+            raw.to_str().unwrap(),
+        ],
+    );
+    let bytes = std::fs::read(&raw).unwrap();
+    std::fs::remove_file(&copy).unwrap();
+    std::fs::remove_file(&raw).unwrap();
+    bytes
+}
+
+/// Waits for a serial-log line containing `marker`.
+async fn wait_marker(log: &Path, marker: &str) {
+    let deadline = Instant::now() + guest::BOOT_TIMEOUT;
+    loop {
+        let text = std::fs::read(log).unwrap_or_default();
+        if String::from_utf8_lossy(&text).contains(marker) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {marker:?} in {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn a_vm_with_1000_checkpoints_starts_and_backs_up_full_and_incremental() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    testkit::in_process::runtime().block_on(scenario());
+}
+
+async fn scenario() {
+    let images = GuestImages::locate();
+    let uid = format!("b4c6e131-0000-4000-8001-{:012}", std::process::id());
+    let root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let scratch = root.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let target = PathBuf::from(&root.config.paths.hotplug_disks).join("b-backup-target-pvc");
+    std::fs::create_dir_all(&target).unwrap();
+    let image = root.private.join("vmi-disks/data/disk.img");
+    let overlay = root.private.join("libvirt/qemu/cbt/data.qcow2");
+    overlay_with_old_checkpoints(&image, &overlay, &scratch).await;
+
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let received = launcher.received.clone();
+    let mut client = launcher.client.clone();
+    let (ok, message) = handler::sync(&mut client, &vmi(&uid, "Initializing")).await;
+    assert!(ok, "{message}");
+    let enabled = vmi(&uid, "Enabled");
+    let (ok, message) = handler::sync(&mut client, &enabled).await;
+    assert!(ok, "{message}");
+    let log = root.private.join(&uid).join("virt-serial0-log");
+    wait_marker(&log, "QLG: agent ready").await;
+    let mut console = Console::connect(
+        &root.private.join(&uid).join("virt-serial0"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    console.send(b"\n").unwrap();
+    sh(&mut console, "true");
+    let info = run("qemu-img", &["info", "-U", overlay.to_str().unwrap()]);
+    assert!(
+        info.contains(&old_checkpoint(OLD_CHECKPOINTS - 1)),
+        "the launcher reused the overlay with its bitmaps"
+    );
+
+    // An old checkpoint is found among the 1,000 (as after a restart).
+    let answer = client
+        .redefine_checkpoint(cmd::RedefineCheckpointRequest {
+            vmi: Some(handler::vmi_message(&enabled)),
+            checkpoint: json!({"name": old_checkpoint(500), "creationTime": "2026-01-01T00:00:00Z",
+                "volumes": [{"volumeName": "data", "diskTarget": "vdb"}]})
+            .to_string()
+            .into_bytes(),
+        })
+        .await
+        .expect("RedefineCheckpoint")
+        .into_inner();
+    assert!(answer.response.as_ref().unwrap().success, "{answer:?}");
+    assert!(!answer.checkpoint_invalid, "{answer:?}");
+
+    write(&mut console, 'A', 0, CLUSTER);
+    write(&mut console, 'B', DISK - CLUSTER, CLUSTER);
+    let at_t1 = std::fs::read(&image).unwrap();
+
+    let t1 = "2026-12-03T11:00:01Z";
+    let c1 = "b1-2026-12-03_11-00-01";
+    let answer = backup(
+        &mut client,
+        &enabled,
+        start_options(&target, "b1", t1, None),
+    )
+    .await;
+    assert!(answer.success, "{}", answer.message);
+    let b1 = completed(&received, "b1").await;
+    assert!(!b1.failed, "{b1:?}");
+    assert_eq!(b1.checkpoint_name, c1);
+    let full = target.join("many").join(c1).join("b1-data.qcow2");
+    assert!(
+        restore(&full, None, &scratch) == at_t1,
+        "full backup = disk at T1"
+    );
+
+    write(&mut console, 'C', 5 * CLUSTER, CLUSTER);
+    write(&mut console, 'D', 7 * CLUSTER + 4096, 4096);
+    let at_t2 = std::fs::read(&image).unwrap();
+
+    let t2 = "2026-12-03T11:00:02Z";
+    let c2 = "b2-2026-12-03_11-00-02";
+    let answer = backup(
+        &mut client,
+        &enabled,
+        start_options(&target, "b2", t2, Some(c1)),
+    )
+    .await;
+    assert!(answer.success, "{}", answer.message);
+    let b2 = completed(&received, "b2").await;
+    assert!(!b2.failed, "{b2:?}");
+    let incremental = target.join("many").join(c2).join("b2-data.qcow2");
+    assert!(
+        restore(&incremental, Some(&full), &scratch) == at_t2,
+        "full + incremental = disk at T2"
+    );
+
+    // An incremental from one of the old checkpoints holds every write since it (a superset of
+    // b2's) and restores the same.
+    let t3 = "2026-12-03T11:00:03Z";
+    let c3 = "b3-2026-12-03_11-00-03";
+    let answer = backup(
+        &mut client,
+        &enabled,
+        start_options(&target, "b3", t3, Some(&old_checkpoint(500))),
+    )
+    .await;
+    assert!(answer.success, "{}", answer.message);
+    let b3 = completed(&received, "b3").await;
+    assert!(!b3.failed, "{b3:?}");
+    let since_old = target.join("many").join(c3).join("b3-data.qcow2");
+    assert!(
+        restore(&since_old, Some(&full), &scratch) == at_t2,
+        "full + incremental since an old checkpoint = disk at T2"
+    );
+    drop(launcher);
+}
