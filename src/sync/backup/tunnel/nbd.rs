@@ -303,7 +303,7 @@ impl NbdConn {
             match kind {
                 REPLY_TYPE_NONE => {}
                 REPLY_TYPE_BLOCK_STATUS => {
-                    if payload.len() < 4 || (payload.len() - 4) % 8 != 0 {
+                    if payload.len() < 4 || !(payload.len() - 4).is_multiple_of(8) {
                         return Err(bad("malformed NBD block status chunk"));
                     }
                     let id = u32::from_be_bytes([payload[0], payload[1], payload[2], payload[3]]);
