@@ -1,11 +1,11 @@
 //! Compiles qlauncher's copies of KubeVirt's handler <-> launcher gRPC API, hook sidecar API and
-//! VEP-190 plugin sidecar API (`proto/`) into Rust.
+//! VEP-190 plugin sidecar API and backup tunnel NBD service (`proto/`) into Rust.
 //!
 //! protox parses the `.proto` files in pure Rust, so no `protoc` binary is needed; tonic-prost-build
 //! then generates the prost messages and the tonic client and server stubs into `OUT_DIR`.
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    const PROTOS: [&str; 9] = [
+    const PROTOS: [&str; 10] = [
         "proto/kubevirt/cmd/v1/cmd.proto",
         "proto/kubevirt/cmd/info/info.proto",
         "proto/kubevirt/notify/v1/notify.proto",
@@ -15,6 +15,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/kubevirt/hooks/v1alpha2/v1alpha2.proto",
         "proto/kubevirt/hooks/v1alpha3/v1alpha3.proto",
         "proto/kubevirt/hooks/plugins/v1alpha1/plugins.proto",
+        "proto/kubevirt/nbd/v1/nbd.proto",
     ];
     for proto in PROTOS {
         println!("cargo:rerun-if-changed={proto}");

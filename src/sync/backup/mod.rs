@@ -55,6 +55,7 @@
 //! Pull mode (`mode: Pull`, `cmd: Export`) is refused as not supported.
 
 pub mod options;
+pub mod tunnel;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
