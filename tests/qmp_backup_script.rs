@@ -2,11 +2,20 @@
 //! `qemuBackupBegin`) against a scripted QMP peer: the exact `transaction` qlauncher sends for a
 //! full backup of two CBT disks creating checkpoint `<name>-<UTC time>`, the one of an
 //! incremental backup since an earlier checkpoint (libvirt's temporary `backup-<dst>` bitmap,
-//! merged, then `sync: incremental`), and QEMU's refusal of it surfacing as a command error.
+//! merged, then `sync: incremental`), and QEMU's refusal of it surfacing as a command error;
+//! a pull backup's exact commands (libvirt's pull `qemuBackupBegin`, fact sheet §4.4):
+//! `nbd-server-start` on KubeVirt's socket, the `sync: none` transaction into the scratch
+//! nodes (an incremental pull's temporary bitmap on the scratch node, named as the new
+//! checkpoint), the read-only `block-export-add` (bitmaps only for incremental), and the end:
+//! `block-job-cancel` forced, `block-export-del`, `nbd-server-stop`.
 
 use qlauncher::qmp::commands::{
-    checkpoint_name, full_push_transaction, incremental_push_transaction, BackupDisk,
-    IncrementalFrom,
+    checkpoint_name, full_push_transaction, incremental_push_transaction, pull_transaction,
+    BackupDisk, IncrementalFrom,
+};
+use qlauncher::qmp::migration::{
+    BlockExportAddNbd, BlockExportDel, BlockJobCancel, NbdServerStart, NbdServerStop,
+    SocketAddressLegacy,
 };
 use qlauncher::qmp::QmpError;
 use serde_json::json;
@@ -130,5 +139,123 @@ async fn an_incremental_push_backup_merges_the_checkpoint_into_a_temporary_bitma
             job("vda", "libvirt-2-format"),
             job("vdb", "libvirt-1-format"),
         ]}})]
+    );
+}
+
+fn scratch_disks() -> Vec<BackupDisk> {
+    vec![BackupDisk {
+        target_dev: "vdb".into(),
+        node: "libvirt-1-format".into(),
+        target_node: "libvirt-5-format".into(),
+    }]
+}
+
+#[tokio::test]
+async fn a_pull_backup_serves_the_scratch_nodes_over_nbd_and_ends_with_the_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = "/var/run/kubevirt/sockets/backup-nbd-sock";
+    let ok = || json!({"return": {}});
+    let (client, peer) = scripted(
+        dir.path(),
+        vec![
+            step("nbd-server-start", ok()),
+            step("transaction", ok()),
+            step("block-export-add", ok()),
+            step("transaction", ok()),
+            step("block-export-add", ok()),
+            step("block-job-cancel", ok()),
+            step("block-export-del", ok()),
+            step("nbd-server-stop", ok()),
+        ],
+    )
+    .await;
+    let full = checkpoint_name("b1", "2026-01-02T03:04:05Z").unwrap();
+    client
+        .run(&NbdServerStart {
+            addr: SocketAddressLegacy::Unix { path: sock.into() },
+        })
+        .await
+        .unwrap();
+    client
+        .run(&pull_transaction(&full, &scratch_disks(), None))
+        .await
+        .unwrap();
+    client
+        .run(&BlockExportAddNbd::pull("libvirt-5-format", "data", None))
+        .await
+        .unwrap();
+    let incremental = checkpoint_name("b2", "2026-01-02T04:00:00Z").unwrap();
+    let from = [IncrementalFrom {
+        checkpoint: full.clone(),
+        granularity: 65536,
+    }];
+    client
+        .run(&pull_transaction(
+            &incremental,
+            &scratch_disks(),
+            Some(&from),
+        ))
+        .await
+        .unwrap();
+    client
+        .run(&BlockExportAddNbd::pull(
+            "libvirt-5-format",
+            "data",
+            Some(vec![incremental.clone()]),
+        ))
+        .await
+        .unwrap();
+    client
+        .run(&BlockJobCancel {
+            device: "backup-vdb-libvirt-1-format".into(),
+            force: true,
+        })
+        .await
+        .unwrap();
+    client
+        .run(&BlockExportDel {
+            id: "libvirt-nbd-libvirt-5-format".into(),
+            mode: Some("hard"),
+        })
+        .await
+        .unwrap();
+    client.run(&NbdServerStop).await.unwrap();
+    drop(client);
+    let job = json!({"type": "blockdev-backup", "data": {"device": "libvirt-1-format",
+        "job-id": "backup-vdb-libvirt-1-format", "target": "libvirt-5-format",
+        "sync": "none", "auto-finalize": true, "auto-dismiss": false}});
+    assert_eq!(
+        peer.await.unwrap(),
+        vec![
+            json!({"execute": "nbd-server-start", "arguments": {"addr": {"type": "unix",
+                "data": {"path": sock}}}}),
+            json!({"execute": "transaction", "arguments": {"actions": [
+                {"type": "block-dirty-bitmap-add", "data": {"node": "libvirt-1-format",
+                    "name": "b1-2026-01-02_03-04-05", "persistent": true, "disabled": false}},
+                job.clone(),
+            ]}}),
+            json!({"execute": "block-export-add", "arguments": {"type": "nbd",
+                "id": "libvirt-nbd-libvirt-5-format", "node-name": "libvirt-5-format",
+                "name": "data", "writable": false}}),
+            json!({"execute": "transaction", "arguments": {"actions": [
+                {"type": "block-dirty-bitmap-add", "data": {"node": "libvirt-1-format",
+                    "name": "b2-2026-01-02_04-00-00", "persistent": true, "disabled": false}},
+                {"type": "block-dirty-bitmap-add", "data": {"node": "libvirt-5-format",
+                    "name": "b2-2026-01-02_04-00-00", "persistent": false, "disabled": true,
+                    "granularity": 65536}},
+                {"type": "block-dirty-bitmap-merge", "data": {"node": "libvirt-5-format",
+                    "target": "b2-2026-01-02_04-00-00",
+                    "bitmaps": [{"node": "libvirt-1-format", "name": "b1-2026-01-02_03-04-05"}]}},
+                job,
+            ]}}),
+            json!({"execute": "block-export-add", "arguments": {"type": "nbd",
+                "id": "libvirt-nbd-libvirt-5-format", "node-name": "libvirt-5-format",
+                "name": "data", "writable": false, "bitmaps": ["b2-2026-01-02_04-00-00"]}}),
+            json!({"execute": "block-job-cancel", "arguments": {
+                "device": "backup-vdb-libvirt-1-format", "force": true}}),
+            json!({"execute": "block-export-del", "arguments": {
+                "id": "libvirt-nbd-libvirt-5-format", "mode": "hard"}}),
+            json!({"execute": "nbd-server-stop"}),
+        ]
     );
 }

@@ -249,6 +249,10 @@ pub struct BlockExportAddNbd {
     pub name: String,
     /// The source writes into it.
     pub writable: bool,
+    /// Dirty bitmaps of the node offered as NBD meta contexts `qemu:dirty-bitmap:<name>`
+    /// (an incremental pull backup's); absent: none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bitmaps: Option<Vec<String>>,
 }
 
 impl BlockExportAddNbd {
@@ -260,8 +264,64 @@ impl BlockExportAddNbd {
             node_name: node.to_owned(),
             name: name.to_owned(),
             writable: true,
+            bitmaps: None,
         }
     }
+
+    /// A pull backup's read-only export (libvirt's `qemuBackupBeginPullExportDisks`): id
+    /// `libvirt-nbd-<node>` ([`pull_export_id`]), name `name` (KubeVirt: the volume), the
+    /// scratch node's `bitmaps` (only for an incremental pull).
+    pub fn pull(node: &str, name: &str, bitmaps: Option<Vec<String>>) -> BlockExportAddNbd {
+        BlockExportAddNbd {
+            kind: "nbd",
+            id: pull_export_id(node),
+            node_name: node.to_owned(),
+            name: name.to_owned(),
+            writable: false,
+            bitmaps,
+        }
+    }
+}
+
+/// libvirt's id of a pull backup's export of `node`: `libvirt-nbd-<node>`.
+pub fn pull_export_id(node: &str) -> String {
+    format!("libvirt-nbd-{node}")
+}
+
+/// `block-export-del`: removes an export (`mode: hard` also drops connected clients).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct BlockExportDel {
+    /// The export id.
+    pub id: String,
+    /// `safe` (fails while clients are connected) or `hard`; absent: `safe`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<&'static str>,
+}
+
+command!(BlockExportDel, "block-export-del", Empty);
+
+/// `query-block-exports`: the exports QEMU serves.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QueryBlockExports;
+
+command!(
+    QueryBlockExports,
+    "query-block-exports",
+    Vec<BlockExportInfo>
+);
+
+/// One export of `query-block-exports`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BlockExportInfo {
+    /// The export id.
+    pub id: String,
+    /// The exported node.
+    #[serde(default)]
+    pub node_name: String,
+    /// Being removed (waiting for clients).
+    #[serde(default)]
+    pub shutting_down: bool,
 }
 
 command!(BlockExportAddNbd, "block-export-add", Empty);

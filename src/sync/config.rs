@@ -52,6 +52,10 @@ pub struct SyncConfig {
     /// `speed`), or None for none (libvirt and KubeVirt set none): an operator's bound on the
     /// I/O a backup takes from the guest.
     pub backup_speed: Option<u64>,
+    /// Where a pull backup's NBD server listens: KubeVirt's
+    /// `/var/run/kubevirt/sockets/backup-nbd-sock` (`virtwrap/storage/backup.go`,
+    /// `pullBackupSocketDir`/`pullBackupSocketName`), the socket `Export`'s tunnel reads.
+    pub backup_nbd_socket: PathBuf,
     /// Unplug vCPUs under TCG even on a QEMU that aborts at the next memory-topology change
     /// after it ([`crate::sync::reconcile::resources::tcg_unplug_crashes`]); off by default (the
     /// unplug is refused). For tests of the unplug itself, where nothing is plugged afterwards.
@@ -98,6 +102,9 @@ pub const AGENT_SHUTDOWN_ANSWER: Duration = Duration::from_secs(1);
 /// `virtqemud` listens in KubeVirt's launcher. qlauncher's migration target listens here
 /// ([`crate::sync::migration::protocol`]; `migration-target.go`, `handleTargetMigrationProxy`).
 pub const TARGET_CONTROL_SOCKET: &str = "/var/run/libvirt/virtqemud-sock";
+
+/// KubeVirt's pull backup NBD socket in the launcher pod.
+pub const BACKUP_NBD_SOCKET: &str = "/var/run/kubevirt/sockets/backup-nbd-sock";
 
 /// The guest agent poller's intervals (virt-launcher's flags and their defaults;
 /// [`crate::sync::cmdapi::guest_info`]).
@@ -166,6 +173,7 @@ impl SyncConfig {
             vm_stats_collector: false,
             allow_unsafe_tcg_vcpu_unplug: false,
             backup_speed: None,
+            backup_nbd_socket: root.join(BACKUP_NBD_SOCKET.trim_start_matches('/')),
             agent_poll: Default::default(),
             network_info: root.join("etc/podinfo/network-info"),
             sysfs: root.join("sys"),

@@ -175,6 +175,10 @@ fn sync_config(config: &LauncherConfig) -> SyncConfig {
     c.operator_qmp_socket = std::env::var_os(OPERATOR_QMP_ENV).map(PathBuf::from);
     c.ovmf_dir = config.ovmf_path.clone();
     c.migration_proxy_dir = config.kubevirt_share_dir.join("migrationproxy");
+    c.backup_nbd_socket = config
+        .kubevirt_share_dir
+        .join("sockets")
+        .join("backup-nbd-sock");
     let emulation = std::env::var(EMULATION_ENV).unwrap_or_default();
     let (kvm, allow_emulation) = choose_accel(config, &emulation, &c.qemu);
     c.kvm = kvm;

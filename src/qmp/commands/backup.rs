@@ -253,6 +253,48 @@ pub fn incremental_push_transaction(
     Transaction { actions }
 }
 
+/// The transaction of a pull backup creating `checkpoint` (§4.4 of the fact sheet, libvirt's
+/// `qemuBackupBegin` in pull mode), each disk's `target_node` being its scratch (fleecing)
+/// image's format node, backed by the disk: first the persistent bitmap `checkpoint` on every
+/// disk; for an incremental pull (`from`, one per disk) per disk the temporary, disabled,
+/// non-persistent bitmap named `checkpoint` on the **scratch** node (libvirt's `exportbitmap`,
+/// which KubeVirt sets to the new checkpoint) with the source's granularity, and the merge of
+/// the source's bitmap on the disk into it; then per disk the `sync: none` `blockdev-backup`
+/// into the scratch node (QEMU puts a copy-before-write filter over the disk).
+pub fn pull_transaction(
+    checkpoint: &str,
+    disks: &[BackupDisk],
+    from: Option<&[IncrementalFrom]>,
+) -> Transaction {
+    let mut actions: Vec<TransactionAction> = disks
+        .iter()
+        .map(|d| checkpoint_bitmap(checkpoint, d))
+        .collect();
+    for (d, f) in disks.iter().zip(from.unwrap_or_default()) {
+        actions.push(TransactionAction::BlockDirtyBitmapAdd(
+            BlockDirtyBitmapAdd {
+                node: d.target_node.clone(),
+                name: checkpoint.to_string(),
+                persistent: false,
+                disabled: true,
+                granularity: Some(f.granularity),
+            },
+        ));
+        actions.push(TransactionAction::BlockDirtyBitmapMerge(
+            BlockDirtyBitmapMerge {
+                node: d.target_node.clone(),
+                target: checkpoint.to_string(),
+                bitmaps: vec![BitmapRef {
+                    node: d.node.clone(),
+                    name: f.checkpoint.clone(),
+                }],
+            },
+        ));
+    }
+    actions.extend(disks.iter().map(|d| backup_job(d, BackupSync::None, None)));
+    Transaction { actions }
+}
+
 fn checkpoint_bitmap(checkpoint: &str, d: &BackupDisk) -> TransactionAction {
     TransactionAction::BlockDirtyBitmapAdd(BlockDirtyBitmapAdd {
         node: d.node.clone(),

@@ -52,9 +52,16 @@
 //! 1,000 bitmaps on QEMU 7.2 its reply is ~180 KB and takes tens of ms; `tests/sync_backup_many.rs`,
 //! `scripts/bench-backup`).
 //!
-//! Pull mode (`mode: Pull`, `cmd: Export`) is refused as not supported.
+//! Pull (`mode: Pull`, [`pull`]): the same Start, but each disk gets a qcow2 scratch image
+//! backed by the disk (at the push target's path) instead of a target, the NBD server on
+//! KubeVirt's socket, the `sync: none` transaction and one read-only export per disk. The jobs
+//! run until Abort; then the exports and the server stop, the scratch nodes and files go, and
+//! a cancelled pull counts as success with no message (libvirt reports COMPLETED, KubeVirt
+//! hides `Operation canceled`). `Export` checks the backup and finds its exports
+//! ([`pull::export_target`]); the tunnel to the export server ([`tunnel`]) is not wired to it yet.
 
 pub mod options;
+pub mod pull;
 pub mod tunnel;
 
 use std::collections::BTreeMap;
@@ -70,11 +77,11 @@ use crate::cmdline::qemu::{
 };
 use crate::qmp::client::{EventStream, QmpClient};
 use crate::qmp::commands::{
-    backup_job_id, full_push_transaction, incremental_push_transaction, temporary_bitmap,
-    BackupDisk, BlockDirtyBitmapRemove, BlockdevAdd, IncrementalFrom, JobDismiss, NamedBlockNode,
-    QueryJobs, QueryNamedBlockNodes,
+    backup_job_id, full_push_transaction, incremental_push_transaction, pull_transaction,
+    temporary_bitmap, BackupDisk, BlockDirtyBitmapRemove, BlockdevAdd, IncrementalFrom, JobDismiss,
+    NamedBlockNode, QueryJobs, QueryNamedBlockNodes,
 };
-use crate::qmp::migration::BlockJobCancel;
+use crate::qmp::migration::{pull_export_id, BlockJobCancel};
 use crate::qmp::QmpError;
 use crate::storage::{self, BackupTargetSpec};
 use crate::sync::ctx::DomainCtx;
@@ -91,7 +98,7 @@ pub const REDEFINE_CBT_NOT_ENABLED: &str =
     "Redefine checkpoint failed: ChangedBlockTracking is not enabled";
 /// KubeVirt's refusal of a backup during a migration.
 pub const BACKUP_DURING_MIGRATION: &str = "failed to do backup, VMI is currently during migration";
-/// What a pull-mode Start or an Export answers.
+/// What an Export answers until the tunnel is served.
 pub const PULL_UNSUPPORTED: &str = "pull mode backups are not supported by qlauncher";
 /// How long the guest's freeze may take before the backup goes on unquiesced (the Start must
 /// answer within virt-handler's 20 s).
@@ -135,6 +142,8 @@ struct Active {
     running: Vec<String>,
     /// Abort was requested.
     abort: bool,
+    /// A pull backup's NBD serving.
+    pull: Option<pull::PullTarget>,
 }
 
 impl Backups {
@@ -252,9 +261,6 @@ pub(crate) async fn backup_command(
             }) {
                 return Err(refused(BACKUP_DURING_MIGRATION));
             }
-            if options.mode == "Pull" {
-                return Err(refused(PULL_UNSUPPORTED));
-            }
             let hotplug_root = PathBuf::from(&d.config.paths.hotplug_disks);
             let request = StartRequest::check(&options, &hotplug_root).map_err(refused)?;
             start(d, running, vmi, request).await
@@ -262,6 +268,8 @@ pub(crate) async fn backup_command(
         BackupCmd::Abort => abort(d, &options).await,
         BackupCmd::Export => {
             eligible(&d.backups.lock().metadata, &options).map_err(refused)?;
+            let target = pull::export_target(d).map_err(refused)?;
+            info!(socket = %target.socket.display(), exports = target.exports.len(), "backup export requested");
             Err(refused(PULL_UNSUPPORTED))
         }
     }
@@ -489,6 +497,9 @@ async fn begin(
         first
     };
     let owner = (d.config.runtime_uid != 0).then_some(storage::Owner::QEMU);
+    let is_pull = request.mode == "Pull";
+    // A pull's scratch image and an incremental push target read the disk's clusters.
+    let backed = is_pull || from.is_some();
     let mut jobs: Vec<DiskJob> = Vec::new();
     let mut added: Vec<String> = Vec::new();
     let prepared = async {
@@ -502,7 +513,7 @@ async fn begin(
                 disk: disk.target_dev.clone(),
                 path: target_path.clone(),
                 size,
-                backing: from.as_ref().map(|_| PathBuf::from(&disk.overlay)),
+                backing: backed.then(|| PathBuf::from(&disk.overlay)),
                 owner,
             })
             .map_err(SyncError::Storage)?;
@@ -515,7 +526,9 @@ async fn begin(
                 },
                 target_storage: format!("libvirt-{n}-storage"),
                 target_path: target_path.clone(),
-                temporary_bitmap: from.as_ref().map(|_| temporary_bitmap(&disk.target_dev)),
+                // A pull's temporary bitmap is on the scratch node and goes with it.
+                temporary_bitmap: (from.is_some() && !is_pull)
+                    .then(|| temporary_bitmap(&disk.target_dev)),
             };
             jobs.push(job.clone());
             let protocol = Blockdev::Protocol(BlockdevProtocol {
@@ -540,9 +553,9 @@ async fn begin(
                 driver: FormatDriver::Qcow2,
                 file: job.target_storage.clone(),
                 data_file: None,
-                backing: match from {
-                    None => BackingNode::Null,
-                    Some(_) => BackingNode::Node(node.node_name.clone()),
+                backing: match backed {
+                    false => BackingNode::Null,
+                    true => BackingNode::Node(node.node_name.clone()),
                 },
             });
             client
@@ -551,12 +564,20 @@ async fn begin(
                 .map_err(SyncError::Qmp)?;
             added.push(job.disk.target_node.clone());
         }
+        if is_pull {
+            pull::start_server(&client, &d.config.backup_nbd_socket).await?;
+        }
         Ok::<(), SyncError>(())
     }
     .await;
+    let socket = d.config.backup_nbd_socket.clone();
     let undo = |jobs: Vec<DiskJob>, added: Vec<String>| {
         let client = client.clone();
+        let socket = socket.clone();
         async move {
+            if is_pull {
+                pull::stop_server(&client, &[], &socket).await;
+            }
             for node in added.iter().rev() {
                 delete_node(&client, node).await;
             }
@@ -598,9 +619,12 @@ async fn begin(
     }
     let events = client.events();
     let disks_of_jobs: Vec<BackupDisk> = jobs.iter().map(|j| j.disk.clone()).collect();
-    let transaction = match &from {
-        None => full_push_transaction(&request.checkpoint, &disks_of_jobs),
-        Some(from) => incremental_push_transaction(&request.checkpoint, &disks_of_jobs, from),
+    let transaction = match (&from, is_pull) {
+        (from, true) => pull_transaction(&request.checkpoint, &disks_of_jobs, from.as_deref()),
+        (None, false) => full_push_transaction(&request.checkpoint, &disks_of_jobs),
+        (Some(from), false) => {
+            incremental_push_transaction(&request.checkpoint, &disks_of_jobs, from)
+        }
     }
     .with_speed(d.config.backup_speed);
     let started = client.run_timeout(&transaction, QMP_TIMEOUT).await;
@@ -613,6 +637,19 @@ async fn begin(
         undo(jobs, added).await;
         return Err(SyncError::Qmp(e));
     }
+    let pull_target = is_pull.then(|| pull::PullTarget {
+        backup_name: request.name.clone(),
+        start_timestamp: request.start_timestamp.clone(),
+        socket: d.config.backup_nbd_socket.clone(),
+        exports: jobs
+            .iter()
+            .map(|j| pull::PullExport {
+                name: j.volume.clone(),
+                id: pull_export_id(&j.disk.target_node),
+                bitmap: from.as_ref().map(|_| request.checkpoint.clone()),
+            })
+            .collect(),
+    });
     {
         let mut s = d.backups.lock();
         s.checkpoints.insert(
@@ -626,7 +663,24 @@ async fn begin(
         s.active = Some(Active {
             running: jobs.iter().map(|j| backup_job_id(&j.disk)).collect(),
             abort: false,
+            pull: pull_target.clone(),
         });
+    }
+    if let Some(target) = &pull_target {
+        let exports: Vec<(String, pull::PullExport)> = jobs
+            .iter()
+            .map(|j| j.disk.target_node.clone())
+            .zip(target.exports.iter().cloned())
+            .collect();
+        if let Err(e) = pull::add_exports(&client, &exports).await {
+            // The jobs run: cancel them and clean up as at their end (the checkpoint stays,
+            // as libvirt's); the Start fails.
+            warn!(error = %e, "block-export-add of a pull backup failed");
+            let ids: Vec<String> = jobs.iter().map(|j| backup_job_id(&j.disk)).collect();
+            cancel_jobs(&client, &ids).await;
+            complete(d.clone(), client, events, jobs).await;
+            return Err(e);
+        }
     }
     let d = d.clone();
     tokio::spawn(async move { complete(d, client, events, jobs).await });
@@ -721,6 +775,7 @@ async fn complete(
         if ends.iter().any(|(i, _)| i == id) {
             continue;
         }
+        stop_pull(&d, &client).await;
         let end = conclude(&client, job).await;
         {
             let mut s = d.backups.lock();
@@ -741,8 +796,18 @@ async fn complete(
         }
         ends.push((id.to_string(), end));
     }
-    let abort = d.backups.lock().active.as_ref().is_some_and(|a| a.abort);
+    stop_pull(&d, &client).await;
+    let (abort, is_pull) = {
+        let s = d.backups.lock();
+        let a = s.active.as_ref();
+        (
+            a.is_some_and(|a| a.abort),
+            s.metadata.as_ref().is_some_and(|m| m.mode == "Pull"),
+        )
+    };
+    // A cancelled pull job is a success (libvirt: COMPLETED; KubeVirt hides the message).
     let first_error = ends.iter().find_map(|(_, e)| match e {
+        JobEnd::Failed(m) if is_pull && abort && m == OPERATION_CANCELED => None,
         JobEnd::Failed(m) => Some(m.clone()),
         JobEnd::Completed => None,
     });
@@ -752,8 +817,9 @@ async fn complete(
         (Some(e), false) if e.is_empty() => (true, "unknown failure reason".to_string()),
         (Some(e), false) => (true, e.clone()),
     };
-    if failed {
-        // libvirt deletes the targets of a push backup that did not complete.
+    if failed || is_pull {
+        // libvirt deletes the targets of a push backup that did not complete, and a pull's
+        // scratch files always.
         for job in &jobs {
             match std::fs::remove_file(&job.target_path) {
                 Ok(()) => {}
@@ -777,6 +843,15 @@ async fn complete(
         warn!(message = %message, "backup failed");
     } else {
         info!(volumes = jobs.len(), "backup completed");
+    }
+}
+
+/// Stops a pull backup's NBD serving once (before its scratch nodes can be deleted).
+async fn stop_pull(d: &DomainCtx, client: &QmpClient) {
+    let target = d.backups.lock().active.as_mut().and_then(|a| a.pull.take());
+    if let Some(t) = target {
+        let ids: Vec<String> = t.exports.iter().map(|e| e.id.clone()).collect();
+        pull::stop_server(client, &ids, &t.socket).await;
     }
 }
 

@@ -1,0 +1,326 @@
+//! KubeVirt v1.9 pull backups with changed block tracking on a real guest (TCG), through the
+//! real cmd socket as virt-handler calls `BackupVirtualMachine`, one guest boot for all:
+//! - after the guest wrote known blocks, a full pull Start serves the CBT disk `data` on
+//!   KubeVirt's NBD socket (`backup-nbd-sock`); the guest writes more; `qemu-img convert` of
+//!   the export over `nbd+unix` equals the disk at Start (the fleecing image keeps the point
+//!   in time);
+//! - Abort ends it as KubeVirt counts a cancelled pull: completed, not failed, no message; the
+//!   socket and the scratch file are gone, the NBD server no longer answers;
+//! - an incremental pull since the first checkpoint offers `qemu:dirty-bitmap:<checkpoint>`:
+//!   `qemu-img map` with `x-dirty-bitmap` shows exactly the clusters written since (as
+//!   `data: false`), and its content is the disk at its Start.
+//!
+//! Needs root and the test guest (`scripts/build-guest`).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use guest::{Console, GuestImages};
+use qlauncher::sync::domain::BackupMetadata;
+use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
+use serde_json::{json, Value};
+use testkit::guest;
+use testkit::handler::{self, Client};
+use testkit::in_process::{InProcess, LauncherRoot};
+use testkit::notify::Received;
+use testkit::storage::run;
+
+const MIB: usize = 1 << 20;
+const CLUSTER: usize = 64 << 10;
+const DISK: usize = 16 * MIB;
+
+fn vmi(uid: &str, state: &str) -> Value {
+    json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "pull", "namespace": "default", "uid": uid},
+        "spec": {
+            "domain": {
+                "resources": {"requests": {"memory": "128Mi"}},
+                "devices": {
+                    "autoattachPodInterface": false,
+                    "disks": [
+                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
+                        {"name": "data", "disk": {"bus": "virtio"}}
+                    ]
+                }
+            },
+            "volumes": [
+                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
+            ]
+        },
+        "status": {
+            "changedBlockTracking": {"state": state},
+            "volumeStatus": [{
+                "name": "data",
+                "target": "vdb",
+                "persistentVolumeClaimInfo": {
+                    "claimName": "data-claim",
+                    "accessModes": ["ReadWriteOnce"],
+                    "volumeMode": "Filesystem",
+                    "capacity": {"storage": "16Mi"},
+                    "requests": {"storage": "16Mi"},
+                    "filesystemOverhead": "0"
+                }
+            }]
+        }
+    })
+}
+
+fn checkpoint(name: &str, start: &str) -> String {
+    let stamp = start
+        .trim_end_matches('Z')
+        .replace('T', "_")
+        .replace(':', "-");
+    format!("{name}-{stamp}")
+}
+
+async fn backup(client: &mut Client, vmi: &Value, options: Value) -> cmd::Response {
+    client
+        .backup_virtual_machine(cmd::BackupRequest {
+            vmi: Some(handler::vmi_message(vmi)),
+            options: options.to_string().into_bytes(),
+        })
+        .await
+        .expect("BackupVirtualMachine")
+        .into_inner()
+}
+
+fn backup_events(received: &Received, name: &str) -> Vec<BackupMetadata> {
+    received
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|(_, d)| d.spec.metadata.kubevirt.backup.clone())
+        .filter(|b| b.name == name)
+        .collect()
+}
+
+async fn completed(received: &Received, name: &str) -> BackupMetadata {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        if let Some(b) = backup_events(received, name)
+            .into_iter()
+            .find(|b| b.completed)
+        {
+            return b;
+        }
+        assert!(Instant::now() < deadline, "backup {name} did not complete");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn sh(console: &mut Console, command: &str) -> String {
+    let (status, out) = console
+        .run(command, guest::BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
+    assert_eq!(status, 0, "{command}: {out}");
+    out
+}
+
+/// Writes `len` bytes of `byte` at `offset` of `/dev/vdb` and syncs them.
+fn write(console: &mut Console, byte: char, offset: usize, len: usize) {
+    sh(
+        console,
+        &format!(
+            "dd if=/dev/zero bs=4096 count={} 2>/dev/null | tr '\\000' '{byte}' | \
+             dd of=/dev/vdb bs=4096 seek={} conv=fsync 2>/dev/null && sync",
+            len / 4096,
+            offset / 4096
+        ),
+    );
+}
+
+/// The raw content of NBD export `data` on `socket`.
+fn read_export(socket: &Path, scratch: &Path) -> Vec<u8> {
+    let out = scratch.join("export.raw");
+    let url = format!("nbd+unix:///data?socket={}", socket.display());
+    run(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &url,
+            out.to_str().unwrap(),
+        ],
+    );
+    let bytes = std::fs::read(&out).unwrap();
+    std::fs::remove_file(&out).unwrap();
+    bytes
+}
+
+/// The 64 KiB clusters the export's dirty bitmap `bitmap` marks (`data: false` in this mode).
+fn dirty_clusters(socket: &Path, bitmap: &str) -> Vec<usize> {
+    let opts = format!(
+        "driver=nbd,export=data,server.type=unix,server.path={},x-dirty-bitmap=qemu:dirty-bitmap:{bitmap}",
+        socket.display()
+    );
+    let map: Value = serde_json::from_str(&run(
+        "qemu-img",
+        &["map", "--output=json", "--image-opts", &opts],
+    ))
+    .unwrap();
+    let mut clusters = Vec::new();
+    for e in map.as_array().unwrap() {
+        if e["data"] == false {
+            let start = e["start"].as_u64().unwrap() as usize;
+            let len = e["length"].as_u64().unwrap() as usize;
+            clusters.extend((start / CLUSTER)..(start + len).div_ceil(CLUSTER));
+        }
+    }
+    clusters
+}
+
+async fn wait_marker(log: &Path, prefix: &str) {
+    let deadline = Instant::now() + guest::BOOT_TIMEOUT;
+    loop {
+        let text = std::fs::read(log).unwrap_or_default();
+        if String::from_utf8_lossy(&text)
+            .lines()
+            .any(|l| l.contains(prefix))
+        {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no {prefix:?} in {}",
+            log.display()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[test]
+fn pull_backups_serve_the_point_in_time_and_the_dirty_bitmap_and_abort_cleans_up() {
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    testkit::in_process::runtime().block_on(scenario());
+}
+
+async fn scenario() {
+    let images = GuestImages::locate();
+    let uid = format!("b4c6e131-0001-4000-8000-{:012}", std::process::id());
+    let root = LauncherRoot::new(&images.disk_qcow2, &uid);
+    let scratch = root.path().join("scratch");
+    std::fs::create_dir_all(&scratch).unwrap();
+    let target = PathBuf::from(&root.config.paths.hotplug_disks).join("b-backup-target-pvc");
+    std::fs::create_dir_all(&target).unwrap();
+    let image = root.private.join("vmi-disks/data/disk.img");
+    let socket = root.config.backup_nbd_socket.clone();
+    assert!(socket.ends_with("var/run/kubevirt/sockets/backup-nbd-sock"));
+    let enabled = vmi(&uid, "Enabled");
+
+    let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
+    let mut client = launcher.client.clone();
+    let received = launcher.received.clone();
+    let (ok, message) = handler::sync(&mut client, &vmi(&uid, "Initializing")).await;
+    assert!(ok, "{message}");
+    let (ok, message) = handler::sync(&mut client, &enabled).await;
+    assert!(ok, "{message}");
+    wait_marker(
+        &root.private.join(&uid).join("virt-serial0-log"),
+        "QLG: agent ready",
+    )
+    .await;
+    let mut console = Console::connect(
+        &root.private.join(&uid).join("virt-serial0"),
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    console.send(b"\n").unwrap();
+    sh(&mut console, "true");
+    let disk = || {
+        let b = std::fs::read(&image).unwrap();
+        assert_eq!(b.len(), DISK);
+        b
+    };
+
+    write(&mut console, 'A', 0, CLUSTER);
+    write(&mut console, 'B', 10 * CLUSTER, CLUSTER);
+    let at_t1 = disk();
+
+    // Full pull b1.
+    let t1 = "2026-12-03T11:00:01Z";
+    let c1 = checkpoint("b1", t1);
+    let start = |name: &str, t: &str, incremental: Option<&str>| {
+        let mut o = json!({"backupName": name, "cmd": "Start", "mode": "Pull",
+            "backupStartTime": t, "targetPath": target.to_str().unwrap()});
+        if let Some(i) = incremental {
+            o["incremental"] = i.into();
+        }
+        o
+    };
+    let answer = backup(&mut client, &enabled, start("b1", t1, None)).await;
+    assert!(answer.success, "{}", answer.message);
+    let scratch1 = target.join("pull").join(&c1).join("b1-data.qcow2");
+    assert!(scratch1.exists(), "the scratch image");
+    assert!(socket.exists(), "the NBD socket");
+    let running = backup_events(&received, "b1");
+    let last = running.last().unwrap();
+    assert!(!last.completed);
+    assert_eq!(last.mode, "Pull");
+    assert_eq!(last.checkpoint_name, c1);
+    assert_eq!(
+        last.volumes,
+        r#"[{"volumeName":"data","diskTarget":"vdb"}]"#
+    );
+    assert_eq!(last.quiesce_status, "Succeeded");
+
+    // The guest writes on; the export keeps the point in time.
+    write(&mut console, 'X', 0, CLUSTER);
+    write(&mut console, 'Y', 20 * CLUSTER, CLUSTER);
+    assert_ne!(disk(), at_t1);
+    assert_eq!(
+        read_export(&socket, &scratch),
+        at_t1,
+        "the export is the disk at Start"
+    );
+
+    // Abort: a cancelled pull is a success; everything it served is gone.
+    let abort =
+        |name: &str, t: &str| json!({"backupName": name, "cmd": "Abort", "backupStartTime": t});
+    let answer = backup(&mut client, &enabled, abort("b1", t1)).await;
+    assert!(answer.success, "{}", answer.message);
+    let b1 = completed(&received, "b1").await;
+    assert!(!b1.failed, "{b1:?}");
+    assert_eq!(b1.backup_msg, "");
+    assert!(b1.end_timestamp.is_some());
+    assert!(!socket.exists(), "the NBD socket is gone");
+    assert!(!scratch1.exists(), "the scratch image is removed");
+    let url = format!("nbd+unix:///data?socket={}", socket.display());
+    let probe = Command::new("qemu-img")
+        .args(["info", &url])
+        .output()
+        .unwrap();
+    assert!(!probe.status.success(), "the NBD server no longer answers");
+
+    // Incremental pull b2 since b1's checkpoint.
+    write(&mut console, 'Z', 30 * CLUSTER + 8192, 4096);
+    let at_t2 = disk();
+    let t2 = "2026-12-03T11:00:02Z";
+    let c2 = checkpoint("b2", t2);
+    let mut o = start("b2", t2, Some(&c1));
+    o["skipQuiesce"] = true.into();
+    let answer = backup(&mut client, &enabled, o).await;
+    assert!(answer.success, "{}", answer.message);
+    write(&mut console, 'W', 40 * CLUSTER, CLUSTER);
+    assert_eq!(
+        dirty_clusters(&socket, &c2),
+        vec![0, 20, 30],
+        "the clusters written since b1's checkpoint"
+    );
+    assert_eq!(read_export(&socket, &scratch), at_t2);
+    let answer = backup(&mut client, &enabled, abort("b2", t2)).await;
+    assert!(answer.success, "{}", answer.message);
+    let b2 = completed(&received, "b2").await;
+    assert!(!b2.failed, "{b2:?}");
+    assert_eq!(b2.quiesce_status, "Skipped");
+    assert!(!socket.exists());
+    assert!(!target.join("pull").join(&c2).join("b2-data.qcow2").exists());
+    drop(console);
+    drop(launcher);
+}
