@@ -621,3 +621,51 @@ async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
     assert_eq!(data.trim(), "copied-from-libvirt");
     proxy.abort();
 }
+
+/// qlauncher to stock, the wire: qlauncher's libvirt RPC client against a real libvirtd 9.0,
+/// as a qlauncher source would talk to a stock target's virtqemud through the migration proxy.
+/// The private "are you qlauncher" call is answered "Cannot find program" on a connection that
+/// stays open; then the p2p source's calls: auth list (none), open `qemu:///system`, the
+/// feature probes a v3-params source needs; a Prepare with a domain libvirt cannot run (a
+/// machine type its QEMU lacks) is refused with libvirt's own error, no domain is left behind
+/// and the connection still closes cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qlaunchers_rpc_client_talks_to_a_stock_libvirtd_and_a_refused_prepare_leaves_nothing() {
+    use qlauncher::libvirt_rpc::client::{Client, ClientError, PeerKind};
+    use qlauncher::libvirt_rpc::remote::{Feature, Prepare3ParamsArgs, TypedParam};
+    let work = tempfile::Builder::new().prefix("qlstc").tempdir().unwrap();
+    let ld = Libvirtd::start(work.path());
+    let sock = format!("/proc/{}/root/run/libvirt/libvirt-sock", ld.child.id());
+    let conn = UnixStream::connect(&sock).await.expect("libvirtd's socket");
+    let mut c = Client::new(conn);
+    assert_eq!(c.probe_peer().await.unwrap(), PeerKind::StockLibvirt);
+    assert!(c.auth_list().await.unwrap().contains(&0));
+    c.open(Some("qemu:///system"), 0).await.unwrap();
+    for f in [
+        Feature::MigrationV3,
+        Feature::MigrationP2p,
+        Feature::MigrationParams,
+        Feature::TypedParamString,
+        Feature::XmlMigratable,
+    ] {
+        assert!(c.supports_feature(f).await.unwrap(), "{f:?}");
+    }
+    let xml = "<domain type='qemu'><name>ql-refused</name><memory unit='MiB'>64</memory>\
+               <os><type arch='x86_64' machine='no-such-machine'>hvm</type></os></domain>";
+    let prep = Prepare3ParamsArgs {
+        params: vec![
+            TypedParam::string("destination_xml", xml),
+            TypedParam::string("destination_name", "ql-refused"),
+        ],
+        cookie: vec![],
+        // VIR_MIGRATE_LIVE | VIR_MIGRATE_PERSIST_DEST, as KubeVirt's source passes them on.
+        flags: 1 | 8,
+    };
+    match c.prepare3_params(&prep).await {
+        Err(ClientError::Peer(e)) => assert!(!e.message.is_empty(), "{e:?}"),
+        other => panic!("Prepare of an unrunnable domain: {other:?}\n{}", ld.log()),
+    }
+    c.close().await.unwrap();
+    let all = ld.virsh_ok(&["list", "--all", "--name"]);
+    assert!(!all.contains("ql-refused"), "{all}");
+}

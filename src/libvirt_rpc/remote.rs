@@ -177,6 +177,27 @@ impl TypedParam {
         };
         Ok(TypedParam { field, value })
     }
+
+    fn encode(&self, e: &mut Encoder) {
+        e.string(&self.field);
+        match &self.value {
+            TypedValue::Int(v) => e.i32(1).i32(*v),
+            TypedValue::UInt(v) => e.i32(2).u32(*v),
+            TypedValue::LLong(v) => e.i32(3).i64(*v),
+            TypedValue::ULLong(v) => e.i32(4).u64(*v),
+            TypedValue::Double(v) => e.i32(5).f64(*v),
+            TypedValue::Boolean(v) => e.i32(6).i32(*v as i32),
+            TypedValue::String(v) => e.i32(7).string(v),
+        };
+    }
+
+    /// A string parameter.
+    pub fn string(field: &str, value: impl Into<String>) -> TypedParam {
+        TypedParam {
+            field: field.to_owned(),
+            value: TypedValue::String(value.into()),
+        }
+    }
 }
 
 /// The string value of parameter `name` (the first one: libvirt allows repeated ones for
@@ -217,6 +238,13 @@ impl OpenArgs {
         d.finish()?;
         Ok(OpenArgs { name, flags })
     }
+
+    /// Encodes the body of a `CONNECT_OPEN` call (the client's side).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.optional_string(self.name.as_deref()).u32(self.flags);
+        e.into_bytes()
+    }
 }
 
 /// `remote_supports_feature_args`: the feature number.
@@ -256,6 +284,17 @@ impl Prepare3ParamsArgs {
             flags,
         })
     }
+
+    /// Encodes the body of a `DOMAIN_MIGRATE_PREPARE3_PARAMS` call (the source's side).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(self.params.len() as u32);
+        for p in &self.params {
+            p.encode(&mut e);
+        }
+        e.opaque(&self.cookie).u32(self.flags);
+        e.into_bytes()
+    }
 }
 
 /// `remote_domain_migrate_prepare3_params_ret`.
@@ -273,6 +312,16 @@ impl Prepare3ParamsRet {
         let mut e = Encoder::new();
         e.opaque(&self.cookie).optional_string(self.uri.as_deref());
         e.into_bytes()
+    }
+
+    /// Decodes the reply body (the source's side): the cookie and the URI are bounded by the
+    /// protocol's limits.
+    pub fn decode(body: &[u8]) -> Result<Prepare3ParamsRet, XdrError> {
+        let mut d = Decoder::new(body);
+        let cookie = d.opaque("migration cookie", MIGRATE_COOKIE_MAX)?;
+        let uri = d.optional(|d| d.string("migration URI", STRING_MAX))?;
+        d.finish()?;
+        Ok(Prepare3ParamsRet { cookie, uri })
     }
 }
 
@@ -309,6 +358,19 @@ impl Finish3ParamsArgs {
             cancelled,
         })
     }
+
+    /// Encodes the body of a `DOMAIN_MIGRATE_FINISH3_PARAMS` call (the source's side).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new();
+        e.u32(self.params.len() as u32);
+        for p in &self.params {
+            p.encode(&mut e);
+        }
+        e.opaque(&self.cookie)
+            .u32(self.flags)
+            .i32(self.cancelled as i32);
+        e.into_bytes()
+    }
 }
 
 /// `remote_nonnull_domain`.
@@ -325,6 +387,15 @@ pub struct Domain {
 impl Domain {
     fn encode(&self, e: &mut Encoder) {
         e.string(&self.name).fixed_opaque(&self.uuid).i32(self.id);
+    }
+
+    fn decode(d: &mut Decoder<'_>) -> Result<Domain, XdrError> {
+        // REMOTE_STRING_MAX bounds a domain name on the wire.
+        let name = d.string("domain name", STRING_MAX)?;
+        let mut uuid = [0u8; UUID_LEN];
+        uuid.copy_from_slice(d.fixed_opaque(UUID_LEN)?);
+        let id = d.i32()?;
+        Ok(Domain { name, uuid, id })
     }
 }
 
@@ -344,6 +415,15 @@ impl Finish3ParamsRet {
         self.domain.encode(&mut e);
         e.opaque(&self.cookie);
         e.into_bytes()
+    }
+
+    /// Decodes the reply body (the source's side).
+    pub fn decode(body: &[u8]) -> Result<Finish3ParamsRet, XdrError> {
+        let mut d = Decoder::new(body);
+        let domain = Domain::decode(&mut d)?;
+        let cookie = d.opaque("migration cookie", MIGRATE_COOKIE_MAX)?;
+        d.finish()?;
+        Ok(Finish3ParamsRet { domain, cookie })
     }
 }
 

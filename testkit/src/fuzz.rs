@@ -974,10 +974,11 @@ impl qlauncher::libvirt_rpc::server::MigrationTarget for RefusingTarget {
 /// libvirt's remote protocol from a migration source (the target side of a libvirt peer): the
 /// bytes as one frame through `decode_frame` and every argument decoder, then as the whole
 /// stream a source sends into the server (keepalive answered, calls dispatched to a refusing
-/// target). Nothing may panic, and no length read from the bytes may allocate beyond them
+/// target), and as the replies a qlauncher source's client reads (reply decoders, the first
+/// calls). Nothing may panic, and no length read from the bytes may allocate beyond them
 /// (libFuzzer's `-rss_limit_mb` catches that).
 pub fn libvirt_rpc(rt: &tokio::runtime::Runtime, data: &[u8]) {
-    use qlauncher::libvirt_rpc::{packet, remote, server};
+    use qlauncher::libvirt_rpc::{client, packet, remote, server};
     if let Ok(p) = packet::decode_frame(data) {
         let _ = remote::OpenArgs::decode(&p.body);
         let _ = remote::decode_supports_feature(&p.body);
@@ -995,10 +996,21 @@ pub fn libvirt_rpc(rt: &tokio::runtime::Runtime, data: &[u8]) {
             }
         }
         let _ = remote::Finish3ParamsArgs::decode(&p.body);
+        // The source's side: the same bytes as a stock target's reply bodies.
+        let _ = remote::Prepare3ParamsRet::decode(&p.body);
+        let _ = remote::Finish3ParamsRet::decode(&p.body);
+        let _ = client::PeerError::decode(&p.body);
     }
     let stream = tokio::io::join(std::io::Cursor::new(data.to_vec()), tokio::io::sink());
     rt.block_on(async move {
         let _ = server::serve(stream, &mut RefusingTarget).await;
+    });
+    // The bytes as what a stock target answers a qlauncher source's first calls.
+    let stream = tokio::io::join(std::io::Cursor::new(data.to_vec()), tokio::io::sink());
+    rt.block_on(async move {
+        let mut c = client::Client::new(stream);
+        let _ = c.probe_peer().await;
+        let _ = c.auth_list().await;
     });
 }
 
