@@ -51,4 +51,11 @@ fn report_renders_from_stored_results() {
         })
         .count();
     assert_eq!(start_rows, 3, "{md}");
+    // The memory of a kernel without UFFD_FEATURE_WP_ASYNC (6.1), with and without the trim's
+    // MADV_RANDOM fallback, measured through the trim's switch.
+    let kernel61_rss = md
+        .lines()
+        .filter(|l| l.starts_with("| non-QEMU processes, RSS, as on a 6.1 kernel"))
+        .count();
+    assert_eq!(kernel61_rss, 2, "{md}");
 }

@@ -19,9 +19,16 @@
 //! measured on the idle launcher, its resident text went from 2.0 MiB to 0.43 MiB.
 //! Best effort: every failure is ignored.
 //!
-//! `QLAUNCHER_TRIM=0` turns it off and `QLAUNCHER_TRIM=fault-around` keeps fault-around (for
-//! measuring); `random` also advises `MADV_RANDOM` and `evict` also drops the executable's
-//! page cache (experiments).
+//! Where that registration is refused (a kernel before 6.7, such as Debian 12's 6.1, or a seccomp
+//! profile without userfaultfd), the mappings are advised `MADV_RANDOM` instead: fault-around
+//! still maps the cached pages around a fault, but the fault itself no longer reads ahead, and
+//! the trim's `MADV_PAGEOUT` has taken the launcher's own text out of the page cache, so what
+//! faults back stays close to what runs.
+//!
+//! `QLAUNCHER_TRIM` (for measuring) is `0` (no trim) or a comma-separated list of: `fault-around`
+//! (no userfaultfd registration, as on a kernel without `UFFD_FEATURE_WP_ASYNC`), `readahead`
+//! (no `MADV_RANDOM` fallback: with `fault-around`, the trim as it was on 6.1 kernels),
+//! `random` (`MADV_RANDOM` always) and `evict` (also drop the executable's page cache).
 
 /// What a trim did: bytes of mappings advised and resident kilobytes they held before.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -51,12 +58,12 @@ pub fn trim_resident() -> Trimmed {
         return done;
     };
     let mode = std::env::var("QLAUNCHER_TRIM").unwrap_or_default();
-    let random = mode == "random" || mode == "evict";
+    let flag = |f: &str| mode.split(',').any(|m| m == f);
     let partly = partly_anonymous(&smaps);
     let candidates = droppable(&smaps);
-    if mode != "fault-around" {
-        without_fault_around(&[&candidates[..], &partly[..]].concat());
-    }
+    let fault_around_off =
+        !flag("fault-around") && without_fault_around(&[&candidates[..], &partly[..]].concat());
+    let random = flag("random") || flag("evict") || (!fault_around_off && !flag("readahead"));
     for m in partly {
         done.resident_kib += drop_file_pages(m);
     }
@@ -74,7 +81,7 @@ pub fn trim_resident() -> Trimmed {
         done.resident_kib += m.rss_kib;
     }
     trim_main_stack(&smaps);
-    if mode == "evict" {
+    if flag("evict") {
         evict_executable();
     }
     done
@@ -90,13 +97,25 @@ pub fn trim_resident() -> Trimmed {
 /// the registration only makes each fault map its own page. The userfaultfd stays open for the
 /// process's life (closing it would unregister). Best effort: on an older kernel, without the
 /// permission (`vm.unprivileged_userfaultfd`, seccomp) or on any error nothing changes.
-/// `QLAUNCHER_TRIM=fault-around` skips it (for measuring).
-fn without_fault_around(mappings: &[Mapping]) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    static DONE: AtomicBool = AtomicBool::new(false);
-    if DONE.swap(true, Ordering::Relaxed) {
-        return;
+/// `QLAUNCHER_TRIM=fault-around` skips it (for measuring). Returns whether fault-around is off
+/// (the registration of the first call took; later calls return that answer).
+fn without_fault_around(mappings: &[Mapping]) -> bool {
+    use std::sync::atomic::{AtomicU8, Ordering};
+    const UNTRIED: u8 = 0;
+    const OFF: u8 = 1;
+    const REFUSED: u8 = 2;
+    static STATE: AtomicU8 = AtomicU8::new(UNTRIED);
+    match STATE.load(Ordering::Relaxed) {
+        UNTRIED => {}
+        state => return state == OFF,
     }
+    let off = register_write_protect(mappings);
+    STATE.store(if off { OFF } else { REFUSED }, Ordering::Relaxed);
+    off
+}
+
+/// The userfaultfd registration of [`without_fault_around`]; whether any mapping registered.
+fn register_write_protect(mappings: &[Mapping]) -> bool {
     #[repr(C)]
     struct UffdioApi {
         api: u64,
@@ -119,7 +138,7 @@ fn without_fault_around(mappings: &[Mapping]) {
     // SAFETY: userfaultfd(2) with flags only; the fd is owned here.
     let fd = unsafe { libc::syscall(libc::SYS_userfaultfd, libc::O_CLOEXEC | libc::O_NONBLOCK) };
     if fd < 0 {
-        return;
+        return false;
     }
     let fd = fd as libc::c_int;
     let mut api = UffdioApi {
@@ -133,7 +152,7 @@ fn without_fault_around(mappings: &[Mapping]) {
     {
         // SAFETY: our own fd.
         unsafe { libc::close(fd) };
-        return;
+        return false;
     }
     let mut registered = false;
     for m in mappings {
@@ -150,6 +169,7 @@ fn without_fault_around(mappings: &[Mapping]) {
         // SAFETY: our own fd.
         unsafe { libc::close(fd) };
     }
+    registered
 }
 
 /// Experiment (`QLAUNCHER_TRIM=evict`): drops the executable's page cache too

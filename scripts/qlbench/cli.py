@@ -154,6 +154,7 @@ def full_run(a):
     vms = []
     try:
         argv = start_and_memory(a, work, qemu_bin, vms, results)
+        results["kernel61"] = memory_without_uffd(a, work, vms)
         results["scale"] = scaling(a, work, vms)
         other_scripts(a, results)
         # 6. soak (its own run's result when given: the hour runs beside the full bench).
@@ -241,6 +242,47 @@ def background_build(a):
                                    stderr=open(REPO / "target" / "bench-build.log", "wb"),
                                    start_new_session=True)
     return bench_build, marker
+
+
+# The trim's modes without the userfaultfd registration, as on a kernel before 6.7 (Debian 12's
+# 6.1) or under a seccomp profile without userfaultfd (monitor/src/trim.rs, QLAUNCHER_TRIM).
+KERNEL61_MODES = {"fallback": "fault-around", "before": "fault-around,readahead"}
+
+
+def memory_without_uffd(a, work, vms):
+    """Phase 2b: the memory of qlauncher's non-QEMU processes as on a 6.1 kernel: the trim's
+    switch skips the userfaultfd registration; with (`fallback`, today's code) and without
+    (`before`) its MADV_RANDOM fallback. min(--runs, 3) runs per mode, interleaved; RSS and PSS
+    1 s after `boot ok` and after min(--idle, 20) s more (two of the launcher's trims)."""
+    runs = min(a.runs, 3)
+    idle = min(a.idle, 20)
+    out = {k: {"rss": [], "pss": [], "idle_rss": [], "idle_pss": [], "procs": None}
+           for k in KERNEL61_MODES}
+    out["idle_s"] = idle
+    for i in range(runs):
+        for key, mode in KERNEL61_MODES.items():
+            log(f"qlauncher run, QLAUNCHER_TRIM={mode} {i + 1}/{runs}")
+            evict_page_cache(pod_binaries())
+            os.environ["QLAUNCHER_TRIM"] = mode
+            try:
+                vm = QlVm(work, "k61").start()
+            finally:
+                del os.environ["QLAUNCHER_TRIM"]
+            vms.append(vm)
+            vm.wait_running()
+            vm.wait_boot()
+            time.sleep(1)
+            m = vm.memory()
+            out[key]["rss"].append(m["launcher_rss"])
+            out[key]["pss"].append(m["launcher_pss"])
+            out[key]["procs"] = m["procs"]
+            if idle:
+                time.sleep(idle)
+                m = vm.memory()
+                out[key]["idle_rss"].append(m["launcher_rss"])
+                out[key]["idle_pss"].append(m["launcher_pss"])
+            vm.stop()
+    return out
 
 
 def start_and_memory(a, work, qemu_bin, vms, results):

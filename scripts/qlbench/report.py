@@ -130,6 +130,16 @@ def memory(r, w):
         w(f"| non-QEMU processes, PSS, after {idle} s more idle | {fmt(stats(ql['idle_launcher_pss']), 'MiB', mib)} | | |")
         ic = [x for x in ql.get("idle_cgroup", []) if x is not None]
         w(f"| pod memory cgroup charge, after {idle} s more idle | {fmt(stats(ic) if ic else None, 'MiB', mib)} | | |")
+    k61 = r.get("kernel61")
+    if k61:
+        for key, what in (("fallback", "`QLAUNCHER_TRIM=fault-around`: no userfaultfd, the trim's MADV_RANDOM fallback"),
+                          ("before", "`QLAUNCHER_TRIM=fault-around,readahead`: no userfaultfd, no fallback (before it)")):
+            k = k61.get(key) or {}
+            if k.get("rss"):
+                w(f"| non-QEMU processes, RSS, as on a 6.1 kernel ({what}) | {fmt(stats(k['rss']), 'MiB', mib)} | {fmt(dr, 'MiB', mib)} | {ratio(dr, stats(k['rss']))} |")
+                w(f"| non-QEMU processes, PSS, as on a 6.1 kernel ({what}) | {fmt(stats(k['pss']), 'MiB', mib)} | {fmt(dp, 'MiB', mib)} | {ratio(dp, stats(k['pss']))} |")
+            if k.get("idle_rss"):
+                w(f"| the same, RSS after {k61.get('idle_s', 20)} s more idle | {fmt(stats(k['idle_rss']), 'MiB', mib)} | | |")
     w("")
     w("Before each qlauncher run the page cache of its binaries is evicted (posix_fadvise DONTNEED "
       f"on {', '.join(p.name for p in pod_binaries())}), so RSS counts what the run itself faulted in. "
@@ -138,6 +148,18 @@ def memory(r, w):
       "the launcher give back their clean file-backed pages and free heap once the domain runs and "
       "then every 60 s (monitor) and 10 s (launcher), with the kernel's 64 KiB fault-around turned "
       "off for those mappings (`monitor/src/trim.rs`), so what stays is what they run.")
+    if k61:
+        w("")
+        w("The 6.1-kernel rows: Debian 12's own kernel (6.1) has no `UFFD_FEATURE_WP_ASYNC` (Linux 6.7), "
+          "so the registration that turns fault-around off is refused there, as under a seccomp profile "
+          "without userfaultfd. The trim's switch skips it on this kernel to measure that case: "
+          "min(runs, 3) runs per mode, interleaved, each from evicted binaries. On such a kernel the trim "
+          "advises the dropped mappings `MADV_RANDOM` instead: a fault then reads only its own page (no "
+          "read-around), and fault-around maps only pages still in the page cache, which the trim's "
+          "`MADV_PAGEOUT` emptied of the launcher's own text; libc's pages, shared with QEMU, stay "
+          "cached and still come back in 64 KiB blocks. Processes (comm:RSS KiB), fallback: "
+          + ", ".join((k61.get("fallback") or {}).get("procs") or [])
+          + "; before: " + ", ".join((k61.get("before") or {}).get("procs") or []) + ".")
     w("")
     w(f"qlauncher's processes (comm:RSS KiB): {', '.join(ql['procs'] or [])}"
       + (f"; after the idle: {', '.join(ql['idle_procs'])}. " if ql.get("idle_procs") else ". ")
@@ -311,6 +333,20 @@ def not_ahead(r):
             if hp and at["median"] * 1000 < hp:
                 out.append("- **Disk hotplug**: virsh attach-device was faster than QMP hotplug. Cause and "
                            "fix: see the qmp bench (it includes blockdev-add of file + format nodes).")
+    k61 = (r.get("kernel61") or {}).get("fallback") or {}
+    k61_rss = stats(k61.get("rss", []))
+    if k61_rss and k61_rss["median"] >= 3 * 1024:
+        before = stats(((r.get("kernel61") or {}).get("before") or {}).get("rss", []))
+        out.append(
+            f"- **Memory on a 6.1 kernel** (no `UFFD_FEATURE_WP_ASYNC`; goal under 3 MiB): "
+            f"{k61_rss['median'] / 1024:.2f} MiB non-QEMU RSS with the trim's `MADV_RANDOM` fallback"
+            + (f" ({before['median'] / 1024:.2f} MiB without it)" if before else "")
+            + f": {(k61_rss['median'] - 3 * 1024) / 1024:.2f} MiB over. Cause: fault-around still maps "
+            "64 KiB blocks of every cached page around a fault, and libc's pages stay cached (QEMU "
+            "maps them), so the launcher's few scattered libc and text pages bring their neighbours "
+            "back. Next fix: a symbol-ordering file that packs the idle path's functions together, "
+            "and fewer libc calls on it (processes, comm:RSS KiB: "
+            + ", ".join(k61.get("procs") or []) + ").")
     mem = stats(ql["launcher_rss"])
     idle = stats(ql.get("idle_launcher_rss", []))
     worst = max(x["median"] for x in (mem, idle) if x) if mem else None
@@ -326,9 +362,10 @@ def not_ahead(r):
             "resident after every trim. The trim turns fault-around off for the trimmed mappings "
             "with a write-protect userfaultfd registration (`UFFD_FEATURE_WP_ASYNC`, Linux 6.7); "
             "on an older kernel, or where userfaultfd is not permitted (`vm.unprivileged_userfaultfd`, "
-            "a seccomp profile), that part is skipped and the 64 KiB blocks come back. Fix there: a "
-            "code layout that puts the idle path's functions together (a linker symbol-ordering "
-            "file from a profile of the idle launcher).")
+            "a seccomp profile), that part is refused and the trim advises `MADV_RANDOM` instead "
+            "(the 6.1-kernel rows above), which keeps the launcher's own text from coming back in "
+            "64 KiB blocks but not libc's. Next fix there: a code layout that puts the idle path's "
+            "functions together (a linker symbol-ordering file from a profile of the idle launcher).")
     if qr and br and qr["median"] > br["median"] * 1.05:
         bd = [b for b in ql.get("breakdown", []) if b]
         med = lambda k: statistics.median(b.get(k, 0) for b in bd) if bd else 0  # noqa: E731

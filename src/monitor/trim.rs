@@ -4,7 +4,8 @@
 //!
 //! The work is [`qlauncher_monitor::trim::trim_resident`] (shared with the monitor, PID 1):
 //! `malloc_trim(0)`, then `MADV_PAGEOUT` and `MADV_DONTNEED` of every private, non-writable,
-//! file-backed mapping without anonymous pages, with fault-around off for them.
+//! file-backed mapping without anonymous pages, with fault-around off for them (or read-ahead
+//! off, `MADV_RANDOM`, where the kernel refuses that).
 //! [`trim_after_start`] runs it once the domain's
 //! QEMU is watched, [`periodic`] every [`TRIM_INTERVAL`] while it runs (a read of smaps and one madvise per mapping, plus
 //! the refaults of the code that runs next). [`limit_arenas`] keeps glibc to one malloc arena.

@@ -58,7 +58,7 @@
 //! run until Abort; then the exports and the server stop, the scratch nodes and files go, and
 //! a cancelled pull counts as success with no message (libvirt reports COMPLETED, KubeVirt
 //! hides `Operation canceled`). `Export` checks the backup and finds its exports
-//! ([`pull::export_target`]); the tunnel to the export server ([`tunnel`]) is not wired to it yet.
+//! ([`pull::export_target`]) and serves them to the export server through [`tunnel`].
 
 pub mod options;
 pub mod pull;
@@ -98,8 +98,6 @@ pub const REDEFINE_CBT_NOT_ENABLED: &str =
     "Redefine checkpoint failed: ChangedBlockTracking is not enabled";
 /// KubeVirt's refusal of a backup during a migration.
 pub const BACKUP_DURING_MIGRATION: &str = "failed to do backup, VMI is currently during migration";
-/// What an Export answers until the tunnel is served.
-pub const PULL_UNSUPPORTED: &str = "pull mode backups are not supported by qlauncher";
 /// How long the guest's freeze may take before the backup goes on unquiesced (the Start must
 /// answer within virt-handler's 20 s).
 pub const FREEZE_BUDGET: Duration = Duration::from_secs(10);
@@ -127,6 +125,8 @@ pub struct Checkpoint {
 #[derive(Debug, Default)]
 pub struct Backups {
     state: StdMutex<State>,
+    /// The pull backup's tunnel to the export server (`Export`), at most one.
+    tunnel: tunnel::TunnelSlot,
 }
 
 #[derive(Debug, Default)]
@@ -265,12 +265,31 @@ pub(crate) async fn backup_command(
             let request = StartRequest::check(&options, &hotplug_root).map_err(refused)?;
             start(d, running, vmi, request).await
         }
-        BackupCmd::Abort => abort(d, &options).await,
+        BackupCmd::Abort => {
+            let aborted = abort(d, &options).await;
+            d.backups.tunnel.stop();
+            aborted
+        }
         BackupCmd::Export => {
             eligible(&d.backups.lock().metadata, &options).map_err(refused)?;
             let target = pull::export_target(d).map_err(refused)?;
             info!(socket = %target.socket.display(), exports = target.exports.len(), "backup export requested");
-            Err(refused(PULL_UNSUPPORTED))
+            let tunnel = tunnel::TunnelOptions {
+                export_server_addr: options.export_server_addr.clone().unwrap_or_default(),
+                export_server_name: options.export_server_name.clone().unwrap_or_default(),
+                ca_cert: options.ca_cert.clone().unwrap_or_default(),
+                backup_cert: options.backup_cert.clone().unwrap_or_default(),
+                backup_key: options.backup_key.clone().unwrap_or_default(),
+                backup_name: options.backup_name.clone(),
+                backup_start_time: options.backup_start_time.clone().unwrap_or_default(),
+            };
+            // KubeVirt's Export: a repeated Export of the same backup is a no-op; the tunnel
+            // ends when the pull's socket goes (Abort, QEMU's exit) or on Abort below.
+            let exports = target.exports.into_iter().map(|e| e.name).collect();
+            d.backups
+                .tunnel
+                .export(tunnel, &target.socket, exports)
+                .map_err(refused)
         }
     }
 }
