@@ -98,6 +98,25 @@ fn backup_events(received: &Received, name: &str) -> Vec<BackupMetadata> {
         .collect()
 }
 
+/// The first domain event of the running backup `name` that carries the freeze's outcome.
+async fn quiesced(received: &Received, name: &str) -> BackupMetadata {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(b) = backup_events(received, name)
+            .into_iter()
+            .find(|b| !b.completed && !b.quiesce_status.is_empty())
+        {
+            return b;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no event of backup {name} with its quiesce status: {:?}",
+            backup_events(received, name)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 async fn completed(received: &Received, name: &str) -> BackupMetadata {
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
@@ -259,8 +278,8 @@ async fn scenario() {
     let scratch1 = target.join("pull").join(&c1).join("b1-data.qcow2");
     assert!(scratch1.exists(), "the scratch image");
     assert!(socket.exists(), "the NBD socket");
-    let running = backup_events(&received, "b1");
-    let last = running.last().unwrap();
+    // The metadata with the freeze's outcome reaches the notify server after the answer.
+    let last = quiesced(&received, "b1").await;
     assert!(!last.completed);
     assert_eq!(last.mode, "Pull");
     assert_eq!(last.checkpoint_name, c1);
