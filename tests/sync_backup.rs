@@ -26,6 +26,7 @@ use guest::{Console, GuestImages};
 use qlauncher::sync::domain::BackupMetadata;
 use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
+use testkit::backup::{backup, cbt_vmi, sh};
 use testkit::guest;
 use testkit::handler::{self, Client};
 use testkit::in_process::{InProcess, LauncherRoot};
@@ -50,45 +51,6 @@ const AGENT_WITHOUT_FREEZE: &str = "for d in /proc/[0-9]*; do \
 /// Guest shell: the test guest's own agent again.
 const AGENT_AGAIN: &str =
     "kill $(cat /run/qga/qemu-ga.pid); sleep 1; (/etc/qlg/agent >/dev/null 2>&1 &)";
-
-fn vmi(uid: &str, state: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "backup", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "autoattachPodInterface": false,
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "data", "disk": {"bus": "virtio"}}
-                    ]
-                }
-            },
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
-            ]
-        },
-        "status": {
-            "changedBlockTracking": {"state": state},
-            "volumeStatus": [{
-                "name": "data",
-                "target": "vdb",
-                "persistentVolumeClaimInfo": {
-                    "claimName": "data-claim",
-                    "accessModes": ["ReadWriteOnce"],
-                    "volumeMode": "Filesystem",
-                    "capacity": {"storage": "16Mi"},
-                    "requests": {"storage": "16Mi"},
-                    "filesystemOverhead": "0"
-                }
-            }]
-        }
-    })
-}
 
 struct Scene {
     uid: String,
@@ -116,17 +78,6 @@ fn stamp(start: &str) -> String {
 
 fn checkpoint(name: &str, start: &str) -> String {
     format!("{name}-{}", stamp(start))
-}
-
-async fn backup(client: &mut Client, vmi: &Value, options: Value) -> cmd::Response {
-    client
-        .backup_virtual_machine(cmd::BackupRequest {
-            vmi: Some(handler::vmi_message(vmi)),
-            options: options.to_string().into_bytes(),
-        })
-        .await
-        .expect("BackupVirtualMachine")
-        .into_inner()
 }
 
 fn start_options(scene: &Scene, name: &str, start: &str, incremental: Option<&str>) -> Value {
@@ -176,15 +127,6 @@ async fn completed(received: &Received, name: &str) -> BackupMetadata {
         assert!(Instant::now() < deadline, "backup {name} did not complete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Runs `command` on the guest's serial shell, expecting exit status 0.
-fn sh(console: &mut Console, command: &str) -> String {
-    let (status, out) = console
-        .run(command, guest::BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
-    assert_eq!(status, 0, "{command}: {out}");
-    out
 }
 
 /// Writes `len` bytes of `byte` at byte `offset` of `/dev/vdb` and syncs them to the disk.
@@ -271,9 +213,10 @@ async fn boot(root: &LauncherRoot, scene: &Scene, serial_from: usize) -> (InProc
     let share = root.path().join(format!("launcher-{serial_from}"));
     let launcher = InProcess::start(root.config.clone(), &share).await;
     let mut client = launcher.client.clone();
-    let (ok, message) = handler::sync(&mut client, &vmi(&scene.uid, "Initializing")).await;
+    let (ok, message) =
+        handler::sync(&mut client, &cbt_vmi("backup", &scene.uid, "Initializing")).await;
     assert!(ok, "{message}");
-    let (ok, message) = handler::sync(&mut client, &vmi(&scene.uid, "Enabled")).await;
+    let (ok, message) = handler::sync(&mut client, &cbt_vmi("backup", &scene.uid, "Enabled")).await;
     assert!(ok, "{message}");
     let log = root.private.join(&scene.uid).join("virt-serial0-log");
     wait_marker_after(&log, "QLG: agent ready", serial_from).await;
@@ -332,7 +275,7 @@ async fn scenario() {
         cbt_dir: root.private.join("libvirt/qemu/cbt"),
     };
     std::fs::create_dir_all(&scene.target).unwrap();
-    let enabled = vmi(&uid, "Enabled");
+    let enabled = cbt_vmi("backup", &uid, "Enabled");
 
     let (launcher, mut console) = boot(&root, &scene, 0).await;
     let received = launcher.received.clone();
@@ -343,7 +286,7 @@ async fn scenario() {
     let t0 = "2026-12-03T10:00:00Z";
     let answer = backup(
         &mut client,
-        &vmi(&uid, "Initializing"),
+        &cbt_vmi("backup", &uid, "Initializing"),
         start_options(&scene, "b0", t0, None),
     )
     .await;

@@ -17,8 +17,9 @@ use qlauncher::qmp::client::QmpClient;
 use qlauncher::sync::domain::BackupMetadata;
 use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
+use testkit::backup::{backup, cbt_vmi, sh};
 use testkit::guest;
-use testkit::handler::{self, Client};
+use testkit::handler;
 use testkit::in_process::{InProcess, LauncherRoot};
 use testkit::notify::Received;
 use testkit::storage::run;
@@ -29,45 +30,6 @@ const CLUSTER: usize = 64 << 10;
 const DISK: usize = 16 * MIB;
 /// Checkpoints left by earlier backups.
 const OLD_CHECKPOINTS: usize = 1000;
-
-fn vmi(uid: &str, state: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "many", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "autoattachPodInterface": false,
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "data", "disk": {"bus": "virtio"}}
-                    ]
-                }
-            },
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
-            ]
-        },
-        "status": {
-            "changedBlockTracking": {"state": state},
-            "volumeStatus": [{
-                "name": "data",
-                "target": "vdb",
-                "persistentVolumeClaimInfo": {
-                    "claimName": "data-claim",
-                    "accessModes": ["ReadWriteOnce"],
-                    "volumeMode": "Filesystem",
-                    "capacity": {"storage": "16Mi"},
-                    "requests": {"storage": "16Mi"},
-                    "filesystemOverhead": "0"
-                }
-            }]
-        }
-    })
-}
 
 /// The name of old checkpoint `i` (KubeVirt's `<backupName>-<UTC time>` form).
 fn old_checkpoint(i: usize) -> String {
@@ -147,17 +109,6 @@ async fn overlay_with_old_checkpoints(image: &Path, overlay: &Path, scratch: &Pa
     );
 }
 
-async fn backup(client: &mut Client, vmi: &Value, options: Value) -> cmd::Response {
-    client
-        .backup_virtual_machine(cmd::BackupRequest {
-            vmi: Some(handler::vmi_message(vmi)),
-            options: options.to_string().into_bytes(),
-        })
-        .await
-        .expect("BackupVirtualMachine")
-        .into_inner()
-}
-
 fn start_options(target: &Path, name: &str, start: &str, incremental: Option<&str>) -> Value {
     let mut o = json!({"backupName": name, "cmd": "Start", "mode": "Push", "skipQuiesce": true,
         "backupStartTime": start, "targetPath": target.to_str().unwrap()});
@@ -183,15 +134,6 @@ async fn completed(received: &Received, name: &str) -> BackupMetadata {
         assert!(Instant::now() < deadline, "backup {name} did not complete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-/// Runs `command` on the guest's serial shell, expecting exit status 0.
-fn sh(console: &mut Console, command: &str) -> String {
-    let (status, out) = console
-        .run(command, guest::BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
-    assert_eq!(status, 0, "{command}: {out}");
-    out
 }
 
 /// Writes `len` bytes of `byte` at byte `offset` of `/dev/vdb` and syncs them to the disk.
@@ -281,9 +223,9 @@ async fn scenario() {
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let received = launcher.received.clone();
     let mut client = launcher.client.clone();
-    let (ok, message) = handler::sync(&mut client, &vmi(&uid, "Initializing")).await;
+    let (ok, message) = handler::sync(&mut client, &cbt_vmi("many", &uid, "Initializing")).await;
     assert!(ok, "{message}");
-    let enabled = vmi(&uid, "Enabled");
+    let enabled = cbt_vmi("many", &uid, "Enabled");
     let (ok, message) = handler::sync(&mut client, &enabled).await;
     assert!(ok, "{message}");
     let log = root.private.join(&uid).join("virt-serial0-log");

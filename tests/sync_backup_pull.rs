@@ -18,10 +18,10 @@ use std::time::{Duration, Instant};
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::domain::BackupMetadata;
-use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
+use testkit::backup::{backup, cbt_vmi, sh};
 use testkit::guest;
-use testkit::handler::{self, Client};
+use testkit::handler;
 use testkit::in_process::{InProcess, LauncherRoot};
 use testkit::notify::Received;
 use testkit::storage::run;
@@ -30,62 +30,12 @@ const MIB: usize = 1 << 20;
 const CLUSTER: usize = 64 << 10;
 const DISK: usize = 16 * MIB;
 
-fn vmi(uid: &str, state: &str) -> Value {
-    json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "pull", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "autoattachPodInterface": false,
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "data", "disk": {"bus": "virtio"}}
-                    ]
-                }
-            },
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
-            ]
-        },
-        "status": {
-            "changedBlockTracking": {"state": state},
-            "volumeStatus": [{
-                "name": "data",
-                "target": "vdb",
-                "persistentVolumeClaimInfo": {
-                    "claimName": "data-claim",
-                    "accessModes": ["ReadWriteOnce"],
-                    "volumeMode": "Filesystem",
-                    "capacity": {"storage": "16Mi"},
-                    "requests": {"storage": "16Mi"},
-                    "filesystemOverhead": "0"
-                }
-            }]
-        }
-    })
-}
-
 fn checkpoint(name: &str, start: &str) -> String {
     let stamp = start
         .trim_end_matches('Z')
         .replace('T', "_")
         .replace(':', "-");
     format!("{name}-{stamp}")
-}
-
-async fn backup(client: &mut Client, vmi: &Value, options: Value) -> cmd::Response {
-    client
-        .backup_virtual_machine(cmd::BackupRequest {
-            vmi: Some(handler::vmi_message(vmi)),
-            options: options.to_string().into_bytes(),
-        })
-        .await
-        .expect("BackupVirtualMachine")
-        .into_inner()
 }
 
 fn backup_events(received: &Received, name: &str) -> Vec<BackupMetadata> {
@@ -129,14 +79,6 @@ async fn completed(received: &Received, name: &str) -> BackupMetadata {
         assert!(Instant::now() < deadline, "backup {name} did not complete");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-fn sh(console: &mut Console, command: &str) -> String {
-    let (status, out) = console
-        .run(command, guest::BOOT_TIMEOUT)
-        .unwrap_or_else(|e| panic!("{e}; console:\n{}", console.transcript()));
-    assert_eq!(status, 0, "{command}: {out}");
-    out
 }
 
 /// Writes `len` bytes of `byte` at `offset` of `/dev/vdb` and syncs them.
@@ -231,12 +173,12 @@ async fn scenario() {
     let image = root.private.join("vmi-disks/data/disk.img");
     let socket = root.config.backup_nbd_socket.clone();
     assert!(socket.ends_with("var/run/kubevirt/sockets/backup-nbd-sock"));
-    let enabled = vmi(&uid, "Enabled");
+    let enabled = cbt_vmi("pull", &uid, "Enabled");
 
     let launcher = InProcess::start(root.config.clone(), &root.share_dir()).await;
     let mut client = launcher.client.clone();
     let received = launcher.received.clone();
-    let (ok, message) = handler::sync(&mut client, &vmi(&uid, "Initializing")).await;
+    let (ok, message) = handler::sync(&mut client, &cbt_vmi("pull", &uid, "Initializing")).await;
     assert!(ok, "{message}");
     let (ok, message) = handler::sync(&mut client, &enabled).await;
     assert!(ok, "{message}");

@@ -44,6 +44,7 @@
 // The docs are read with `cargo doc --document-private-items`, where links to private items resolve.
 #![allow(rustdoc::private_intra_doc_links)]
 
+pub mod backup;
 pub mod cmdline;
 pub mod container;
 pub mod fuzz;
