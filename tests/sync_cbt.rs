@@ -24,43 +24,7 @@ use testkit::storage::{assert_qemu_img_check_clean, contains_bytes, qemu_img_inf
 
 /// The VMI as virt-handler sends it with CBT in `state` and a 16 MiB filesystem claim `data`.
 fn vmi(uid: &str, state: &str) -> Vmi {
-    let json = json!({
-        "apiVersion": "kubevirt.io/v1",
-        "kind": "VirtualMachineInstance",
-        "metadata": {"name": "cbt", "namespace": "default", "uid": uid},
-        "spec": {
-            "domain": {
-                "resources": {"requests": {"memory": "128Mi"}},
-                "devices": {
-                    "autoattachPodInterface": false,
-                    "disks": [
-                        {"name": "rootdisk", "disk": {"bus": "virtio"}},
-                        {"name": "data", "disk": {"bus": "virtio"}}
-                    ]
-                }
-            },
-            "volumes": [
-                {"name": "rootdisk", "containerDisk": {"image": "qlauncher/test-guest:latest"}},
-                {"name": "data", "persistentVolumeClaim": {"claimName": "data-claim"}}
-            ]
-        },
-        "status": {
-            "changedBlockTracking": {"state": state},
-            "volumeStatus": [{
-                "name": "data",
-                "target": "vdb",
-                "persistentVolumeClaimInfo": {
-                    "claimName": "data-claim",
-                    "accessModes": ["ReadWriteOnce"],
-                    "volumeMode": "Filesystem",
-                    "capacity": {"storage": "16Mi"},
-                    "requests": {"storage": "16Mi"},
-                    "filesystemOverhead": "0"
-                }
-            }]
-        }
-    });
-    Vmi::from_json_or_yaml(&json.to_string()).unwrap()
+    Vmi::from_json_or_yaml(&testkit::backup::cbt_vmi("cbt", uid, state).to_string()).unwrap()
 }
 
 #[test]
