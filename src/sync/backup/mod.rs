@@ -57,8 +57,9 @@
 //! KubeVirt's socket, the `sync: none` transaction and one read-only export per disk. The jobs
 //! run until Abort; then the exports and the server stop, the scratch nodes and files go, and
 //! a cancelled pull counts as success with no message (libvirt reports COMPLETED, KubeVirt
-//! hides `Operation canceled`). `Export` checks the backup and finds its exports
-//! ([`pull::export_target`]) and serves them to the export server through [`tunnel`].
+//! hides `Operation canceled`). `Export` checks the backup (KubeVirt's eligibility) and serves
+//! the pull's exports ([`pull::export_names`]) on KubeVirt's socket to the export server
+//! through [`tunnel`], which alone checks that the socket is there.
 
 pub mod options;
 pub mod pull;
@@ -272,8 +273,9 @@ pub(crate) async fn backup_command(
         }
         BackupCmd::Export => {
             eligible(&d.backups.lock().metadata, &options).map_err(refused)?;
-            let target = pull::export_target(d).map_err(refused)?;
-            info!(socket = %target.socket.display(), exports = target.exports.len(), "backup export requested");
+            let socket = &d.config.backup_nbd_socket;
+            let exports = pull::export_names(d);
+            info!(socket = %socket.display(), exports = exports.len(), "backup export requested");
             let tunnel = tunnel::TunnelOptions {
                 export_server_addr: options.export_server_addr.clone().unwrap_or_default(),
                 export_server_name: options.export_server_name.clone().unwrap_or_default(),
@@ -285,10 +287,9 @@ pub(crate) async fn backup_command(
             };
             // KubeVirt's Export: a repeated Export of the same backup is a no-op; the tunnel
             // ends when the pull's socket goes (Abort, QEMU's exit) or on Abort below.
-            let exports = target.exports.into_iter().map(|e| e.name).collect();
             d.backups
                 .tunnel
-                .export(tunnel, &target.socket, exports)
+                .export(tunnel, socket, exports)
                 .map_err(refused)
         }
     }
@@ -664,6 +665,7 @@ async fn begin(
             .iter()
             .map(|j| pull::PullExport {
                 name: j.volume.clone(),
+                node: j.disk.target_node.clone(),
                 id: pull_export_id(&j.disk.target_node),
                 bitmap: from.as_ref().map(|_| request.checkpoint.clone()),
             })
@@ -686,12 +688,7 @@ async fn begin(
         });
     }
     if let Some(target) = &pull_target {
-        let exports: Vec<(String, pull::PullExport)> = jobs
-            .iter()
-            .map(|j| j.disk.target_node.clone())
-            .zip(target.exports.iter().cloned())
-            .collect();
-        if let Err(e) = pull::add_exports(&client, &exports).await {
+        if let Err(e) = pull::add_exports(&client, &target.exports).await {
             // The jobs run: cancel them and clean up as at their end (the checkpoint stays,
             // as libvirt's); the Start fails.
             warn!(error = %e, "block-export-add of a pull backup failed");
