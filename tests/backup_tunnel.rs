@@ -6,146 +6,15 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
-use hyper_util::rt::TokioIo;
-use qlauncher::sync::backup::tunnel::{proto, H2Stream, TunnelOptions, TunnelSlot};
-use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair};
-use tokio::net::TcpListener;
+use qlauncher::sync::backup::tunnel::{proto, TunnelOptions, TunnelSlot};
+use testkit::export_server::{export_server, make_pki, map, read_all, Pki, Session};
 use tokio::sync::mpsc;
 
 const MIB: u64 = 1024 * 1024;
 const SIZE: u64 = 4 * MIB;
 const SERVER_NAME: &str = "virt-export-backup.default.svc";
-
-struct Pki {
-    ca_pem: String,
-    server_cert: String,
-    server_key: String,
-    client_cert: String,
-    client_key: String,
-}
-
-fn make_pki(server_name: &str) -> Pki {
-    let ca_key = KeyPair::generate().unwrap();
-    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.distinguished_name.push(DnType::CommonName, "export-ca");
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let server_key = KeyPair::generate().unwrap();
-    let server = CertificateParams::new(vec![server_name.to_string()])
-        .unwrap()
-        .signed_by(&server_key, &ca_cert, &ca_key)
-        .unwrap();
-    let client_key = KeyPair::generate().unwrap();
-    let mut client = CertificateParams::new(Vec::<String>::new()).unwrap();
-    client
-        .distinguished_name
-        .push(DnType::CommonName, "kubevirt.io:system:client:backup-uid");
-    let client = client.signed_by(&client_key, &ca_cert, &ca_key).unwrap();
-    Pki {
-        ca_pem: ca_cert.pem(),
-        server_cert: server.pem(),
-        server_key: server_key.serialize_pem(),
-        client_cert: client.pem(),
-        client_key: client_key.serialize_pem(),
-    }
-}
-
-/// What the stand-in saw of one TLS connection.
-enum Session {
-    /// The launcher's CONNECT, its `:authority`, and the gRPC client over the stream.
-    /// Aborting the handle drops the HTTP/2 connection (the export server goes away).
-    Connected(
-        String,
-        proto::nbd_client::NbdClient<tonic::transport::Channel>,
-        tokio::task::AbortHandle,
-    ),
-    /// The TLS handshake failed.
-    TlsFailed(String),
-}
-
-/// The export-server stand-in: each accepted TLS connection's outcome on the channel.
-async fn export_server(pki: &Pki) -> (String, mpsc::Receiver<Session>) {
-    use rustls_pki_types::pem::PemObject;
-    use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut roots = rustls::RootCertStore::empty();
-    roots
-        .add(CertificateDer::from_pem_slice(pki.ca_pem.as_bytes()).unwrap())
-        .unwrap();
-    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-        Arc::new(roots),
-        provider.clone(),
-    )
-    .build()
-    .unwrap();
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(
-            vec![CertificateDer::from_pem_slice(pki.server_cert.as_bytes()).unwrap()],
-            PrivateKeyDer::from_pem_slice(pki.server_key.as_bytes()).unwrap(),
-        )
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap().to_string();
-    let (tx, rx) = mpsc::channel(8);
-    tokio::spawn(async move {
-        loop {
-            let Ok((tcp, _)) = listener.accept().await else {
-                return;
-            };
-            let tls = match acceptor.accept(tcp).await {
-                Ok(tls) => tls,
-                Err(e) => {
-                    let _ = tx.send(Session::TlsFailed(e.to_string())).await;
-                    continue;
-                }
-            };
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                let mut conn = h2::server::handshake(tls).await.unwrap();
-                let Some(Ok((request, mut respond))) = conn.accept().await else {
-                    return;
-                };
-                assert_eq!(request.method(), http::Method::CONNECT);
-                let authority = request.uri().authority().unwrap().to_string();
-                let send = respond
-                    .send_response(http::Response::new(()), false)
-                    .unwrap();
-                let stream = H2Stream::new(send, request.into_body());
-                // Keep the HTTP/2 connection running (and refuse any second stream).
-                let driver = tokio::spawn(async move {
-                    while let Some(Ok((_, mut r))) = conn.accept().await {
-                        r.send_reset(h2::Reason::REFUSED_STREAM);
-                    }
-                });
-                let mut once = Some(stream);
-                let channel = tonic::transport::Endpoint::from_static("http://backup")
-                    .connect_with_connector(tower::service_fn(move |_: http::Uri| {
-                        let s = once.take();
-                        async move {
-                            s.map(TokioIo::new).ok_or_else(|| {
-                                std::io::Error::other("tunnel connection is single-use")
-                            })
-                        }
-                    }))
-                    .await
-                    .unwrap();
-                let client = proto::nbd_client::NbdClient::new(channel);
-                let abort = driver.abort_handle();
-                let _ = tx.send(Session::Connected(authority, client, abort)).await;
-                let _ = driver.await;
-            });
-        }
-    });
-    (addr, rx)
-}
 
 /// A qcow2 of [`SIZE`] bytes: 0xaa at [0, 64 KiB) before the bitmap `bm0` was added, 0xbb at
 /// [2 MiB, 2 MiB + 128 KiB) after (dirty), the rest unallocated; served read-only by qemu-nbd
@@ -232,53 +101,6 @@ async fn expect_tls_failure(rx: &mut mpsc::Receiver<Session>) {
     }
 }
 
-async fn read_all(client: &mut proto::nbd_client::NbdClient<tonic::transport::Channel>) -> Vec<u8> {
-    let mut stream = client
-        .read(proto::ReadRequest {
-            export_name: "disk".into(),
-            offset: 0,
-            length: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut data = Vec::new();
-    while let Some(chunk) = stream.message().await.unwrap() {
-        assert_eq!(chunk.offset, data.len() as u64);
-        assert!(chunk.data.len() as u64 <= 256 * 1024);
-        data.extend_from_slice(&chunk.data);
-    }
-    data
-}
-
-async fn map(
-    client: &mut proto::nbd_client::NbdClient<tonic::transport::Channel>,
-    bitmap: &str,
-) -> Vec<(u64, u64, u64, String)> {
-    let mut stream = client
-        .map(proto::MapRequest {
-            export_name: "disk".into(),
-            bitmap_name: bitmap.into(),
-            offset: 0,
-            length: 0,
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut out = Vec::new();
-    while let Some(batch) = stream.message().await.unwrap() {
-        let last = batch.extents.last().unwrap();
-        assert_eq!(batch.next_offset, last.offset + last.length);
-        out.extend(
-            batch
-                .extents
-                .into_iter()
-                .map(|e| (e.offset, e.length, e.flags, e.description)),
-        );
-    }
-    out
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_tunnel_serves_map_and_read_and_reconnects() {
     let dir = tempfile::tempdir().unwrap();
@@ -298,13 +120,13 @@ async fn export_tunnel_serves_map_and_read_and_reconnects() {
     };
     assert_eq!(authority, addr);
     assert_eq!(
-        read_all(&mut client).await,
+        read_all(&mut client, "disk").await,
         image,
         "the image read over the tunnel"
     );
 
     let k = 64 * 1024;
-    let alloc = map(&mut client, "").await;
+    let alloc = map(&mut client, "disk", "").await;
     assert_eq!(
         alloc,
         vec![
@@ -314,7 +136,7 @@ async fn export_tunnel_serves_map_and_read_and_reconnects() {
             (2 * MIB + 2 * k, 2 * MIB - 2 * k, 3, "hole,zero".into()),
         ]
     );
-    let dirty = map(&mut client, "bm0").await;
+    let dirty = map(&mut client, "disk", "bm0").await;
     assert_eq!(
         dirty,
         vec![
@@ -341,7 +163,11 @@ async fn export_tunnel_serves_map_and_read_and_reconnects() {
     let Session::Connected(_, mut client, _server) = next(&mut sessions).await else {
         panic!("reconnect failed TLS");
     };
-    assert_eq!(read_all(&mut client).await, image, "after the reconnect");
+    assert_eq!(
+        read_all(&mut client, "disk").await,
+        image,
+        "after the reconnect"
+    );
 
     // The NBD socket goes away: the tunnel ends by itself.
     let _ = nbd.kill();
@@ -407,17 +233,21 @@ async fn export_tunnel_refuses_a_wrong_ca_or_server_name() {
     expect_tls_failure(&mut sessions).await;
     slot.stop();
 
-    // No socket: KubeVirt's error.
+    // No socket: KubeVirt's error, with Go's `os.Stat` text.
+    let absent = dir.path().join("absent");
     let err = TunnelSlot::default()
         .export(
             options(&addr, SERVER_NAME, &pki, &pki.ca_pem),
-            &dir.path().join("absent"),
+            &absent,
             vec![],
         )
         .unwrap_err();
-    assert!(
-        err.starts_with("cannot initialize backup tunnel: "),
-        "{err}"
+    assert_eq!(
+        err,
+        format!(
+            "cannot initialize backup tunnel: stat {}: no such file or directory",
+            absent.display()
+        )
     );
     let _ = nbd.kill();
     let _ = nbd.wait();

@@ -7,17 +7,20 @@
 //! `nbd-server-start` on KubeVirt's socket, the `sync: none` transaction into the scratch
 //! nodes (an incremental pull's temporary bitmap on the scratch node, named as the new
 //! checkpoint), the read-only `block-export-add` (bitmaps only for incremental), and the end:
-//! `block-job-cancel` forced, `block-export-del`, `nbd-server-stop`.
+//! `block-job-cancel` forced, `block-export-del`, `nbd-server-stop`; the targets' and the
+//! scratch image's qcow2 nodes (libvirt's, plus `detect-zeroes: unmap` on push targets: a
+//! deviation, see the test).
 
 use qlauncher::qmp::commands::{
     checkpoint_name, full_push_transaction, incremental_push_transaction, pull_transaction,
-    BackupDisk, IncrementalFrom,
+    BackupDisk, BlockdevAdd, IncrementalFrom,
 };
 use qlauncher::qmp::migration::{
     BlockExportAddNbd, BlockExportDel, BlockJobCancel, NbdServerStart, NbdServerStop,
     SocketAddressLegacy,
 };
 use qlauncher::qmp::QmpError;
+use qlauncher::sync::backup::target_format;
 use serde_json::json;
 use testkit::qmp_script::{scripted, step};
 
@@ -65,6 +68,53 @@ async fn a_full_push_backup_is_one_transaction_of_bitmaps_then_jobs() {
             job("vda", "libvirt-2-format"),
             job("vdb", "libvirt-1-format"),
         ]}})]
+    );
+}
+
+#[tokio::test]
+async fn the_backup_targets_and_the_scratch_image_are_qcow2_nodes_as_libvirts() {
+    let dir = tempfile::tempdir().unwrap();
+    let ok = || step("blockdev-add", json!({"return": {}}));
+    let (client, peer) = scripted(dir.path(), vec![ok(), ok(), ok()]).await;
+    for node in [
+        target_format("libvirt-3-format", "libvirt-3-storage", None, true),
+        target_format(
+            "libvirt-4-format",
+            "libvirt-4-storage",
+            Some("libvirt-1-format"),
+            true,
+        ),
+        target_format(
+            "libvirt-5-format",
+            "libvirt-5-storage",
+            Some("libvirt-1-format"),
+            false,
+        ),
+    ] {
+        client.run(&BlockdevAdd(&node)).await.unwrap();
+    }
+    drop(client);
+    // libvirt's target node (fact sheet §4.2, §4.3): qcow2 over the `-storage` node, `backing`
+    // null for a full push target, the disk's node for an incremental one and a pull's scratch.
+    // Deviation: `detect-zeroes: unmap` on the push targets, which libvirt 11 does not set
+    // (KubeVirt's <domainbackup> has no <driver detect_zeroes>); without it a full backup of a
+    // data-file-raw CBT overlay is written for the disk's whole virtual size.
+    let node = |n: u32, backing: serde_json::Value, push: bool| {
+        let mut o = json!({"node-name": format!("libvirt-{n}-format"), "read-only": false,
+            "discard": "unmap", "driver": "qcow2", "file": format!("libvirt-{n}-storage"),
+            "backing": backing});
+        if push {
+            o["detect-zeroes"] = "unmap".into();
+        }
+        json!({"execute": "blockdev-add", "arguments": o})
+    };
+    assert_eq!(
+        peer.await.unwrap(),
+        vec![
+            node(3, json!(null), true),
+            node(4, json!("libvirt-1-format"), true),
+            node(5, json!("libvirt-1-format"), false),
+        ]
     );
 }
 

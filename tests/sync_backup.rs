@@ -24,13 +24,13 @@ use std::time::{Duration, Instant};
 
 use guest::{Console, GuestImages};
 use qlauncher::sync::domain::BackupMetadata;
-use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
-use testkit::backup::{backup, cbt_vmi, sh};
+use testkit::backup::{
+    backup, backup_events, cbt_vmi, checkpoint, completed, redefine, restore, sh, write,
+};
 use testkit::guest;
-use testkit::handler::{self, Client};
+use testkit::handler;
 use testkit::in_process::{InProcess, LauncherRoot};
-use testkit::notify::Received;
 use testkit::storage::run;
 
 const MIB: usize = 1 << 20;
@@ -69,17 +69,6 @@ impl Scene {
     }
 }
 
-fn stamp(start: &str) -> String {
-    start
-        .trim_end_matches('Z')
-        .replace('T', "_")
-        .replace(':', "-")
-}
-
-fn checkpoint(name: &str, start: &str) -> String {
-    format!("{name}-{}", stamp(start))
-}
-
 fn start_options(scene: &Scene, name: &str, start: &str, incremental: Option<&str>) -> Value {
     let mut o = json!({"backupName": name, "cmd": "Start", "mode": "Push",
         "backupStartTime": start, "targetPath": scene.target.to_str().unwrap()});
@@ -89,100 +78,10 @@ fn start_options(scene: &Scene, name: &str, start: &str, incremental: Option<&st
     o
 }
 
-async fn redefine(client: &mut Client, vmi: &Value, name: &str) -> cmd::RedefineCheckpointResponse {
-    client
-        .redefine_checkpoint(cmd::RedefineCheckpointRequest {
-            vmi: Some(handler::vmi_message(vmi)),
-            checkpoint: json!({"name": name, "creationTime": "2026-12-03T10:00:00Z",
-                "volumes": [{"volumeName": "data", "diskTarget": "vdb"}]})
-            .to_string()
-            .into_bytes(),
-        })
-        .await
-        .expect("RedefineCheckpoint")
-        .into_inner()
-}
-
-/// The backup metadata of every domain event received so far for backup `name`.
-fn backup_events(received: &Received, name: &str) -> Vec<BackupMetadata> {
-    received
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(_, d)| d.spec.metadata.kubevirt.backup.clone())
-        .filter(|b| b.name == name)
-        .collect()
-}
-
-/// Waits for the domain event that completes backup `name`.
-async fn completed(received: &Received, name: &str) -> BackupMetadata {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(b) = backup_events(received, name)
-            .into_iter()
-            .find(|b| b.completed)
-        {
-            return b;
-        }
-        assert!(Instant::now() < deadline, "backup {name} did not complete");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes `len` bytes of `byte` at byte `offset` of `/dev/vdb` and syncs them to the disk.
-fn write(console: &mut Console, byte: char, offset: usize, len: usize) {
-    assert!(offset.is_multiple_of(4096) && len.is_multiple_of(4096));
-    sh(
-        console,
-        &format!(
-            "dd if=/dev/zero bs=4096 count={} 2>/dev/null | tr '\\000' '{byte}' | \
-             dd of=/dev/vdb bs=4096 seek={} conv=fsync 2>/dev/null && sync",
-            len / 4096,
-            offset / 4096
-        ),
-    );
-}
-
 /// The disk's bytes as the guest sees them now (data-file-raw: the raw image).
 fn disk_bytes(scene: &Scene) -> Vec<u8> {
     let bytes = std::fs::read(&scene.image).unwrap();
     assert_eq!(bytes.len(), DISK);
-    bytes
-}
-
-/// The raw content of a backup chain: `qemu-img convert -O raw` of `top` (its backing as
-/// recorded, or rebased on `base` first).
-fn restore(top: &Path, base: Option<&Path>, scratch: &Path) -> Vec<u8> {
-    let copy = scratch.join("restore.qcow2");
-    std::fs::copy(top, &copy).unwrap();
-    if let Some(base) = base {
-        run(
-            "qemu-img",
-            &[
-                "rebase",
-                "-u",
-                "-F",
-                "qcow2",
-                "-b",
-                base.to_str().unwrap(),
-                copy.to_str().unwrap(),
-            ],
-        );
-    }
-    let raw = scratch.join("restore.raw");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-O",
-            "raw",
-            copy.to_str().unwrap(),
-            raw.to_str().unwrap(),
-        ],
-    );
-    let bytes = std::fs::read(&raw).unwrap();
-    std::fs::remove_file(&copy).unwrap();
-    std::fs::remove_file(&raw).unwrap();
     bytes
 }
 
@@ -503,10 +402,10 @@ async fn scenario() {
         "{}",
         answer.message
     );
-    let answer = redefine(&mut client, &enabled, &c3).await;
+    let answer = redefine(&mut client, &enabled, &c3, "vdb").await;
     assert!(answer.response.as_ref().unwrap().success, "{answer:?}");
     assert!(!answer.checkpoint_invalid);
-    let answer = redefine(&mut client, &enabled, "never-2026-01-01_00-00-00").await;
+    let answer = redefine(&mut client, &enabled, "never-2026-01-01_00-00-00", "vdb").await;
     assert!(answer.checkpoint_invalid, "{answer:?}");
     assert_eq!(
         answer.response.unwrap().message,
@@ -576,7 +475,7 @@ async fn scenario() {
     let (launcher, _console) = boot(&root, &scene, from).await;
     let received = launcher.received.clone();
     let mut client = launcher.client.clone();
-    let answer = redefine(&mut client, &enabled, &c5).await;
+    let answer = redefine(&mut client, &enabled, &c5, "vdb").await;
     assert!(answer.checkpoint_invalid, "{answer:?}");
     assert_eq!(
         answer.response.unwrap().message,
@@ -606,7 +505,7 @@ async fn scenario() {
             .contains(&json!("in-use")),
         "{b3_bitmap}"
     );
-    let answer = redefine(&mut client, &enabled, &c3).await;
+    let answer = redefine(&mut client, &enabled, &c3, "vdb").await;
     assert!(answer.checkpoint_invalid, "{answer:?}");
     // KubeVirt forgets the checkpoint: the next backup is full, and restores the disk alone.
     let at_t6 = disk_bytes(&scene);

@@ -14,14 +14,12 @@ use std::time::{Duration, Instant};
 
 use guest::{Console, GuestImages};
 use qlauncher::qmp::client::QmpClient;
-use qlauncher::sync::domain::BackupMetadata;
 use qlauncher::sync::rpc::proto::cmd::v1 as cmd;
 use serde_json::{json, Value};
-use testkit::backup::{backup, cbt_vmi, sh};
+use testkit::backup::{backup, cbt_vmi, completed, restore, sh, write};
 use testkit::guest;
 use testkit::handler;
 use testkit::in_process::{InProcess, LauncherRoot};
-use testkit::notify::Received;
 use testkit::storage::run;
 
 const MIB: usize = 1 << 20;
@@ -116,73 +114,6 @@ fn start_options(target: &Path, name: &str, start: &str, incremental: Option<&st
         o["incremental"] = i.into();
     }
     o
-}
-
-/// Waits for the domain event that completes backup `name`.
-async fn completed(received: &Received, name: &str) -> BackupMetadata {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        let done = received
-            .lock()
-            .unwrap()
-            .iter()
-            .filter_map(|(_, d)| d.spec.metadata.kubevirt.backup.clone())
-            .find(|b| b.name == name && b.completed);
-        if let Some(b) = done {
-            return b;
-        }
-        assert!(Instant::now() < deadline, "backup {name} did not complete");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes `len` bytes of `byte` at byte `offset` of `/dev/vdb` and syncs them to the disk.
-fn write(console: &mut Console, byte: char, offset: usize, len: usize) {
-    sh(
-        console,
-        &format!(
-            "dd if=/dev/zero bs=4096 count={} 2>/dev/null | tr '\\000' '{byte}' | \
-             dd of=/dev/vdb bs=4096 seek={} conv=fsync 2>/dev/null && sync",
-            len / 4096,
-            offset / 4096
-        ),
-    );
-}
-
-/// The raw content of a backup chain: `qemu-img convert -O raw` of `top`, rebased on `base`
-/// first when given.
-fn restore(top: &Path, base: Option<&Path>, scratch: &Path) -> Vec<u8> {
-    let copy = scratch.join("restore.qcow2");
-    std::fs::copy(top, &copy).unwrap();
-    if let Some(base) = base {
-        run(
-            "qemu-img",
-            &[
-                "rebase",
-                "-u",
-                "-F",
-                "qcow2",
-                "-b",
-                base.to_str().unwrap(),
-                copy.to_str().unwrap(),
-            ],
-        );
-    }
-    let raw = scratch.join("restore.raw");
-    run(
-        "qemu-img",
-        &[
-            "convert",
-            "-O",
-            "raw",
-            copy.to_str().unwrap(),
-            raw.to_str().unwrap(),
-        ],
-    );
-    let bytes = std::fs::read(&raw).unwrap();
-    std::fs::remove_file(&copy).unwrap();
-    std::fs::remove_file(&raw).unwrap();
-    bytes
 }
 
 /// Waits for a serial-log line containing `marker`.

@@ -4,8 +4,14 @@
 //!   KubeVirt's NBD socket (`backup-nbd-sock`); the guest writes more; `qemu-img convert` of
 //!   the export over `nbd+unix` equals the disk at Start (the fleecing image keeps the point
 //!   in time);
+//! - `Export` to a stand-in virt-exportserver (TLS with client certificates, HTTP/2 CONNECT):
+//!   the export server's `kubevirt.nbd.NBD` Read of `data` through the launcher's tunnel is the
+//!   disk at Start while the guest keeps writing, and its Map covers the whole disk; a repeated
+//!   Export of the same backup is a no-op;
 //! - Abort ends it as KubeVirt counts a cancelled pull: completed, not failed, no message; the
-//!   socket and the scratch file are gone, the NBD server no longer answers;
+//!   tunnel ends (the export server's connection closes, a Read fails), the socket and the
+//!   scratch file are gone, the NBD server no longer answers, and a later Export is refused by
+//!   KubeVirt's eligibility check;
 //! - an incremental pull since the first checkpoint offers `qemu:dirty-bitmap:<checkpoint>`:
 //!   `qemu-img map` with `x-dirty-bitmap` shows exactly the clusters written since (as
 //!   `data: false`), and its content is the disk at its Start.
@@ -17,9 +23,11 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use guest::{Console, GuestImages};
+use qlauncher::sync::backup::tunnel::proto;
 use qlauncher::sync::domain::BackupMetadata;
 use serde_json::{json, Value};
-use testkit::backup::{backup, cbt_vmi, sh};
+use testkit::backup::{backup, backup_events, cbt_vmi, checkpoint, completed, sh, write};
+use testkit::export_server::{export_server, make_pki, map, read_all, Session};
 use testkit::guest;
 use testkit::handler;
 use testkit::in_process::{InProcess, LauncherRoot};
@@ -29,24 +37,8 @@ use testkit::storage::run;
 const MIB: usize = 1 << 20;
 const CLUSTER: usize = 64 << 10;
 const DISK: usize = 16 * MIB;
-
-fn checkpoint(name: &str, start: &str) -> String {
-    let stamp = start
-        .trim_end_matches('Z')
-        .replace('T', "_")
-        .replace(':', "-");
-    format!("{name}-{stamp}")
-}
-
-fn backup_events(received: &Received, name: &str) -> Vec<BackupMetadata> {
-    received
-        .lock()
-        .unwrap()
-        .iter()
-        .filter_map(|(_, d)| d.spec.metadata.kubevirt.backup.clone())
-        .filter(|b| b.name == name)
-        .collect()
-}
+/// The export server's TLS name (`exportServerName`), as virt-controller names its service.
+const EXPORT_SERVER_NAME: &str = "virt-export-pull.default.svc";
 
 /// The first domain event of the running backup `name` that carries the freeze's outcome.
 async fn quiesced(received: &Received, name: &str) -> BackupMetadata {
@@ -65,33 +57,6 @@ async fn quiesced(received: &Received, name: &str) -> BackupMetadata {
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-}
-
-async fn completed(received: &Received, name: &str) -> BackupMetadata {
-    let deadline = Instant::now() + Duration::from_secs(120);
-    loop {
-        if let Some(b) = backup_events(received, name)
-            .into_iter()
-            .find(|b| b.completed)
-        {
-            return b;
-        }
-        assert!(Instant::now() < deadline, "backup {name} did not complete");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Writes `len` bytes of `byte` at `offset` of `/dev/vdb` and syncs them.
-fn write(console: &mut Console, byte: char, offset: usize, len: usize) {
-    sh(
-        console,
-        &format!(
-            "dd if=/dev/zero bs=4096 count={} 2>/dev/null | tr '\\000' '{byte}' | \
-             dd of=/dev/vdb bs=4096 seek={} conv=fsync 2>/dev/null && sync",
-            len / 4096,
-            offset / 4096
-        ),
-    );
 }
 
 /// The raw content of NBD export `data` on `socket`.
@@ -159,6 +124,8 @@ async fn wait_marker(log: &Path, prefix: &str) {
 #[test]
 fn pull_backups_serve_the_point_in_time_and_the_dirty_bitmap_and_abort_cleans_up() {
     nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNET).expect("unshare(CLONE_NEWNET)");
+    // The export server stand-in listens on this namespace's loopback.
+    testkit::run(&["ip", "link", "set", "lo", "up"]);
     testkit::in_process::runtime().block_on(scenario());
 }
 
@@ -241,6 +208,41 @@ async fn scenario() {
         "the export is the disk at Start"
     );
 
+    // Export: virt-handler hands the launcher the export server's address, name, CA and the
+    // backup's client certificate; the export server reads the disk through the tunnel.
+    let pki = make_pki(EXPORT_SERVER_NAME);
+    let (addr, mut sessions) = export_server(&pki).await;
+    let export = json!({"backupName": "b1", "cmd": "Export", "mode": "Pull",
+        "backupStartTime": t1, "exportServerAddr": addr, "exportServerName": EXPORT_SERVER_NAME,
+        "caCert": pki.ca_pem, "backupCert": pki.client_cert, "backupKey": pki.client_key});
+    let answer = backup(&mut client, &enabled, export.clone()).await;
+    assert!(answer.success, "{}", answer.message);
+    let session = tokio::time::timeout(Duration::from_secs(60), sessions.recv())
+        .await
+        .expect("the tunnel never reached the export server")
+        .unwrap();
+    let Session::Connected(authority, mut nbd, server) = session else {
+        panic!("the tunnel's TLS failed with the right CA and name");
+    };
+    assert_eq!(authority, addr, "CONNECT to exportServerAddr");
+    // A repeated Export of the same backup is a no-op (the tunnel keeps serving).
+    let answer = backup(&mut client, &enabled, export.clone()).await;
+    assert!(answer.success, "{}", answer.message);
+    write(&mut console, 'V', 50 * CLUSTER, CLUSTER);
+    assert_ne!(disk(), at_t1);
+    assert_eq!(
+        read_all(&mut nbd, "data").await,
+        at_t1,
+        "the export server's Read through the tunnel is the disk at Start"
+    );
+    let extents = map(&mut nbd, "data", "").await;
+    assert_eq!(extents.first().map(|e| e.0), Some(0));
+    assert_eq!(
+        extents.iter().map(|e| e.1).sum::<u64>(),
+        DISK as u64,
+        "Map covers the disk: {extents:?}"
+    );
+
     // Abort: a cancelled pull is a success; everything it served is gone.
     let abort =
         |name: &str, t: &str| json!({"backupName": name, "cmd": "Abort", "backupStartTime": t});
@@ -250,6 +252,27 @@ async fn scenario() {
     assert!(!b1.failed, "{b1:?}");
     assert_eq!(b1.backup_msg, "");
     assert!(b1.end_timestamp.is_some());
+    // The tunnel ends: the launcher closes the export server's connection.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !server.is_finished() {
+        assert!(Instant::now() < deadline, "the tunnel outlived the Abort");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let read = nbd
+        .read(proto::ReadRequest {
+            export_name: "data".into(),
+            offset: 0,
+            length: 0,
+        })
+        .await;
+    assert!(read.is_err(), "a Read after the Abort");
+    let answer = backup(&mut client, &enabled, export).await;
+    assert!(!answer.success);
+    assert!(
+        answer.message.contains("backup already completed"),
+        "{}",
+        answer.message
+    );
     assert!(!socket.exists(), "the NBD socket is gone");
     assert!(!scratch1.exists(), "the scratch image is removed");
     let url = format!("nbd+unix:///data?socket={}", socket.display());
@@ -271,7 +294,7 @@ async fn scenario() {
     write(&mut console, 'W', 40 * CLUSTER, CLUSTER);
     assert_eq!(
         dirty_clusters(&socket, &c2),
-        vec![0, 20, 30],
+        vec![0, 20, 30, 50],
         "the clusters written since b1's checkpoint"
     );
     assert_eq!(read_export(&socket, &scratch), at_t2);

@@ -36,6 +36,8 @@
 //! - [`cmdline`]: the converter's fixture VMIs with their pod facts, and a context for starting
 //!   them under the real QEMU.
 //! - [`hostile`]: the hostile field values every VMI string field is tried with.
+//! - [`backup`]: the backup tests' CBT VMI, BackupVirtualMachine call, guest writes, domain
+//!   events and restore; [`export_server`]: a stand-in virt-exportserver for pull backups' Export.
 //! - [`fuzz`]: the fuzz target bodies (shared with `fuzz/fuzz_targets`).
 //!
 //! Everything cleans up on drop, whether the test passes or not.
@@ -47,6 +49,7 @@
 pub mod backup;
 pub mod cmdline;
 pub mod container;
+pub mod export_server;
 pub mod fuzz;
 pub mod guest;
 pub mod handler;

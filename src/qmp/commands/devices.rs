@@ -234,6 +234,7 @@ mod tests {
     #[test]
     fn hotplug_commands_encode_as_qemu_schema_arguments() {
         let node = Blockdev::Format(BlockdevFormat {
+            detect_zeroes: None,
             node_name: "libvirt-2-format".into(),
             read_only: false,
             discard: None,

@@ -10,7 +10,7 @@
 //! (QEMU unlinks the socket, which ends KubeVirt's tunnel), before the scratch nodes are
 //! deleted and their files removed.
 //!
-//! `Export`'s tunnel reads the exports through [`export_target`].
+//! `Export`'s tunnel serves the exports named by [`export_names`].
 
 use std::path::{Path, PathBuf};
 
@@ -30,6 +30,8 @@ use super::QMP_TIMEOUT;
 pub struct PullExport {
     /// The NBD export name: the VMI volume (KubeVirt's `exportname`).
     pub name: String,
+    /// The scratch (fleecing) node it exports.
+    pub node: String,
     /// The export id (`libvirt-nbd-<scratch node>`).
     pub id: String,
     /// The dirty bitmap offered as meta context `qemu:dirty-bitmap:<bitmap>`: the new
@@ -50,27 +52,17 @@ pub struct PullTarget {
     pub exports: Vec<PullExport>,
 }
 
-/// The NBD socket and exports of the running pull backup (KubeVirt's `initiateBackupTunnel`
-/// reads the socket; the export server asks for the volume names and, for an incremental
-/// backup, the checkpoint's bitmap).
-///
-/// # Errors
-/// `cannot initialize backup tunnel: ...` when no pull backup is serving, or its socket is gone.
-pub(crate) fn export_target(d: &DomainCtx) -> Result<PullTarget, String> {
-    let target = d
-        .backups
+/// The export names of the running pull backup, for `Export`'s tunnel (the export server
+/// asks for the volume names); none when no pull backup runs. The socket itself is checked
+/// by the tunnel alone, as KubeVirt's `initiateBackupTunnel` does.
+pub(crate) fn export_names(d: &DomainCtx) -> Vec<String> {
+    d.backups
         .lock()
         .active
         .as_ref()
-        .and_then(|a| a.pull.clone())
-        .ok_or_else(|| "cannot initialize backup tunnel: no pull backup is running".to_string())?;
-    if std::fs::symlink_metadata(&target.socket).is_err() {
-        return Err(format!(
-            "cannot initialize backup tunnel: the NBD socket {} is missing",
-            target.socket.display()
-        ));
-    }
-    Ok(target)
+        .and_then(|a| a.pull.as_ref())
+        .map(|p| p.exports.iter().map(|e| e.name.clone()).collect())
+        .unwrap_or_default()
 }
 
 /// `nbd-server-start` on `socket` (its directory made when missing; a stale socket file of an
@@ -92,14 +84,17 @@ pub(super) async fn start_server(client: &QmpClient, socket: &Path) -> Result<()
         .map_err(SyncError::Qmp)
 }
 
-/// The read-only export of each scratch node: `(scratch node, export)`.
+/// The read-only export of each export's scratch node.
 pub(super) async fn add_exports(
     client: &QmpClient,
-    exports: &[(String, PullExport)],
+    exports: &[PullExport],
 ) -> Result<(), SyncError> {
-    for (node, export) in exports {
-        let add =
-            BlockExportAddNbd::pull(node, &export.name, export.bitmap.clone().map(|b| vec![b]));
+    for export in exports {
+        let add = BlockExportAddNbd::pull(
+            &export.node,
+            &export.name,
+            export.bitmap.clone().map(|b| vec![b]),
+        );
         client
             .run_timeout(&add, QMP_TIMEOUT)
             .await

@@ -186,7 +186,7 @@ pub fn start_tunnel(
     exports: Vec<String>,
 ) -> Result<TunnelHandle, String> {
     let init = |e: &dyn std::fmt::Display| format!("cannot initialize backup tunnel: {e}");
-    std::fs::metadata(nbd_socket).map_err(|e| init(&e))?;
+    std::fs::metadata(nbd_socket).map_err(|e| init(&go_stat_error(nbd_socket, &e)))?;
     let tls = client_config(&options).map_err(|e| init(&e))?;
     let server_name = rustls_pki_types::ServerName::try_from(options.export_server_name.clone())
         .map_err(|e| init(&e))?;
@@ -210,6 +210,24 @@ pub fn start_tunnel(
     };
     tokio::spawn(run(dialer, service, stop_rx, done_tx));
     Ok(handle)
+}
+
+/// An `os.Stat` failure as Go prints it (`stat <path>: no such file or directory`): the
+/// system's message without Rust's ` (os error N)`, its first letter in lower case.
+fn go_stat_error(path: &Path, e: &std::io::Error) -> String {
+    let text = e.to_string();
+    let text = match text.find(" (os error ") {
+        Some(at) => &text[..at],
+        None => &text,
+    };
+    let mut chars = text.chars();
+    let first = chars.next().map(|c| c.to_lowercase().collect::<String>());
+    format!(
+        "stat {}: {}{}",
+        path.display(),
+        first.unwrap_or_default(),
+        chars.as_str()
+    )
 }
 
 /// The TLS client configuration: `caCert` as the only roots, `backupCert`/`backupKey` as the

@@ -223,6 +223,7 @@ pub(crate) mod fixtures {
                     discard: None,
                 }),
                 Blockdev::Format(BlockdevFormat {
+                    detect_zeroes: None,
                     node_name: format.clone(),
                     read_only: false,
                     discard: None,

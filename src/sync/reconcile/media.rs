@@ -137,6 +137,7 @@ mod tests {
                 discard: None,
             }),
             Blockdev::Format(BlockdevFormat {
+                detect_zeroes: None,
                 node_name: format!("libvirt-{n}-format"),
                 read_only: true,
                 discard: None,

@@ -542,6 +542,7 @@ mod tests {
 
     fn format(driver: FormatDriver) -> Blockdev {
         Blockdev::Format(crate::cmdline::qemu::BlockdevFormat {
+            detect_zeroes: None,
             node_name: "b".into(),
             read_only: false,
             discard: None,

@@ -104,6 +104,7 @@ impl super::super::convert::Configurator for FirmwareConfigurator {
                     discard: Some("unmap"),
                 }),
                 Blockdev::Format(BlockdevFormat {
+                    detect_zeroes: None,
                     node_name: "libvirt-pflash0-format".into(),
                     read_only: true,
                     discard: None,

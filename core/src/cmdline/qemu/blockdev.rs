@@ -85,6 +85,12 @@ pub struct BlockdevFormat {
     pub discard: Option<&'static str>,
     /// Cache flags.
     pub cache: Option<BlockdevCache>,
+    /// `detect-zeroes` (`unmap`: zero writes become discards). libvirt sets it only from a
+    /// disk's `<driver detect_zeroes>`, which KubeVirt never writes; qlauncher sets it on a
+    /// push backup's target only (`src/sync/backup`), so a full backup stays as sparse as
+    /// the disk's data.
+    #[serde(rename = "detect-zeroes")]
+    pub detect_zeroes: Option<&'static str>,
     /// Format driver.
     pub driver: FormatDriver,
     /// Node name of the protocol node below.
@@ -266,6 +272,7 @@ mod tests {
         };
         let format = |n: u32, backing: BackingNode| {
             Blockdev::Format(BlockdevFormat {
+                detect_zeroes: None,
                 node_name: format!("libvirt-{n}-format"),
                 read_only: false,
                 discard: None,
@@ -326,6 +333,7 @@ mod tests {
                 discard: None,
             }),
             Blockdev::Format(BlockdevFormat {
+                detect_zeroes: None,
                 node_name: "libvirt-2-format".into(),
                 read_only: false,
                 discard: None,

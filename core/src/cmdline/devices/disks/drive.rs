@@ -295,6 +295,7 @@ pub(super) fn chain(
         };
         let read_only = if is_top { top_read_only } else { true };
         blockdevs.push(Blockdev::Format(BlockdevFormat {
+            detect_zeroes: None,
             node_name: format.clone(),
             read_only,
             discard: o.discard,
