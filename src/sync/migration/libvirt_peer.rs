@@ -12,8 +12,9 @@
 //! host-model VMI, the expanded CPU (`<cpu mode='custom'>`, model and features) are adopted;
 //! every device is compared with qlauncher's own export of the plan it built from the VMI
 //! virt-handler sent, and the first difference refuses the migration naming its element (the
-//! source keeps running). Then QEMU starts with `-incoming` on the proxy's stream socket, and
-//! the answer carries that URI and the cookie libvirt checks (`<qemu-migration>`: the domain's
+//! source keeps running); each NIC's guest MAC is adopted ([`adopted_macs`]). Then QEMU starts
+//! with `-incoming` on the proxy's stream socket, and the answer carries that URI (as the source
+//! names the socket in its own pod, [`answered_uri`]) and the cookie libvirt checks (`<qemu-migration>`: the domain's
 //! name and UUID, this host's name and a host UUID that is not the source's;
 //! `qemuMigrationCookieXMLParse`). Finish (`virDomainMigrateFinish3Params`): the incoming side
 //! completes, the guest resumes, the domain is answered; a cancelled Perform, or a source gone
@@ -562,6 +563,22 @@ pub fn target_cookie(
     out
 }
 
+/// The stream URI Prepare answers: the source's own `migrate_uri` when it is a unix socket
+/// of this migration's name (KubeVirt's `<share>/migrationproxy/<uid>-49152-source.sock`, the
+/// source pod's proxy socket: libvirt's target answers the path it was given, which is the same
+/// in every pod of a cluster, so the source connects to its own pod's proxy), else this pod's
+/// stream socket, where the target listens (through the proxy's target side) either way.
+pub fn answered_uri(params: &[TypedParam], stream: &std::path::Path) -> String {
+    let theirs = param_string(params, "migrate_uri").and_then(|u| {
+        let path = std::path::Path::new(u.strip_prefix("unix://")?);
+        (path.is_absolute() && path.file_name() == stream.file_name()).then_some(u)
+    });
+    match theirs {
+        Some(u) => u.to_owned(),
+        None => format!("unix://{}", stream.display()),
+    }
+}
+
 /// How the source's libvirt sends the domain ([`stream_settings`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamSettings {
@@ -854,7 +871,7 @@ impl LibvirtPeer {
             &self.host_uuid,
             copied.is_some(),
         );
-        let uri = format!("unix://{}", sockets.stream.display());
+        let uri = answered_uri(&a.params, &sockets.stream);
         info!(uri = %uri, "incoming QEMU waits for the libvirt source's stream");
         self.run = Some(Run {
             started,
@@ -1265,6 +1282,34 @@ mod tests {
             value: TypedValue::Int(0),
         }];
         assert!(stream_settings(live_p2p | flags::PARALLEL, &zero).is_err());
+    }
+
+    #[test]
+    fn the_stream_uri_is_the_sources_own_proxy_socket_of_this_migration() {
+        let ours = std::path::Path::new("/pod-b/migrationproxy/u-49152-source.sock");
+        let uri = |u: &str| vec![TypedParam::string("migrate_uri", u)];
+        assert_eq!(
+            answered_uri(
+                &uri("unix:///var/run/kubevirt/migrationproxy/u-49152-source.sock"),
+                ours
+            ),
+            "unix:///var/run/kubevirt/migrationproxy/u-49152-source.sock"
+        );
+        // Another socket's name, a relative path, TCP, or none: this pod's own socket.
+        for other in [
+            "unix:///var/run/kubevirt/migrationproxy/v-49152-source.sock",
+            "unix://u-49152-source.sock",
+            "tcp://10.0.0.1:49152",
+        ] {
+            assert_eq!(
+                answered_uri(&uri(other), ours),
+                format!("unix://{}", ours.display())
+            );
+        }
+        assert_eq!(
+            answered_uri(&[], ours),
+            format!("unix://{}", ours.display())
+        );
     }
 
     #[test]
