@@ -21,30 +21,44 @@
 //! the domain with KubeVirt's default 8 multifd channels (`--parallel`, put in order for QEMU
 //! 7.2 by the target): the guest runs on qlauncher's QEMU with the same boot id (read through
 //! the launcher's guest agent), the file it wrote to its disk under libvirt, the source's domain
-//! stopped. A containerDisk VMI moves its overlay as KubeVirt's block migration does (libvirt's NBD
-//! mirror to the target's export). A source whose libvirt dies mid-stream leaves the target
-//! clean. Not covered: the pod network (the source has no NIC here). Needs root, libvirtd (`scripts/install-deps`) and
-//! the test guest (`scripts/build-guest`).
+//! stopped. The VMI has KubeVirt's default pod network (a masquerade interface): libvirtd runs in
+//! the stock pod's network namespace, where the pod's binding (bridge, tap, nat rules) and its
+//! launcher's DHCP server are, and the domain's NIC is on that pod's tap with its MAC. The guest's
+//! DHCP client has its lease and answers HTTP through the source pod's IP; the target pods have
+//! MACs of their own and the VMI names no guest MAC yet (no `status.interfaces`), so the target
+//! adopts the guest MAC from libvirt's XML; after the move the guest keeps its MAC, its DHCP
+//! client gets a lease from the target pod's DHCP server and it answers HTTP through the target
+//! pod's IP. Then the target's identity as virt-handler reads it: the notifications (ADDED
+//! Paused/Migration with the migration record started, Running, the record ended) and GetDomain
+//! (name, UUID, the VMI's UID, Running/Unknown, the guest MAC), as KubeVirt's target launcher
+//! reports them. A containerDisk VMI moves its overlay as KubeVirt's block migration does
+//! (libvirt's NBD mirror to the target's export). A source whose libvirt dies mid-stream leaves
+//! the target clean. Needs root, libvirtd (`scripts/install-deps`) and the test guest
+//! (`scripts/build-guest`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 
-use qlauncher::cmdline::context::{ImageFormat, StorageKind, VolumeFacts};
+use qlauncher::cmdline::context::{IfaceFacts, ImageFormat, StorageKind, TapSource, VolumeFacts};
 use qlauncher::cmdline::qemu::FormatDriver;
 use qlauncher::cmdline::{convert, FactsFile};
-use qlauncher::sync::domain::LifeCycle;
+use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
+use qlauncher::sys::mac::MacAddr;
 use qlauncher::vmi::{DefaultsConfig, Vmi};
 use qlauncher_libvirt_xml::libvirt;
 use qlauncher_libvirt_xml::{export, to_xml};
 use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs, missing_images};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
-use testkit::launcher::Pod;
-use testkit::migration::{exec_until_ok, metadata, wait_notified, Rpc};
+use testkit::launcher::{get_domain, Pod};
+use testkit::migration::{exec_until_ok, history, metadata, wait_notified, Rpc};
+use testkit::netns::{PodNet, PodNetSpec, POD_MAC};
 use tokio::net::{UnixListener, UnixStream};
 
 const DOMAIN: &str = "default_hv";
 const MIGRATION: Duration = Duration::from_secs(300);
+/// The target pods' own MAC (the CNI's), not the source pod's [`POD_MAC`].
+const OTHER_POD_MAC: &str = "0a:58:0a:f4:00:66";
 
 /// libvirt's directories, covered by a tmpfs each in the daemon's mount namespace.
 const LIBVIRT_DIRS: &str =
@@ -60,6 +74,12 @@ struct Libvirtd {
 
 impl Libvirtd {
     fn start(work: &Path) -> Libvirtd {
+        Libvirtd::start_in(work, None)
+    }
+
+    /// [`Self::start`] in the network namespace `netns` (the stock launcher pod's, where its
+    /// tap is), or the test's own.
+    fn start_in(work: &Path, netns: Option<&Path>) -> Libvirtd {
         let log = work.join("libvirtd.log");
         let script = format!(
             r#"set -e
@@ -81,8 +101,21 @@ printf 'listen_tls = 0\nlisten_tcp = 0\nlog_outputs = "3:stderr"\n' >/etc/libvir
 # /run itself is the host's: the pid file goes to the private /run/libvirt (parallel daemons).
 exec /usr/sbin/libvirtd --timeout 0 --pid-file /run/libvirt/libvirtd.pid"#
         );
-        let child = Command::new("unshare")
-            .args(["-m", "--propagation", "private", "sh", "-c", &script])
+        let mut cmd = Command::new("nsenter");
+        if let Some(ns) = netns {
+            cmd.arg(format!("--net={}", ns.display()));
+        }
+        let child = cmd
+            .args([
+                "--",
+                "unshare",
+                "-m",
+                "--propagation",
+                "private",
+                "sh",
+                "-c",
+                &script,
+            ])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -278,14 +311,95 @@ fn migrate_args<'a>(dest: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     args
 }
 
+/// The stock launcher pod's network: its namespaces, the masquerade binding of `eth0` (bridge
+/// `k6t-eth0` with the gateway, the tap, KubeVirt's nat rules: virt-handler's setup) and the
+/// launcher's DHCP server for the guest, made with qlauncher's own network code as the stock
+/// pod would have them.
+struct SourceNet {
+    net: PodNet,
+    plan: qlauncher::net::NetPlan,
+    _dhcp: testkit::net::Servers,
+    _resolv: tempfile::NamedTempFile,
+}
+
+impl SourceNet {
+    fn new() -> SourceNet {
+        let net = PodNet::with(&PodNetSpec {
+            mtu: None,
+            ..PodNetSpec::default()
+        });
+        let resolv = tempfile::NamedTempFile::new().unwrap();
+        std::fs::write(
+            resolv.path(),
+            "search default.svc.cluster.local\nnameserver 10.96.0.10\n",
+        )
+        .unwrap();
+        let cfg = qlauncher::net::NetConfig {
+            hostname: "hv".into(),
+            ..Default::default()
+        };
+        let (plan, _) = testkit::net::setup(&net.pod, &cfg, resolv.path()).unwrap();
+        let dhcp = testkit::net::Servers::start(&net.pod, &plan);
+        SourceNet {
+            net,
+            plan,
+            _dhcp: dhcp,
+            _resolv: resolv,
+        }
+    }
+}
+
+/// `json` with KubeVirt's default pod network: interface `default` (masquerade) on the pod
+/// network.
+fn with_pod_nic(mut json: serde_json::Value) -> serde_json::Value {
+    let devices = &mut json["spec"]["domain"]["devices"];
+    devices
+        .as_object_mut()
+        .unwrap()
+        .remove("autoattachPodInterface");
+    devices["interfaces"] = serde_json::json!([{"name": "default", "masquerade": {}}]);
+    json["spec"]["networks"] = serde_json::json!([{"name": "default", "pod": {}}]);
+    json
+}
+
+/// The guest's HTTP reply (`GET /` of its busybox httpd) fetched from `node` through the pod IP
+/// (the masquerade DNAT), retried for up to 60 s.
+async fn http_from(node: &testkit::netns::Netns) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = qlauncher::net::netns::run_in(&node.path(), || {
+            use std::io::{Read, Write};
+            let addr = "10.244.0.5:80".parse().unwrap();
+            let mut s = std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5))?;
+            s.set_read_timeout(Some(Duration::from_secs(10)))?;
+            s.write_all(b"GET / HTTP/1.0\r\n\r\n")?;
+            let mut body = String::new();
+            s.read_to_string(&mut body)?;
+            Ok::<_, std::io::Error>(body)
+        })
+        .expect("netns");
+        match got {
+            Ok(body) if body.contains("qlg-http-ok") => return body,
+            other => assert!(
+                std::time::Instant::now() < deadline,
+                "HTTP through the pod IP: {other:?}"
+            ),
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
 /// The stock side: libvirtd (in `work`) running the domain defined from qlauncher's export of
 /// the VMI `json` in a pod root of its own, its disk the PVC `image`, booted to the guest's
-/// prompt. Returns the daemon, the guest's serial console and its boot id.
+/// prompt; with `net`, the daemon runs in that pod's network namespace and the domain's NIC is
+/// on its tap, with the pod's MAC. Returns the daemon, the guest's serial console and its boot
+/// id.
 fn boot_source(
     work: &Path,
     json: &serde_json::Value,
     image: Option<&Path>,
     guest: &GuestImages,
+    net: Option<&SourceNet>,
 ) -> (Libvirtd, Console, String) {
     let src_root = work.join("src");
     let mut vmi = Vmi::from_json_or_yaml(&json.to_string()).unwrap();
@@ -293,6 +407,16 @@ fn boot_source(
     let mut ctx =
         testkit::cmdline::acceptance_context(&vmi, &FactsFile::default(), &src_root, "qlstk");
     ctx.qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
+    if let Some(net) = net {
+        ctx.interfaces.insert(
+            "default".into(),
+            IfaceFacts {
+                mac: Some(MacAddr(net.plan.guest_mac).to_string()),
+                mtu: Some(net.plan.mtu),
+                tap: TapSource::Ifname(net.plan.tap.clone()),
+            },
+        );
+    }
     if let Some(image) = image {
         // The PVC as the target's launcher finds it (a preallocated raw file with O_DIRECT).
         ctx.volumes.insert(
@@ -334,7 +458,7 @@ fn boot_source(
     }
     let xml = libvirt::for_libvirt9(&to_xml(&export(&vmi, &ctx, &plan).unwrap()).unwrap());
     std::fs::write(work.join("domain.xml"), &xml).unwrap();
-    let ld = Libvirtd::start(work);
+    let ld = Libvirtd::start_in(work, net.map(|n| n.net.pod.path()).as_deref());
     let domain_xml = work.join("domain.xml").display().to_string();
     ld.virsh_ok(&["define", &domain_xml]);
     ld.virsh_ok(&["start", DOMAIN]);
@@ -396,10 +520,24 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     let mut target = Pod::new(&guest.disk_qcow2, false);
     let uid = target.uid.clone();
     let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
-    let json = vmi_json(&uid, &migration_uid, &target.pod_name());
+    // The VMI as virt-handler sends it before it read the source's interfaces: no
+    // status.interfaces, so the guest MAC comes from libvirt's XML alone.
+    let json = with_pod_nic(vmi_json(&uid, &migration_uid, &target.pod_name()));
     link_pvc(&target.private(), &image);
+    // Each target pod has a MAC of its own from the CNI; the guest runs with the source pod's.
+    target
+        .net
+        .pod
+        .ip(&["link", "set", "eth0", "address", OTHER_POD_MAC]);
 
-    let (ld, mut console, boot) = boot_source(work, &json, Some(&image), &guest);
+    let src_net = SourceNet::new();
+    let (ld, mut console, boot) = boot_source(work, &json, Some(&image), &guest, Some(&src_net));
+    // The guest's DHCP client gets its lease from the stock pod's DHCP server, and the guest
+    // serves HTTP through the source pod's IP.
+    console
+        .wait_for_marker("lease eth0 ip=10.0.2.2/24", BOOT_TIMEOUT)
+        .unwrap_or_else(|e| panic!("{e}\nlibvirtd:\n{}", ld.log()));
+    http_from(&src_net.net.node).await;
     let (rc, out) = console
         .run(
             "echo written-under-libvirt >/data/stock && sync",
@@ -468,7 +606,11 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     let mut second = Pod::new(&guest.disk_qcow2, false);
     second.uid = uid.clone();
     link_pvc(&second.private(), &image);
-    let json = vmi_json(&uid, &migration_uid, &second.pod_name());
+    second
+        .net
+        .pod
+        .ip(&["link", "set", "eth0", "address", OTHER_POD_MAC]);
+    let json = with_pod_nic(vmi_json(&uid, &migration_uid, &second.pod_name()));
     let (n, mut tc, dest, proxy) = prepare_target(&mut second, &json, work, "b").await;
     let moved = ld.virsh(&migrate_args(
         &dest,
@@ -508,6 +650,75 @@ async fn a_domain_of_stock_libvirt_migrates_into_qlaunchers_target() {
     assert_eq!(id.trim(), boot, "the same boot runs on qlauncher");
     let data = exec_until_ok(&mut tc, "cat /data/stock", Duration::from_secs(30)).await;
     assert_eq!(data.trim(), "written-under-libvirt");
+
+    // The NIC: the guest keeps the source pod's MAC (adopted from libvirt's XML) and its
+    // address; its DHCP client gets a lease from the target pod's DHCP server, and the guest
+    // answers through the target pod's IP.
+    assert!(
+        second.log(n).contains("the source's guest MAC adopted"),
+        "{}",
+        second.log(n)
+    );
+    let mac = exec_until_ok(
+        &mut tc,
+        "cat /sys/class/net/eth0/address",
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(mac.trim(), POD_MAC);
+    let lease = exec_until_ok(
+        &mut tc,
+        "udhcpc -i eth0 -n -q -t 5 -T 1 -s /etc/qlg/udhcpc.script 2>&1",
+        Duration::from_secs(60),
+    )
+    .await;
+    assert!(lease.contains("lease of 10.0.2.2 obtained"), "{lease}");
+    http_from(&second.net.node).await;
+
+    // Identity: what KubeVirt's target launcher reports (`live-migration-target.go`,
+    // `libvirt_helper.go`, v1.9.0): the domain appears (ADDED) Paused/Migration with the
+    // migration record started (the migration's UID, PreCopy); once resumed it runs
+    // (Running/Unknown: KubeVirt maps every RUNNING reason, MIGRATED included, to Unknown), and
+    // the record ends (EndTimestamp, not failed) only after that.
+    let dst = history(&second);
+    assert_eq!(dst[0].0, "ADDED", "{dst:#?}");
+    assert_eq!(
+        (dst[0].1.as_str(), dst[0].2.as_str()),
+        ("Paused", "Migration"),
+        "{dst:#?}"
+    );
+    let first = dst[0].3.clone().expect("the record from the first event");
+    assert_eq!(first.uid, migration_uid);
+    assert_eq!(first.mode, "PreCopy");
+    assert!(first.start_timestamp.is_some() && first.end_timestamp.is_none());
+    let running = |ended: bool| {
+        dst.iter().position(|(_, st, r, m)| {
+            st == "Running"
+                && r == "Unknown"
+                && m.as_ref()
+                    .is_some_and(|m| m.end_timestamp.is_some() == ended)
+        })
+    };
+    let (i_run, i_done) = (running(false), running(true));
+    assert!(
+        i_run.is_some() && i_done.is_some() && i_run < i_done,
+        "{dst:#?}"
+    );
+    // GetDomain: the same domain (name, UUID, the VMI's UID), running, the record ended and not
+    // failed, and the guest MAC virt-handler copies into status.interfaces.
+    let d = get_domain(&mut tc).await.expect("GetDomain");
+    assert_eq!(
+        (d.status.status, d.status.reason),
+        (LifeCycle::Running, StateChangeReason::Unknown)
+    );
+    assert_eq!(d.spec.name, DOMAIN);
+    assert_eq!(d.spec.uuid, json["spec"]["domain"]["firmware"]["uuid"]);
+    assert_eq!(d.spec.metadata.kubevirt.uid, uid);
+    let m = metadata(&d).unwrap();
+    assert_eq!(m.uid, migration_uid);
+    assert!(!m.failed && m.end_timestamp.is_some(), "{m:?}");
+    let iface = &d.spec.devices.interfaces[0];
+    assert_eq!(iface.mac.as_ref().map(|m| m.mac.as_str()), Some(POD_MAC));
     proxy.abort();
 }
 
@@ -526,7 +737,7 @@ async fn the_target_is_clean_when_the_stock_source_dies_mid_stream() {
     let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
     let json = vmi_json(&uid, &migration_uid, &target.pod_name());
     link_pvc(&target.private(), &image);
-    let (mut ld, _console, _) = boot_source(work, &json, Some(&image), &guest);
+    let (mut ld, _console, _) = boot_source(work, &json, Some(&image), &guest, None);
     let (n, _c, dest, proxy) = prepare_target(&mut target, &json, work, "a").await;
     let slow = ld.virsh_spawn(&migrate_args(&dest, &["--bandwidth", "1"]));
     wait_incoming_qemu(&target, n).await;
@@ -561,7 +772,7 @@ async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
     let uid = target.uid.clone();
     let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
     let json = container_disk_vmi_json(&uid, &migration_uid, &target.pod_name());
-    let (ld, mut console, boot) = boot_source(work, &json, None, &guest);
+    let (ld, mut console, boot) = boot_source(work, &json, None, &guest, None);
     let (rc, out) = console
         .run(
             "echo copied-from-libvirt >/data/nbd && sync",

@@ -983,12 +983,20 @@ pub fn libvirt_rpc(rt: &tokio::runtime::Runtime, data: &[u8]) {
         let _ = remote::OpenArgs::decode(&p.body);
         let _ = remote::decode_supports_feature(&p.body);
         if let Ok(a) = remote::Prepare3ParamsArgs::decode(&p.body) {
-            // What the target takes from a Prepare: the domain XML, its CPU as a -cpu.
+            // What the target takes from a Prepare: the domain XML, its CPU as a -cpu, its
+            // NICs, the stream URI it answers.
             use qlauncher::sync::migration::libvirt_peer;
+            let _ = libvirt_peer::answered_uri(
+                &a.params,
+                std::path::Path::new("/var/run/kubevirt/migrationproxy/u-49152-source.sock"),
+            );
             if let Some(xml) = remote::param_string(&a.params, "destination_xml") {
                 let dname = remote::param_string(&a.params, "destination_name");
                 if let Ok(d) = libvirt_peer::source_domain(xml, dname) {
                     let _ = libvirt_peer::compare_devices(&d.tree, &d.tree);
+                    if let Ok(nics) = libvirt_peer::source_nics(&d.tree) {
+                        let _ = libvirt_peer::adopted_macs(&nics, &nics);
+                    }
                     if let Some(cpu) = &d.cpu {
                         let _ = qlauncher::cmdline::devices::cpu::adopted_cpu_plan(cpu);
                     }

@@ -12,8 +12,9 @@
 //! host-model VMI, the expanded CPU (`<cpu mode='custom'>`, model and features) are adopted;
 //! every device is compared with qlauncher's own export of the plan it built from the VMI
 //! virt-handler sent, and the first difference refuses the migration naming its element (the
-//! source keeps running). Then QEMU starts with `-incoming` on the proxy's stream socket, and
-//! the answer carries that URI and the cookie libvirt checks (`<qemu-migration>`: the domain's
+//! source keeps running); each NIC's guest MAC is adopted ([`adopted_macs`]). Then QEMU starts
+//! with `-incoming` on the proxy's stream socket, and the answer carries that URI (as the source
+//! names the socket in its own pod, [`answered_uri`]) and the cookie libvirt checks (`<qemu-migration>`: the domain's
 //! name and UUID, this host's name and a host UUID that is not the source's;
 //! `qemuMigrationCookieXMLParse`). Finish (`virDomainMigrateFinish3Params`): the incoming side
 //! completes, the guest resumes, the domain is answered; a cancelled Perform, or a source gone
@@ -31,11 +32,14 @@ use crate::libvirt_rpc::remote::{
 };
 use crate::libvirt_rpc::server::MigrationTarget;
 use crate::qmp::commands::Quit;
+use crate::sync::ctx::DomainCtx;
+use crate::sync::define::define;
 use crate::sync::migration::incoming::StartedTarget;
 use crate::sync::migration::launcher::{MigrationCtx, PreparedTarget};
 use crate::sync::migration::protocol::RunningDomain;
 use crate::sync::migration::target::{complete_incoming, prepare_incoming_qemu, AbortOnDrop};
 use crate::sync::migration::MigrationError;
+use crate::sys::mac::MacAddr;
 
 /// `VIR_MIGRATE_*` flags (`include/libvirt/libvirt-domain.h`) a Prepare may carry.
 pub mod flags {
@@ -419,6 +423,118 @@ pub fn compare_devices(theirs: &Node, ours: &Node) -> Result<(), String> {
     Ok(())
 }
 
+/// One `<interface>` of a domain XML as the migration sees it ([`source_nics`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DomainNic {
+    /// The VMI interface name (the `ua-<name>` alias without `ua-`).
+    pub name: String,
+    /// `mac@address`, parsed (the guest's MAC).
+    pub mac: MacAddr,
+    /// `target@dev`: the tap in the pod that runs the domain. Not guest-visible: the target
+    /// runs the NIC on its own pod's tap, whatever the source's is named.
+    pub tap: Option<String>,
+    /// `model@type` (`virtio-non-transitional`, `e1000e`, ...).
+    pub model: String,
+    /// The option ROM as QEMU loads it (`<rom>`; libvirt's default is the model's own ROM):
+    /// `None` with `<rom enabled='no'/>`, else the `file` (empty: the model's default) and
+    /// whether its BAR is visible (`bar`, default on).
+    pub rom: Option<(String, bool)>,
+}
+
+/// The interfaces of a domain XML `tree` that have a KubeVirt alias (`ua-<name>`), in document
+/// order. Errors name the element: a MAC that is missing or not six octets, a `<rom>` attribute
+/// libvirt would not take.
+pub fn source_nics(tree: &Node) -> Result<Vec<DomainNic>, String> {
+    let mut out = Vec::new();
+    let Some(devices) = child(tree, "devices") else {
+        return Ok(out);
+    };
+    for n in devices.children.iter().filter(|c| c.name == "interface") {
+        let Some(name) = child(n, "alias")
+            .and_then(|a| a.attrs.get("name"))
+            .and_then(|a| a.strip_prefix("ua-"))
+        else {
+            continue;
+        };
+        let at = format!("domain/devices/interface[ua-{name}]");
+        let mac_text = child(n, "mac")
+            .and_then(|m| m.attrs.get("address"))
+            .ok_or_else(|| format!("{at}/mac@address is missing"))?;
+        let mac = mac_text
+            .parse::<MacAddr>()
+            .map_err(|e| format!("{at}/mac@address: {e}"))?;
+        let attr = |el: &str, k: &str| child(n, el).and_then(|e| e.attrs.get(k)).cloned();
+        let on_off = |k: &str, v: Option<String>| match v.as_deref() {
+            None | Some("yes") | Some("on") => Ok(true),
+            Some("no") | Some("off") => Ok(false),
+            Some(other) => Err(format!("{at}/rom@{k} {other:?} is not yes or no")),
+        };
+        let rom = match child(n, "rom") {
+            None => Some((String::new(), true)),
+            Some(_) => {
+                if on_off("enabled", attr("rom", "enabled"))? {
+                    Some((
+                        attr("rom", "file").unwrap_or_default(),
+                        on_off("bar", attr("rom", "bar"))?,
+                    ))
+                } else {
+                    None
+                }
+            }
+        };
+        out.push(DomainNic {
+            name: name.to_owned(),
+            mac,
+            tap: attr("target", "dev"),
+            model: attr("model", "type").unwrap_or_default(),
+            rom,
+        });
+    }
+    Ok(out)
+}
+
+/// What the target takes from the source's NICs (`theirs`, libvirt's live XML) for its own
+/// (`ours`, qlauncher's export of the VMI it was sent), by interface name: the MAC is adopted
+/// (the guest runs with the source's, which virt-handler's VMI may not name yet, and the target
+/// pod's own MAC is another: returns the `(interface, MAC)` pairs that differ); the tap is the
+/// target pod's own; the model and the option ROM must be the same (a ROM is a RAM block QEMU
+/// migrates, and the model is the guest's device): else the refusal names the element. A NIC
+/// on one side only is [`compare_devices`]'s to refuse.
+pub fn adopted_macs(
+    theirs: &[DomainNic],
+    ours: &[DomainNic],
+) -> Result<Vec<(String, MacAddr)>, String> {
+    let mut adopt = Vec::new();
+    for t in theirs {
+        let Some(o) = ours.iter().find(|o| o.name == t.name) else {
+            continue;
+        };
+        let at = format!("domain/devices/interface[ua-{}]", t.name);
+        if t.model != o.model {
+            return Err(format!(
+                "{at}/model: the source runs {:?}, qlauncher's conversion {:?}",
+                t.model, o.model
+            ));
+        }
+        if t.rom != o.rom {
+            let show = |r: &Option<(String, bool)>| match r {
+                None => "no option ROM".to_owned(),
+                Some((f, bar)) if f.is_empty() => format!("the model's ROM (bar {bar})"),
+                Some((f, bar)) => format!("ROM {f} (bar {bar})"),
+            };
+            return Err(format!(
+                "{at}/rom: the source runs {}, qlauncher's conversion {}",
+                show(&t.rom),
+                show(&o.rom)
+            ));
+        }
+        if t.mac != o.mac {
+            adopt.push((t.name.clone(), t.mac));
+        }
+    }
+    Ok(adopt)
+}
+
 /// The `<qemu-migration>` cookie of this target (NUL-terminated, as libvirt sends and checks
 /// cookies): the domain's name and UUID, this host's name and UUID, and with `nbd` an `<nbd/>`
 /// (the target's NBD server for copied disks listens on the `disks_uri` the source has, so no
@@ -445,6 +561,22 @@ pub fn target_cookie(
     let mut out = xml.into_bytes();
     out.push(0);
     out
+}
+
+/// The stream URI Prepare answers: the source's own `migrate_uri` when it is a unix socket
+/// of this migration's name (KubeVirt's `<share>/migrationproxy/<uid>-49152-source.sock`, the
+/// source pod's proxy socket: libvirt's target answers the path it was given, which is the same
+/// in every pod of a cluster, so the source connects to its own pod's proxy), else this pod's
+/// stream socket, where the target listens (through the proxy's target side) either way.
+pub fn answered_uri(params: &[TypedParam], stream: &std::path::Path) -> String {
+    let theirs = param_string(params, "migrate_uri").and_then(|u| {
+        let path = std::path::Path::new(u.strip_prefix("unix://")?);
+        (path.is_absolute() && path.file_name() == stream.file_name()).then_some(u)
+    });
+    match theirs {
+        Some(u) => u.to_owned(),
+        None => format!("unix://{}", stream.display()),
+    }
 }
 
 /// How the source's libvirt sends the domain ([`stream_settings`]).
@@ -602,6 +734,68 @@ async fn nbd_exports(
     Ok(out)
 }
 
+/// What Prepare takes from a source it accepts ([`LibvirtPeer::check_source`]).
+struct Checked {
+    source: SourceDomain,
+    /// The source's domain as qlauncher's own definition of it.
+    domain: RunningDomain,
+    /// The aliases of the disks the source copies over NBD.
+    copied: Option<Vec<String>>,
+    /// The guest MACs to adopt ([`adopted_macs`]).
+    macs: Vec<(String, MacAddr)>,
+}
+
+/// Adopts the source's guest MACs `macs` ([`adopted_macs`]) into the prepared `target`: the VMI
+/// view and the converter's interface facts take them (so a later sync, whose VMI may name no
+/// MAC, converts the same), and the plan, argv, QMP plan and `api.Domain` are defined again
+/// (the preparation's hook edits applied), as KubeVirt's target runs the migrated XML's MAC.
+/// Nothing changes when the conversion fails (the error is the refusal).
+fn adopt_macs(
+    d: &DomainCtx,
+    target: &mut PreparedTarget,
+    macs: &[(String, MacAddr)],
+) -> Result<(), String> {
+    if macs.is_empty() {
+        return Ok(());
+    }
+    let mut view = target.view.clone();
+    let mut ctx = target.prepared.running.ctx.clone();
+    for (name, mac) in macs {
+        let text = mac.to_string();
+        let iface = view
+            .spec
+            .domain
+            .devices
+            .interfaces
+            .iter_mut()
+            .flatten()
+            .find(|i| i.name == *name);
+        if let Some(iface) = iface {
+            iface.mac_address = Some(text.clone());
+        }
+        if let Some(facts) = ctx.interfaces.get_mut(name) {
+            facts.mac = Some(text);
+        }
+        info!(interface = %name, mac = %mac, "the source's guest MAC adopted");
+    }
+    let plan = crate::cmdline::convert(&view, &ctx)
+        .map_err(|e| format!("cannot convert the VMI with the source's guest MACs: {e}"))?;
+    let p = &mut target.prepared;
+    let defined = define(d, plan, &p.running.hook_edits);
+    let mut api = p.domain.clone();
+    defined
+        .report(&mut api, &view, &ctx)
+        .map_err(|e| format!("cannot report the domain with the source's guest MACs: {e}"))?;
+    p.domain = api;
+    p.plan = defined.plan;
+    p.qmp_plan = defined.qmp_plan;
+    p.argv = defined.argv;
+    p.view = view.clone();
+    p.running.ctx = ctx;
+    target.view = view;
+    Ok(())
+}
+
 impl LibvirtPeer {
     async fn prepare_inner(
         &mut self,
@@ -615,14 +809,21 @@ impl LibvirtPeer {
                 "an incoming migration is already prepared on this connection",
             ));
         }
-        let Some(target) = self.target.take() else {
+        let Some(mut target) = self.target.take() else {
             return Err(RemoteError::qemu(
                 ErrorCode::OperationInvalid,
                 "this target pod's migration already ran",
             ));
         };
-        let checked = self.check_source(&a, &target);
-        let (source, mut domain, copied) = match checked {
+        let checked = self
+            .check_source(&a, &target)
+            .and_then(|c| adopt_macs(&self.m.ctx, &mut target, &c.macs).map(|()| c));
+        let Checked {
+            source,
+            mut domain,
+            copied,
+            ..
+        } = match checked {
             Ok(v) => v,
             Err(e) => {
                 warn!(reason = %e, "libvirt source refused in Prepare");
@@ -670,7 +871,7 @@ impl LibvirtPeer {
             &self.host_uuid,
             copied.is_some(),
         );
-        let uri = format!("unix://{}", sockets.stream.display());
+        let uri = answered_uri(&a.params, &sockets.stream);
         info!(uri = %uri, "incoming QEMU waits for the libvirt source's stream");
         self.run = Some(Run {
             started,
@@ -691,17 +892,21 @@ impl LibvirtPeer {
         &self,
         a: &Prepare3ParamsArgs,
         target: &PreparedTarget,
-    ) -> Result<(SourceDomain, RunningDomain, Option<Vec<String>>), String> {
+    ) -> Result<Checked, String> {
         let xml = param_string(&a.params, "destination_xml")
             .ok_or("the Prepare has no destination_xml parameter")?;
         let source = source_domain(xml, param_string(&a.params, "destination_name"))?;
         let settings = stream_settings(a.flags, &a.params)?;
         let copied = match &settings.copy_storage {
             Some((devs, path)) => {
+                // The source names its own pod's proxy socket (KubeVirt's
+                // `<share>/migrationproxy/<uid>-49153-source.sock`, at the same path in every
+                // pod of a cluster, but another in each pod's mount namespace): its name must be
+                // this migration's, which the target's NBD server listens on in this pod.
                 let ours = self.m.target_sockets(&target.proxy_key).nbd;
-                if *path != ours {
+                if path.file_name() != ours.file_name() {
                     return Err(format!(
-                        "disks_uri names {}, the target's NBD socket is {}",
+                        "disks_uri names {}, the migration's NBD socket is {}",
                         path.display(),
                         ours.display()
                     ));
@@ -732,6 +937,24 @@ impl LibvirtPeer {
             ));
         }
         compare_devices(&source.tree, &ours)?;
+        let macs = adopted_macs(&source_nics(&source.tree)?, &source_nics(&ours)?)?;
+        for (name, mac) in &macs {
+            let bridged = target
+                .view
+                .spec
+                .domain
+                .devices
+                .interfaces
+                .iter()
+                .flatten()
+                .any(|i| i.name == *name && i.bridge.is_some());
+            if bridged {
+                return Err(format!(
+                    "domain/devices/interface[ua-{name}]/mac: the source's guest runs {mac}, and \
+                     this pod's bridge binding serves DHCP to its own guest MAC only"
+                ));
+            }
+        }
         let cpu = source.cpu.clone().filter(|_| p.plan.cpu.host_model);
         let migration_uid = self.m.ctl.metadata().map(|m| m.uid).unwrap_or_default();
         let domain = RunningDomain {
@@ -747,7 +970,12 @@ impl LibvirtPeer {
             cpu,
             hooked: None,
         };
-        Ok((source, domain, copied))
+        Ok(Checked {
+            source,
+            domain,
+            copied,
+            macs,
+        })
     }
 
     async fn finish_inner(
@@ -891,6 +1119,105 @@ mod tests {
         );
     }
 
+    /// A domain with one KubeVirt NIC `ua-default` (`extra` inside the `<interface>`), as
+    /// KubeVirt's converter (and qlauncher's export) writes a masquerade interface.
+    fn nic_domain(mac: &str, tap: &str, extra: &str) -> Node {
+        qlauncher_libvirt_xml::hooks::parse(&format!(
+            "<domain><devices><interface type='ethernet'>\
+             <address type='pci' domain='0x0000' bus='0x01' slot='0x00' function='0x0'/>\
+             <target dev='{tap}' managed='no'/><model type='virtio-non-transitional'/>\
+             <mac address='{mac}'/><mtu size='1500'/><alias name='ua-default'/>{extra}\
+             </interface><interface type='user'><alias name='net9'/>\
+             <mac address='52:54:00:00:00:09'/></interface></devices></domain>"
+        ))
+        .unwrap()
+    }
+
+    #[test]
+    fn a_nic_is_read_with_its_mac_tap_model_and_rom() {
+        let nics = source_nics(&nic_domain(
+            "0A:58:0A:F4:00:05",
+            "tap0",
+            "<rom enabled='no'/>",
+        ))
+        .unwrap();
+        // Only KubeVirt's interfaces (a `ua-` alias): libvirt's own `net9` is not the VMI's.
+        assert_eq!(
+            nics,
+            vec![DomainNic {
+                name: "default".into(),
+                mac: MacAddr([0x0a, 0x58, 0x0a, 0xf4, 0, 5]),
+                tap: Some("tap0".into()),
+                model: "virtio-non-transitional".into(),
+                rom: None,
+            }]
+        );
+        let rom = |extra: &str| source_nics(&nic_domain("0a:58:0a:f4:00:05", "tap0", extra));
+        assert_eq!(rom("").unwrap()[0].rom, Some((String::new(), true)));
+        assert_eq!(
+            rom("<rom bar='off' file='/usr/share/qemu/pxe.rom'/>").unwrap()[0].rom,
+            Some(("/usr/share/qemu/pxe.rom".into(), false))
+        );
+        let e = rom("<rom enabled='maybe'/>").unwrap_err();
+        assert!(
+            e.starts_with("domain/devices/interface[ua-default]/rom@enabled"),
+            "{e}"
+        );
+        let e = source_nics(&nic_domain("0a:58:zz:f4:00:05", "tap0", "")).unwrap_err();
+        assert!(
+            e.starts_with("domain/devices/interface[ua-default]/mac@address"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn the_sources_mac_is_adopted_its_tap_ignored_and_a_rom_or_model_refused() {
+        let ours = source_nics(&nic_domain(
+            "0a:58:0a:f4:00:66",
+            "tap0",
+            "<rom enabled='no'/>",
+        ))
+        .unwrap();
+        // The source pod's tap has another name: not guest-visible, nothing to adopt.
+        let theirs = source_nics(&nic_domain(
+            "0a:58:0a:f4:00:66",
+            "tap-src",
+            "<rom enabled='no'/>",
+        ))
+        .unwrap();
+        assert_eq!(adopted_macs(&theirs, &ours).unwrap(), vec![]);
+        let theirs = source_nics(&nic_domain(
+            "0a:58:0a:f4:00:05",
+            "tap0",
+            "<rom enabled='no'/>",
+        ))
+        .unwrap();
+        assert_eq!(
+            adopted_macs(&theirs, &ours).unwrap(),
+            vec![(
+                "default".to_owned(),
+                MacAddr([0x0a, 0x58, 0x0a, 0xf4, 0, 5])
+            )]
+        );
+        // The model's ROM on the source, none here: a RAM block the target would lack.
+        let theirs = source_nics(&nic_domain("0a:58:0a:f4:00:05", "tap0", "")).unwrap();
+        let e = adopted_macs(&theirs, &ours).unwrap_err();
+        assert!(
+            e.starts_with("domain/devices/interface[ua-default]/rom"),
+            "{e}"
+        );
+        assert!(e.contains("no option ROM"), "{e}");
+        let mut e1000e = ours.clone();
+        e1000e[0].model = "e1000e".into();
+        let e = adopted_macs(&e1000e, &ours).unwrap_err();
+        assert!(
+            e.starts_with("domain/devices/interface[ua-default]/model"),
+            "{e}"
+        );
+        // A NIC on one side only is compare_devices' to refuse.
+        assert_eq!(adopted_macs(&[], &ours).unwrap(), vec![]);
+    }
+
     #[test]
     fn the_copied_disks_are_the_named_or_every_writable_one() {
         let tree = qlauncher_libvirt_xml::hooks::parse(
@@ -955,6 +1282,34 @@ mod tests {
             value: TypedValue::Int(0),
         }];
         assert!(stream_settings(live_p2p | flags::PARALLEL, &zero).is_err());
+    }
+
+    #[test]
+    fn the_stream_uri_is_the_sources_own_proxy_socket_of_this_migration() {
+        let ours = std::path::Path::new("/pod-b/migrationproxy/u-49152-source.sock");
+        let uri = |u: &str| vec![TypedParam::string("migrate_uri", u)];
+        assert_eq!(
+            answered_uri(
+                &uri("unix:///var/run/kubevirt/migrationproxy/u-49152-source.sock"),
+                ours
+            ),
+            "unix:///var/run/kubevirt/migrationproxy/u-49152-source.sock"
+        );
+        // Another socket's name, a relative path, TCP, or none: this pod's own socket.
+        for other in [
+            "unix:///var/run/kubevirt/migrationproxy/v-49152-source.sock",
+            "unix://u-49152-source.sock",
+            "tcp://10.0.0.1:49152",
+        ] {
+            assert_eq!(
+                answered_uri(&uri(other), ours),
+                format!("unix://{}", ours.display())
+            );
+        }
+        assert_eq!(
+            answered_uri(&[], ours),
+            format!("unix://{}", ours.display())
+        );
     }
 
     #[test]
