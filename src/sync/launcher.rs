@@ -1,10 +1,8 @@
-//! The per-VMI launcher program: the `virt-launcher` binary and `qlauncher launcher` run [`main`].
+//! The per-VMI launcher program: `qlauncher launcher` and the `qlauncher` binary run as
+//! `virt-launcher` (the image's `/usr/bin/virt-launcher` is a link to it) run [`main`].
 //!
 //! Parses virt-launcher's flags, sets up logging, creates the directories, reads `STANDALONE_VMI`,
-//! and runs the lifecycle of [`crate::monitor::launcher::run`]. It lives in the library (not in
-//! the `qlauncher` tool's commands) so that the dedicated `virt-launcher` binary links only what
-//! the launcher runs: no argument parser for the tool's subcommands, no libvirt XML text,
-//! comparison or golden code. The domain is a
+//! and runs the lifecycle of [`crate::monitor::launcher::run`]. The domain is a
 //! [`SyncVmi`] behind the command server on `<share-dir>/sockets/launcher-sock`; the standalone
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
 //! KubeVirt's does when no domain is defined.
