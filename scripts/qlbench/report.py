@@ -385,8 +385,10 @@ def not_ahead(r):
                f"{br['median'] * 1000:.0f} ms (the double fork, the start-up QMP commands of the plan "
                "before `cont`). " if bd else "")
             + "In a KubeVirt pod the first part is not on the VM's path: the monitor and launcher "
-            "are up before virt-handler sends the VMI. Fix: the remaining fixed cost is process "
-            "start; a `qlauncher run` that execs the launcher directly would save one exec.")
+            "are up before virt-handler sends the VMI. Fix: the remaining fixed cost is reading "
+            "the cold `qlauncher` binary in (the launcher reuses the tool's pages and starts its "
+            "command server while QEMU starts); next, fewer pages touched before the sync (the "
+            "tool's argument parser and YAML reader) or a readahead of the binary at exec.")
     for name, ours, unit, alt, altv, mm, note in r.get("ops", []):
         if alt and altv < ours:
             out.append(f"- **{name}**: {alt} {altv:.3f} {unit} vs qlauncher {ours:.3f} {unit}. "
