@@ -23,8 +23,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // The pod's two resident binaries link as position-dependent executables (as Go links
     // KubeVirt's): with no load-time relocation, their RELRO data (vtables, 0.36 MiB for the
     // launcher) stays clean file-backed pages that trimming can drop, not copied-on-write
-    // anonymous memory, and the dynamic relocation table is never read.
-    for bin in ["virt-launcher", "virt-launcher-monitor"] {
+    // anonymous memory, and the dynamic relocation table is never read. `qlauncher` is the
+    // launcher (the image's virt-launcher is a link to it).
+    for bin in ["qlauncher", "virt-launcher-monitor"] {
         println!("cargo:rustc-link-arg-bin={bin}=-no-pie");
     }
     let descriptors = protox::compile(PROTOS, ["proto"])?;

@@ -69,7 +69,6 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
     assert_eq!(
         shipped,
         [
-            "OVMF_CODE_4M.fd",
             "OVMF_CODE_4M.secboot.fd",
             "OVMF_VARS_4M.fd",
             "OVMF_VARS_4M.ms.fd"
@@ -111,8 +110,9 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
          hostname=demo domain=default.svc.cluster.local"
     );
 
-    // Every process of the pod runs a program of the tree: the dedicated monitor and launcher
-    // binaries (`qlauncher run` execs them, as the image's PID 1 is) or QEMU.
+    // Every process of the pod runs a program of the tree: the dedicated monitor binary
+    // (`qlauncher run` execs it, as the image's PID 1 is), the launcher (`virt-launcher`, a link
+    // to qlauncher: its executable is qlauncher's) or QEMU.
     let mut programs: Vec<String> = pod
         .pids()
         .into_iter()
@@ -129,11 +129,27 @@ fn qlauncher_chrooted_in_the_launcher_tree_boots_the_demo_vmi_and_stops_it() {
         programs,
         [
             "/usr/bin/qemu-system-x86_64",
-            "/usr/bin/virt-launcher",
+            "/usr/bin/qlauncher",
             "/usr/bin/virt-launcher-monitor"
         ],
         "qlauncher run:\n{}",
         run.output()
+    );
+    // The monitor started the launcher by KubeVirt's name, the link in the tree.
+    let launchers: Vec<String> = pod
+        .pids()
+        .into_iter()
+        .filter(|p| {
+            std::fs::read_link(format!("/proc/{p}/exe"))
+                .is_ok_and(|e| e.ends_with("usr/bin/qlauncher"))
+        })
+        .filter_map(|p| std::fs::read(format!("/proc/{p}/cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(c.split(|b| *b == 0).next().unwrap_or_default()).into())
+        .collect();
+    assert_eq!(launchers, ["/usr/bin/virt-launcher"]);
+    assert_eq!(
+        std::fs::read_link(tree.join("usr/bin/virt-launcher")).unwrap(),
+        Path::new("qlauncher")
     );
 
     run.stop(&mut console);

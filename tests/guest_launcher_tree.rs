@@ -117,21 +117,24 @@ fn launcher_tree_has_only_qemu_and_qlauncher_and_boots_the_guest() {
             "usr/bin/qlauncher",
             "usr/bin/sleep",
             "usr/bin/virt-freezer",
-            "usr/bin/virt-launcher",
             "usr/bin/virt-launcher-monitor",
             "usr/bin/virt-probe",
             "usr/bin/virt-tail",
         ]
     );
-    // One shell: sh is bash; node-labeller.sh is qlauncher; virtiofsd where KubeVirt runs it.
+    // One shell: sh is bash; node-labeller.sh and virt-launcher are qlauncher; virtiofsd where
+    // KubeVirt runs it.
     assert_eq!(
         std::fs::read_link(root.join("usr/bin/sh")).unwrap(),
         Path::new("bash")
     );
-    assert_eq!(
-        std::fs::read_link(root.join("usr/bin/node-labeller.sh")).unwrap(),
-        Path::new("qlauncher")
-    );
+    for name in ["node-labeller.sh", "virt-launcher"] {
+        assert_eq!(
+            std::fs::read_link(root.join("usr/bin").join(name)).unwrap(),
+            Path::new("qlauncher"),
+            "{name}"
+        );
+    }
     assert!(root.join("usr/libexec/virtiofsd").is_file());
     // container-disk runs inside scratch containerDisk images: static (no ELF interpreter).
     let elf = std::fs::read(root.join("usr/bin/container-disk")).unwrap();

@@ -891,7 +891,8 @@ fn assert_running_pod(cp: &mut ComputePod) {
         cp.pod.read_log("guest-console-log")
     );
     let monitor = cp.pod.pid("compute") as i32;
-    let launcher = find_process(monitor, "/usr/bin/virt-launcher").expect("virt-launcher runs");
+    // The monitor runs /usr/bin/virt-launcher, the image's link to qlauncher.
+    let launcher = find_process(monitor, "/usr/bin/qlauncher").expect("virt-launcher runs");
     assert_ne!(
         cap_mask(launcher, "CapAmb") & (1 << CAP_NET_BIND_SERVICE),
         0,

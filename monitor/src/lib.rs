@@ -34,6 +34,12 @@ use flags::{scan, FlagKind};
 /// Test-only: run this program (with the launcher's arguments) instead of the launcher.
 pub const TEST_LAUNCHER_ENV: &str = "QLAUNCHER_TEST_LAUNCHER";
 
+/// A `qlauncher` binary whose `launcher` subcommand is the launcher, in place of the one the
+/// monitor would pick ([`sibling_launcher`]): `qlauncher run` names its own binary, whose pages
+/// are then already in memory, and never a stale `virt-launcher` left in a build directory.
+/// Not passed on to the launcher.
+pub const LAUNCHER_ENV: &str = "QLAUNCHER_LAUNCHER";
+
 /// The flags virt-launcher-monitor reads (KubeVirt v1.9.0); everything else goes to the launcher.
 pub const MONITOR_FLAGS: &[(&str, FlagKind)] = &[
     ("container-disk-dir", FlagKind::Value),
@@ -57,7 +63,8 @@ pub fn launcher_args(args: &[String]) -> Vec<OsString> {
 }
 
 /// Runs the monitor with `args` (without the program name); `launcher` is the launcher's program
-/// and the arguments put before the launcher flags (e.g. `qlauncher` and `["launcher"]`).
+/// and the arguments put before the launcher flags (e.g. `qlauncher` and `["launcher"]`);
+/// [`LAUNCHER_ENV`] (`qlauncher run`) replaces it with `<that binary> launcher`, and
 /// `QLAUNCHER_TEST_LAUNCHER` replaces both. Returns the process exit code: the launcher's, 2 for
 /// a bad command line, 1 when the monitor itself failed.
 pub fn main(args: Vec<String>, launcher: (PathBuf, Vec<OsString>)) -> u8 {
@@ -79,6 +86,10 @@ pub fn main(args: Vec<String>, launcher: (PathBuf, Vec<OsString>)) -> u8 {
         }
     };
     let mut args_out = launcher_args(&args);
+    let launcher = match std::env::var_os(LAUNCHER_ENV) {
+        Some(p) if !p.is_empty() => (PathBuf::from(p), vec!["launcher".into()]),
+        _ => launcher,
+    };
     let launcher_program = match std::env::var_os(TEST_LAUNCHER_ENV) {
         Some(p) => PathBuf::from(p),
         None => {

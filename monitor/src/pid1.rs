@@ -173,7 +173,8 @@ pub fn run(config: &MonitorConfig) -> Result<i32, Pid1Error> {
     let mut command = Command::new(&config.launcher_program);
     command
         .args(&config.launcher_args)
-        .env(MONITOR_PID_ENV, std::process::id().to_string());
+        .env(MONITOR_PID_ENV, std::process::id().to_string())
+        .env_remove(crate::LAUNCHER_ENV);
     // std does not reset the signal mask: unblock everything in the child before exec. Caught
     // signals return to their default disposition on exec by themselves.
     // SAFETY: sigprocmask with a local empty set is async-signal-safe.

@@ -219,8 +219,7 @@ def build_binaries():
         # With one bench target selected the dev-dependencies' features are unified in, so this
         # build and the benches' (`cargo bench`, built below) share one set of artifacts.
         subprocess.run(["cargo", "build", "--release", "--quiet", "--bin", "qlauncher", "--bin",
-                        "virt-launcher", "--bin", "virt-launcher-monitor", "--bench", "storage"],
-                       cwd=REPO, check=True)
+                        "virt-launcher-monitor", "--bench", "storage"], cwd=REPO, check=True)
 
 
 def background_build(a):
@@ -269,20 +268,32 @@ def memory_without_uffd(a, work, vms):
             finally:
                 del os.environ["QLAUNCHER_TRIM"]
             vms.append(vm)
-            vm.wait_running()
-            vm.wait_boot()
-            time.sleep(1)
-            m = vm.memory()
+            run = sample_run(vm, idle)
+            m = run["memory"]
             out[key]["rss"].append(m["launcher_rss"])
             out[key]["pss"].append(m["launcher_pss"])
             out[key]["procs"] = m["procs"]
-            if idle:
-                time.sleep(idle)
-                m = vm.memory()
-                out[key]["idle_rss"].append(m["launcher_rss"])
-                out[key]["idle_pss"].append(m["launcher_pss"])
+            if run["idle"]:
+                out[key]["idle_rss"].append(run["idle"]["launcher_rss"])
+                out[key]["idle_pss"].append(run["idle"]["launcher_pss"])
             vm.stop()
     return out
+
+
+def sample_run(vm, idle):
+    """The sampling both memory phases do on a started VM: waits for `running` and `boot ok`,
+    samples the memory 1 s later and, when `idle` (s) is not 0, again `idle` s after that.
+    Returns {"running", "boot"} (s from the start), {"memory", "idle"} (`QlVm.memory()`, idle None
+    when not sampled). The VM keeps running: the caller stops it."""
+    running = vm.wait_running()
+    boot = vm.wait_boot()
+    time.sleep(1)
+    memory = vm.memory()
+    idle_memory = None
+    if idle:
+        time.sleep(idle)
+        idle_memory = vm.memory()
+    return {"running": running, "boot": boot, "memory": memory, "idle": idle_memory}
 
 
 def start_and_memory(a, work, qemu_bin, vms, results):
@@ -298,23 +309,22 @@ def start_and_memory(a, work, qemu_bin, vms, results):
     argv = None
     for i in range(a.runs):
         log(f"qlauncher run {i + 1}/{a.runs}")
-        # Both start from the same state: the binaries each execs are cold (qlauncher's three
+        # Both start from the same state: the binaries each execs are cold (qlauncher's two
         # and QEMU's for this run, QEMU's for the bare run below); shared libraries stay warm.
         evict_page_cache(pod_binaries() + ([qemu_bin] if qemu_bin else []))
         cg = MemCgroup()
         vm = QlVm(work, "start").start(cg)
         vms.append(vm)
-        ql["running"].append(vm.wait_running())
-        ql["boot"].append(vm.wait_boot())
-        time.sleep(1)
-        m = vm.memory()
+        run = sample_run(vm, a.idle)
+        ql["running"].append(run["running"])
+        ql["boot"].append(run["boot"])
+        m = run["memory"]
         for k in ("launcher_rss", "launcher_pss", "qemu_rss", "qemu_pss", "cgroup"):
             ql[k].append(m[k])
         ql["procs"] = m["procs"]
         ql["breakdown"].append(vm.breakdown)
-        if a.idle:
-            time.sleep(a.idle)
-            m = vm.memory()
+        if run["idle"]:
+            m = run["idle"]
             ql["idle_launcher_rss"].append(m["launcher_rss"])
             ql["idle_launcher_pss"].append(m["launcher_pss"])
             ql["idle_cgroup"].append(m["cgroup"])

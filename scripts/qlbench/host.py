@@ -13,10 +13,10 @@ from .common import BIN, REPO, STARTED, first_line, log
 
 
 def pod_binaries():
-    """The binaries a pod runs besides QEMU: qlauncher and, when built next to it, the dedicated
-    virt-launcher-monitor and virt-launcher (`qlauncher run` then execs those, as the image does)."""
-    return [p for p in (BIN, BIN.parent / "virt-launcher-monitor", BIN.parent / "virt-launcher")
-            if p.exists()]
+    """The binaries a pod runs besides QEMU: qlauncher (also the launcher, as the image's
+    virt-launcher is a link to it) and, when built next to it, the dedicated virt-launcher-monitor
+    (`qlauncher run` then execs it, as the image does)."""
+    return [p for p in (BIN, BIN.parent / "virt-launcher-monitor") if p.exists()]
 
 
 def qemu_binary():

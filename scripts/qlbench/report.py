@@ -85,12 +85,13 @@ def start_latency(r, w):
           + ", ".join(f"{k[:-3]} {statistics.median(b.get(k, 0) for b in bd):.1f}" for k in keys)
           + f"; QEMU's version from: {bd[0].get('qemu_version_source', '?')}.\n")
     w("qlauncher is timed from exec of `qlauncher run` (a fresh process tree: `qlauncher` execs "
-      "`virt-launcher-monitor`, which starts `virt-launcher`; storage, conversion, QEMU "
+      "`virt-launcher-monitor`, which starts the launcher, the same `qlauncher` binary, as the "
+      "image's `virt-launcher` link is; storage, conversion, QEMU "
       "spawn, QMP `cont`) to the launcher's own log timestamp of `cont` returned (`" + STARTED + "`), "
       "and to the marker in the serial console log; each VM root has QEMU's version record "
       f"(`qlauncher qemu-version-record`, as the image build writes it: {'yes' if r.get('version_record') else 'no, it failed'}); "
       "before each run of either side the page cache of the binaries it execs is evicted "
-      "(qlauncher's three and QEMU's, QEMU's for bare QEMU; shared libraries stay warm); libvirt from `virsh create` to its return (libvirt returns after `cont`) "
+      "(qlauncher's two and QEMU's, QEMU's for bare QEMU; shared libraries stay warm); libvirt from `virsh create` to its return (libvirt returns after `cont`) "
       "with libvirtd and virtlogd already up (in a KubeVirt pod they start with the pod: "
       f"libvirtd took {r.get('libvirt', {}).get('libvirtd_ready_s', 0):.2f} s to answer here, not counted); "
       "bare QEMU from exec to the `cont` reply of this script's own QMP client. Debian 12's libvirt 9.0 "
@@ -375,16 +376,19 @@ def not_ahead(r):
             f"{(qr['median'] - br['median']) * 1000:.0f} ms to `cont` returned "
             f"({qr['median'] / br['median']:.2f}x; goal 1.05x). Where it goes (the launcher's own "
             "timestamps): "
-            + (f"{before:.0f} ms from exec of `qlauncher run` to the launcher's sync (three execs of "
-               "cold binaries: the `qlauncher` tool reading the VMI, `virt-launcher-monitor`, "
-               "`virt-launcher` with its runtime and command server), " if before is not None else "")
+            + (f"{before:.0f} ms from exec of `qlauncher run` to the launcher's sync (three execs, "
+               "two of them of cold binaries: the `qlauncher` tool reading the VMI, "
+               "`virt-launcher-monitor`, then `qlauncher` again as the launcher with its runtime and "
+               "command server), " if before is not None else "")
             + (f"storage {med('storage_ms'):.1f} ms, conversion {med('convert_ms'):.1f} ms, and "
                f"QEMU's spawn to `cont` {med('qemu_ms'):.0f} ms vs the bare run's "
                f"{br['median'] * 1000:.0f} ms (the double fork, the start-up QMP commands of the plan "
                "before `cont`). " if bd else "")
             + "In a KubeVirt pod the first part is not on the VM's path: the monitor and launcher "
-            "are up before virt-handler sends the VMI. Fix: the remaining fixed cost is process "
-            "start; a `qlauncher run` that execs the launcher directly would save one exec.")
+            "are up before virt-handler sends the VMI. Fix: the remaining fixed cost is reading "
+            "the cold `qlauncher` binary in (the launcher reuses the tool's pages and starts its "
+            "command server while QEMU starts); next, fewer pages touched before the sync (the "
+            "tool's argument parser and YAML reader) or a readahead of the binary at exec.")
     for name, ours, unit, alt, altv, mm, note in r.get("ops", []):
         if alt and altv < ours:
             out.append(f"- **{name}**: {alt} {altv:.3f} {unit} vs qlauncher {ours:.3f} {unit}. "

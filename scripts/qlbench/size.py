@@ -3,6 +3,7 @@ files the Containerfile's image holds) assembled from the release binaries, its 
 each part holds, and what each named cut would save, measured on that same tree.
 """
 
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -20,17 +21,26 @@ GOAL_MB = 75
 # gives QEMU no TLS credentials, no RDMA migration, no NVDIMM pmem backend, no VNC SASL, no FUSE
 # export, and nothing disassembles guest code): (feature, the libraries only it pulls in).
 UNUSED_QEMU_LIBS = [
-    ("capstone (disassembler for -d in_asm and the monitor's x/i)", ["libcapstone.so.4"]),
     ("GnuTLS and nettle (TLS for VNC, migration, NBD, chardevs; QEMU's crypto backend, for "
      "LUKS and AES-wrapped secrets the launcher never passes)",
      ["libgnutls.so.30", "libnettle.so.8", "libhogweed.so.6", "libgmp.so.10", "libp11-kit.so.0",
       "libtasn1.so.6", "libidn2.so.0", "libunistring.so.2"]),
-    ("libpmem (NVDIMM pmem backends; libndctl pulls libkmod and through it libcrypto)",
-     ["libpmem.so.1", "libndctl.so.6", "libdaxctl.so.1", "libkmod.so.2", "libcrypto.so.3"]),
     ("RDMA migration", ["librdmacm.so.1", "libibverbs.so.1", "libnl-3.so.200", "libnl-route-3.so.200"]),
     ("VNC SASL", ["libsasl2.so.2"]),
     ("FUSE block export", ["libfuse3.so.3"]),
 ]
+
+# Libraries the tree holds as stubs (scripts/qemu-stubs, assemble-launcher-tree): (feature, the
+# stub's file, the host libraries it keeps out of the tree).
+STUBBED_QEMU_LIBS = [
+    ("capstone (disassembler for -d in_asm and the monitor's x/i)", "libcapstone.so.4",
+     ["libcapstone.so.4"]),
+    ("libpmem (NVDIMM pmem backends; libndctl pulls libkmod and through it libcrypto)",
+     "libpmem.so.1",
+     ["libpmem.so.1", "libndctl.so.6", "libdaxctl.so.1", "libkmod.so.2", "libcrypto.so.3"]),
+]
+HOST_LIBDIR = Path("/usr/lib/x86_64-linux-gnu")
+
 
 def du(path):
     """`du -sb` of a path (hard links counted once), in bytes."""
@@ -55,6 +65,7 @@ def image_size(binary=BIN):
         if r.returncode != 0:
             return {"error": r.stderr.strip()[-2000:]}
         usr = tree / "usr"
+        # virt-launcher is a link to qlauncher (file_size counts a link as 0).
         bins = {b: file_size(usr / "bin" / b)
                 for b in ["qlauncher", "virt-launcher", "virt-launcher-monitor"]}
         companions = {b: file_size(usr / "bin" / b)
@@ -63,8 +74,8 @@ def image_size(binary=BIN):
         libs = du(usr / "lib") + du(usr / "lib64") - du(usr / "lib" / "ipxe")
         share = du(usr / "share") + du(usr / "lib" / "ipxe")
         parts = [
-            ("qlauncher's binaries (`qlauncher`, `virt-launcher`, `virt-launcher-monitor`, release)",
-             sum(bins.values())),
+            ("qlauncher's binaries (`qlauncher`, also `virt-launcher` through a link, and "
+             "`virt-launcher-monitor`, release)", sum(bins.values())),
             ("`qemu-system-x86_64`", file_size(usr / "bin" / "qemu-system-x86_64")),
             ("shared libraries and QEMU modules (QEMU's, bash's, coreutils', virtiofsd's)", libs),
             ("firmware and data (SeaBIOS, iPXE, OVMF, keymaps, the labeller's CPU map)", share),
@@ -75,13 +86,17 @@ def image_size(binary=BIN):
         ]
         libdir = usr / "lib" / "x86_64-linux-gnu"
         cuts = []
-        cuts.append(("`virt-launcher` as a link to `qlauncher` (which already runs as virt-launcher "
-                     "under that name): not done, the two were split for the launcher's resident "
-                     "pages", bins["virt-launcher"]))
         for feature, names in UNUSED_QEMU_LIBS:
             cuts.append((f"QEMU built without {feature}",
                          sum(file_size(libdir / n) for n in names)))
-        return {"total": du(tree), "parts": parts, "cuts": cuts, "binaries": bins,
+        stubs = []
+        for feature, stub, names in STUBBED_QEMU_LIBS:
+            size = file_size(libdir / stub)
+            host = sum(os.path.getsize(HOST_LIBDIR / n) for n in names
+                       if (HOST_LIBDIR / n).exists())
+            if 0 < size < host:
+                stubs.append((f"{feature}: a stub", host - size))
+        return {"total": du(tree), "parts": parts, "cuts": cuts, "stubs": stubs, "binaries": bins,
                 "companions": companions, "binary": str(binary)}
     finally:
         subprocess.run(["rm", "-rf", str(work)])
@@ -103,6 +118,14 @@ def render_size(s, w):
     for name, n in s["parts"]:
         w(f"| {name} | {n:,} |")
     w("")
+    if s.get("stubs"):
+        w("Libraries of Debian's QEMU for features no VMI the launcher accepts uses, held as "
+          "stubs (`scripts/qemu-stubs`):\n")
+        w("| stub | bytes saved |")
+        w("|---|---|")
+        for name, n in s["stubs"]:
+            w(f"| {name} | {n:,} |")
+        w("")
     w("What each cut would save, measured on this tree (none of them is applied):\n")
     w("| cut | bytes saved |")
     w("|---|---|")
@@ -121,7 +144,8 @@ def not_ahead_size(s):
             f"Cause: Debian's QEMU 7.2 with its full library closure is most of it (the binary and "
             f"{qemu_libs / 1e6:.1f} MB of libraries for features a KubeVirt VM never uses); "
             "qlauncher's binaries are already built for size (opt-level s, fat LTO, one codegen "
-            "unit, stripped). Fix: a QEMU configured for what the launcher drives (as KubeVirt's "
-            "qemu-kvm is a trimmed downstream build; the tree already holds only the OVMF files "
-            "the launcher picks), and `virt-launcher` as a link to `qlauncher` if its memory figure allows.")
+            "unit, stripped) and held once (`virt-launcher` is a link to `qlauncher`). Fix: a QEMU "
+            "configured for what the launcher drives (as KubeVirt's qemu-kvm is a trimmed "
+            "downstream build; the tree already holds only the firmware, ROMs, keymaps and modules "
+            "a VMI the launcher accepts can use).")
 

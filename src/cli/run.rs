@@ -4,9 +4,11 @@
 //! Places every KubeVirt path under `--root`, links the local images the VMI's containerDisk
 //! volumes (and kernelBoot container) name where KubeVirt's disk sidecars would put them
 //! (`<root>/var/run/kubevirt/container-disks/disk_<i>.img`, `.../kernel-boot/`), and then becomes
-//! the monitor (exec: the dedicated `virt-launcher-monitor` and `virt-launcher` binaries when they
-//! sit next to `qlauncher`, as in the image, else `qlauncher monitor`) with virt-launcher's flags and the VMI in `STANDALONE_VMI`: one
-//! process tree (monitor, launcher, QEMU). Ctrl-C or SIGTERM presses the ACPI power button and
+//! the monitor (exec: the dedicated `virt-launcher-monitor` binary when it sits next to
+//! `qlauncher`, as in the image, else `qlauncher monitor`) with virt-launcher's flags and the VMI
+//! in `STANDALONE_VMI`. The launcher the monitor starts is this same binary (`virt-launcher`
+//! when that is a link to it, as in the image, else `qlauncher launcher`), so that of the three
+//! programs only the small monitor is read in afresh. One process tree (monitor, launcher, QEMU). Ctrl-C or SIGTERM presses the ACPI power button and
 //! kills QEMU when the grace period (`spec.terminationGracePeriodSeconds`, default 30 s) ends.
 //! The network binding is set up in the current network namespace on its `eth0`.
 //!
@@ -231,8 +233,10 @@ fn monitor_flags(id: Identity, root: &Path, grace: i64) -> Vec<String> {
 
 /// Becomes the monitor with `flags`, the VMI's `json` in `STANDALONE_VMI`, the root, the
 /// operator's QMP socket and the emulation mode in the launcher's environment. As in the pod's
-/// image: the dedicated PID 1 and launcher binaries when both sit next to this one (the monitor
-/// then starts `virt-launcher`), else this binary's `monitor` subcommand. Returns only on error.
+/// image: the dedicated PID 1 binary when it sits next to this one, else this binary's `monitor`
+/// subcommand. Either starts this binary as the launcher: the dedicated monitor through its
+/// `virt-launcher` sibling when that is a link to this binary (the image), else through
+/// [`qlauncher_monitor::LAUNCHER_ENV`]. Returns only on error.
 fn exec_monitor(
     mut flags: Vec<String>,
     json: String,
@@ -241,14 +245,18 @@ fn exec_monitor(
 ) -> anyhow::Result<std::process::ExitCode> {
     let exe = std::env::current_exe().context("cannot find the qlauncher binary")?;
     let dir = exe.parent().map(Path::to_path_buf).unwrap_or_default();
-    let (monitor, launcher) = (dir.join("virt-launcher-monitor"), dir.join("virt-launcher"));
-    let exe = if monitor.is_file() && launcher.is_file() {
+    let monitor = dir.join("virt-launcher-monitor");
+    let mut command = if monitor.is_file() {
         flags.remove(0);
-        monitor
+        let mut command = std::process::Command::new(monitor);
+        let sibling = std::fs::canonicalize(dir.join("virt-launcher")).ok();
+        if sibling.as_deref() != Some(exe.as_path()) {
+            command.env(qlauncher_monitor::LAUNCHER_ENV, &exe);
+        }
+        command
     } else {
-        exe
+        std::process::Command::new(exe)
     };
-    let mut command = std::process::Command::new(exe);
     command
         .args(flags)
         .env("STANDALONE_VMI", json)

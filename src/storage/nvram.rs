@@ -32,10 +32,18 @@ const MAX_TEMPLATE: u64 = 16 << 20;
 /// (code, vars) file names of one firmware flavour, in the order they are tried in a directory.
 type Pairs = &'static [(&'static str, &'static str)];
 
-/// Plain (no secure boot) pairs: KubeVirt's names, then Debian's 4 MiB and 2 MiB builds.
-const PLAIN_KUBEVIRT: Pairs = &[("OVMF_CODE.fd", "OVMF_VARS.fd")];
+/// Plain (no secure boot) pairs: KubeVirt's names, then Debian's 4 MiB and 2 MiB builds. The
+/// secure-boot code with the plain vars template comes first (KubeVirt v1.9.0's
+/// `DetectEFIEnvironment`: the guest then reports secure boot disabled rather than missing), the
+/// plain code only where no secure-boot code is.
+const PLAIN_KUBEVIRT: Pairs = &[
+    ("OVMF_CODE.secboot.fd", "OVMF_VARS.fd"),
+    ("OVMF_CODE.fd", "OVMF_VARS.fd"),
+];
 const PLAIN_DEBIAN: Pairs = &[
+    ("OVMF_CODE_4M.secboot.fd", "OVMF_VARS_4M.fd"),
     ("OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"),
+    ("OVMF_CODE.secboot.fd", "OVMF_VARS.fd"),
     ("OVMF_CODE.fd", "OVMF_VARS.fd"),
 ];
 /// Secure-boot pairs (SMM build, template with the Microsoft keys enrolled).
@@ -201,7 +209,7 @@ mod tests {
         assert_eq!(
             (&efi.code, &efi.vars, &efi.secure_code, &efi.secure_vars),
             (
-                &d("OVMF_CODE_4M.fd"),
+                &d("OVMF_CODE_4M.secboot.fd"),
                 &d("OVMF_VARS_4M.fd"),
                 &d("OVMF_CODE_4M.secboot.fd"),
                 &d("OVMF_VARS_4M.ms.fd")
@@ -209,7 +217,18 @@ mod tests {
         );
         assert_eq!(efi.sev_code, k("OVMF_CODE.cc.fd"));
 
-        // KubeVirt's image layout wins; a half pair is skipped.
+        // Without a secure-boot code the plain one.
+        let plain = tempfile::tempdir().unwrap();
+        touch(plain.path(), &["OVMF_CODE_4M.fd", "OVMF_VARS_4M.fd"]);
+        let efi = detect_efi(kv.path(), plain.path());
+        let p = |n: &str| plain.path().join(n).display().to_string();
+        assert_eq!(
+            (&efi.code, &efi.vars),
+            (&p("OVMF_CODE_4M.fd"), &p("OVMF_VARS_4M.fd"))
+        );
+
+        // KubeVirt's image layout wins (the secure-boot code with the plain vars, as v1.9.0
+        // picks); a half pair is skipped.
         touch(
             kv.path(),
             &["OVMF_CODE.fd", "OVMF_VARS.fd", "OVMF_CODE.secboot.fd"],
@@ -218,7 +237,7 @@ mod tests {
         assert_eq!(
             (&efi.code, &efi.vars, &efi.secure_code, &efi.secure_vars),
             (
-                &k("OVMF_CODE.fd"),
+                &k("OVMF_CODE.secboot.fd"),
                 &k("OVMF_VARS.fd"),
                 &d("OVMF_CODE_4M.secboot.fd"),
                 &d("OVMF_VARS_4M.ms.fd")
@@ -230,8 +249,12 @@ mod tests {
         let efi = detect_efi(none.path(), none.path());
         let n = |f: &str| none.path().join(f).display().to_string();
         assert_eq!(
-            (efi.code, efi.secure_vars),
-            (n("OVMF_CODE.fd"), n("OVMF_VARS.secboot.fd"))
+            (efi.code, efi.vars, efi.secure_vars),
+            (
+                n("OVMF_CODE.secboot.fd"),
+                n("OVMF_VARS.fd"),
+                n("OVMF_VARS.secboot.fd")
+            )
         );
     }
 

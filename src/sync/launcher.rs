@@ -1,10 +1,8 @@
-//! The per-VMI launcher program: the `virt-launcher` binary and `qlauncher launcher` run [`main`].
+//! The per-VMI launcher program: `qlauncher launcher` and the `qlauncher` binary run as
+//! `virt-launcher` (the image's `/usr/bin/virt-launcher` is a link to it) run [`main`].
 //!
 //! Parses virt-launcher's flags, sets up logging, creates the directories, reads `STANDALONE_VMI`,
-//! and runs the lifecycle of [`crate::monitor::launcher::run`]. It lives in the library (not in
-//! the `qlauncher` tool's commands) so that the dedicated `virt-launcher` binary links only what
-//! the launcher runs: no argument parser for the tool's subcommands, no libvirt XML text,
-//! comparison or golden code. The domain is a
+//! and runs the lifecycle of [`crate::monitor::launcher::run`]. The domain is a
 //! [`SyncVmi`] behind the command server on `<share-dir>/sockets/launcher-sock`; the standalone
 //! VMI, when given, is synced at once. A launcher that gets no VMI fails after `--qemu-timeout`, as
 //! KubeVirt's does when no domain is defined.
@@ -73,6 +71,24 @@ async fn run_sync(
     let notify_socket = notify_socket_in_share_dir(&config.kubevirt_share_dir);
     let notifier = Notifier::start(notify_socket, NotifyTiming::KUBEVIRT);
     let manager = Arc::new(SyncVmi::new(sync_config, Some(notifier.clone())));
+    // The standalone VMI (`qlauncher run`) is synced first and the command server started while
+    // the sync waits on QEMU: the server's start (code read in from a cold binary) then overlaps
+    // QEMU's own start-up instead of preceding it. In the pod no VMI is given here and the server
+    // starts at once, as before.
+    let (sync_err_tx, mut sync_err_rx) = tokio::sync::mpsc::channel::<String>(1);
+    if let Some(value) = standalone {
+        let vmi: Vmi = serde_json::from_value(value).map_err(|e| MonitorError::LauncherFailed {
+            reason: format!("STANDALONE_VMI is not a VMI: {e}"),
+        })?;
+        let m = manager.clone();
+        tokio::spawn(async move {
+            if let Err(e) = m.sync_vmi(vmi, None).await {
+                let _ = sync_err_tx.send(error_chain(&e)).await;
+            }
+        });
+        // The runtime has one thread: let the sync run up to its first wait.
+        tokio::task::yield_now().await;
+    }
     let (server_stop_tx, server_stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = CmdServer::start(
         manager.clone(),
@@ -86,18 +102,6 @@ async fn run_sync(
     server
         .mark_ready()
         .map_err(|e| failed("marking the command server ready", &e))?;
-    let (sync_err_tx, mut sync_err_rx) = tokio::sync::mpsc::channel::<String>(1);
-    if let Some(value) = standalone {
-        let vmi: Vmi = serde_json::from_value(value).map_err(|e| MonitorError::LauncherFailed {
-            reason: format!("STANDALONE_VMI is not a VMI: {e}"),
-        })?;
-        let m = manager.clone();
-        tokio::spawn(async move {
-            if let Err(e) = m.sync_vmi(vmi, None).await {
-                let _ = sync_err_tx.send(error_chain(&e)).await;
-            }
-        });
-    }
     let result = tokio::select! {
         r = launcher::run(config, &*manager, stop) => r.map(drop),
         Some(reason) = sync_err_rx.recv() => Err(MonitorError::LauncherFailed {
