@@ -1,0 +1,269 @@
+//! qlauncher to stock: a VMI running on qlauncher's launcher live-migrates into a real libvirt
+//! daemon (Debian 12's libvirtd 9.0, the stock target pod's virtqemud), as a rollback of a
+//! workload update from qlauncher's image to the stock launcher's does.
+//!
+//! The source is a launcher pod ([`testkit::launcher::Pod`], root) booted from the VMI, its disk
+//! a filesystem PVC both pods see (one image linked into each). The stock target pod is a
+//! libvirtd in its own mount namespace whose view has the target pod's directories (empty, the
+//! PVC linked in) at the source pod's paths, as KubeVirt's two pods have the same paths. The
+//! test plays virt-handler: `MigrateVirtualMachine` on the source, and the migration proxy
+//! (the source pod's `migrationproxy/` sockets relayed to the daemon's socket and to the target
+//! pod's stream and NBD sockets). qlauncher's source probes the control socket, finds libvirt,
+//! and drives it as libvirt's peer-to-peer source does (Prepare3Params, its own QMP stream,
+//! Finish3Params).
+//!
+//! One boot of the guest serves every step. First the target pod lacks the PVC: libvirt refuses
+//! the Prepare (its QEMU cannot open the disk), the migration fails with libvirt's words and
+//! the source runs on with the same boot. Then, the PVC linked, a migration held at 1 MiB/s is
+//! cancelled mid-stream (CancelVirtualMachineMigration): the source runs on, same boot, and
+//! libvirt has no domain left. Then the migration: the guest runs under libvirtd with the same
+//! boot id and the file it wrote under qlauncher (read on libvirt's serial console), persistent
+//! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. Needs root,
+//! libvirtd (`scripts/install-deps`) and the test guest (`scripts/build-guest`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use qlauncher::sync::domain::{LifeCycle, StateChangeReason};
+use qlauncher::sync::migration::{proxy_socket, BLOCK_MIGRATION_PORT, DIRECT_MIGRATION_PORT};
+use testkit::guest::{Console, GuestImages};
+use testkit::launcher::Pod;
+use testkit::libvirtd::{copy_dir_tree, link_pvc, serial_path, Libvirtd, DOMAIN};
+use testkit::migration::{
+    boot, exec_until_ok, metadata, options, wait_notified, Rpc, StreamOrder, StreamRelay,
+};
+
+const BOOT: Duration = Duration::from_secs(240);
+const MIGRATION: Duration = Duration::from_secs(300);
+
+/// The VMI `default/hv`: the test guest's disk as the filesystem PVC `shared`, a named CPU
+/// model (a host-model CPU is not sent to a stock target yet), no pod network; with
+/// `migration` (migration UID, target pod) the `status.migrationState` virt-handler sends.
+fn vmi_json(uid: &str, migration: Option<(&str, &str)>) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "apiVersion": "kubevirt.io/v1",
+        "kind": "VirtualMachineInstance",
+        "metadata": {"name": "hv", "namespace": "default", "uid": uid},
+        "spec": {
+            "terminationGracePeriodSeconds": 5,
+            "domain": {
+                "firmware": {"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])},
+                "cpu": {"model": "qemu64"},
+                "resources": {"requests": {"memory": "128Mi"}},
+                "devices": {
+                    "autoattachPodInterface": false,
+                    "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]
+                }
+            },
+            "volumes": [{"name": "rootdisk",
+                         "persistentVolumeClaim": {"claimName": "shared"}}]
+        },
+        "status": {"migrationTransport": "Unix"}
+    });
+    if let Some((migration_uid, target_pod)) = migration {
+        v["status"]["migrationState"] = serde_json::json!({
+            "migrationUid": migration_uid,
+            "sourcePod": "virt-launcher-hv-ql",
+            "targetPod": target_pod,
+        });
+    }
+    v
+}
+
+/// The source pod's `migrationproxy/` sockets relayed to the stock target: role 0 to the
+/// daemon's socket, the stream and NBD roles to the target pod's sockets of the same name
+/// (`target_proxy`, the directory the daemon sees at the source pod's path).
+fn relay(source: &Pod, ld: &Libvirtd, target_proxy: &Path) -> Vec<StreamRelay> {
+    let dir = source.share().join("migrationproxy");
+    let uid = &source.uid;
+    let mut relays = vec![StreamRelay::start(
+        &proxy_socket(&dir, uid, 0),
+        &ld.socket(),
+        StreamOrder::AsAccepted,
+    )];
+    for role in [DIRECT_MIGRATION_PORT, BLOCK_MIGRATION_PORT] {
+        relays.push(StreamRelay::start(
+            &proxy_socket(&dir, uid, role),
+            &proxy_socket(target_proxy, uid, role),
+            StreamOrder::AsAccepted,
+        ));
+    }
+    relays
+}
+
+/// MigrateVirtualMachine of the migration `migration_uid` with `opts`; returns the source's
+/// migration record once it ended.
+async fn migrate(
+    source: &Pod,
+    c: &mut testkit::handler::Client,
+    migration_uid: &str,
+    opts: &[u8],
+) -> qlauncher::sync::domain::MigrationMetadata {
+    let vmi = vmi_json(&source.uid, Some((migration_uid, "virt-launcher-hv-stock")));
+    assert_eq!(Rpc::migrate(c, &vmi, opts).await, (true, String::new()));
+    let ended = wait_notified(source, "the source's migration ended", MIGRATION, |d| {
+        metadata(d).is_some_and(|m| m.uid == migration_uid && m.end_timestamp.is_some())
+    })
+    .await;
+    metadata(&ended).unwrap()
+}
+
+async fn boot_id(c: &mut testkit::handler::Client) -> String {
+    exec_until_ok(
+        c,
+        "cat /proc/sys/kernel/random/boot_id",
+        Duration::from_secs(60),
+    )
+    .await
+    .trim()
+    .to_owned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
+    let guest = GuestImages::locate();
+    let work = tempfile::Builder::new().prefix("qltos").tempdir().unwrap();
+    let work = work.path();
+    let image = work.join("shared.img");
+    std::fs::copy(&guest.disk_raw, &image).unwrap();
+
+    let mut source = Pod::new(&guest.disk_qcow2, false);
+    link_pvc(&source.private(), &image);
+    let vmi = vmi_json(&source.uid, None);
+    let (n, mut c) = boot(&mut source, &vmi, BOOT).await;
+    let boot = boot_id(&mut c).await;
+    // qlauncher's QEMU (libvirt's, later, names the same paths).
+    let ql_qemu = source.qemu_pids();
+    assert_eq!(ql_qemu.len(), 1, "{ql_qemu:?}");
+    exec_until_ok(
+        &mut c,
+        "echo written-under-qlauncher >/data/ql && sync",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // The stock target pod: the source pod's directory layout, empty, seen by libvirtd at the
+    // source pod's paths; no PVC yet.
+    std::fs::create_dir_all(source.share().join("migrationproxy")).unwrap();
+    let target_root = work.join("t");
+    copy_dir_tree(&source.root, &target_root);
+    let in_target =
+        |p: &Path| -> PathBuf { target_root.join(p.strip_prefix(&source.root).unwrap()) };
+    let ld = Libvirtd::start(work, &[(target_root.clone(), source.root.clone())]);
+    let _relays = relay(
+        &source,
+        &ld,
+        &in_target(&source.share().join("migrationproxy")),
+    );
+
+    // (b) The target cannot run the domain (its pod lacks the disk): libvirt refuses the
+    // Prepare, the source runs on with the same boot.
+    let refused = migrate(&source, &mut c, "mig-refused", &options("0", 150)).await;
+    assert!(refused.failed, "{refused:?}");
+    assert!(
+        refused
+            .failure_reason
+            .contains("refused the domain (Prepare)"),
+        "the reason is libvirt's refusal: {refused:?}\n{}",
+        source.log(n)
+    );
+    assert_eq!(boot_id(&mut c).await, boot, "the source runs on, same boot");
+    assert!(ld.domains().is_empty(), "{:?}", ld.domains());
+
+    // (c) A cancel mid-stream (1 MiB/s): the source runs on, libvirt drops its domain.
+    link_pvc(&in_target(&source.private()), &image);
+    let slow = vmi_json(
+        &source.uid,
+        Some(("mig-cancelled", "virt-launcher-hv-stock")),
+    );
+    assert_eq!(
+        Rpc::migrate(&mut c, &slow, &options("1Mi", 150)).await,
+        (true, String::new())
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !ld.domains().iter().any(|d| d == DOMAIN) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "libvirt never prepared the domain:\n{}\nsource:\n{}",
+            ld.log(),
+            source.log(n)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(Rpc::cancel(&mut c, &slow).await, (true, String::new()));
+    let ended = wait_notified(&source, "the cancelled migration ended", MIGRATION, |d| {
+        metadata(d).is_some_and(|m| m.uid == "mig-cancelled" && m.end_timestamp.is_some())
+    })
+    .await;
+    let m = metadata(&ended).unwrap();
+    assert!(
+        m.failed && m.abort_status == "Succeeded",
+        "{m:?}\n{}",
+        source.log(n)
+    );
+    assert_eq!(boot_id(&mut c).await, boot, "the source runs on, same boot");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while !ld.domains().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "libvirt kept {:?}:\n{}",
+            ld.domains(),
+            ld.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // (a) The migration: the guest runs under libvirt, same boot, its file; qlauncher's QEMU
+    // gone (Shutoff/Migrated).
+    let moved = migrate(&source, &mut c, "mig-moved", &options("0", 150)).await;
+    assert!(
+        !moved.failed,
+        "{moved:?}\nsource:\n{}\nlibvirtd:\n{}",
+        source.log(n),
+        ld.log()
+    );
+    source
+        .wait_event((LifeCycle::Shutoff, StateChangeReason::Migrated), MIGRATION)
+        .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while source.qemu_pids().contains(&ql_qemu[0]) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "qlauncher's QEMU runs on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(ld.domstate(), "running");
+    assert!(
+        ld.virsh_ok(&["dominfo", DOMAIN])
+            .lines()
+            .any(|l| l.starts_with("Persistent:") && l.ends_with("yes")),
+        "PERSIST_DEST: the domain is defined on the target"
+    );
+    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
+    let mut console = Console::connect(&in_target(&serial_path(&live)), Duration::from_secs(30))
+        .expect("libvirt's serial console");
+    // A fresh connection: the shell prints its prompt for a new line.
+    console.send(b"\n").unwrap();
+    let (rc, id) = console
+        .run(
+            "cat /proc/sys/kernel/random/boot_id",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(
+        (rc, id.trim()),
+        (0, boot.as_str()),
+        "the same boot runs under libvirt"
+    );
+    let (rc, data) = console
+        .run("cat /data/ql", Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(
+        (rc, data.trim()),
+        (0, "written-under-qlauncher"),
+        "{}",
+        console.transcript()
+    );
+}
