@@ -15,8 +15,8 @@
 //! One boot of the guest serves every step. First the target pod lacks the PVC: libvirt refuses
 //! the Prepare (its QEMU cannot open the disk), the migration fails with libvirt's words and
 //! the source runs on with the same boot. Then, the PVC linked, a migration held at 1 MiB/s is
-//! cancelled mid-stream (CancelVirtualMachineMigration): the source runs on, same boot, and
-//! libvirt has no domain left. Then the migration: the guest runs under libvirtd with the same
+//! cancelled mid-stream (CancelVirtualMachineMigration) once the source answered a keepalive
+//! ping of libvirt's: the source runs on, same boot, and libvirt has no domain left. Then the migration: the guest runs under libvirtd with the same
 //! boot id and the file it wrote under qlauncher (read on libvirt's serial console), persistent
 //! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. Needs root,
 //! libvirtd (`scripts/install-deps`) and the test guest (`scripts/build-guest`).
@@ -190,7 +190,17 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    // libvirt pings a connection that is quiet for 5 s (its keepalive_interval): the stream
+    // runs past one ping, answered.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !source.log(n).contains("answering its keepalive pings") {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no keepalive answered:\n{}",
+            source.log(n)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(Rpc::cancel(&mut c, &slow).await, (true, String::new()));
     let ended = wait_notified(&source, "the cancelled migration ended", MIGRATION, |d| {
         metadata(d).is_some_and(|m| m.uid == "mig-cancelled" && m.end_timestamp.is_some())

@@ -126,6 +126,8 @@ pub struct Client<S> {
     /// Bytes read and not yet a whole frame: reads are cancel-safe ([`Self::keepalive_while`]
     /// may stop between two reads, never inside a frame).
     buf: Vec<u8>,
+    /// Keepalive pings answered.
+    pongs: u64,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
@@ -135,6 +137,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
             conn,
             serial: 0,
             buf: Vec::new(),
+            pongs: 0,
         }
     }
 
@@ -185,6 +188,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
                     ..h
                 };
                 write_packet(&mut self.conn, &pong, &[]).await?;
+                self.pongs += 1;
+                if self.pongs == 1 {
+                    tracing::info!("libvirt peer: answering its keepalive pings");
+                } else {
+                    tracing::debug!(pongs = self.pongs, "libvirt peer: keepalive ping answered");
+                }
             }
             return Ok(true);
         }
