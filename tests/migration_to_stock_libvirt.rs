@@ -18,7 +18,9 @@
 //! cancelled mid-stream (CancelVirtualMachineMigration) once the source answered a keepalive
 //! ping of libvirt's: the source runs on, same boot, and libvirt has no domain left. Then the migration: the guest runs under libvirtd with the same
 //! boot id and the file it wrote under qlauncher (read on libvirt's serial console), persistent
-//! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. Needs root,
+//! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. A containerDisk
+//! VMI moves its overlay as KubeVirt's block migration does (qlauncher's NBD mirror to the export
+//! libvirt makes of the target pod's overlay). Needs root,
 //! libvirtd (`scripts/install-deps`) and the test guest (`scripts/build-guest`).
 
 use std::path::{Path, PathBuf};
@@ -40,6 +42,20 @@ const MIGRATION: Duration = Duration::from_secs(300);
 /// model (a host-model CPU is not sent to a stock target yet), no pod network; with
 /// `migration` (migration UID, target pod) the `status.migrationState` virt-handler sends.
 fn vmi_json(uid: &str, migration: Option<(&str, &str)>) -> serde_json::Value {
+    vmi_json_on(
+        uid,
+        migration,
+        serde_json::json!({"persistentVolumeClaim": {"claimName": "shared"}}),
+    )
+}
+
+/// [`vmi_json`] with the root disk's volume source `volume` (a containerDisk: pod-local,
+/// copied over NBD).
+fn vmi_json_on(
+    uid: &str,
+    migration: Option<(&str, &str)>,
+    volume: serde_json::Value,
+) -> serde_json::Value {
     let mut v = serde_json::json!({
         "apiVersion": "kubevirt.io/v1",
         "kind": "VirtualMachineInstance",
@@ -55,11 +71,13 @@ fn vmi_json(uid: &str, migration: Option<(&str, &str)>) -> serde_json::Value {
                     "disks": [{"name": "rootdisk", "disk": {"bus": "virtio"}}]
                 }
             },
-            "volumes": [{"name": "rootdisk",
-                         "persistentVolumeClaim": {"claimName": "shared"}}]
+            "volumes": [{"name": "rootdisk"}]
         },
         "status": {"migrationTransport": "Unix"}
     });
+    for (k, val) in volume.as_object().unwrap() {
+        v["spec"]["volumes"][0][k] = val.clone();
+    }
     if let Some((migration_uid, target_pod)) = migration {
         v["status"]["migrationState"] = serde_json::json!({
             "migrationUid": migration_uid,
@@ -100,6 +118,18 @@ async fn migrate(
     opts: &[u8],
 ) -> qlauncher::sync::domain::MigrationMetadata {
     let vmi = vmi_json(&source.uid, Some((migration_uid, "virt-launcher-hv-stock")));
+    migrate_vmi(source, c, &vmi, migration_uid, opts).await
+}
+
+/// [`migrate`] of `vmi`.
+async fn migrate_vmi(
+    source: &Pod,
+    c: &mut testkit::handler::Client,
+    vmi: &serde_json::Value,
+    migration_uid: &str,
+    opts: &[u8],
+) -> qlauncher::sync::domain::MigrationMetadata {
+    let vmi = vmi.clone();
     assert_eq!(Rpc::migrate(c, &vmi, opts).await, (true, String::new()));
     let ended = wait_notified(source, "the source's migration ended", MIGRATION, |d| {
         metadata(d).is_some_and(|m| m.uid == migration_uid && m.end_timestamp.is_some())
@@ -273,6 +303,99 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
     assert_eq!(
         (rc, data.trim()),
         (0, "written-under-qlauncher"),
+        "{}",
+        console.transcript()
+    );
+}
+
+/// KubeVirt's block migration to a stock target: the containerDisk's overlay (pod-local) is
+/// mirrored by qlauncher's source over NBD to the export libvirt's Prepare made of the target
+/// pod's own overlay (the cookie's `<nbd>`, `migrate_disks`, `disks_uri` on the proxy's NBD
+/// socket), and the file the guest wrote under qlauncher is read from the disk under libvirt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_container_disk_moves_to_a_stock_libvirtd_over_nbd() {
+    let guest = GuestImages::locate();
+    let work = tempfile::Builder::new().prefix("qltob").tempdir().unwrap();
+    let work = work.path();
+    let container = serde_json::json!({"containerDisk": {"image": "qlauncher/test-guest:latest"}});
+    let mut source = Pod::new(&guest.disk_qcow2, false);
+    let vmi = vmi_json_on(&source.uid, None, container.clone());
+    let (n, mut c) = boot(&mut source, &vmi, BOOT).await;
+    let boot = boot_id(&mut c).await;
+    exec_until_ok(
+        &mut c,
+        "echo copied-to-libvirt >/data/nbd && sync",
+        Duration::from_secs(60),
+    )
+    .await;
+
+    // The target pod: the same containerDisk and an overlay of its own on it, as KubeVirt's
+    // target launcher makes before libvirt's Prepare.
+    std::fs::create_dir_all(source.share().join("migrationproxy")).unwrap();
+    let target_root = work.join("t");
+    copy_dir_tree(&source.root, &target_root);
+    let in_target =
+        |p: &Path| -> PathBuf { target_root.join(p.strip_prefix(&source.root).unwrap()) };
+    let disk = source.share().join("container-disks/disk_0.img");
+    std::os::unix::fs::symlink(&guest.disk_qcow2, in_target(&disk)).unwrap();
+    let made = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(&disk)
+        .arg(in_target(&source.overlay()))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let ld = Libvirtd::start(work, &[(target_root.clone(), source.root.clone())]);
+    let _relays = relay(
+        &source,
+        &ld,
+        &in_target(&source.share().join("migrationproxy")),
+    );
+
+    let migrating = vmi_json_on(
+        &source.uid,
+        Some(("mig-nbd", "virt-launcher-hv-stock")),
+        container,
+    );
+    let moved = migrate_vmi(&source, &mut c, &migrating, "mig-nbd", &options("0", 150)).await;
+    assert!(
+        !moved.failed,
+        "{moved:?}\nsource:\n{}\nlibvirtd:\n{}",
+        source.log(n),
+        ld.log()
+    );
+    assert!(
+        source
+            .log(n)
+            .contains("the disks go to the stock target's NBD server"),
+        "the overlay was mirrored:\n{}",
+        source.log(n)
+    );
+    assert_eq!(ld.domstate(), "running");
+    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
+    let mut console = Console::connect(&in_target(&serial_path(&live)), Duration::from_secs(30))
+        .expect("libvirt's serial console");
+    console.send(b"\n").unwrap();
+    let (rc, id) = console
+        .run(
+            "cat /proc/sys/kernel/random/boot_id",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(
+        (rc, id.trim()),
+        (0, boot.as_str()),
+        "the same boot runs under libvirt"
+    );
+    let (rc, data) = console
+        .run(
+            "echo 3 >/proc/sys/vm/drop_caches; cat /data/nbd",
+            Duration::from_secs(60),
+        )
+        .unwrap();
+    assert_eq!(
+        (rc, data.trim()),
+        (0, "copied-to-libvirt"),
         "{}",
         console.transcript()
     );

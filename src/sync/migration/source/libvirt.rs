@@ -254,6 +254,9 @@ pub async fn run_source_libvirt<S: AsyncRead + AsyncWrite + Unpin>(
         .iter()
         .map(|d| d.export.clone())
         .collect();
+    if !exports.is_empty() {
+        info!(exports = ?exports, "the disks go to the stock target's NBD server");
+    }
 
     // QEMU's stream and the mirrors; libvirt's pings answered meanwhile, and a connection
     // lost mid-stream stops the migration as a cancel would (reported as the loss).
