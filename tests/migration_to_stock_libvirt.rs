@@ -16,7 +16,9 @@
 //! the Prepare (its QEMU cannot open the disk), the migration fails with libvirt's words and
 //! the source runs on with the same boot. Then, the PVC linked, a migration held at 1 MiB/s is
 //! cancelled mid-stream (CancelVirtualMachineMigration) once the source answered a keepalive
-//! ping of libvirt's: the source runs on, same boot, and libvirt has no domain left. Then the migration: the guest runs under libvirtd with the same
+//! ping of libvirt's: the source runs on, same boot, and libvirt has no domain left. Then the
+//! target's libvirtd is killed mid-stream: the source sees the connection close, rolls back and
+//! runs on, same boot (a fresh daemon takes the target's place). Then the migration: the guest runs under libvirtd with the same
 //! boot id and the file it wrote under qlauncher (read on libvirt's serial console), persistent
 //! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. A containerDisk
 //! VMI moves its overlay as KubeVirt's block migration does (qlauncher's NBD mirror to the export
@@ -179,12 +181,10 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
     copy_dir_tree(&source.root, &target_root);
     let in_target =
         |p: &Path| -> PathBuf { target_root.join(p.strip_prefix(&source.root).unwrap()) };
-    let ld = Libvirtd::start(work, &[(target_root.clone(), source.root.clone())]);
-    let _relays = relay(
-        &source,
-        &ld,
-        &in_target(&source.share().join("migrationproxy")),
-    );
+    let binds = [(target_root.clone(), source.root.clone())];
+    let target_proxy = in_target(&source.share().join("migrationproxy"));
+    let mut ld = Libvirtd::start(work, &binds);
+    let mut relays = relay(&source, &ld, &target_proxy);
 
     // (b) The target cannot run the domain (its pod lacks the disk): libvirt refuses the
     // Prepare, the source runs on with the same boot.
@@ -254,6 +254,51 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 
+    // (d) The target's libvirt dies mid-stream: the source sees its connection close, rolls
+    // back and runs on, same boot.
+    let dying = vmi_json(
+        &source.uid,
+        Some(("mig-target-died", "virt-launcher-hv-stock")),
+    );
+    assert_eq!(
+        Rpc::migrate(&mut c, &dying, &options("1Mi", 150)).await,
+        (true, String::new())
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while ld.qemu_pid().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "libvirt never started the incoming QEMU:\n{}",
+            ld.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let orphan = ld.qemu_pid();
+    ld.child.kill().unwrap();
+    ld.child.wait().unwrap();
+    let ended = wait_notified(
+        &source,
+        "the migration to a dead target ended",
+        MIGRATION,
+        |d| metadata(d).is_some_and(|m| m.uid == "mig-target-died" && m.end_timestamp.is_some()),
+    )
+    .await;
+    let m = metadata(&ended).unwrap();
+    assert!(
+        m.failed && m.failure_reason.contains("connection failed mid-stream"),
+        "{m:?}\n{}",
+        source.log(n)
+    );
+    if let Some(pid) = orphan {
+        // SAFETY: kill(2) of the incoming QEMU the killed libvirtd left behind.
+        unsafe { libc::kill(pid, libc::SIGKILL) };
+    }
+    assert_eq!(boot_id(&mut c).await, boot, "the source runs on, same boot");
+    drop(relays);
+    ld = Libvirtd::start(work, &binds);
+    relays = relay(&source, &ld, &target_proxy);
+
     // (a) The migration: the guest runs under libvirt, same boot, its file; qlauncher's QEMU
     // gone (Shutoff/Migrated).
     let moved = migrate(&source, &mut c, "mig-moved", &options("0", 150)).await;
@@ -306,6 +351,7 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
         "{}",
         console.transcript()
     );
+    drop(relays);
 }
 
 /// KubeVirt's block migration to a stock target: the containerDisk's overlay (pod-local) is
