@@ -229,9 +229,12 @@ impl MigrationCtx {
         let peer = match tokio::time::timeout(PEER_TIMEOUT, rpc.probe_peer()).await {
             Ok(Ok(p)) => p,
             Ok(Err(e)) => {
+                // A qlauncher target from before the probe answers it with a Refused frame of
+                // its own protocol, which is no libvirt frame.
                 return Err(MigrationError::Peer(format!(
-                    "the migration target's answer to qlauncher's probe: {e}"
-                )))
+                    "the migration target's answer to qlauncher's probe (neither libvirt nor a \
+                     qlauncher target of this version): {e}"
+                )));
             }
             Err(_) => {
                 return Err(MigrationError::Timeout(format!(
@@ -247,7 +250,7 @@ impl MigrationCtx {
             }
             PeerKind::StockLibvirt => {
                 info!("the migration target is a stock launcher's libvirt");
-                Some(self.stock_target(client, vmi, &domain).await?)
+                Some(self.stock_target(vmi, &domain).await?)
             }
         };
         self.ctx.shared.begin(Job::MigratingOut);
@@ -356,12 +359,10 @@ impl MigrationCtx {
     /// domain the exporter cannot write, a copied disk the XML does not list.
     async fn stock_target(
         &self,
-        client: &QmpClient,
         vmi: Vmi,
         domain: &RunningDomain,
     ) -> Result<StockTarget, MigrationError> {
         let refuse = |why: String| MigrationError::Peer(format!("a stock target: {why}"));
-        let _ = client;
         if domain.cpu.is_some() {
             return Err(refuse(
                 "the VMI's host-model CPU cannot be sent to a stock launcher's libvirt yet \
