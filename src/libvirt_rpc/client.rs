@@ -2,15 +2,21 @@
 //! QEMU driver, `qemuMigrationSrcPerformPeer2Peer3` over the remote driver) calls on the target's
 //! virtqemud, for qlauncher to drive a stock target: `AUTH_LIST`, `CONNECT_OPEN`,
 //! `CONNECT_SUPPORTS_FEATURE`, `DOMAIN_MIGRATE_PREPARE3_PARAMS`, `DOMAIN_MIGRATE_FINISH3_PARAMS`,
-//! `CONNECT_CLOSE`; keepalive pings from the peer are answered while a call waits.
+//! `CONNECT_CLOSE`; keepalive pings from the peer are answered while a call waits, and between
+//! calls while [`Client::keepalive_while`] runs something else (the QEMU stream of a migration).
 //!
 //! Every reply is untrusted: frames are bounded by [`super::packet::MESSAGE_MAX`], strings and
 //! cookies by the protocol's limits, and a reply that is not the answer to the call in flight
 //! is an error, never a panic.
 
-use tokio::io::{AsyncRead, AsyncWrite};
+use std::future::Future;
 
-use super::packet::{read_packet, write_packet, FrameError, Header, MessageType, Status};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite};
+
+use super::packet::{
+    decode_frame, write_packet, FrameError, Header, MessageType, Packet, Status, HEADER_LEN,
+    MESSAGE_MAX,
+};
 use super::remote::{
     Feature, Finish3ParamsArgs, Finish3ParamsRet, OpenArgs, Prepare3ParamsArgs, Prepare3ParamsRet,
     Procedure, FROM_RPC, KEEPALIVE_PROC_PING, KEEPALIVE_PROC_PONG, KEEPALIVE_PROGRAM,
@@ -117,17 +123,124 @@ pub enum PeerKind {
 pub struct Client<S> {
     conn: S,
     serial: u32,
+    /// Bytes read and not yet a whole frame: reads are cancel-safe ([`Self::keepalive_while`]
+    /// may stop between two reads, never inside a frame).
+    buf: Vec<u8>,
+    /// Keepalive pings answered.
+    pongs: u64,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
     /// A client over an open connection (the migration proxy's socket).
     pub fn new(conn: S) -> Client<S> {
-        Client { conn, serial: 0 }
+        Client {
+            conn,
+            serial: 0,
+            buf: Vec::new(),
+            pongs: 0,
+        }
     }
 
-    /// The connection back, after the last call.
+    /// The connection back, after the last call (bytes the peer sent after the last reply are
+    /// lost with the client: a peer sends none unasked but keepalive).
     pub fn into_inner(self) -> S {
         self.conn
+    }
+
+    /// The next whole frame. Cancel-safe: the bytes of a frame read so far stay in `buf`. The
+    /// length word is checked before the frame is buffered.
+    async fn next_packet(&mut self) -> Result<Packet, ClientError> {
+        loop {
+            if self.buf.len() >= 4 {
+                let n = u32::from_be_bytes([self.buf[0], self.buf[1], self.buf[2], self.buf[3]]);
+                if !(HEADER_LEN..=MESSAGE_MAX).contains(&n) {
+                    return Err(FrameError::BadLength(n).into());
+                }
+                if self.buf.len() >= n as usize {
+                    let rest = self.buf.split_off(n as usize);
+                    let frame = std::mem::replace(&mut self.buf, rest);
+                    return Ok(decode_frame(&frame)?);
+                }
+                self.buf.reserve(n as usize - self.buf.len());
+            }
+            let read = self.conn.read_buf(&mut self.buf).await?;
+            if read == 0 {
+                return Err(if self.buf.is_empty() {
+                    FrameError::Closed
+                } else {
+                    FrameError::Io(std::io::ErrorKind::UnexpectedEof.into())
+                }
+                .into());
+            }
+        }
+    }
+
+    /// Answers a keepalive ping (a PONG); true when `p` was keepalive or an asynchronous
+    /// message (an event), which the caller skips.
+    async fn asynchronous(&mut self, p: &Packet) -> Result<bool, ClientError> {
+        let h = p.header;
+        if h.program == KEEPALIVE_PROGRAM {
+            if h.procedure == KEEPALIVE_PROC_PING {
+                let pong = Header {
+                    procedure: KEEPALIVE_PROC_PONG,
+                    kind: MessageType::Message,
+                    status: Status::Ok,
+                    ..h
+                };
+                write_packet(&mut self.conn, &pong, &[]).await?;
+                self.pongs += 1;
+                if self.pongs == 1 {
+                    tracing::info!("libvirt peer: answering its keepalive pings");
+                } else {
+                    tracing::debug!(pongs = self.pongs, "libvirt peer: keepalive ping answered");
+                }
+            }
+            return Ok(true);
+        }
+        Ok(h.kind == MessageType::Message)
+    }
+
+    /// Runs `f` to its end while answering the peer's keepalive pings between calls (libvirt's
+    /// server closes a connection whose pings go unanswered: 5 pings 5 s apart by default, once
+    /// the client asked for `VIR_DRV_FEATURE_PROGRAM_KEEPALIVE`). When the connection fails
+    /// or the peer sends anything but keepalive and events meanwhile, `on_lost` is called once
+    /// (to stop what `f` does) and `f` is still run to its end. Returns `f`'s output and the
+    /// connection's failure, if any.
+    pub async fn keepalive_while<F: Future>(
+        &mut self,
+        f: F,
+        on_lost: impl FnOnce(),
+    ) -> (F::Output, Option<ClientError>) {
+        tokio::pin!(f);
+        let mut on_lost = Some(on_lost);
+        let mut lost = None;
+        loop {
+            if lost.is_some() {
+                return ((&mut f).await, lost);
+            }
+            tokio::select! {
+                out = &mut f => return (out, None),
+                p = self.next_packet() => {
+                    let failed = match p {
+                        Ok(p) => match self.asynchronous(&p).await {
+                            Ok(true) => None,
+                            Ok(false) => Some(ClientError::Unexpected(format!(
+                                "a {:?} for program {:#x} procedure {} while no call waits",
+                                p.header.kind, p.header.program, p.header.procedure
+                            ))),
+                            Err(e) => Some(e),
+                        },
+                        Err(e) => Some(e),
+                    };
+                    if let Some(e) = failed {
+                        if let Some(stop) = on_lost.take() {
+                            stop();
+                        }
+                        lost = Some(e);
+                    }
+                }
+            }
+        }
     }
 
     /// Calls `procedure` of `program` with `body` and waits for its reply, answering keepalive
@@ -150,23 +263,11 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         };
         write_packet(&mut self.conn, &call, body).await?;
         loop {
-            let p = read_packet(&mut self.conn).await?;
+            let p = self.next_packet().await?;
+            if self.asynchronous(&p).await? {
+                continue;
+            }
             let h = p.header;
-            if h.program == KEEPALIVE_PROGRAM {
-                if h.procedure == KEEPALIVE_PROC_PING {
-                    let pong = Header {
-                        procedure: KEEPALIVE_PROC_PONG,
-                        kind: MessageType::Message,
-                        status: Status::Ok,
-                        ..h
-                    };
-                    write_packet(&mut self.conn, &pong, &[]).await?;
-                }
-                continue;
-            }
-            if h.kind == MessageType::Message {
-                continue;
-            }
             if h.kind != MessageType::Reply
                 || h.serial != call.serial
                 || h.program != program
@@ -261,6 +362,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
         Ok(v != 0)
     }
 
+    /// `CONNECT_GET_LIB_VERSION`: the server's libvirt version, `major * 1_000_000 + minor *
+    /// 1000 + micro` (9.0.0 is `9_000_000`).
+    pub async fn lib_version(&mut self) -> Result<u64, ClientError> {
+        let body = self.remote(Procedure::ConnectGetLibVersion, &[]).await?;
+        let mut d = Decoder::new(&body);
+        let v = d.u64().map_err(ClientError::Reply)?;
+        d.finish().map_err(ClientError::Reply)?;
+        Ok(v)
+    }
+
     /// `DOMAIN_MIGRATE_PREPARE3_PARAMS`: the target defines the domain and starts its QEMU
     /// waiting for the stream; the reply names the stream's URI and carries its cookie (the
     /// NBD server's port for copied disks).
@@ -295,9 +406,54 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Client<S> {
 
 #[cfg(test)]
 mod tests {
+    use super::super::packet::read_packet;
     use super::super::remote::{Domain, RemoteError, TypedParam};
     use super::super::server::{serve, MigrationTarget};
     use super::*;
+
+    /// Between calls, pings are answered while something else runs; the peer's close is the
+    /// lost connection, and what runs still ends.
+    #[tokio::test]
+    async fn keepalive_is_answered_between_calls_and_a_close_is_reported() {
+        let (a, mut b) = tokio::io::duplex(1 << 12);
+        let peer = tokio::spawn(async move {
+            let ping = Header {
+                program: KEEPALIVE_PROGRAM,
+                version: 1,
+                procedure: KEEPALIVE_PROC_PING,
+                kind: MessageType::Message,
+                serial: 0,
+                status: Status::Ok,
+            };
+            // One ping split over two writes: the client's reads may stop in between.
+            let frame = super::super::packet::encode_frame(&ping, &[]);
+            use tokio::io::AsyncWriteExt;
+            b.write_all(&frame[..10]).await.unwrap();
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            b.write_all(&frame[10..]).await.unwrap();
+            let pong = read_packet(&mut b).await.unwrap();
+            assert_eq!(pong.header.procedure, KEEPALIVE_PROC_PONG);
+            drop(b);
+        });
+        let mut c = Client::new(a);
+        let mut stopped = false;
+        let (out, lost) = c
+            .keepalive_while(
+                async {
+                    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                    7
+                },
+                || stopped = true,
+            )
+            .await;
+        peer.await.unwrap();
+        assert_eq!(out, 7);
+        assert!(stopped);
+        assert!(
+            matches!(lost, Some(ClientError::Frame(FrameError::Closed))),
+            "{lost:?}"
+        );
+    }
 
     struct Refuses;
 

@@ -7,8 +7,8 @@ use super::xdr::{Decoder, Encoder, XdrError};
 
 /// The largest frame libvirt sends or accepts (`VIR_NET_MESSAGE_MAX`, 32 MiB).
 pub const MESSAGE_MAX: u32 = 32 << 20;
-/// Length word plus header.
-const HEADER_LEN: u32 = 4 + 24;
+/// Length word plus header: the shortest frame.
+pub const HEADER_LEN: u32 = 4 + 24;
 
 /// The message type (`virNetMessageType`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

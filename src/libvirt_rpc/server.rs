@@ -172,6 +172,64 @@ where
     }
 }
 
+/// Answers the first frame of a connection, a call of qlauncher's private program
+/// ([`super::client::QLAUNCHER_PROGRAM`], what [`super::client::Client::probe_peer`] sends):
+/// its hello procedure gets `OK` with `protocol_version` (a `u32`), and the connection is then
+/// the caller's, for qlauncher's own control protocol. Any other call of that program (another
+/// version or procedure) is answered `VIR_ERR_RPC` and is an error, as is a frame that is not
+/// such a call.
+pub async fn answer_qlauncher_probe<S: AsyncRead + AsyncWrite + Unpin>(
+    conn: &mut S,
+    protocol_version: u32,
+) -> Result<(), FrameError> {
+    use super::client::{QLAUNCHER_PROC_HELLO, QLAUNCHER_PROGRAM, QLAUNCHER_PROGRAM_VERSION};
+    let p = read_packet(conn).await?;
+    let h = p.header;
+    if h.program != QLAUNCHER_PROGRAM || h.kind != MessageType::Call {
+        return Err(FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!(
+                "the first frame is a {:?} of program {:#x}, not qlauncher's probe",
+                h.kind, h.program
+            ),
+        )));
+    }
+    let reply = Header {
+        kind: MessageType::Reply,
+        ..h
+    };
+    if h.version != QLAUNCHER_PROGRAM_VERSION || h.procedure != QLAUNCHER_PROC_HELLO {
+        let e = RemoteError {
+            code: ErrorCode::Rpc,
+            domain: FROM_RPC,
+            message: format!(
+                "qlauncher's probe program has no procedure {} in version {}",
+                h.procedure, h.version
+            ),
+        };
+        let h = Header {
+            status: Status::Error,
+            ..reply
+        };
+        write_packet(conn, &h, &e.encode())
+            .await
+            .map_err(FrameError::Io)?;
+        return Err(FrameError::Io(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            e.message,
+        )));
+    }
+    let mut e = Encoder::new();
+    e.u32(protocol_version);
+    let h = Header {
+        status: Status::Ok,
+        ..reply
+    };
+    write_packet(conn, &h, &e.into_bytes())
+        .await
+        .map_err(FrameError::Io)
+}
+
 fn bad_args(e: super::xdr::XdrError) -> RemoteError {
     RemoteError {
         code: ErrorCode::Rpc,
@@ -240,6 +298,38 @@ async fn dispatch<T: MigrationTarget>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A qlauncher target answers the probe with its version, and the connection then carries
+    /// whatever follows (qlauncher's own protocol); a call of another procedure is refused.
+    #[tokio::test]
+    async fn the_probe_is_answered_with_the_version_and_the_connection_stays_the_callers() {
+        use super::super::client::{Client, PeerKind};
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (a, mut b) = tokio::io::duplex(1 << 12);
+        let target = tokio::spawn(async move {
+            answer_qlauncher_probe(&mut b, 5).await.unwrap();
+            let mut rest = [0u8; 5];
+            b.read_exact(&mut rest).await.unwrap();
+            rest
+        });
+        let mut c = Client::new(a);
+        assert_eq!(c.probe_peer().await.unwrap(), PeerKind::Qlauncher(5));
+        let mut a = c.into_inner();
+        a.write_all(b"hello").await.unwrap();
+        assert_eq!(&target.await.unwrap(), b"hello");
+
+        let (a, mut b) = tokio::io::duplex(1 << 12);
+        let target = tokio::spawn(async move { answer_qlauncher_probe(&mut b, 5).await });
+        let mut c = Client::new(a);
+        let other = c
+            .call(super::super::client::QLAUNCHER_PROGRAM, 1, 2, &[])
+            .await;
+        assert!(
+            matches!(other, Err(super::super::client::ClientError::Peer(ref e)) if e.code == 39),
+            "{other:?}"
+        );
+        assert!(target.await.unwrap().is_err());
+    }
 
     /// libvirt 9.0's p2p source asks for these before it sends `PREPARE3_PARAMS` (303); without
     /// `MIGRATION_PARAMS` (13) it falls back to `PREPARE3` (214).

@@ -26,6 +26,8 @@
 //!   identity and environment, device plugins' per-pod 0666 device nodes.
 //! - [`launcher`]: a pod running `qlauncher launcher` as virt-launcher-monitor would, with the
 //!   test guest as its containerDisk.
+//! - [`libvirtd`]: a real libvirt daemon in a private mount namespace, the stock launcher's
+//!   side of the migrations between qlauncher and libvirt.
 //! - [`run`](mod@run): `qlauncher run` in a pod network namespace, as a user runs it.
 //! - [`monitor`]: `qlauncher monitor` as a process, the launcher flags, the static launcher
 //!   (a launcher whose domain is one fixed QEMU command line).
@@ -60,6 +62,7 @@ pub mod in_process;
 pub mod kubelet;
 pub mod labels;
 pub mod launcher;
+pub mod libvirtd;
 pub mod migration;
 pub mod monitor;
 pub mod names;

@@ -217,17 +217,43 @@ impl MigrationCtx {
 
     /// Accepts one connection of the role-0 socket: libvirt's remote protocol (a stock
     /// virt-launcher's libvirt migrating peer-to-peer, [`super::libvirt_peer`]) when its first
-    /// frame is a call of libvirt's remote program, else qlauncher's own control protocol.
+    /// frame is a call of libvirt's remote program; qlauncher's probe (a qlauncher source asking
+    /// what this target is, `Client::probe_peer`) answered with the control protocol's version,
+    /// then qlauncher's own control protocol on the same connection; else that protocol at
+    /// once.
     async fn incoming_any(
         &self,
-        conn: UnixStream,
+        mut conn: UnixStream,
         target: PreparedTarget,
     ) -> Result<(), (Option<PreparedTarget>, MigrationError)> {
+        use super::libvirt_peer::FirstFrame;
         let peeked =
-            tokio::time::timeout(ACCEPT_TIMEOUT, super::libvirt_peer::speaks_libvirt(&conn));
+            tokio::time::timeout(ACCEPT_TIMEOUT, super::libvirt_peer::first_frame_of(&conn));
         match peeked.await {
-            Ok(Ok(true)) => super::libvirt_peer::serve(self, conn, target, ACCEPT_TIMEOUT).await,
-            Ok(Ok(false)) => self.incoming(conn, target).await,
+            Ok(Ok(FirstFrame::Libvirt)) => {
+                super::libvirt_peer::serve(self, conn, target, ACCEPT_TIMEOUT).await
+            }
+            Ok(Ok(FirstFrame::QlauncherProbe)) => {
+                let answered = tokio::time::timeout(
+                    ACCEPT_TIMEOUT,
+                    crate::libvirt_rpc::server::answer_qlauncher_probe(
+                        &mut conn,
+                        super::protocol::PROTOCOL_VERSION,
+                    ),
+                );
+                match answered.await {
+                    Ok(Ok(())) => self.incoming(conn, target).await,
+                    Ok(Err(e)) => Err((
+                        Some(target),
+                        MigrationError::Peer(format!("the source's probe: {e}")),
+                    )),
+                    Err(_) => Err((
+                        Some(target),
+                        MigrationError::Timeout("the source's probe did not arrive".into()),
+                    )),
+                }
+            }
+            Ok(Ok(FirstFrame::Qlauncher)) => self.incoming(conn, target).await,
             Ok(Err(e)) => Err((
                 Some(target),
                 MigrationError::Peer(format!("the migration control connection failed: {e}")),

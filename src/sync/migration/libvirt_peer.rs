@@ -4,7 +4,7 @@
 //! `/var/run/libvirt/virtqemud-sock` through virt-handler's migration proxy
 //! (`handleTargetMigrationProxy`, `pkg/virt-handler/migration-target.go`), which is where
 //! qlauncher's target listens for its own control protocol too. A connection whose first
-//! frame is a call of libvirt's remote program ([`speaks_libvirt`]) is served here, with the
+//! frame is a call of libvirt's remote program ([`first_frame_of`]) is served here, with the
 //! wire of [`crate::libvirt_rpc`] and the QEMU half of qlauncher's own target.
 //!
 //! Prepare (`virDomainMigratePrepare3Params`): the source's domain XML (`destination_xml`) is
@@ -43,6 +43,14 @@ use crate::sys::mac::MacAddr;
 
 /// `VIR_MIGRATE_*` flags (`include/libvirt/libvirt-domain.h`) a Prepare may carry.
 pub mod flags {
+    /// `VIR_MIGRATE_LIVE`.
+    pub const LIVE: u32 = 1;
+    /// `VIR_MIGRATE_PEER2PEER`.
+    pub const PEER2PEER: u32 = 1 << 1;
+    /// `VIR_MIGRATE_PERSIST_DEST`.
+    pub const PERSIST_DEST: u32 = 1 << 3;
+    /// `VIR_MIGRATE_UNSAFE` (KubeVirt's `UnsafeMigration`): checked on the source only.
+    pub const UNSAFE: u32 = 1 << 9;
     /// `VIR_MIGRATE_TUNNELLED`: the stream inside libvirt's connection; not served.
     pub const TUNNELLED: u32 = 1 << 2;
     /// `VIR_MIGRATE_PAUSED`: the domain stays paused on the target.
@@ -73,11 +81,24 @@ const DEFAULT_PARALLEL_CONNECTIONS: u32 = 2;
 /// The most multifd channels accepted (QEMU caps `multifd-channels` at 255).
 const MAX_PARALLEL_CONNECTIONS: u32 = 255;
 
-/// True when the peer on `conn` speaks libvirt's RPC protocol: its first eight bytes (peeked,
-/// not consumed) are a frame length and `REMOTE_PROGRAM` (or `KEEPALIVE_PROGRAM`). qlauncher's
-/// own frames have a JSON object there. Waits for the eight bytes (or the peer's close:
-/// false).
-pub(super) async fn speaks_libvirt(conn: &UnixStream) -> std::io::Result<bool> {
+/// What the first frame of a control connection is ([`first_frame`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FirstFrame {
+    /// A call of libvirt's remote program (or a keepalive): a stock source's libvirt.
+    Libvirt,
+    /// A call of qlauncher's private program ([`crate::libvirt_rpc::client::QLAUNCHER_PROGRAM`],
+    /// libvirt's framing): a qlauncher source asking whether this is a qlauncher target; it
+    /// speaks qlauncher's own protocol once answered.
+    QlauncherProbe,
+    /// Anything else: qlauncher's own protocol from the first byte (a JSON frame; a source
+    /// that does not probe), or a peer that closed.
+    Qlauncher,
+}
+
+/// What the peer on `conn` speaks, from its first eight bytes (peeked, not consumed): a frame
+/// length and a program number for libvirt's framing; qlauncher's own frames have a JSON
+/// object there. Waits for the eight bytes (or the peer's close: [`FirstFrame::Qlauncher`]).
+pub(super) async fn first_frame_of(conn: &UnixStream) -> std::io::Result<FirstFrame> {
     let mut head = [0u8; 8];
     loop {
         conn.readable().await?;
@@ -90,8 +111,8 @@ pub(super) async fn speaks_libvirt(conn: &UnixStream) -> std::io::Result<bool> {
             .map_err(std::io::Error::from)
         });
         match peeked {
-            Ok(0) => return Ok(false),
-            Ok(n) if n >= head.len() => return Ok(is_libvirt_head(&head)),
+            Ok(0) => return Ok(FirstFrame::Qlauncher),
+            Ok(n) if n >= head.len() => return Ok(first_frame(&head)),
             Ok(_) => tokio::time::sleep(std::time::Duration::from_millis(5)).await,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
             Err(e) => return Err(e),
@@ -99,11 +120,15 @@ pub(super) async fn speaks_libvirt(conn: &UnixStream) -> std::io::Result<bool> {
     }
 }
 
-/// Whether eight bytes start a libvirt RPC frame (length, then a program libvirt's client
-/// calls first).
-pub fn is_libvirt_head(head: &[u8; 8]) -> bool {
+/// What eight bytes start: a libvirt RPC frame (length, then a program libvirt's client calls
+/// first), qlauncher's probe in libvirt's framing, or neither.
+pub fn first_frame(head: &[u8; 8]) -> FirstFrame {
     let program = u32::from_be_bytes([head[4], head[5], head[6], head[7]]);
-    program == REMOTE_PROGRAM || program == KEEPALIVE_PROGRAM
+    match program {
+        REMOTE_PROGRAM | KEEPALIVE_PROGRAM => FirstFrame::Libvirt,
+        crate::libvirt_rpc::client::QLAUNCHER_PROGRAM => FirstFrame::QlauncherProbe,
+        _ => FirstFrame::Qlauncher,
+    }
 }
 
 /// Serves one libvirt connection with the prepared `target` ([`LibvirtPeer`]). Ok once the
@@ -1324,7 +1349,17 @@ mod tests {
         let text = std::str::from_utf8(&c[..c.len() - 1]).unwrap();
         assert!(text.contains("<name>default_&lt;hv&gt;</name>"), "{text}");
         assert!(text.contains(&format!("<hostuuid>{}</hostuuid>", host.hyphenated())));
-        assert!(is_libvirt_head(&[0, 0, 0, 28, 0x20, 0, 0x80, 0x86]));
-        assert!(!is_libvirt_head(&[0, 0, 0, 28, b'{', b'"', b'h', b'e']));
+        assert_eq!(
+            first_frame(&[0, 0, 0, 28, 0x20, 0, 0x80, 0x86]),
+            FirstFrame::Libvirt
+        );
+        assert_eq!(
+            first_frame(&[0, 0, 0, 28, 0x51, 0xa7, 0xc4, 0xe5]),
+            FirstFrame::QlauncherProbe
+        );
+        assert_eq!(
+            first_frame(&[0, 0, 0, 28, b'{', b'"', b'h', b'e']),
+            FirstFrame::Qlauncher
+        );
     }
 }

@@ -8,6 +8,7 @@ use tokio::net::UnixStream;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
+use crate::libvirt_rpc::client::{Client, PeerKind};
 use crate::qmp::commands::{QueryBlock, Quit};
 use crate::qmp::lifecycle::{DomainState, StateReason};
 use crate::qmp::QmpClient;
@@ -18,10 +19,14 @@ use crate::sync::migration::launcher::{
 };
 use crate::sync::migration::metadata::{self, abort, StartDecision};
 use crate::sync::migration::protocol::{CopiedDisk, DomainIdentity, RunningDomain};
-use crate::sync::migration::source::{resolved_machine, run_source_with, SourceEvent, SourcePlan};
+use crate::sync::migration::source::libvirt::{run_source_libvirt, StockTarget};
+use crate::sync::migration::source::{
+    resolved_machine, run_source_with, SourceEvent, SourcePlan, PEER_TIMEOUT,
+};
 use crate::sync::migration::{hotplug, sriov};
 use crate::sync::migration::{MigrationError, MigrationOptions};
 use crate::sync::state::Job;
+use crate::vmi::Vmi;
 
 /// What a decentralized migration's `targetState` says of the target VMI when it is not the
 /// source's (KubeVirt's `generateMigrationParams`): its UID, and its identity next to the
@@ -121,16 +126,18 @@ impl MigrationCtx {
         let me = self.clone();
         tokio::spawn(async move {
             let result = me
-                .run_outgoing(&client, &vmi_uid, &target_vmi, &uid, options, abort_rx)
+                .run_outgoing(&client, vmi, &vmi_uid, &target_vmi, &uid, options, abort_rx)
                 .await;
             me.outgoing_ended(&client, result).await;
         });
         Ok(())
     }
 
+    #[allow(clippy::too_many_arguments)]
     async fn run_outgoing(
         &self,
         client: &QmpClient,
+        vmi: Vmi,
         vmi_uid: &str,
         target_vmi: &TargetVmi,
         migration_uid: &str,
@@ -216,6 +223,36 @@ impl MigrationCtx {
                 control.display()
             ))
         })?;
+        // What answers on the control socket: a qlauncher target (its protocol version) or a
+        // stock launcher's virtqemud ("Cannot find program", the connection still open).
+        let mut rpc = Client::new(conn);
+        let peer = match tokio::time::timeout(PEER_TIMEOUT, rpc.probe_peer()).await {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                // A qlauncher target from before the probe answers it with a Refused frame of
+                // its own protocol, which is no libvirt frame.
+                return Err(MigrationError::Peer(format!(
+                    "the migration target's answer to qlauncher's probe (neither libvirt nor a \
+                     qlauncher target of this version): {e}"
+                )));
+            }
+            Err(_) => {
+                return Err(MigrationError::Timeout(format!(
+                    "no answer from the migration target to qlauncher's probe within \
+                     {PEER_TIMEOUT:?}"
+                )))
+            }
+        };
+        let stock = match peer {
+            PeerKind::Qlauncher(version) => {
+                info!(version, "the migration target is a qlauncher launcher");
+                None
+            }
+            PeerKind::StockLibvirt => {
+                info!("the migration target is a stock launcher's libvirt");
+                Some(self.stock_target(vmi, &domain).await?)
+            }
+        };
         self.ctx.shared.begin(Job::MigratingOut);
         // Post-copy started or the guest paused to converge: the record's mode changes at once,
         // as virt-handler reads it (KubeVirt's live-migration-source.go updates it the same way).
@@ -226,7 +263,24 @@ impl MigrationCtx {
                 }
             })
         };
-        let end = run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await;
+        let end = match stock {
+            None => {
+                let conn = rpc.into_inner();
+                run_source_with(conn, client, domain, &plan, abort_rx, &mut on_event).await
+            }
+            Some(stock) => {
+                run_source_libvirt(
+                    &mut rpc,
+                    client,
+                    domain,
+                    &stock,
+                    &plan,
+                    abort_rx,
+                    &mut on_event,
+                )
+                .await
+            }
+        };
         self.ctx.shared.end(Job::MigratingOut);
         let end = end?;
         info!(
@@ -291,6 +345,92 @@ impl MigrationCtx {
             }
         }
         *self.ctl.abort.lock().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    /// What a stock target's libvirt is sent for the running `domain`: the domain XML
+    /// qlauncher exports for the plan of `vmi` (the VMI of MigrateVirtualMachine, converted
+    /// against the running domain's facts, the hooks' edits applied) with the resolved machine
+    /// type, its name and UUID, the copied disks' target names, and the URI KubeVirt's source
+    /// opens (`qemu:///session` in a non-root pod).
+    ///
+    /// # Errors
+    /// [`MigrationError::Peer`]: what a stock target cannot be sent: a host-model CPU (libvirt
+    /// sends its expansion in its own CPU model terms, which qlauncher does not write yet), a
+    /// domain the exporter cannot write, a copied disk the XML does not list.
+    async fn stock_target(
+        &self,
+        vmi: Vmi,
+        domain: &RunningDomain,
+    ) -> Result<StockTarget, MigrationError> {
+        let refuse = |why: String| MigrationError::Peer(format!("a stock target: {why}"));
+        if domain.cpu.is_some() {
+            return Err(refuse(
+                "the VMI's host-model CPU cannot be sent to a stock launcher's libvirt yet \
+                 (qlauncher writes no libvirt CPU model of its expansion)"
+                    .into(),
+            ));
+        }
+        let running = self.running.lock().await;
+        let r = running
+            .as_ref()
+            .ok_or_else(|| refuse("no domain runs here".into()))?;
+        let vmi = crate::sync::admit::admit(vmi, Some(&r.firmware_uuid))
+            .map_err(|e| refuse(e.to_string()))?
+            .vmi;
+        let purpose = crate::sync::facts::gather::Purpose::Resources { running: &r.ctx };
+        let g = crate::sync::facts::gather::gather(&self.ctx.config, &vmi, purpose)
+            .await
+            .map_err(|e| refuse(e.to_string()))?;
+        let mut plan = g.plan;
+        qlauncher_libvirt_xml::hooks::apply(&r.hook_edits, &mut plan);
+        plan.machine.machine_type = domain.machine.clone();
+        let exported = qlauncher_libvirt_xml::export(&g.view, &g.ctx, &plan)
+            .and_then(|d| qlauncher_libvirt_xml::to_xml(&d))
+            .map_err(|e| refuse(format!("cannot export the domain XML: {e}")))?;
+        drop(running);
+        let tree = qlauncher_libvirt_xml::hooks::parse(&exported)
+            .map_err(|e| refuse(format!("the exported domain XML: {e}")))?;
+        let child = |n: &qlauncher_libvirt_xml::golden::Node, name: &str| {
+            n.children.iter().find(|c| c.name == name).cloned()
+        };
+        let disks: Vec<_> = child(&tree, "devices")
+            .map(|d| {
+                d.children
+                    .into_iter()
+                    .filter(|c| c.name == "disk")
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut copied = Vec::new();
+        for d in &domain.copied_disks {
+            let alias = d.export.strip_prefix("drive-").unwrap_or(&d.export);
+            let dev = disks
+                .iter()
+                .find(|n| {
+                    child(n, "alias")
+                        .and_then(|a| a.attrs.get("name").cloned())
+                        .as_deref()
+                        == Some(alias)
+                })
+                .and_then(|n| child(n, "target"))
+                .and_then(|t| t.attrs.get("dev").cloned())
+                .ok_or_else(|| {
+                    refuse(format!("the copied disk {alias} is not in the domain XML"))
+                })?;
+            copied.push((dev, d.size));
+        }
+        let uri = if self.ctx.config.runtime_uid == 0 {
+            "qemu:///system"
+        } else {
+            "qemu:///session"
+        };
+        Ok(StockTarget {
+            uri: uri.into(),
+            xml: exported,
+            name: plan.name.clone(),
+            uuid: plan.uuid.clone(),
+            copied,
+        })
     }
 
     /// The local disks to mirror (KubeVirt `getDiskTargetsForMigration`): every writable disk

@@ -16,6 +16,11 @@
 //! Sequence (source `S`, target `T`):
 //!
 //! ```text
+//! S -> T  probe: a call of qlauncher's private program in libvirt's framing
+//!         (`crate::libvirt_rpc::client::Client::probe_peer`); a stock launcher's libvirt
+//!         answers "Cannot find program", and the source drives it as libvirt's peer instead
+//!         (`crate::sync::migration::source::libvirt`)
+//! T -> S  the probe's reply: OK and PROTOCOL_VERSION
 //! S -> T  Hello { version, launcher }
 //! T -> S  Hello { version, launcher }          (or Refused { reason })
 //! S -> T  Prepare(RunningDomain)

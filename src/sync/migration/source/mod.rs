@@ -26,6 +26,7 @@
 //! migration under KubeVirt's timeouts, its `migrationMonitor`).
 
 mod capabilities;
+pub mod libvirt;
 mod mirrors;
 mod monitor;
 
