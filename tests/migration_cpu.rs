@@ -83,6 +83,7 @@ async fn the_expanded_host_model_cpu_has_the_sources_cpuid_identity() {
         }],
         host_model: true,
         adopted: None,
+        libvirt: None,
     };
     let source = launch("max,pdpe1gb=off").await;
     let def = definition(source.client(), &source_plan).await;
