@@ -54,9 +54,23 @@ fn elsewhere(name: &str) -> bool {
     name.starts_with("hv-") || name == "kvm" || name == "migratable"
 }
 
-/// Whether `name` is a CPUID feature property (neither [`IDENTITY_PROPS`] nor [`elsewhere`]).
+/// Whether `name` is one of KVM's paravirtual features (`kvmclock`, `kvm-pv-ipi`,
+/// `kvm-pv-tlb-flush`, `kvm-poll-control`, ..., CPUID leaf `0x40000001`; QEMU's `kvm-*` and
+/// `kvmclock*` properties). libvirt's CPU map names none of them and libvirt's own host-model
+/// drops them (`virCPUx86DataAddFeature` skips bits its map lacks, `src/cpu/cpu_x86.c`), so a
+/// stock target's QEMU runs only the ones QEMU turns on for every model under KVM
+/// (`kvm_default_props`, `target/i386/kvm/kvm-cpu.c`). They are neither sent nor refused: a
+/// guest keeps using one it found at boot, because KVM honours a paravirtual MSR or hypercall
+/// whatever the vCPU's CPUID says unless `kvm-pv-enforce-cpuid` is on (`guest_pv_has`,
+/// `arch/x86/kvm/cpuid.h`), which neither libvirt nor qlauncher turns on.
+fn kvm_paravirt(name: &str) -> bool {
+    name.starts_with("kvm-") || name.starts_with("kvmclock")
+}
+
+/// Whether `name` is a CPUID feature property sent to libvirt (neither [`IDENTITY_PROPS`],
+/// [`elsewhere`] nor [`kvm_paravirt`]).
 fn is_feature(name: &str) -> bool {
-    !IDENTITY_PROPS.contains(&name) && !elsewhere(name)
+    !IDENTITY_PROPS.contains(&name) && !elsewhere(name) && !kvm_paravirt(name)
 }
 
 /// The feature libvirt refuses to migrate (`qemuMigrationSrcIsAllowed`: a domain with
@@ -131,7 +145,7 @@ pub fn from_definition(
     let props: Vec<(&str, HostProp)> = def
         .props
         .iter()
-        .filter(|(n, _)| !elsewhere(n))
+        .filter(|(n, _)| !elsewhere(n) && !kvm_paravirt(n))
         .map(|(n, v)| {
             let p = match v {
                 CpuProp::Bool(on) => HostProp::Bool {
@@ -338,11 +352,34 @@ mod tests {
         d.props.insert("vmx-ept".into(), CpuProp::Bool(true));
         d.props.insert("kvm-pv-ipi".into(), CpuProp::Bool(true));
         let e = from_definition(&map(), &d, None).unwrap_err();
-        assert!(e.ends_with("no name for, which the target's QEMU would not give the guest: kvm-pv-ipi, vmx-ept"), "{e}");
+        assert!(
+            e.ends_with("no name for, which the target's QEMU would not give the guest: vmx-ept"),
+            "{e}"
+        );
         let mut d = running();
         d.props.insert("invtsc".into(), CpuProp::Bool(true));
         let e = from_definition(&map(), &d, None).unwrap_err();
         assert!(e.contains("invtsc"), "{e}");
+    }
+
+    #[test]
+    fn kvms_paravirtual_features_are_neither_sent_nor_refused() {
+        let m = map();
+        let plain = from_definition(&m, &running(), None).unwrap();
+        let mut d = running();
+        for f in [
+            "kvm-pv-ipi",
+            "kvm-pv-tlb-flush",
+            "kvm-poll-control",
+            "kvmclock",
+        ] {
+            d.props.insert(f.into(), CpuProp::Bool(true));
+        }
+        let mut cpu = from_definition(&m, &d, None).unwrap();
+        assert_eq!(cpu, plain);
+        // The target's QEMU without them: no difference to list, none to refuse.
+        assert_eq!(reconcile(&m, &mut cpu, &d, &running()), Ok(false));
+        assert_eq!(cpu, plain);
     }
 
     #[test]
