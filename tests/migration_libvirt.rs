@@ -240,6 +240,7 @@ fn libvirt_cpu(arg: &str) -> CpuPlan {
         flags,
         host_model: true,
         adopted: None,
+        libvirt: None,
     }
 }
 

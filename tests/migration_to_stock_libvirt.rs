@@ -20,7 +20,10 @@
 //! target's libvirtd is killed mid-stream: the source sees the connection close, rolls back and
 //! runs on, same boot (a fresh daemon takes the target's place). Then the migration: the guest runs under libvirtd with the same
 //! boot id and the file it wrote under qlauncher (read on libvirt's serial console), persistent
-//! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. A containerDisk
+//! there (`PERSIST_DEST`), and qlauncher's QEMU is gone with Shutoff/Migrated. The VMI's CPU is
+//! KubeVirt's default, host-model: libvirt gets it as its own source sends one
+//! (`<cpu mode='custom' match='exact' check='full'>`, a named model and features), its QEMU
+//! runs that model, and its vCPU has the CPUID feature words qlauncher's had. A containerDisk
 //! VMI moves its overlay as KubeVirt's block migration does (qlauncher's NBD mirror to the export
 //! libvirt makes of the target pod's overlay). Needs root,
 //! libvirtd (`scripts/install-deps`) and the test guest (`scripts/build-guest`).
@@ -40,8 +43,9 @@ use testkit::migration::{
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(300);
 
-/// The VMI `default/hv`: the test guest's disk as the filesystem PVC `shared`, a named CPU
-/// model (a host-model CPU is not sent to a stock target yet), no pod network; with
+/// The VMI `default/hv`: the test guest's disk as the filesystem PVC `shared`, KubeVirt's
+/// default CPU (host-model: `max` under TCG here, sent to libvirt as a named model and
+/// features), no pod network; with
 /// `migration` (migration UID, target pod) the `status.migrationState` virt-handler sends.
 fn vmi_json(uid: &str, migration: Option<(&str, &str)>) -> serde_json::Value {
     vmi_json_on(
@@ -66,7 +70,6 @@ fn vmi_json_on(
             "terminationGracePeriodSeconds": 5,
             "domain": {
                 "firmware": {"uuid": format!("bbbbbbbb-0000-4000-8000-{}", &uid[uid.len() - 12..])},
-                "cpu": {"model": "qemu64"},
                 "resources": {"requests": {"memory": "128Mi"}},
                 "devices": {
                     "autoattachPodInterface": false,
@@ -140,6 +143,20 @@ async fn migrate_vmi(
     metadata(&ended).unwrap()
 }
 
+/// The CPUID feature words of vCPU 0 (QOM `feature-words`: what the guest's CPUID shows), by
+/// `execute`, a QMP command runner (`qom-get` after `query-cpus-fast`).
+async fn feature_words<F, Fut>(execute: F) -> serde_json::Value
+where
+    F: Fn(serde_json::Value) -> Fut,
+    Fut: std::future::Future<Output = serde_json::Value>,
+{
+    let cpus = execute(serde_json::json!({"execute": "query-cpus-fast"})).await;
+    let path = cpus[0]["qom-path"].as_str().unwrap().to_owned();
+    execute(serde_json::json!({"execute": "qom-get",
+        "arguments": {"path": path, "property": "feature-words"}}))
+    .await
+}
+
 async fn boot_id(c: &mut testkit::handler::Client) -> String {
     exec_until_ok(
         c,
@@ -160,10 +177,25 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
     std::fs::copy(&guest.disk_raw, &image).unwrap();
 
     let mut source = Pod::new(&guest.disk_qcow2, false);
+    source.operator_qmp = true;
     link_pvc(&source.private(), &image);
     let vmi = vmi_json(&source.uid, None);
     let (n, mut c) = boot(&mut source, &vmi, BOOT).await;
     let boot = boot_id(&mut c).await;
+    let qmp = qlauncher::qmp::QmpClient::connect(&source.operator_qmp_socket(), BOOT)
+        .await
+        .unwrap();
+    let words_here = feature_words(|cmd| {
+        let qmp = qmp.clone();
+        async move {
+            let args = cmd.get("arguments").cloned();
+            qmp.execute(cmd["execute"].as_str().unwrap(), args)
+                .await
+                .unwrap()
+        }
+    })
+    .await;
+    drop(qmp);
     // qlauncher's QEMU (libvirt's, later, names the same paths).
     let ql_qemu = source.qemu_pids();
     assert_eq!(ql_qemu.len(), 1, "{ql_qemu:?}");
@@ -320,13 +352,53 @@ async fn a_qlauncher_domain_migrates_into_a_stock_libvirtd() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(ld.domstate(), "running");
+    // The host-model CPU: libvirt's live XML has the named model qlauncher sent, its QEMU runs
+    // it, and the vCPU's CPUID feature words are the ones it had under qlauncher.
+    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
+    assert!(
+        live.contains("<cpu mode='custom' match='exact' check='full'>"),
+        "{live}"
+    );
+    let model = live
+        .split("<model fallback='forbid'>")
+        .nth(1)
+        .and_then(|r| r.split('<').next())
+        .unwrap_or_else(|| panic!("no model:\n{live}"))
+        .to_owned();
+    let pid = ld.qemu_pid().expect("libvirt's QEMU");
+    let argv = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    let argv: Vec<String> = argv
+        .split(|b| *b == 0)
+        .map(|w| String::from_utf8_lossy(w).into_owned())
+        .collect();
+    let cpu = argv
+        .iter()
+        .position(|w| w == "-cpu")
+        .map(|i| argv[i + 1].clone())
+        .unwrap_or_default();
+    assert!(
+        cpu.starts_with(&format!("{model},")) || cpu == model,
+        "libvirt's QEMU runs -cpu {cpu}, not {model}"
+    );
+    let words_there = feature_words(|cmd| {
+        let out = ld.virsh_ok(&["qemu-monitor-command", DOMAIN, &cmd.to_string()]);
+        async move {
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            v["return"].clone()
+        }
+    })
+    .await;
+    eprintln!("libvirt's QEMU runs -cpu {cpu}");
+    assert_eq!(
+        words_there, words_here,
+        "the guest's CPUID feature words under libvirt (-cpu {cpu})"
+    );
     assert!(
         ld.virsh_ok(&["dominfo", DOMAIN])
             .lines()
             .any(|l| l.starts_with("Persistent:") && l.ends_with("yes")),
         "PERSIST_DEST: the domain is defined on the target"
     );
-    let live = ld.virsh_ok(&["dumpxml", DOMAIN]);
     let mut console = Console::connect(&in_target(&serial_path(&live)), Duration::from_secs(30))
         .expect("libvirt's serial console");
     // A fresh connection: the shell prints its prompt for a new line.

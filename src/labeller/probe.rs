@@ -228,28 +228,7 @@ pub async fn probe_monitor(
         Err(e) => step("query-machines", e, warnings),
     }
     match client.run(&QueryCpuDefinitions).await {
-        Ok(defs) => {
-            probe.cpu_models = Some(
-                defs.into_iter()
-                    .map(|d| {
-                        let (usable, blockers) = match d.unavailable_features {
-                            None => (Usable::Unknown, Vec::new()),
-                            Some(b) if b.is_empty() => (Usable::Yes, b),
-                            Some(b) => (
-                                Usable::No,
-                                b.iter().map(|n| libvirt_name(n).to_owned()).collect(),
-                            ),
-                        };
-                        QemuModel {
-                            name: d.name,
-                            usable,
-                            blockers,
-                            deprecated: d.deprecated,
-                        }
-                    })
-                    .collect(),
-            )
-        }
+        Ok(defs) => probe.cpu_models = Some(qemu_models(defs)),
         Err(e) => step("query-cpu-definitions", e, warnings),
     }
     let has_sev_type = probe
@@ -366,4 +345,27 @@ pub fn find_qemu(path: &Path) -> PathBuf {
                 .find(|c| c.exists())
         })
         .unwrap_or_else(|| path.to_path_buf())
+}
+
+/// QEMU's `query-cpu-definitions` answer as libvirt keeps it (`virQEMUCapsFetchCPUDefinitions`):
+/// each model usable or not, its blockers in libvirt's spelling.
+pub fn qemu_models(defs: Vec<crate::qmp::commands::CpuDefinitionInfo>) -> Vec<QemuModel> {
+    defs.into_iter()
+        .map(|d| {
+            let (usable, blockers) = match d.unavailable_features {
+                None => (Usable::Unknown, Vec::new()),
+                Some(b) if b.is_empty() => (Usable::Yes, b),
+                Some(b) => (
+                    Usable::No,
+                    b.iter().map(|n| libvirt_name(n).to_owned()).collect(),
+                ),
+            };
+            QemuModel {
+                name: d.name,
+                usable,
+                blockers,
+                deprecated: d.deprecated,
+            }
+        })
+        .collect()
 }

@@ -148,6 +148,15 @@ pub fn libvirt_name(name: &str) -> &str {
         .map_or(name, |(_, l)| l)
 }
 
+/// QEMU's name of libvirt's feature `name` (`virQEMUCapsCPUFeatureToQEMU`): the inverse of
+/// [`libvirt_name`].
+pub fn qemu_name(name: &str) -> &str {
+    QEMU_TO_LIBVIRT
+        .iter()
+        .find(|(_, l)| *l == name)
+        .map_or(name, |(q, _)| q)
+}
+
 /// Host CPU features libvirt never gives a QEMU guest (`virQEMUCapsCPUFilterFeatures`); dropped
 /// from a host-model decoded from the host's own CPUID.
 pub const HOST_ONLY_FEATURES: &[&str] = &["cmt", "mbm_total", "mbm_local", "osxsave", "ospke"];

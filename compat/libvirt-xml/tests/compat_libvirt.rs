@@ -209,3 +209,66 @@ fn an_unlisted_difference_fails_the_harness() {
         ]
     );
 }
+
+/// A running host-model CPU named for a stock target (`CpuPlan::libvirt`, set by the migration
+/// source from QEMU's expansion): the XML is libvirt's own live form of such a CPU, libvirt 9.0's
+/// schema takes it, and libvirt's QEMU gets the model, each feature, `pmu` and `phys-bits`.
+#[test]
+fn a_named_host_model_cpu_exports_as_libvirts_live_cpu() {
+    support::ensure_libvirt_tools();
+    let qemu = libvirt::installed_qemu().expect("qemu-system-x86_64 --version");
+    let mut f = support::converter_fixtures(Some(qemu))
+        .into_iter()
+        .find(|f| f.name == "emulation-tcg")
+        .expect("the emulation-tcg fixture");
+    assert!(f.plan.cpu.host_model);
+    f.plan.cpu.libvirt = Some(qlauncher_core::cmdline::plan::LibvirtCpu {
+        model: "EPYC".into(),
+        vendor: Some("AMD".into()),
+        features: vec![
+            ("pclmuldq".into(), true),
+            ("lahf_lm".into(), true),
+            ("xsavec".into(), false),
+        ],
+        pmu: Some(true),
+        phys_bits: Some(40),
+    });
+    let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+    for want in [
+        r#"<cpu mode="custom" match="exact" check="full">"#,
+        r#"<model fallback="forbid">EPYC</model>"#,
+        "<vendor>AMD</vendor>",
+        r#"<feature name="pclmuldq" policy="require"/>"#,
+        r#"<feature name="lahf_lm" policy="require"/>"#,
+        r#"<feature name="xsavec" policy="disable"/>"#,
+        r#"<maxphysaddr mode="emulate" bits="40"/>"#,
+        r#"<pmu state="on"/>"#,
+    ] {
+        assert!(xml.contains(want), "{want} not in\n{xml}");
+    }
+    libvirt::validate(&libvirt::for_libvirt9(&xml)).unwrap_or_else(|e| panic!("{e}\n{xml}"));
+    let dir = support::TempDir::new("embed-cpu");
+    let root = EmbedRoot::temporary(&dir.0.join("root")).unwrap();
+    let argv = root
+        .domxml_to_native(&libvirt::for_libvirt9(&xml))
+        .unwrap_or_else(|e| panic!("{e}\n{xml}"));
+    let i = argv.iter().position(|w| w == "-cpu").expect("-cpu");
+    let cpu = &argv[i + 1];
+    assert!(cpu.starts_with("EPYC,"), "{cpu}");
+    for want in [
+        "pclmulqdq=on",
+        "lahf-lm=on",
+        "xsavec=off",
+        "pmu=on",
+        "phys-bits=40",
+    ] {
+        assert!(
+            cpu.split(',').any(|w| w == want),
+            "{want} not in -cpu {cpu}"
+        );
+    }
+    // Without it, host-model as before.
+    f.plan.cpu.libvirt = None;
+    let xml = to_xml(&export(&f.vmi, &f.ctx, &f.plan).unwrap()).unwrap();
+    assert!(xml.contains(r#"<cpu mode="host-model">"#), "{xml}");
+}

@@ -70,6 +70,30 @@ pub struct CpuPlan {
     /// The migration source's definition this CPU was adopted from (`model` is then its name and
     /// `flags` its properties plus `enforce=on`); a later migration sends it on unchanged.
     pub adopted: Option<CpuModel>,
+    /// The running host-model CPU in libvirt's terms, for the domain XML sent to a stock
+    /// libvirt target (`<cpu mode='custom' match='exact' check='full'>`): set by the migration
+    /// source before export (`sync::migration::stock_cpu`), `None` otherwise. The exporter
+    /// writes `host-model` without it.
+    pub libvirt: Option<LibvirtCpu>,
+}
+
+/// A CPU as libvirt's domain XML names it: what libvirt's own source sends for a running
+/// host-model domain (the expansion `qemuProcessUpdateGuestCPU` made at start, updated by
+/// `virCPUUpdateLive`; `src/qemu/qemu_process.c`, `src/cpu/cpu_x86.c`).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LibvirtCpu {
+    /// A `cpu_map` model (`EPYC`, `qemu64`), written with `fallback='forbid'`.
+    pub model: String,
+    /// The `cpu_map` vendor (`AMD`, `Intel`), `<vendor>`.
+    pub vendor: Option<String>,
+    /// Features in libvirt's spelling (`pclmuldq`, `lahf_lm`) with `true` for
+    /// `policy='require'` and `false` for `policy='disable'`, in libvirt's order.
+    pub features: Vec<(String, bool)>,
+    /// The running vCPU's PMU (`<features><pmu state=..>`, QEMU's `pmu`).
+    pub pmu: Option<bool>,
+    /// The running vCPU's physical address bits (`<maxphysaddr mode='emulate' bits=..>`,
+    /// libvirt 8.7 on; QEMU's `phys-bits`).
+    pub phys_bits: Option<u32>,
 }
 
 /// A CPU model and its properties, QEMU's `CpuModelInfo` (`qapi/machine-target.json`, QEMU 7.2

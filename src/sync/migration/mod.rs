@@ -35,6 +35,7 @@ pub mod outgoing;
 pub mod protocol;
 pub mod source;
 pub mod sriov;
+pub mod stock_cpu;
 pub mod target;
 
 /// Errors of a migration. [`MigrationError::failure_reason`] is the text recorded in the

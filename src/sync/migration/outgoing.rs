@@ -353,23 +353,26 @@ impl MigrationCtx {
     /// type, its name and UUID, the copied disks' target names, and the URI KubeVirt's source
     /// opens (`qemu:///session` in a non-root pod).
     ///
+    /// A host-model CPU ([`RunningDomain::cpu`]) is sent as libvirt's own source sends a running
+    /// host-model domain's: `<cpu mode='custom' match='exact' check='full'>` with the CPU map
+    /// model, vendor and features that give the running CPU's feature set
+    /// ([`Self::stock_cpu`], [`super::stock_cpu`]), its `pmu` and `phys-bits`.
+    ///
     /// # Errors
-    /// [`MigrationError::Peer`]: what a stock target cannot be sent: a host-model CPU (libvirt
-    /// sends its expansion in its own CPU model terms, which qlauncher does not write yet), a
-    /// domain the exporter cannot write, a copied disk the XML does not list.
+    /// [`MigrationError::Peer`]: what a stock target cannot be sent: a host-model CPU libvirt
+    /// cannot name (a feature that is on, or that the target's model would change, has no name
+    /// in libvirt's CPU map; `invtsc`; no CPU map in the image), a domain the exporter cannot
+    /// write, a copied disk the XML does not list. The source runs on.
     async fn stock_target(
         &self,
         vmi: Vmi,
         domain: &RunningDomain,
     ) -> Result<StockTarget, MigrationError> {
         let refuse = |why: String| MigrationError::Peer(format!("a stock target: {why}"));
-        if domain.cpu.is_some() {
-            return Err(refuse(
-                "the VMI's host-model CPU cannot be sent to a stock launcher's libvirt yet \
-                 (qlauncher writes no libvirt CPU model of its expansion)"
-                    .into(),
-            ));
-        }
+        let libvirt_cpu = match &domain.cpu {
+            Some(def) => Some(self.stock_cpu(def).await?),
+            None => None,
+        };
         let running = self.running.lock().await;
         let r = running
             .as_ref()
@@ -384,6 +387,7 @@ impl MigrationCtx {
         let mut plan = g.plan;
         qlauncher_libvirt_xml::hooks::apply(&r.hook_edits, &mut plan);
         plan.machine.machine_type = domain.machine.clone();
+        plan.cpu.libvirt = libvirt_cpu;
         let exported = qlauncher_libvirt_xml::export(&g.view, &g.ctx, &plan)
             .and_then(|d| qlauncher_libvirt_xml::to_xml(&d))
             .map_err(|e| refuse(format!("cannot export the domain XML: {e}")))?;
@@ -431,6 +435,87 @@ impl MigrationCtx {
             uuid: plan.uuid.clone(),
             copied,
         })
+    }
+
+    /// The running host-model CPU `def` in libvirt's terms ([`super::stock_cpu`]): decoded over
+    /// libvirt's CPU map (the image's, [`crate::labeller::CPU_MAP_DIRS`]) among the models this
+    /// QEMU has (`query-cpu-definitions`), then checked against what QEMU makes of the named
+    /// model with those features (`query-cpu-model-expansion` static, on this QEMU: a target
+    /// QEMU of another release may define the model otherwise, which its libvirt's
+    /// `check='full'` then refuses for every feature it names) until every CPUID feature is the
+    /// running one's.
+    ///
+    /// # Errors
+    /// [`MigrationError::Peer`] with the features libvirt cannot name; QEMU's errors.
+    async fn stock_cpu(
+        &self,
+        def: &crate::cmdline::plan::CpuModel,
+    ) -> Result<crate::cmdline::plan::LibvirtCpu, MigrationError> {
+        use super::stock_cpu::{expansion_request, from_definition, reconcile};
+        use crate::cmdline::plan::{CpuModel, CpuProp};
+        use crate::qmp::commands::{
+            CpuModelExpansionType, QueryCpuDefinitions, QueryCpuModelExpansion,
+        };
+        let refuse = |why: String| {
+            MigrationError::Peer(format!(
+                "a stock target: the VMI's host-model CPU cannot be sent to libvirt: {why}"
+            ))
+        };
+        let mut warnings = Vec::new();
+        let map = crate::labeller::load_cpu_map(None, &mut warnings)
+            .ok_or_else(|| refuse(warnings.join("; ")))?;
+        let client = self
+            .ctx
+            .client()
+            .map_err(|e| MigrationError::Qemu(e.to_string()))?;
+        let expand = |model: CpuModel| {
+            let client = client.clone();
+            async move {
+                client
+                    .run(&QueryCpuModelExpansion {
+                        kind: CpuModelExpansionType::Static,
+                        model,
+                    })
+                    .await
+                    .map(|e| e.model)
+            }
+        };
+        let models = crate::labeller::probe::qemu_models(client.run(&QueryCpuDefinitions).await?);
+        let mut cpu = from_definition(&map, def, Some(&models)).map_err(refuse)?;
+        // The feature set the guest runs: the expansion itself, or QEMU's expansion of a named
+        // model adopted from a stock source (its definition lists the changed features only).
+        let running = if def.name == "base" {
+            def.clone()
+        } else {
+            let features = def
+                .props
+                .iter()
+                .filter(|(_, v)| matches!(v, CpuProp::Bool(_)))
+                .filter(|(n, _)| !n.starts_with("hv-") && *n != "pmu" && *n != "kvm")
+                .map(|(n, v)| (n.clone(), v.clone()))
+                .collect();
+            expand(CpuModel {
+                name: def.name.clone(),
+                props: features,
+            })
+            .await?
+        };
+        for _ in 0..3 {
+            let target = expand(expansion_request(&cpu)).await?;
+            if !reconcile(&map, &mut cpu, &running, &target).map_err(refuse)? {
+                info!(
+                    model = %cpu.model,
+                    vendor = ?cpu.vendor,
+                    features = cpu.features.len(),
+                    "host-model CPU named for the stock target"
+                );
+                return Ok(cpu);
+            }
+        }
+        Err(refuse(format!(
+            "QEMU's {} does not take the running CPU's features",
+            cpu.model
+        )))
     }
 
     /// The local disks to mirror (KubeVirt `getDiskTargetsForMigration`): every writable disk

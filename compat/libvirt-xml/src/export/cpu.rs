@@ -118,6 +118,13 @@ pub(super) fn domain_features(
         smm: (plan.machine.smm == Some(true)).then(Empty::default),
         kvm,
         pvspinlock: state(&f.pvspinlock),
+        pmu: plan
+            .cpu
+            .libvirt
+            .as_ref()
+            .filter(|_| plan.cpu.host_model)
+            .and_then(|l| l.pmu)
+            .map(|on| State { state: on_off(on) }),
         vmport: plan.machine.vmport_off.then(|| State {
             state: "off".into(),
         }),
@@ -135,8 +142,25 @@ pub(super) fn cpu(vmi: &Vmi, plan: &DomainPlan) -> Cpu {
             policy: f.policy.clone().unwrap_or_else(|| "require".into()),
         })
         .collect();
+    let mut running = None;
     let (mode, model) = match model.as_str() {
-        "" | "host-model" => ("host-model", None),
+        "" | "host-model" => match plan.cpu.libvirt.as_ref().filter(|_| plan.cpu.host_model) {
+            // The running CPU in libvirt's terms (a migration to a stock target): libvirt's own
+            // live XML of a host-model domain, its features replacing the VMI's (already in it).
+            Some(l) => {
+                feature = l
+                    .features
+                    .iter()
+                    .map(|(name, on)| CpuFeature {
+                        name: name.clone(),
+                        policy: if *on { "require" } else { "disable" }.into(),
+                    })
+                    .collect();
+                running = Some(l);
+                ("custom", Some(l.model.clone()))
+            }
+            None => ("host-model", None),
+        },
         "host-passthrough" => ("host-passthrough", None),
         named => {
             if !listed.iter().any(|f| f.name == "mpx") {
@@ -150,12 +174,22 @@ pub(super) fn cpu(vmi: &Vmi, plan: &DomainPlan) -> Cpu {
     };
     Cpu {
         mode: mode.into(),
-        model,
+        match_: running.map(|_| "exact".into()),
+        check: running.map(|_| "full".into()),
+        model: model.map(|name| CpuModelName {
+            fallback: running.map(|_| "forbid".into()),
+            name,
+        }),
+        vendor: running.and_then(|l| l.vendor.clone()),
         topology: Topology {
             sockets: plan.smp.sockets,
             cores: plan.smp.cores,
             threads: plan.smp.threads,
         },
+        maxphysaddr: running.and_then(|l| l.phys_bits).map(|bits| MaxPhysAddr {
+            mode: "emulate".into(),
+            bits,
+        }),
         feature,
         // The single cell the plan has for memfd/hugepages (as KubeVirt writes it) and for
         // memory hotplug (libvirt needs one for <maxMemory>; KubeVirt leaves it to libvirt).

@@ -21,6 +21,8 @@ pub struct Features {
     pub kvm: Option<Kvm>,
     /// Paravirtual spinlocks.
     pub pvspinlock: Option<State>,
+    /// `<pmu state=".."/>`: the vCPU's performance monitoring unit (QEMU's `pmu`).
+    pub pmu: Option<State>,
     /// `<vmport state="off"/>` (amd64).
     pub vmport: Option<State>,
 }
@@ -126,15 +128,49 @@ pub struct Cpu {
     /// `host-model`, `host-passthrough` or `custom`.
     #[serde(rename = "@mode")]
     pub mode: String,
+    /// `exact` for a running host-model CPU sent to a stock target (libvirt's own live XML).
+    #[serde(rename = "@match")]
+    pub match_: Option<String>,
+    /// `full` for a running host-model CPU sent to a stock target: the target's libvirt refuses
+    /// a QEMU whose CPU differs in any feature it names (`virCPUx86UpdateLive`).
+    #[serde(rename = "@check")]
+    pub check: Option<String>,
     /// Named model (mode `custom`).
-    pub model: Option<String>,
+    pub model: Option<CpuModelName>,
+    /// `<vendor>` of a running host-model CPU (`AMD`, `Intel`).
+    pub vendor: Option<String>,
     /// Features.
     #[serde(default)]
     pub feature: Vec<CpuFeature>,
     /// Topology.
     pub topology: Topology,
+    /// `<maxphysaddr mode='emulate' bits=..>` (libvirt 8.7 on).
+    pub maxphysaddr: Option<MaxPhysAddr>,
     /// Guest NUMA topology.
     pub numa: Option<Numa>,
+}
+
+/// `<model [fallback=..]>NAME</model>`.
+#[skip_serializing_none]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct CpuModelName {
+    /// `forbid`: libvirt may not replace the model by another (a running host-model CPU).
+    #[serde(rename = "@fallback")]
+    pub fallback: Option<String>,
+    /// The `cpu_map` model.
+    #[serde(rename = "$text")]
+    pub name: String,
+}
+
+/// `<maxphysaddr mode=".." bits=".."/>`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct MaxPhysAddr {
+    /// `emulate`: QEMU's `phys-bits` is `bits`.
+    #[serde(rename = "@mode")]
+    pub mode: String,
+    /// Physical address bits.
+    #[serde(rename = "@bits")]
+    pub bits: u32,
 }
 
 /// `<numa>`.

@@ -61,6 +61,7 @@ impl super::super::convert::Configurator for CpuConfigurator {
             flags,
             host_model,
             adopted: None,
+            libvirt: None,
         };
         plan.smp = smp(vmi, &cpu, &base)?;
         Ok(())
@@ -383,6 +384,7 @@ pub fn adopted_cpu_plan(def: &CpuModel) -> Result<CpuPlan, ConvertError> {
         flags,
         host_model: true,
         adopted: Some(def.clone()),
+        libvirt: None,
     })
 }
 
@@ -409,6 +411,7 @@ mod tests {
                 flags: vec![flag("migratable", true)],
                 host_model: true,
                 adopted: None,
+                libvirt: None,
             }
         );
         let tcg_ctx = ConverterContext {
@@ -508,6 +511,7 @@ mod tests {
             ],
             host_model: true,
             adopted: None,
+            libvirt: None,
         };
         assert_eq!(
             expansion_request(&plan),
