@@ -76,6 +76,12 @@ def options(doc):
                          "again (0: skip)")
     ap.add_argument("--skip-scale", action="store_true")
     ap.add_argument("--skip-migration", action="store_true")
+    ap.add_argument("--migration-runs", type=int, metavar="N",
+                    help="runs of the live-migration phase (default: --runs; 15 give the rank "
+                         "test of the downtimes)")
+    ap.add_argument("--migration-result", metavar="MD",
+                    help="with --render-from: the section of a later `scripts/bench-migration "
+                         "--markdown MD` replaces the run's own (the section says so)")
     ap.add_argument("--skip-labeller", action="store_true")
     ap.add_argument("--skip-backup", action="store_true",
                     help="skip the push backup section (scripts/bench-backup)")
@@ -98,6 +104,15 @@ def render_only(a):
     if a.soak_result:
         # The hour soak ran beside the full run and ended after it: merge it in and keep it.
         r["soak"] = json.loads(Path(a.soak_result).read_text())
+        Path(a.render_from).write_text(json.dumps(r, indent=1))
+    if a.migration_result:
+        # More migration runs than the full run had (the rank test needs about 15 a side).
+        md = Path(a.migration_result)
+        stamp = time.strftime("%H:%M UTC", time.gmtime(md.stat().st_mtime))
+        r["migration_md"] = (md.read_text().rstrip("\n")
+                             + f"\n\nThis section is from a separate `scripts/bench-migration` "
+                             f"run that ended at {stamp}, after the full run; the rest of this "
+                             "file is from the full run.\n")
         Path(a.render_from).write_text(json.dumps(r, indent=1))
     write_charts(r, Path(a.out).parent)
     text = render(r)
@@ -397,7 +412,7 @@ def other_scripts(a, results):
     # 7. live migration (its own script; libvirt's side unless --skip-libvirt).
     if not a.skip_migration:
         log("live migration: scripts/bench-migration")
-        cmd = [str(REPO / "scripts/bench-migration"), "--runs", str(a.runs),
+        cmd = [str(REPO / "scripts/bench-migration"), "--runs", str(a.migration_runs or a.runs),
                "--json", str(REPO / "target" / "bench-migration.json")]
         if a.skip_libvirt:
             cmd.append("--skip-libvirt")
