@@ -51,12 +51,16 @@ use qlauncher_libvirt_xml::{export, to_xml};
 use testkit::cmdline::{chardev_dirs_and_blockdevs, create_pod_dirs, missing_images};
 use testkit::guest::{Console, GuestImages, BOOT_TIMEOUT};
 use testkit::launcher::{get_domain, Pod};
-use testkit::migration::{exec_until_ok, history, metadata, wait_notified, Rpc};
+use testkit::migration::{
+    dirty_bitmap, disk_node, exec_until_ok, history, metadata, wait_notified, Rpc,
+};
 use testkit::netns::{PodNet, PodNetSpec, POD_MAC};
 use tokio::net::{UnixListener, UnixStream};
 
 const DOMAIN: &str = "default_hv";
 const MIGRATION: Duration = Duration::from_secs(300);
+/// The CBT checkpoint (a persistent dirty bitmap) the block migration carries.
+const CHECKPOINT: &str = "cbt-0001";
 /// The target pods' own MAC (the CNI's), not the source pod's [`POD_MAC`].
 const OTHER_POD_MAC: &str = "0a:58:0a:f4:00:66";
 
@@ -771,8 +775,21 @@ async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
     let mut target = Pod::new(&guest.disk_qcow2, false);
     let uid = target.uid.clone();
     let migration_uid = format!("mig-{}", &uid[uid.len() - 12..]);
+    target.operator_qmp = true;
     let json = container_disk_vmi_json(&uid, &migration_uid, &target.pod_name());
     let (ld, mut console, boot) = boot_source(work, &json, None, &guest, None);
+    // A CBT checkpoint under libvirt: a persistent dirty bitmap on the disk's format node, made
+    // before the guest writes, so it has dirty blocks to carry.
+    let monitor = |cmd: serde_json::Value| -> serde_json::Value {
+        let out = ld.virsh_ok(&["qemu-monitor-command", DOMAIN, &cmd.to_string()]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let node = disk_node(
+        &monitor(serde_json::json!({"execute": "query-block"})),
+        "ua-rootdisk",
+    );
+    monitor(serde_json::json!({"execute": "block-dirty-bitmap-add",
+        "arguments": {"node": node, "name": CHECKPOINT, "persistent": true}}));
     let (rc, out) = console
         .run(
             "echo copied-from-libvirt >/data/nbd && sync",
@@ -780,6 +797,11 @@ async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
         )
         .unwrap();
     assert_eq!(rc, 0, "{out}");
+    let nodes = monitor(serde_json::json!({"execute": "query-named-block-nodes"}));
+    let count = dirty_bitmap(&nodes, &node, CHECKPOINT).unwrap()["count"]
+        .as_u64()
+        .unwrap();
+    assert!(count > 0, "{nodes}");
     let (n, mut tc, dest, proxy) = prepare_target(&mut target, &json, work, "a").await;
     let nbd = format!(
         "unix://{}",
@@ -830,6 +852,36 @@ async fn a_stock_domain_on_a_container_disk_moves_its_disk_over_nbd() {
     )
     .await;
     assert_eq!(data.trim(), "copied-from-libvirt");
+    // The checkpoint came along (libvirt's cookie agreement, the dirty-bitmaps capability and
+    // block-bitmap-mapping): on qlauncher's overlay, persistent, recording, with at least the
+    // source's dirty blocks, so the next incremental backup here is correct.
+    assert!(
+        target
+            .log(n)
+            .contains("dirty bitmaps migrate in the stream"),
+        "{}",
+        target.log(n)
+    );
+    let qmp = target.operator_qmp_socket();
+    let (ours, moved) = tokio::task::spawn_blocking(move || {
+        let mut q = testkit::guest::Qmp::connect(&qmp, Duration::from_secs(10)).unwrap();
+        let block = q.execute("query-block", serde_json::json!({})).unwrap();
+        let ours = disk_node(&block, "ua-rootdisk");
+        let nodes = q
+            .execute("query-named-block-nodes", serde_json::json!({}))
+            .unwrap();
+        let moved = dirty_bitmap(&nodes, &ours, CHECKPOINT);
+        (ours, moved)
+    })
+    .await
+    .unwrap();
+    let moved = moved.unwrap_or_else(|| panic!("no {CHECKPOINT} on {ours}:\n{}", target.log(n)));
+    assert_eq!(moved["persistent"], true, "{moved}");
+    assert_eq!(moved["recording"], true, "{moved}");
+    assert!(
+        moved["count"].as_u64().unwrap() >= count,
+        "{count} -> {moved}"
+    );
     proxy.abort();
 }
 

@@ -37,11 +37,14 @@ use testkit::guest::{Console, GuestImages};
 use testkit::launcher::Pod;
 use testkit::libvirtd::{copy_dir_tree, link_pvc, serial_path, Libvirtd, DOMAIN};
 use testkit::migration::{
-    boot, exec_until_ok, metadata, options, wait_notified, Rpc, StreamOrder, StreamRelay,
+    boot, dirty_bitmap, disk_node, exec_until_ok, metadata, options, wait_notified, Rpc,
+    StreamOrder, StreamRelay,
 };
 
 const BOOT: Duration = Duration::from_secs(240);
 const MIGRATION: Duration = Duration::from_secs(300);
+/// The CBT checkpoint (a persistent dirty bitmap) the block migration carries.
+const CHECKPOINT: &str = "cbt-0001";
 
 /// The VMI `default/hv`: the test guest's disk as the filesystem PVC `shared`, KubeVirt's
 /// default CPU (host-model: `max` under TCG here, sent to libvirt as a named model and
@@ -437,15 +440,37 @@ async fn a_container_disk_moves_to_a_stock_libvirtd_over_nbd() {
     let work = work.path();
     let container = serde_json::json!({"containerDisk": {"image": "qlauncher/test-guest:latest"}});
     let mut source = Pod::new(&guest.disk_qcow2, false);
+    source.operator_qmp = true;
     let vmi = vmi_json_on(&source.uid, None, container.clone());
     let (n, mut c) = boot(&mut source, &vmi, BOOT).await;
     let boot = boot_id(&mut c).await;
+    // A CBT checkpoint under qlauncher: a persistent dirty bitmap on the overlay's node, made
+    // before the guest writes.
+    let qmp = qlauncher::qmp::QmpClient::connect(&source.operator_qmp_socket(), BOOT)
+        .await
+        .unwrap();
+    let node = disk_node(
+        &qmp.execute("query-block", None).await.unwrap(),
+        "ua-rootdisk",
+    );
+    qmp.execute(
+        "block-dirty-bitmap-add",
+        Some(serde_json::json!({"node": node, "name": CHECKPOINT, "persistent": true})),
+    )
+    .await
+    .unwrap();
     exec_until_ok(
         &mut c,
         "echo copied-to-libvirt >/data/nbd && sync",
         Duration::from_secs(60),
     )
     .await;
+    let nodes = qmp.execute("query-named-block-nodes", None).await.unwrap();
+    let count = dirty_bitmap(&nodes, &node, CHECKPOINT).unwrap()["count"]
+        .as_u64()
+        .unwrap();
+    assert!(count > 0, "{nodes}");
+    drop(qmp);
 
     // The target pod: the same containerDisk and an overlay of its own on it, as KubeVirt's
     // target launcher makes before libvirt's Prepare.
@@ -516,5 +541,35 @@ async fn a_container_disk_moves_to_a_stock_libvirtd_over_nbd() {
         (0, "copied-to-libvirt"),
         "{}",
         console.transcript()
+    );
+    // The checkpoint is on libvirt's disk: offered in qlauncher's cookie, kept in libvirtd's
+    // answer, carried with block-bitmap-mapping; persistent and recording.
+    assert!(
+        source
+            .log(n)
+            .contains("dirty bitmaps go to the stock target in the stream"),
+        "{}",
+        source.log(n)
+    );
+    let monitor = |cmd: serde_json::Value| -> serde_json::Value {
+        let out = ld.virsh_ok(&["qemu-monitor-command", DOMAIN, &cmd.to_string()]);
+        serde_json::from_str(&out).unwrap()
+    };
+    let theirs = disk_node(
+        &monitor(serde_json::json!({"execute": "query-block"})),
+        "ua-rootdisk",
+    );
+    let nodes = monitor(serde_json::json!({"execute": "query-named-block-nodes"}));
+    let moved = dirty_bitmap(&nodes, &theirs, CHECKPOINT).unwrap_or_else(|| {
+        panic!(
+            "no {CHECKPOINT} on {theirs}: {nodes}\nlibvirtd:\n{}",
+            ld.log()
+        )
+    });
+    assert_eq!(moved["persistent"], true, "{moved}");
+    assert_eq!(moved["recording"], true, "{moved}");
+    assert!(
+        moved["count"].as_u64().unwrap() >= count,
+        "{count} -> {moved}"
     );
 }

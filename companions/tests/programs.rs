@@ -62,11 +62,19 @@ fn empty_dir(path: &Path) {
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o2777)).unwrap();
 }
 
-/// Runs as 107:107 (supplementary 107, as fsGroup gives), after `chroot(root)` when given.
+/// Runs as 107:107 (supplementary 107, as fsGroup gives), after `chroot(root)` when given, with
+/// SIGINT and SIGTERM at their default actions as a container's process starts (a test run
+/// started in the background of a shell inherits SIGINT ignored).
 fn as_qemu(cmd: &mut Command, root: Option<PathBuf>) -> &mut Command {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         cmd.pre_exec(move || {
+            for sig in [
+                nix::sys::signal::Signal::SIGINT,
+                nix::sys::signal::Signal::SIGTERM,
+            ] {
+                nix::sys::signal::signal(sig, nix::sys::signal::SigHandler::SigDfl)?;
+            }
             if let Some(root) = &root {
                 nix::unistd::chroot(root.as_path())?;
                 nix::unistd::chdir("/")?;

@@ -84,9 +84,55 @@ pub struct MigrateSetParameters {
     /// `none` or `zstd`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub multifd_compression: Option<String>,
+    /// Which nodes' dirty bitmaps the `dirty-bitmaps` capability sends, under which names in the
+    /// stream (QEMU 5.2+). Once set, QEMU keeps a mapping until the next one replaces it: an empty
+    /// list sends no bitmap at all.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub block_bitmap_mapping: Option<Vec<BitmapMigrationNodeAlias>>,
 }
 
 command!(MigrateSetParameters, "migrate-set-parameters", Empty);
+
+/// `BitmapMigrationNodeAlias`: one node of a `block-bitmap-mapping`, named `alias` in the
+/// stream (at most 255 bytes; libvirt uses the disk's target, `vda`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub struct BitmapMigrationNodeAlias {
+    /// The block node on this side (its format node).
+    pub node_name: String,
+    /// The node's name in the stream.
+    pub alias: String,
+    /// The bitmaps of the node that migrate.
+    pub bitmaps: Vec<BitmapMigrationBitmapAlias>,
+}
+
+/// `BitmapMigrationBitmapAlias`: one bitmap of a mapped node, named `alias` in the stream (at
+/// most 255 bytes; libvirt's `libvirt-<dst>-<bitmap>`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BitmapMigrationBitmapAlias {
+    /// The bitmap on this side.
+    pub name: String,
+    /// The bitmap's name in the stream.
+    pub alias: String,
+}
+
+/// `query-migrate-parameters`: the fields the launcher reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct QueryMigrateParameters;
+
+command!(
+    QueryMigrateParameters,
+    "query-migrate-parameters",
+    MigrationParameters
+);
+
+/// `MigrationParameters` of `query-migrate-parameters`, the fields the launcher reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+pub struct MigrationParameters {
+    /// The bitmap mapping set earlier (absent: none was ever set on this QEMU).
+    #[serde(rename = "block-bitmap-mapping", default)]
+    pub block_bitmap_mapping: Option<Vec<BitmapMigrationNodeAlias>>,
+}
 
 /// `migrate` to a URI (`unix:<path>`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

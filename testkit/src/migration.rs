@@ -752,3 +752,37 @@ pub fn plain_vmi(uid: &str) -> serde_json::Value {
     vmi["status"] = serde_json::json!({"migrationTransport": "Unix"});
     vmi
 }
+
+/// The format node of the disk whose device id contains `alias` (`ua-rootdisk`), from a
+/// `query-block` answer `block` (its `return` or the bare list).
+///
+/// # Panics
+/// When no such disk is in the answer.
+pub fn disk_node(block: &serde_json::Value, alias: &str) -> String {
+    let list = block.get("return").unwrap_or(block);
+    list.as_array()
+        .into_iter()
+        .flatten()
+        .find(|b| b["qdev"].as_str().is_some_and(|q| q.contains(alias)))
+        .and_then(|b| b["inserted"]["node-name"].as_str())
+        .unwrap_or_else(|| panic!("no disk {alias} in {block}"))
+        .to_owned()
+}
+
+/// Bitmap `name` of block node `node`, from a `query-named-block-nodes` answer `nodes` (its
+/// `return` or the bare list), if the node has one.
+pub fn dirty_bitmap(
+    nodes: &serde_json::Value,
+    node: &str,
+    name: &str,
+) -> Option<serde_json::Value> {
+    let list = nodes.get("return").unwrap_or(nodes);
+    list.as_array()?
+        .iter()
+        .find(|n| n["node-name"] == node)?
+        .get("dirty-bitmaps")?
+        .as_array()?
+        .iter()
+        .find(|b| b["name"] == name)
+        .cloned()
+}

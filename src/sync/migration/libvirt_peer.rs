@@ -34,6 +34,7 @@ use crate::libvirt_rpc::server::MigrationTarget;
 use crate::qmp::commands::Quit;
 use crate::sync::ctx::DomainCtx;
 use crate::sync::define::define;
+use crate::sync::migration::bitmap_cookie::{self, DiskBitmaps};
 use crate::sync::migration::incoming::StartedTarget;
 use crate::sync::migration::launcher::{MigrationCtx, PreparedTarget};
 use crate::sync::migration::protocol::RunningDomain;
@@ -566,22 +567,26 @@ pub fn adopted_macs(
 /// port; libvirt's source mirrors only to a target whose cookie has it). The host UUID is a random
 /// one per connection, so never the source's (libvirt refuses a migration to its own host,
 /// `qemuMigrationCookieXMLParse`); the source's cookie (its capabilities, `lockstate`) asks
-/// nothing of a target that answers without features.
+/// nothing of a target that answers without features. `bitmaps`: the source's dirty bitmaps
+/// this target takes ([`crate::sync::migration::bitmap_cookie`]; libvirt's source migrates only
+/// those the answer lists).
 pub fn target_cookie(
     identity: &Identity,
     hostname: &str,
     host_uuid: &uuid::Uuid,
     nbd: bool,
+    bitmaps: &[DiskBitmaps],
 ) -> Vec<u8> {
     let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
     let xml = format!(
         "<qemu-migration>\n  <name>{}</name>\n  <uuid>{}</uuid>\n  <hostname>{}</hostname>\n  \
-         <hostuuid>{}</hostuuid>\n{}</qemu-migration>\n",
+         <hostuuid>{}</hostuuid>\n{}{}</qemu-migration>\n",
         esc(&identity.name),
         identity.uuid.hyphenated(),
         esc(hostname),
         host_uuid.hyphenated(),
-        if nbd { "  <nbd/>\n" } else { "" }
+        if nbd { "  <nbd/>\n" } else { "" },
+        bitmap_cookie::element(bitmaps)
     );
     let mut out = xml.into_bytes();
     out.push(0);
@@ -759,6 +764,88 @@ async fn nbd_exports(
     Ok(out)
 }
 
+/// Each disk's target device (`vda`) and alias (`ua-rootdisk`) in the domain `tree`.
+fn disk_devs(tree: &Node) -> Vec<(String, String)> {
+    child(tree, "devices")
+        .map(|d| {
+            d.children
+                .iter()
+                .filter(|c| c.name == "disk")
+                .filter_map(|d| {
+                    let dev = child(d, "target")?.attrs.get("dev")?.clone();
+                    let alias = child(d, "alias")?.attrs.get("name")?.clone();
+                    Some((dev, alias))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The source's `offered` dirty bitmaps this target takes, as libvirt's target does
+/// (`qemuMigrationDstPrepareAnyBlockDirtyBitmaps`): those of a copied disk (`copied`, aliases;
+/// `devs`, each disk's target device and alias) whose node on this side is a qcow2 without a
+/// bitmap of that name yet. Sets the incoming QEMU's `block-bitmap-mapping` for them (its
+/// caller turns `dirty-bitmaps` on); sets nothing when none is taken.
+///
+/// # Errors
+/// [`MigrationError::Qmp`] from QEMU's queries or the mapping.
+async fn take_bitmaps(
+    qmp: &crate::qmp::QmpClient,
+    offered: &[DiskBitmaps],
+    devs: &[(String, String)],
+    copied: &[String],
+    domain: &RunningDomain,
+) -> Result<Vec<DiskBitmaps>, MigrationError> {
+    if offered.is_empty() {
+        return Ok(Vec::new());
+    }
+    let node_of = |target: &str| -> Option<String> {
+        let alias = devs.iter().find(|(dev, _)| dev == target).map(|(_, a)| a)?;
+        let i = copied.iter().position(|a| a == alias)?;
+        domain.copied_disks.get(i).map(|d| d.node.clone())
+    };
+    let nodes = qmp.run(&crate::qmp::commands::QueryNamedBlockNodes).await?;
+    let mut room = Vec::new();
+    for disk in offered {
+        let Some(node) = node_of(&disk.target) else {
+            warn!(disk = %disk.target, "the source offers bitmaps of a disk it does not copy here: not taken");
+            continue;
+        };
+        let Some(info) = nodes.iter().find(|n| n.node_name == node) else {
+            continue;
+        };
+        if info.drv != "qcow2" {
+            warn!(disk = %disk.target, driver = %info.drv, "bitmaps migrate only to qcow2: not taken");
+            continue;
+        }
+        let bitmaps = disk
+            .bitmaps
+            .iter()
+            .filter(|b| !info.dirty_bitmaps.iter().any(|x| x.name == b.name))
+            .cloned()
+            .collect();
+        room.push(DiskBitmaps {
+            target: disk.target.clone(),
+            bitmaps,
+        });
+    }
+    let taken = bitmap_cookie::agreed(offered, &room);
+    let mapping = bitmap_cookie::mapping(&taken, node_of);
+    if mapping.is_empty() {
+        return Ok(Vec::new());
+    }
+    qmp.run(&crate::qmp::migration::MigrateSetParameters {
+        block_bitmap_mapping: Some(mapping),
+        ..Default::default()
+    })
+    .await?;
+    info!(
+        bitmaps = taken.iter().map(|d| d.bitmaps.len()).sum::<usize>(),
+        "the source's dirty bitmaps migrate in the stream"
+    );
+    Ok(taken)
+}
+
 /// What Prepare takes from a source it accepts ([`LibvirtPeer::check_source`]).
 struct Checked {
     source: SourceDomain,
@@ -768,6 +855,8 @@ struct Checked {
     copied: Option<Vec<String>>,
     /// The guest MACs to adopt ([`adopted_macs`]).
     macs: Vec<(String, MacAddr)>,
+    /// The dirty bitmaps the source's cookie offers ([`bitmap_cookie::parse`]).
+    offered: Vec<DiskBitmaps>,
 }
 
 /// Adopts the source's guest MACs `macs` ([`adopted_macs`]) into the prepared `target`: the VMI
@@ -847,6 +936,7 @@ impl LibvirtPeer {
             source,
             mut domain,
             copied,
+            offered,
             ..
         } = match checked {
             Ok(v) => v,
@@ -870,6 +960,7 @@ impl LibvirtPeer {
             }
         };
         let sockets = self.m.target_sockets(&started.proxy_key);
+        let mut bitmaps = Vec::new();
         if let Some(aliases) = &copied {
             match nbd_exports(&started.client, aliases).await {
                 Ok(d) => domain.copied_disks = d,
@@ -877,6 +968,17 @@ impl LibvirtPeer {
                     let _ = started.client.run(&Quit).await;
                     return Err(refuse(e.failure_reason()));
                 }
+            }
+            let devs = disk_devs(&source.tree);
+            match take_bitmaps(&started.client, &offered, &devs, aliases, &domain).await {
+                Ok(taken) => bitmaps = taken,
+                Err(e) => {
+                    let _ = started.client.run(&Quit).await;
+                    return Err(failed(e.failure_reason()));
+                }
+            }
+            if !bitmaps.is_empty() {
+                domain.capabilities.push("dirty-bitmaps".to_owned());
             }
         }
         let order = match prepare_incoming_qemu(&started.client, &domain, &sockets).await {
@@ -895,6 +997,7 @@ impl LibvirtPeer {
             &hostname,
             &self.host_uuid,
             copied.is_some(),
+            &bitmaps,
         );
         let uri = answered_uri(&a.params, &sockets.stream);
         info!(uri = %uri, "incoming QEMU waits for the libvirt source's stream");
@@ -995,11 +1098,13 @@ impl LibvirtPeer {
             cpu,
             hooked: None,
         };
+        let offered = bitmap_cookie::parse(&a.cookie)?;
         Ok(Checked {
             source,
             domain,
             copied,
             macs,
+            offered,
         })
     }
 
@@ -1344,7 +1449,7 @@ mod tests {
             uuid: uuid::Uuid::nil(),
         };
         let host = uuid::Uuid::new_v4();
-        let c = target_cookie(&id, "node", &host, true);
+        let c = target_cookie(&id, "node", &host, true, &[]);
         assert_eq!(c.last(), Some(&0));
         let text = std::str::from_utf8(&c[..c.len() - 1]).unwrap();
         assert!(text.contains("<name>default_&lt;hv&gt;</name>"), "{text}");

@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+pub mod bitmap_cookie;
 pub mod boot_conversion;
 pub mod hotplug;
 pub mod incoming;

@@ -37,6 +37,15 @@ impl Refusal {
 /// A [`Refusal`] for malformed XML, an answer over [`MAX_ANSWER_BYTES`], nesting deeper than
 /// [`MAX_DEPTH`], more than [`MAX_ELEMENTS`] elements, an undefined entity, or no root element.
 pub fn parse(xml: &str) -> Result<Node, Refusal> {
+    parse_root(xml, "domain")
+}
+
+/// [`parse`] for a document whose one root element is `root` (libvirt's `<qemu-migration>`
+/// cookie, say), with the same bounds.
+///
+/// # Errors
+/// As [`parse`]'s, and a document that is not one `<root>` element.
+pub fn parse_root(xml: &str, root: &str) -> Result<Node, Refusal> {
     if xml.len() > MAX_ANSWER_BYTES {
         return Err(Refusal::whole(format!(
             "the answer has {} bytes, more than {MAX_ANSWER_BYTES}",
@@ -139,9 +148,11 @@ pub fn parse(xml: &str) -> Result<Node, Refusal> {
     if stack.len() != 1 {
         return Err(Refusal::whole("malformed XML: unclosed element"));
     }
-    let mut root = stack.pop().unwrap_or_default();
-    if root.children.len() != 1 || root.children[0].name != "domain" {
-        return Err(Refusal::whole("the answer is not one <domain> element"));
+    let mut doc = stack.pop().unwrap_or_default();
+    if doc.children.len() != 1 || doc.children[0].name != root {
+        return Err(Refusal::whole(format!(
+            "the answer is not one <{root}> element"
+        )));
     }
-    Ok(root.children.remove(0))
+    Ok(doc.children.remove(0))
 }

@@ -66,21 +66,28 @@ pub fn set_capabilities(on: &[Capability]) -> MigrateSetCapabilities {
 /// Sets the source's capabilities for `options` on the QEMU behind `qmp` and records in `domain`
 /// those the target must enable too and its `multifd_channels`: without copied disks no
 /// `pause-before-switchover`, and post-copy with multifd on one channel where QEMU is older than
-/// 10.0 or refuses the pair (see [`super::run_source_with`]).
+/// 10.0 or refuses the pair (see [`super::run_source_with`]). With `stream_bitmaps` (a qlauncher
+/// target) every persistent dirty bitmap goes in the stream, paired by node name; without (a
+/// stock target, which agrees on bitmaps in its cookie, [`crate::sync::migration::bitmap_cookie`])
+/// none yet. Returns the capabilities set.
 pub(super) async fn negotiate(
     qmp: &QmpClient,
     options: &MigrationOptions,
     domain: &mut RunningDomain,
-) -> Result<(), MigrationError> {
+    stream_bitmaps: bool,
+) -> Result<Vec<Capability>, MigrationError> {
     let (mut caps, mut shared) = capabilities(options);
     if domain.copied_disks.is_empty() {
         // The pause before the switchover exists to complete the disk mirrors with the vCPUs
         // stopped; without mirrors it would only add a QMP round trip to the downtime.
         caps.retain(|&c| c != Capability::PauseBeforeSwitchover);
     }
-    if has_persistent_bitmaps(qmp).await {
-        caps.push(Capability::DirtyBitmaps);
-        shared.push("dirty-bitmaps".to_owned());
+    if stream_bitmaps {
+        if let Some(nodes) = persistent_bitmaps(qmp).await {
+            unmap_by_node_name(qmp, nodes).await?;
+            caps.push(Capability::DirtyBitmaps);
+            shared.push("dirty-bitmaps".to_owned());
+        }
     }
     domain.multifd_channels = options.parallel_migration_threads.filter(|&n| n > 0);
     let both = caps.contains(&Capability::PostcopyRam) && caps.contains(&Capability::Multifd);
@@ -101,22 +108,79 @@ pub(super) async fn negotiate(
         qmp.run(&set_capabilities(&caps)).await?;
     }
     domain.capabilities = shared;
-    Ok(())
+    Ok(caps)
 }
 
-/// Whether a block node carries a persistent dirty bitmap (a CBT checkpoint); a failed query
-/// counts as none (the migration then goes on without the bitmaps, as upstream libvirt's does
-/// for shared disks).
-async fn has_persistent_bitmaps(qmp: &QmpClient) -> bool {
+/// The block nodes carrying a persistent dirty bitmap (a CBT checkpoint), with those bitmaps'
+/// names; `None` when there is none. A failed query counts as none (the migration then goes on
+/// without the bitmaps, as upstream libvirt's does for shared disks).
+async fn persistent_bitmaps(qmp: &QmpClient) -> Option<Vec<(String, Vec<String>)>> {
     match qmp.run(&crate::qmp::commands::QueryNamedBlockNodes).await {
-        Ok(nodes) => nodes
-            .iter()
-            .any(|n| n.dirty_bitmaps.iter().any(|b| b.persistent)),
+        Ok(nodes) => {
+            let with: Vec<(String, Vec<String>)> = nodes
+                .iter()
+                .map(|n| {
+                    let names = n
+                        .dirty_bitmaps
+                        .iter()
+                        .filter(|b| b.persistent)
+                        .map(|b| b.name.clone())
+                        .collect::<Vec<_>>();
+                    (n.node_name.clone(), names)
+                })
+                .filter(|(node, names)| !node.is_empty() && !names.is_empty())
+                .collect();
+            (!with.is_empty()).then_some(with)
+        }
         Err(e) => {
             tracing::warn!(error = %e, "query-named-block-nodes failed: no dirty bitmaps migrate");
-            false
+            None
         }
     }
+}
+
+/// Undoes a `block-bitmap-mapping` an earlier migration to a stock target left on this QEMU
+/// (QEMU keeps a mapping until another replaces it, and a qlauncher target pairs bitmaps by node
+/// name): the mapping becomes the identity of `nodes` and their bitmaps. Nothing is sent when no
+/// mapping was ever set.
+async fn unmap_by_node_name(
+    qmp: &QmpClient,
+    nodes: Vec<(String, Vec<String>)>,
+) -> Result<(), MigrationError> {
+    use crate::qmp::migration::{
+        BitmapMigrationBitmapAlias, BitmapMigrationNodeAlias, MigrateSetParameters,
+        QueryMigrateParameters,
+    };
+    let set = match qmp.run(&QueryMigrateParameters).await {
+        Ok(p) => p.block_bitmap_mapping.is_some(),
+        Err(e) => {
+            tracing::warn!(error = %e, "query-migrate-parameters failed: the bitmap mapping is left as it is");
+            false
+        }
+    };
+    if !set {
+        return Ok(());
+    }
+    let identity = nodes
+        .into_iter()
+        .map(|(node, names)| BitmapMigrationNodeAlias {
+            alias: node.clone(),
+            node_name: node,
+            bitmaps: names
+                .into_iter()
+                .map(|n| BitmapMigrationBitmapAlias {
+                    alias: n.clone(),
+                    name: n,
+                })
+                .collect(),
+        })
+        .collect();
+    qmp.run(&MigrateSetParameters {
+        block_bitmap_mapping: Some(identity),
+        ..Default::default()
+    })
+    .await?;
+    Ok(())
 }
 
 #[cfg(test)]

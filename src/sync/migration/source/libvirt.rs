@@ -33,6 +33,7 @@ use crate::libvirt_rpc::remote::{
     Feature, Finish3ParamsArgs, Prepare3ParamsArgs, TypedParam, TypedValue,
 };
 use crate::qmp::QmpClient;
+use crate::sync::migration::bitmap_cookie::{self, BitmapAlias, DiskBitmaps};
 use crate::sync::migration::libvirt_peer::flags;
 use crate::sync::migration::protocol::RunningDomain;
 use crate::sync::migration::MigrationError;
@@ -57,7 +58,15 @@ pub struct StockTarget {
 /// domain's name and UUID, this host's name and UUID, and with copied disks `<nbd>` listing each
 /// disk's target and capacity (libvirt's target starts its NBD server only for a cookie with
 /// it, and pre-creates a missing image of that capacity).
-pub fn source_cookie(target: &StockTarget, hostname: &str, host_uuid: &uuid::Uuid) -> Vec<u8> {
+///
+/// `bitmaps`: the copied disks' persistent dirty bitmaps offered to the target
+/// ([`bitmap_cookie`]; libvirt offers bitmaps only with the disks it copies).
+pub fn source_cookie(
+    target: &StockTarget,
+    hostname: &str,
+    host_uuid: &uuid::Uuid,
+    bitmaps: &[DiskBitmaps],
+) -> Vec<u8> {
     let esc = |s: &str| quick_xml::escape::escape(s).into_owned();
     let mut xml = format!(
         "<qemu-migration>\n  <name>{}</name>\n  <uuid>{}</uuid>\n  <hostname>{}</hostname>\n  \
@@ -77,6 +86,7 @@ pub fn source_cookie(target: &StockTarget, hostname: &str, host_uuid: &uuid::Uui
         }
         xml.push_str("  </nbd>\n");
     }
+    xml.push_str(&bitmap_cookie::element(bitmaps));
     xml.push_str("</qemu-migration>\n");
     let mut out = xml.into_bytes();
     out.push(0);
@@ -188,14 +198,8 @@ pub async fn run_source_libvirt<S: AsyncRead + AsyncWrite + Unpin>(
     abort: watch::Receiver<bool>,
     on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
-    capabilities::negotiate(qmp, &plan.options, &mut domain).await?;
-    if domain.capabilities.iter().any(|c| c == "dirty-bitmaps") {
-        return Err(MigrationError::Peer(
-            "the domain has persistent dirty bitmaps (changed block tracking), which qlauncher \
-             does not send to a stock target's libvirt"
-                .into(),
-        ));
-    }
+    let mut caps = capabilities::negotiate(qmp, &plan.options, &mut domain, false).await?;
+    let offered = offered_bitmaps(qmp, &domain, target).await?;
     let was_running = !domain.paused;
     let version = bounded(handshake(rpc, &target.uri), "the connection").await?;
     // What KubeVirt v1.9's libvirt 11.10 reads, as an older stock launcher's libvirt (Debian
@@ -214,7 +218,7 @@ pub async fn run_source_libvirt<S: AsyncRead + AsyncWrite + Unpin>(
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_else(|| "qlauncher".into());
-    let cookie = source_cookie(target, &hostname, &uuid::Uuid::new_v4());
+    let cookie = source_cookie(target, &hostname, &uuid::Uuid::new_v4(), &offered);
     let (flags, params) = prepare_params(&domain, target, plan);
     let prepare = Prepare3ParamsArgs {
         params: params.clone(),
@@ -248,6 +252,12 @@ pub async fn run_source_libvirt<S: AsyncRead + AsyncWrite + Unpin>(
              no <nbd>)"
                 .into(),
         ));
+    }
+    if let Err(e) =
+        stream_bitmaps(qmp, &prepared.cookie, &offered, &domain, target, &mut caps).await
+    {
+        let _ = bounded(rpc.finish3_params(&finish(true)), "the cancel (Finish)").await;
+        return Err(e);
     }
     let exports: Vec<String> = domain
         .copied_disks
@@ -346,6 +356,99 @@ pub async fn run_source_libvirt<S: AsyncRead + AsyncWrite + Unpin>(
     }
 }
 
+/// The persistent, consistent dirty bitmaps of the disks `domain` copies to `target` (the
+/// bitmaps a stock target can take: libvirt's source offers only the copied disks',
+/// `qemuMigrationSrcBeginPhaseBlockDirtyBitmaps`), by target device, with libvirt's aliases.
+/// A VMI's checkpoints on a disk that is not copied (a CBT overlay on shared storage) stay in
+/// its image: the source's QEMU stores them there when it hands the disk over.
+///
+/// # Errors
+/// [`MigrationError::Qmp`] from `query-named-block-nodes`.
+async fn offered_bitmaps(
+    qmp: &QmpClient,
+    domain: &RunningDomain,
+    target: &StockTarget,
+) -> Result<Vec<DiskBitmaps>, MigrationError> {
+    if domain.copied_disks.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nodes = qmp.run(&crate::qmp::commands::QueryNamedBlockNodes).await?;
+    let offered: Vec<DiskBitmaps> = domain
+        .copied_disks
+        .iter()
+        .zip(&target.copied)
+        .filter_map(|(disk, (dev, _))| {
+            let node = nodes.iter().find(|n| n.node_name == disk.node)?;
+            let bitmaps: Vec<BitmapAlias> = node
+                .dirty_bitmaps
+                .iter()
+                .filter(|b| b.persistent && !b.inconsistent)
+                .filter(|b| {
+                    bitmap_cookie::alias(dev, &b.name).len() <= bitmap_cookie::MAX_ALIAS_BYTES
+                })
+                .map(|b| BitmapAlias {
+                    name: b.name.clone(),
+                    alias: bitmap_cookie::alias(dev, &b.name),
+                })
+                .collect();
+            (!bitmaps.is_empty()).then(|| DiskBitmaps {
+                target: dev.clone(),
+                bitmaps,
+            })
+        })
+        .collect();
+    Ok(offered)
+}
+
+/// After Prepare: the bitmaps of `offered` the target's cookie `answer` kept go in the stream
+/// (this QEMU's `block-bitmap-mapping` over the copied disks' nodes, libvirt's node and bitmap
+/// aliases, and the `dirty-bitmaps` capability added to `caps`), as libvirt's source does in
+/// Perform. An answer that cannot be read sends none (the target's QEMU then has none: the next
+/// backup is full). Nothing is set when the target kept none.
+///
+/// # Errors
+/// [`MigrationError::Qmp`] from QEMU.
+async fn stream_bitmaps(
+    qmp: &QmpClient,
+    answer: &[u8],
+    offered: &[DiskBitmaps],
+    domain: &RunningDomain,
+    target: &StockTarget,
+    caps: &mut Vec<crate::qmp::migration::Capability>,
+) -> Result<(), MigrationError> {
+    if offered.is_empty() {
+        return Ok(());
+    }
+    let kept = match bitmap_cookie::parse(answer) {
+        Ok(kept) => bitmap_cookie::agreed(&kept, offered),
+        Err(e) => {
+            warn!(error = %e, "the stock target's cookie cannot be read: no dirty bitmaps migrate");
+            Vec::new()
+        }
+    };
+    let node_of = |dev: &str| {
+        let i = target.copied.iter().position(|(d, _)| d == dev)?;
+        domain.copied_disks.get(i).map(|d| d.node.clone())
+    };
+    let mapping = bitmap_cookie::mapping(&kept, node_of);
+    if mapping.is_empty() {
+        info!("the stock target takes none of the copied disks' dirty bitmaps");
+        return Ok(());
+    }
+    qmp.run(&crate::qmp::migration::MigrateSetParameters {
+        block_bitmap_mapping: Some(mapping),
+        ..Default::default()
+    })
+    .await?;
+    caps.push(crate::qmp::migration::Capability::DirtyBitmaps);
+    qmp.run(&capabilities::set_capabilities(caps)).await?;
+    info!(
+        bitmaps = kept.iter().map(|d| d.bitmaps.len()).sum::<usize>(),
+        "the copied disks' dirty bitmaps go to the stock target in the stream"
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -420,7 +523,8 @@ mod tests {
         assert!(params
             .iter()
             .any(|p| p.field == "parallel.connections" && p.value == TypedValue::Int(8)));
-        let cookie = String::from_utf8(source_cookie(&t, "node<1>", &uuid::Uuid::nil())).unwrap();
+        let cookie =
+            String::from_utf8(source_cookie(&t, "node<1>", &uuid::Uuid::nil(), &[])).unwrap();
         assert!(cookie.ends_with("</qemu-migration>\n\0"), "{cookie}");
         assert!(
             cookie.contains("<hostname>node&lt;1&gt;</hostname>"),

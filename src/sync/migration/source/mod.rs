@@ -138,7 +138,7 @@ pub async fn run_source_with<S: AsyncRead + AsyncWrite + Unpin>(
     mut abort: watch::Receiver<bool>,
     on_event: &mut (dyn FnMut(SourceEvent) + Send),
 ) -> Result<SourceEnd, MigrationError> {
-    capabilities::negotiate(qmp, &plan.options, &mut domain).await?;
+    capabilities::negotiate(qmp, &plan.options, &mut domain, true).await?;
     let was_running = !domain.paused;
 
     timeout(hello_as_source(&mut control), "the target's Hello").await??;
